@@ -1,0 +1,146 @@
+"""The driver: validate everything cheap first, plan the cells, then ONE TorchTrainer.fit()
+evaluates every pending checkpoint of the sweep.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+import uuid
+from dataclasses import dataclass, field
+
+from .data import inspect_dataset
+from .errors import RayevalError, RunError
+from .model import build_model
+from .plan import Plan, make_plan
+from .spec import Sweep
+from .store import ResultStore
+
+
+@dataclass
+class RunReport:
+    plan: Plan
+    outcomes: list[dict] = field(default_factory=list)   # one per pending cell, in plan order
+    seconds: float = 0.0
+
+    @property
+    def failures(self) -> list[dict]:
+        return [o for o in self.outcomes if not o["ok"]]
+
+    @property
+    def cell_keys(self) -> set[str]:
+        return {c.key for c in self.plan.cells + self.plan.cached}
+
+
+def prepare(sweep: Sweep, force: bool = False) -> Plan:
+    """Everything that can fail on bad input, before any cluster starts."""
+    info = inspect_dataset(sweep.dataset)
+    build_model(sweep.model, sweep.base_dir, "meta")   # imports and calls the factory, no memory
+    return make_plan(sweep, info, ResultStore(sweep.output), force=force)
+
+
+def run_sweep(sweep: Sweep, *, address: str | None = None, force: bool = False,
+              verbose: bool = False) -> RunReport:
+    """Evaluate every checkpoint of the sweep the store does not hold yet."""
+    start = time.perf_counter()
+    plan = prepare(sweep, force=force)
+    report = RunReport(plan)
+    if plan.cells:
+        started = _ensure_ray(sweep, address, verbose)
+        try:
+            report.outcomes = _fit(plan)
+        finally:
+            if started:
+                import ray
+
+                ray.shutdown()
+    report.seconds = time.perf_counter() - start
+    return report
+
+
+def _ensure_ray(sweep: Sweep, address: str | None, verbose: bool) -> bool:
+    """Connect to a cluster (``address``), reuse the current one, or start one in-process with
+    more logical CPUs than workers: Ray Data needs CPUs the Train workers do not hold.
+    Returns whether this call started Ray."""
+    import ray
+
+    if ray.is_initialized():
+        return False
+    kwargs = dict(log_to_driver=verbose, logging_level=logging.INFO if verbose else logging.ERROR,
+                  configure_logging=True)
+    if address:
+        try:
+            ray.init(address=address, **kwargs)
+        except (ConnectionError, RuntimeError, ValueError) as e:
+            raise RunError(f"--address: cannot connect to Ray at {address!r}: "
+                           f"{str(e).splitlines()[0]}") from None
+        return True
+    num_cpus = max(os.cpu_count() or 1, sweep.workers + 2)
+    # Train, its controller and Ray Data start a dozen processes at once; without a higher
+    # start-up concurrency the raylet warns about it on every run of a small machine.
+    ray.init(num_cpus=num_cpus, include_dashboard=False,
+             _system_config={"worker_maximum_startup_concurrency": max(8, num_cpus)}, **kwargs)
+    if sweep.use_gpu:
+        gpus = int(ray.cluster_resources().get("GPU", 0))
+        if gpus < sweep.workers:
+            ray.shutdown()
+            raise RunError(f"use_gpu: true needs {sweep.workers} GPU(s) for workers: "
+                           f"{sweep.workers}, this machine has {gpus}; lower workers or set "
+                           "use_gpu: false")
+    return True
+
+
+def _read_dataset(plan: Plan):
+    import ray.data
+
+    from . import paths
+
+    ctx = ray.data.DataContext.get_current()
+    ctx.enable_progress_bars = False
+    ctx.print_on_execution_start = False
+    fs, _ = paths.filesystem(plan.dataset.files[0])
+    spec = plan.sweep.dataset
+    return ray.data.read_parquet([paths.filesystem(f)[1] for f in plan.dataset.files],
+                                 filesystem=fs, columns=[spec.inputs, spec.target])
+
+
+def _fit(plan: Plan) -> list[dict]:
+    import ray.train
+    from ray.train.torch import TorchTrainer
+
+    from .worker import DATASET, ExactlyOnceSplit, evaluate_plan
+
+    sweep = plan.sweep
+    trainer = TorchTrainer(
+        evaluate_plan,
+        train_loop_config={"plan": plan},
+        scaling_config=ray.train.ScalingConfig(num_workers=sweep.workers, use_gpu=sweep.use_gpu),
+        datasets={DATASET: _read_dataset(plan)},
+        dataset_config=ExactlyOnceSplit(),
+        run_config=ray.train.RunConfig(name=f"rayeval-{sweep.name}-{uuid.uuid4().hex[:8]}"),
+    )
+    try:
+        result = trainer.fit()
+    except ray.train.WorkerGroupError as e:
+        raise _worker_error(e) from None
+    except ray.train.TrainingFailedError as e:
+        raise RunError(f"the evaluation run failed: {str(e).splitlines()[0]}") from None
+    return list(result.return_value or [])
+
+
+def _worker_error(e) -> RayevalError:
+    """The most telling error from a failed worker group: one of ours (bad data, a model that
+    does not take the inputs), else the first rank's message."""
+    failures = getattr(e, "worker_failures", {}) or {}
+    for rank in sorted(failures):
+        err = failures[rank]
+        while err is not None:
+            if isinstance(err, RayevalError):
+                return err
+            err = err.__cause__ or getattr(err, "cause", None)
+    for rank in sorted(failures):
+        lines = [ln for ln in str(failures[rank]).splitlines() if ln.strip()]
+        return RunError(f"worker {rank} failed: {lines[-1] if lines else failures[rank]!r}; "
+                        "run with --verbose for the worker logs")
+    return RunError(f"the evaluation run failed: {str(e).splitlines()[0]}")

@@ -1,0 +1,53 @@
+"""The errors rayeval raises, in one tree.
+
+    RayevalError                 base: bad input or a failed run; the CLI prints one line, no traceback
+    ├── SpecError                the sweep file: YAML, unknown/missing/mistyped keys, bad values
+    ├── DataError                the evaluation data set: missing, empty, bad columns or values
+    ├── ModelError               the model factory: cannot be imported, called, or returns no Module
+    ├── CheckpointError          one checkpoint: missing, corrupt, unsafe, or not fitting the model
+    ├── StoreError               the result store: cannot be read or written
+    └── RunError                 the run itself: cluster start-up, worker failure, row-count mismatch
+
+Every message says what is at fault, which thing, and how to fix it. Errors raised inside Ray
+workers cross process boundaries, so each class pickles with its message (``__reduce__``).
+"""
+
+from __future__ import annotations
+
+
+class RayevalError(Exception):
+    """Base of every error rayeval raises on purpose."""
+
+    def __init__(self, message: str):
+        super().__init__(message)
+        self.message = message
+
+    def __reduce__(self):
+        return (self.__class__, (self.message,))
+
+    def __str__(self) -> str:
+        return self.message
+
+
+class SpecError(RayevalError):
+    """The sweep file is malformed; the message names the key path."""
+
+
+class DataError(RayevalError):
+    """The evaluation data set cannot be used as the sweep describes."""
+
+
+class ModelError(RayevalError):
+    """The model factory cannot produce a torch.nn.Module."""
+
+
+class CheckpointError(RayevalError):
+    """One checkpoint cannot be loaded into the model; fails its own cell only."""
+
+
+class StoreError(RayevalError):
+    """The result store cannot be read or written."""
+
+
+class RunError(RayevalError):
+    """The evaluation run failed as a whole."""

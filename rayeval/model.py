@@ -1,0 +1,58 @@
+"""Building the sweep's model from its ``module:callable`` factory."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from typing import Callable
+
+import torch
+
+from .errors import ModelError
+from .spec import ModelSpec
+
+
+def import_callable(ref: str, base_dir: str, what: str = "model.factory") -> Callable:
+    """Import ``module:attr``, looking next to the sweep file first, then on sys.path."""
+    module_name, _, attr = ref.partition(":")
+    if base_dir and base_dir not in sys.path:
+        sys.path.insert(0, base_dir)
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as e:
+        if e.name and module_name.startswith(e.name):
+            raise ModelError(
+                f"{what}: cannot import module {module_name!r}: put {module_name}.py next to the "
+                f"sweep file ({base_dir}) or on PYTHONPATH") from None
+        raise ModelError(f"{what}: importing {module_name!r} failed: {e}") from None
+    except Exception as e:  # the user's module raised while being imported
+        raise ModelError(f"{what}: importing {module_name!r} raised "
+                         f"{type(e).__name__}: {e}") from None
+    obj = module
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            raise ModelError(f"{what}: module {module_name!r} has no attribute {attr!r}; "
+                             "check the name after ':'")
+        obj = getattr(obj, part)
+    if not callable(obj):
+        raise ModelError(f"{what}: {ref!r} is not callable")
+    return obj
+
+
+def build_model(spec: ModelSpec, base_dir: str, device: torch.device | str = "cpu"
+                ) -> torch.nn.Module:
+    """Call the factory with its kwargs under ``device`` (``"meta"`` builds without memory)."""
+    factory = import_callable(spec.factory, base_dir)
+    try:
+        with torch.device(device):
+            model = factory(**spec.kwargs)
+    except TypeError as e:
+        raise ModelError(f"model.factory: calling {spec.factory} with model.kwargs "
+                         f"{spec.kwargs} failed: {e}") from None
+    except Exception as e:
+        raise ModelError(f"model.factory: {spec.factory}(**{spec.kwargs}) raised "
+                         f"{type(e).__name__}: {e}") from None
+    if not isinstance(model, torch.nn.Module):
+        raise ModelError(f"model.factory: {spec.factory} returned {type(model).__name__}, "
+                         "not a torch.nn.Module")
+    return model.eval()

@@ -1,0 +1,74 @@
+"""From a sweep to the cells a run must evaluate: checkpoints x the data set, each with a
+content key, minus those the result store already holds.
+
+Plain Python (no Ray): the driver builds a Plan, the workers receive it pickled.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+
+import pyarrow.fs as pafs
+
+from . import paths
+from .checkpoints import CheckpointRef, expand_checkpoints
+from .data import DatasetInfo
+from .spec import Sweep
+from .store import ResultStore
+
+
+@dataclass(frozen=True)
+class Cell:
+    checkpoint: CheckpointRef
+    key: str                     # content key: the store's file name for this cell
+
+
+@dataclass(frozen=True)
+class Plan:
+    sweep: Sweep
+    dataset: DatasetInfo
+    cells: tuple[Cell, ...]      # pending: to evaluate in this run
+    cached: tuple[Cell, ...]     # already in the store
+
+
+def checkpoint_fingerprint(location: str) -> str:
+    """Cheap identity of a checkpoint's bytes: sizes and modification times, not contents."""
+    fs, path = paths.filesystem(location)
+    info = fs.get_file_info(path)
+    parts = [f"{info.size}:{info.mtime_ns}"]
+    if info.type == pafs.FileType.Directory:
+        for sub in sorted(fs.get_file_info(pafs.FileSelector(path, recursive=True)),
+                          key=lambda i: i.path):
+            parts.append(f"{sub.path[len(path):]}:{sub.size}:{sub.mtime_ns}")
+    return hashlib.sha256("|".join(parts).encode()).hexdigest()[:16]
+
+
+def cell_key(sweep: Sweep, dataset: DatasetInfo, checkpoint: CheckpointRef) -> str:
+    ident = {
+        "sweep": sweep.name,
+        "checkpoint": checkpoint.location,
+        "checkpoint_fingerprint": checkpoint_fingerprint(checkpoint.location),
+        "dataset": sweep.dataset.name,
+        "dataset_fingerprint": dataset.fingerprint,
+        "columns": [sweep.dataset.inputs, sweep.dataset.target],
+        "model": [sweep.model.factory, sweep.model.kwargs],
+        "task": sweep.task,
+        "metrics": [m.key for m in sweep.metrics],
+    }
+    blob = json.dumps(ident, sort_keys=True, default=str).encode()
+    return hashlib.sha256(blob).hexdigest()[:24]
+
+
+def make_plan(sweep: Sweep, dataset: DatasetInfo, store: ResultStore | None,
+              force: bool = False) -> Plan:
+    refs = expand_checkpoints(sweep.checkpoints)
+    pending, cached = [], []
+    for ref in refs:
+        cell = Cell(ref, cell_key(sweep, dataset, ref))
+        if not force and store is not None and store.has(cell.key):
+            cached.append(cell)
+        else:
+            pending.append(cell)
+    return Plan(sweep=sweep, dataset=dataset, cells=tuple(pending), cached=tuple(cached))

@@ -1,0 +1,239 @@
+"""The sweep file: loaded once, validated, and turned into frozen, typed objects.
+
+Raw dicts go no further than ``load_sweep``. Every error names the file and the key path at
+fault (``dataset.target``, ``metrics[2]``) and says how to fix it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import yaml
+
+from . import paths
+from .errors import SpecError
+from .metrics import MetricSpec, parse_metric, TASKS
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    factory: str                         # "module:callable"
+    kwargs: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class DatasetSpec:
+    path: str                            # resolved location: file, folder or glob
+    inputs: str
+    target: str
+    id: str | None = None
+    name: str = ""                       # shown in results; defaults to the path's stem
+
+
+@dataclass(frozen=True)
+class Sweep:
+    name: str
+    model: ModelSpec
+    checkpoints: tuple[str, ...]         # resolved locations or globs
+    dataset: DatasetSpec
+    task: str
+    metrics: tuple[MetricSpec, ...]
+    batch_size: int
+    workers: int
+    use_gpu: bool
+    output: str                          # resolved location of the result store
+    base_dir: str                        # the sweep file's folder: model modules are found here
+    source: str = ""                     # the sweep file, for messages
+
+    def with_overrides(self, *, workers: int | None = None, output: str | None = None) -> "Sweep":
+        """The CLI's ``--workers`` / ``--output`` (relative output taken from the cwd)."""
+        changes: dict[str, Any] = {}
+        if workers is not None:
+            if workers < 1:
+                raise SpecError(f"--workers: must be at least 1, got {workers}")
+            changes["workers"] = workers
+        if output is not None:
+            changes["output"] = paths.resolve(output, os.getcwd())
+        return dataclasses.replace(self, **changes)
+
+
+_TOP_KEYS = {
+    "name", "model", "checkpoints", "dataset", "task", "metrics", "batch_size", "workers",
+    "use_gpu", "output",
+}
+
+
+def load_sweep(path: str) -> Sweep:
+    """Read and validate a sweep file; raises SpecError naming the key path at fault."""
+    source = os.fspath(path)
+    try:
+        with open(source, encoding="utf-8") as f:
+            text = f.read()
+    except FileNotFoundError:
+        raise SpecError(f"{source}: sweep file not found; check the path") from None
+    except OSError as e:
+        raise SpecError(f"{source}: cannot read the sweep file: {e.strerror}") from None
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        where = ""
+        mark = getattr(e, "problem_mark", None)
+        if mark is not None:
+            where = f" at line {mark.line + 1}, column {mark.column + 1}"
+        problem = getattr(e, "problem", None) or "invalid YAML"
+        raise SpecError(f"{source}: not valid YAML{where}: {problem}") from None
+    base_dir = os.path.dirname(os.path.abspath(source))
+    return parse_sweep(raw, base_dir=base_dir, source=source)
+
+
+def parse_sweep(raw: Any, *, base_dir: str, source: str = "<sweep>") -> Sweep:
+    """Validate an already-parsed sweep mapping (what ``load_sweep`` reads from YAML)."""
+    r = _Reader(source)
+    top = r.mapping(raw, "", _TOP_KEYS)
+
+    name = r.string(top, "name", required=True)
+    model_raw = r.mapping(r.get(top, "model", required=True), "model", {"factory", "kwargs"})
+    factory = r.string(model_raw, "factory", path="model.factory", required=True)
+    module, _, attr = factory.partition(":")
+    if not module or not attr:
+        r.fail("model.factory", f"expected 'module:callable', got {factory!r}")
+    kwargs = r.get(model_raw, "kwargs", default={})
+    if not isinstance(kwargs, dict) or not all(isinstance(k, str) for k in kwargs):
+        r.fail("model.kwargs", f"expected a mapping of keyword arguments, got {_show(kwargs)}")
+
+    ckpts_raw = r.get(top, "checkpoints", required=True)
+    if isinstance(ckpts_raw, str):
+        ckpts_raw = [ckpts_raw]
+    if not isinstance(ckpts_raw, list) or not ckpts_raw:
+        r.fail("checkpoints", f"expected a non-empty list of paths or globs, got {_show(ckpts_raw)}")
+    checkpoints = []
+    for i, item in enumerate(ckpts_raw):
+        if not isinstance(item, str) or not item.strip():
+            r.fail(f"checkpoints[{i}]", f"expected a path or glob, got {_show(item)}")
+        checkpoints.append(paths.resolve(item, base_dir))
+
+    ds_raw = r.mapping(r.get(top, "dataset", required=True), "dataset",
+                       {"path", "inputs", "target", "id", "name"})
+    ds_path = paths.resolve(r.string(ds_raw, "path", path="dataset.path", required=True), base_dir)
+    dataset = DatasetSpec(
+        path=ds_path,
+        inputs=r.string(ds_raw, "inputs", path="dataset.inputs", required=True),
+        target=r.string(ds_raw, "target", path="dataset.target", required=True),
+        id=r.string(ds_raw, "id", path="dataset.id"),
+        name=r.string(ds_raw, "name", path="dataset.name") or _stem(ds_path),
+    )
+
+    task = r.string(top, "task", required=True)
+    if task not in TASKS:
+        r.fail("task", f"unknown task {task!r}; choose one of: {', '.join(sorted(TASKS))}")
+
+    metrics_raw = r.get(top, "metrics", required=True)
+    if not isinstance(metrics_raw, list) or not metrics_raw:
+        r.fail("metrics", f"expected a non-empty list of metric names, got {_show(metrics_raw)}")
+    metrics = []
+    for i, item in enumerate(metrics_raw):
+        try:
+            metrics.append(parse_metric(item, task))
+        except SpecError as e:
+            r.fail(f"metrics[{i}]", e.message)
+    seen: dict[str, int] = {}
+    for i, m in enumerate(metrics):
+        if m.key in seen:
+            r.fail(f"metrics[{i}]", f"{m.key!r} is listed twice (also metrics[{seen[m.key]}]); "
+                                    "remove one")
+        seen[m.key] = i
+
+    batch_size = r.integer(top, "batch_size", default=256, minimum=1)
+    workers = r.integer(top, "workers", default=1, minimum=1)
+    use_gpu = r.boolean(top, "use_gpu", default=False)
+    output = paths.resolve(r.string(top, "output", required=True), base_dir)
+
+    return Sweep(
+        name=name, model=ModelSpec(factory=factory, kwargs=dict(kwargs)),
+        checkpoints=tuple(checkpoints), dataset=dataset, task=task, metrics=tuple(metrics),
+        batch_size=batch_size, workers=workers, use_gpu=use_gpu, output=output,
+        base_dir=base_dir, source=source,
+    )
+
+
+def _stem(location: str) -> str:
+    base = location.rstrip("/").rsplit("/", 1)[-1]
+    for suffix in (".parquet", ".pq"):
+        if base.endswith(suffix):
+            return base[: -len(suffix)]
+    return base
+
+
+def _show(value: Any) -> str:
+    if value is None:
+        return "nothing"
+    return f"{value!r} ({type(value).__name__})"
+
+
+_MISSING = object()
+
+
+class _Reader:
+    """Small typed accessors that know the key path of what they read."""
+
+    def __init__(self, source: str):
+        self.source = source
+
+    def fail(self, path: str, problem: str):
+        raise SpecError(f"{self.source}: {path}: {problem}")
+
+    def mapping(self, value: Any, path: str, allowed: set[str]) -> dict:
+        if not isinstance(value, dict):
+            what = path or "the sweep file"
+            self.fail(path or "(top level)", f"expected a mapping, got {_show(value)}"
+                      if path else f"{what} must be a YAML mapping of keys, got {_show(value)}")
+        for key in value:
+            if key not in allowed:
+                full = f"{path}.{key}" if path else str(key)
+                hint = _closest(str(key), allowed)
+                self.fail(full, "unknown key" + (f"; did you mean {hint!r}?" if hint else
+                                                 f"; allowed keys: {', '.join(sorted(allowed))}"))
+        return value
+
+    def get(self, m: dict, key: str, *, path: str | None = None, required: bool = False,
+            default: Any = None) -> Any:
+        path = path or key
+        value = m.get(key, _MISSING)
+        if value is _MISSING or value is None:
+            if required:
+                self.fail(path, "missing required key")
+            return default
+        return value
+
+    def string(self, m: dict, key: str, *, path: str | None = None, required: bool = False) -> Any:
+        value = self.get(m, key, path=path, required=required)
+        if value is None:
+            return None
+        if not isinstance(value, str) or not value.strip():
+            self.fail(path or key, f"expected a non-empty string, got {_show(value)}")
+        return value
+
+    def integer(self, m: dict, key: str, *, default: int, minimum: int) -> int:
+        value = self.get(m, key, default=default)
+        if isinstance(value, bool) or not isinstance(value, int):
+            self.fail(key, f"expected an integer, got {_show(value)}")
+        if value < minimum:
+            self.fail(key, f"must be at least {minimum}, got {value}")
+        return value
+
+    def boolean(self, m: dict, key: str, *, default: bool) -> bool:
+        value = self.get(m, key, default=default)
+        if not isinstance(value, bool):
+            self.fail(key, f"expected true or false, got {_show(value)}")
+        return value
+
+
+def _closest(word: str, options: set[str]) -> str | None:
+    import difflib
+
+    found = difflib.get_close_matches(word, sorted(options), n=1, cutoff=0.7)
+    return found[0] if found else None
+

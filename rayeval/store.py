@@ -1,0 +1,96 @@
+"""The result store: ``{output}/results/`` is a parquet dataset, one file per evaluated cell
+(checkpoint x data set), one row per metric.
+
+A cell's file is named by its content key, so a second run of the same cell replaces its file
+instead of adding a duplicate, and a run can ask the store which cells it already holds. Local
+files are written under a hidden temporary name and renamed into place (readers skip hidden
+names); object-store writes are single PUTs, which are atomic.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import uuid
+from datetime import datetime, timezone
+
+import pyarrow as pa
+import pyarrow.dataset as pads
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+
+from . import paths
+from .errors import StoreError
+
+SCHEMA = pa.schema([
+    pa.field("sweep", pa.string(), nullable=False),
+    pa.field("checkpoint", pa.string(), nullable=False),
+    pa.field("step", pa.int64()),
+    pa.field("dataset", pa.string(), nullable=False),
+    pa.field("metric", pa.string(), nullable=False),
+    pa.field("value", pa.float64()),
+    pa.field("ci_low", pa.float64()),
+    pa.field("ci_high", pa.float64()),
+    pa.field("num_samples", pa.int64(), nullable=False),
+    pa.field("world_size", pa.int64(), nullable=False),
+    pa.field("created_at", pa.timestamp("us", tz="UTC"), nullable=False),
+    pa.field("higher_is_better", pa.bool_(), nullable=False),
+    pa.field("cell", pa.string(), nullable=False),
+])
+
+
+class ResultStore:
+    def __init__(self, location: str):
+        self.location = location
+        try:
+            self.fs, root = paths.filesystem(location)
+        except (pa.ArrowInvalid, OSError) as e:
+            raise StoreError(f"output: cannot open result store {location!r}: {e}") from None
+        self.dir = root.rstrip("/") + "/results"
+
+    def _file(self, cell: str) -> str:
+        return f"{self.dir}/{cell}.parquet"
+
+    def has(self, cell: str) -> bool:
+        try:
+            return self.fs.get_file_info(self._file(cell)).type == pafs.FileType.File
+        except OSError as e:
+            raise StoreError(f"output: cannot read result store {self.location!r}: {e}") from None
+
+    def write_cell(self, cell: str, rows: list[dict]) -> str:
+        """Publish one cell's rows atomically; returns the file's path."""
+        now = datetime.now(timezone.utc)
+        table = pa.Table.from_pylist(
+            [{**r, "cell": cell, "created_at": r.get("created_at", now)} for r in rows],
+            schema=SCHEMA)
+        buf = io.BytesIO()
+        pq.write_table(table, buf)
+        target = self._file(cell)
+        try:
+            self.fs.create_dir(self.dir, recursive=True)
+            if isinstance(self.fs, pafs.LocalFileSystem):
+                tmp = f"{self.dir}/.tmp-{uuid.uuid4().hex}-{cell}.parquet"
+                with open(tmp, "wb") as f:
+                    f.write(buf.getvalue())
+                    f.flush()
+                    os.fsync(f.fileno())
+                os.replace(tmp, target)
+            else:
+                with self.fs.open_output_stream(target) as f:
+                    f.write(buf.getvalue())
+        except OSError as e:
+            raise StoreError(f"output: cannot write to result store {self.location!r}: {e}; "
+                             "check the path and its permissions") from None
+        return target
+
+    def read(self) -> pa.Table:
+        """Every stored row; an empty table when the store holds nothing yet."""
+        try:
+            info = self.fs.get_file_info(self.dir)
+            if info.type == pafs.FileType.NotFound:
+                return SCHEMA.empty_table()
+            ds = pads.dataset(self.dir, filesystem=self.fs, format="parquet", schema=SCHEMA)
+            return ds.to_table()
+        except (pa.ArrowInvalid, OSError) as e:
+            raise StoreError(f"cannot read result store {self.location!r}: "
+                             f"{str(e).splitlines()[0]}") from None

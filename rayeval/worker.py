@@ -1,0 +1,179 @@
+"""The Ray Train worker: every pending checkpoint of a plan, evaluated over this worker's shard.
+
+For each checkpoint: load it (any failure is that cell's, agreed on by all ranks), one pass over
+the shard adding into metric states (no collective per batch), ONE all-reduce of the states,
+then rank 0 checks the row count against the data set and publishes the cell. After the first
+pass each worker keeps its decoded shard in memory (when every worker's fits) so later
+checkpoints skip Ray Data entirely; otherwise every checkpoint streams the shard again.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import time
+
+import ray.train
+import ray.train.torch
+import torch
+from ray.train import DataConfig
+
+from . import dist
+from .checkpoints import fetch, load_into
+from .data import to_tensors
+from .errors import CheckpointError
+from .evaluate import ROWS, Pass, compute, num_classes
+from .model import build_model
+from .plan import Plan
+from .store import ResultStore
+
+DATASET = "eval"
+_FAILED = "_failed"            # extra entries in the reduced vector: any rank failed the cell,
+_CACHE_OVERFLOW = "_overflow"  # any rank's shard was too big to keep
+
+
+class ExactlyOnceSplit(DataConfig):
+    """Ray Train's default split (``equal=True``) drops rows to even out shards. Evaluation must
+    see every row exactly once, so shards are split with ``equal=False`` (uneven, nothing
+    dropped); the one all-reduce per checkpoint does not care how uneven they are."""
+
+    def configure(self, datasets, world_size, worker_handles, worker_node_ids, **kwargs):
+        out = [{} for _ in range(world_size)]
+        for name, ds in datasets.items():
+            ds = ds.copy(ds)
+            ds.context.execution_options = self._resolve_execution_options(name)
+            hints = worker_node_ids if self._enable_shard_locality else None
+            for i, split in enumerate(ds.streaming_split(world_size, equal=False,
+                                                         locality_hints=hints)):
+                out[i][name] = split
+        return out
+
+
+def cache_budget_bytes() -> int:
+    """How much decoded shard a worker may keep: RAYEVAL_SHARD_CACHE_BYTES, else a quarter of
+    this node's available memory shared by the workers on it."""
+    if "RAYEVAL_SHARD_CACHE_BYTES" in os.environ:
+        return int(os.environ["RAYEVAL_SHARD_CACHE_BYTES"])
+    import psutil
+
+    local = max(1, ray.train.get_context().get_local_world_size())
+    return int(psutil.virtual_memory().available / 4 / local)
+
+
+class Shard:
+    """This worker's rows as tensor batches: streamed on the first pass, kept if small."""
+
+    def __init__(self, iterator, plan: Plan):
+        self.iterator = iterator
+        self.spec = plan.sweep.dataset
+        self.shape = plan.dataset.input_shape
+        self.batch_size = plan.sweep.batch_size
+        self.budget = cache_budget_bytes()
+        self.passes = 0
+        self.cache: list | None = []
+        self.cached_bytes = 0
+        self.use_cache = False
+
+    def __iter__(self):
+        if self.use_cache:
+            yield from self.cache
+            return
+        first = self.passes == 0
+        self.passes += 1
+        for table in self.iterator.iter_batches(batch_size=self.batch_size,
+                                                batch_format="pyarrow", prefetch_batches=2):
+            if table.num_rows == 0:
+                continue
+            x, y = to_tensors(table, self.spec.inputs, self.spec.target, self.shape)
+            if first and self.cache is not None:
+                self.cached_bytes += x.nbytes + y.nbytes
+                if self.cached_bytes <= self.budget:
+                    self.cache.append((x, y))
+                else:
+                    self.cache = None
+            yield x, y
+
+    @property
+    def overflowed(self) -> bool:
+        return self.cache is None
+
+    def agree(self, any_overflow: bool) -> None:
+        """After the first pass: keep the cache only if every worker could keep its own."""
+        if self.passes == 1 and not any_overflow and self.cache is not None:
+            self.use_cache = True
+        elif not self.use_cache:
+            self.cache = None
+
+
+def evaluate_plan(config: dict) -> list[dict]:
+    """The train_loop_per_worker of the evaluation TorchTrainer; rank 0 returns the outcomes."""
+    plan: Plan = config["plan"]
+    sweep = plan.sweep
+    rank = ray.train.get_context().get_world_rank()
+    world = ray.train.get_context().get_world_size()
+    device = ray.train.torch.get_device()
+    model = build_model(sweep.model, sweep.base_dir, device)
+    metrics = [(m.key, m.build()) for m in sweep.metrics]
+    shard = Shard(ray.train.get_dataset_shard(DATASET), plan)
+    store = ResultStore(sweep.output) if rank == 0 else None
+    cache_dir = os.path.join(tempfile.gettempdir(), "rayeval-checkpoints")
+    classes = None
+    outcomes = []
+
+    for cell in plan.cells:
+        start = time.perf_counter()
+        ref = cell.checkpoint
+        error = None
+        try:
+            load_into(model, fetch(ref.location, cache_dir))
+        except CheckpointError as e:
+            error = e.message
+        (any_failed,) = dist.all_reduce_max([1.0 if error else 0.0])
+        if any_failed:
+            outcomes.append(_failure(ref, error or f"{ref.location}: could not be loaded on "
+                                                   "another worker; see the worker logs"))
+            continue
+
+        if classes is None:   # the same on every rank: same model, same zeros input
+            classes = num_classes(model, plan.dataset.input_shape, device)
+        p = Pass(model, metrics, classes, device)
+        for x, y in shard:
+            if error:
+                continue          # finish the pass: every rank must drain its split
+            try:
+                p.update(x, y)
+            except CheckpointError as e:
+                error = f"{ref.location}: {e.message}"
+        states = dict(p.states)
+        states[_FAILED] = torch.tensor(1 if error else 0, dtype=torch.int64)
+        states[_CACHE_OVERFLOW] = torch.tensor(int(shard.overflowed), dtype=torch.int64)
+        merged = dist.all_reduce_states(states)          # the one collective of this cell
+        shard.agree(bool(merged[_CACHE_OVERFLOW]))
+        if merged[_FAILED]:
+            outcomes.append(_failure(ref, error or f"{ref.location}: failed on another worker; "
+                                                   "see the worker logs"))
+            continue
+        if rank != 0:
+            continue
+        counted = int(merged[ROWS])
+        if counted != plan.dataset.num_rows:
+            outcomes.append(_failure(ref, f"{ref.location}: counted {counted} rows but the data "
+                                          f"set has {plan.dataset.num_rows}; not published "
+                                          "(a sharding bug: please report it)"))
+            continue
+        values = compute(metrics, merged)
+        higher = {m.key: m.higher_is_better for m in sweep.metrics}
+        store.write_cell(cell.key, [
+            {"sweep": sweep.name, "checkpoint": ref.location, "step": ref.step,
+             "dataset": sweep.dataset.name, "metric": key, "value": value, "ci_low": None,
+             "ci_high": None, "num_samples": counted, "world_size": world,
+             "higher_is_better": higher[key]}
+            for key, value in values.items()])
+        outcomes.append({"checkpoint": ref.location, "step": ref.step, "ok": True,
+                         "values": values, "rows": counted,
+                         "seconds": time.perf_counter() - start})
+    return outcomes
+
+
+def _failure(ref, message: str) -> dict:
+    return {"checkpoint": ref.location, "step": ref.step, "ok": False, "error": message}

@@ -1,0 +1,114 @@
+"""Make the shipped example in configs/digits: noisy 8x8 digit glyphs, an MLP trained on them,
+and checkpoints in several layouts. Deterministic; run it again to rebuild the files.
+
+    python scripts/make_example.py [--out configs/digits]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sys
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import torch
+
+# 5x7 glyphs for 0-9, one string per row, '#' = ink.
+GLYPHS = [
+    [" ### ", "#   #", "#  ##", "# # #", "##  #", "#   #", " ### "],
+    ["  #  ", " ##  ", "  #  ", "  #  ", "  #  ", "  #  ", " ### "],
+    [" ### ", "#   #", "    #", "   # ", "  #  ", " #   ", "#####"],
+    ["#####", "   # ", "  #  ", "   # ", "    #", "#   #", " ### "],
+    ["   # ", "  ## ", " # # ", "#  # ", "#####", "   # ", "   # "],
+    ["#####", "#    ", "#### ", "    #", "    #", "#   #", " ### "],
+    ["  ## ", " #   ", "#    ", "#### ", "#   #", "#   #", " ### "],
+    ["#####", "    #", "   # ", "  #  ", " #   ", " #   ", " #   "],
+    [" ### ", "#   #", "#   #", " ### ", "#   #", "#   #", " ### "],
+    [" ### ", "#   #", "#   #", " ####", "    #", "   # ", " ##  "],
+]
+
+
+def make_digits(n: int, seed: int, noise: float = 0.45) -> tuple[np.ndarray, np.ndarray]:
+    """n noisy glyph images (n, 64) float32 and their labels (n,) int64."""
+    rng = np.random.default_rng(seed)
+    templates = np.zeros((10, 7, 5), dtype=np.float32)
+    for d, rows in enumerate(GLYPHS):
+        for r, row in enumerate(rows):
+            templates[d, r] = [c == "#" for c in row]
+    labels = rng.integers(0, 10, size=n)
+    images = np.zeros((n, 8, 8), dtype=np.float32)
+    dy = rng.integers(0, 2, size=n)
+    dx = rng.integers(0, 4, size=n)
+    for i in range(n):
+        images[i, dy[i]:dy[i] + 7, dx[i]:dx[i] + 5] = templates[labels[i]]
+    images += rng.normal(0.0, noise, size=images.shape).astype(np.float32)
+    return images.reshape(n, 64), labels.astype(np.int64)
+
+
+def write_parquet(path: str, x: np.ndarray, y: np.ndarray) -> None:
+    pixels = pa.FixedSizeListArray.from_arrays(pa.array(x.reshape(-1), pa.float32()), 64)
+    table = pa.table({"row": pa.array(np.arange(len(y)), pa.int64()), "pixels": pixels,
+                      "label": pa.array(y, pa.int64())})
+    pq.write_table(table, path, compression="zstd")
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "..",
+                                                      "configs", "digits"))
+    parser.add_argument("--rows", type=int, default=2003, help="evaluation rows (prime on purpose)")
+    args = parser.parse_args(argv)
+    sys.path.insert(0, args.out)
+    from my_models import build_mlp
+
+    torch.manual_seed(0)
+    os.makedirs(os.path.join(args.out, "data"), exist_ok=True)
+    ckpt_dir = os.path.join(args.out, "ckpts")
+    shutil.rmtree(ckpt_dir, ignore_errors=True)
+    os.makedirs(ckpt_dir)
+
+    ex, ey = make_digits(args.rows, seed=1)
+    write_parquet(os.path.join(args.out, "data", "eval.parquet"), ex, ey)
+    tx, ty = make_digits(4096, seed=2)
+    tx, ty = torch.from_numpy(tx), torch.from_numpy(ty)
+
+    model = build_mlp(hidden=32)
+    opt = torch.optim.Adam(model.parameters(), lr=3e-3)
+    saves = {20: "torch_ddp", 60: "torch_wrapped", 200: "safetensors", 600: "dcp"}
+    for step in range(1, max(saves) + 1):
+        idx = torch.randint(0, len(ty), (64,))
+        loss = torch.nn.functional.cross_entropy(model(tx[idx]), ty[idx])
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        if step in saves:
+            save(model, opt, step, saves[step], ckpt_dir)
+    print(f"wrote {args.rows} rows and {len(saves)} checkpoints under {args.out}")
+    return 0
+
+
+def save(model, opt, step: int, layout: str, ckpt_dir: str) -> None:
+    state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    if layout == "torch_ddp":      # DDP's module. prefix, bare state dict
+        torch.save({f"module.{k}": v for k, v in state.items()},
+                   os.path.join(ckpt_dir, f"step_{step:06d}.pt"))
+    elif layout == "torch_wrapped":  # a training checkpoint: compiled model under "model"
+        torch.save({"model": {f"_orig_mod.{k}": v for k, v in state.items()},
+                    "optimizer": opt.state_dict(), "step": step},
+                   os.path.join(ckpt_dir, f"step_{step:06d}.pt"))
+    elif layout == "safetensors":
+        from safetensors.torch import save_file
+
+        save_file(state, os.path.join(ckpt_dir, f"step_{step:06d}.safetensors"))
+    elif layout == "dcp":
+        import torch.distributed.checkpoint as dcp
+
+        dcp.save({"model": state}, checkpoint_id=os.path.join(ckpt_dir, f"step_{step:06d}"),
+                 no_dist=True)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
