@@ -92,17 +92,26 @@ def _ensure_ray(sweep: Sweep, address: str | None, verbose: bool) -> bool:
 
 
 def _read_dataset(plan: Plan):
+    """The Ray Data set of the sweep's rows, cut into enough blocks to balance the workers:
+    shards are dealt block by block, so one block per file would leave workers idle."""
+    import math
+
     import ray.data
 
     from . import paths
 
+    sweep = plan.sweep
     ctx = ray.data.DataContext.get_current()
     ctx.enable_progress_bars = False
     ctx.print_on_execution_start = False
+    row_bytes = 4 * math.prod(plan.dataset.input_shape) + 8
+    blocks = 8 * sweep.workers
+    ctx.target_max_block_size = int(min(128 << 20, max(1 << 20, plan.dataset.num_rows
+                                                        * row_bytes / blocks)))
     fs, _ = paths.filesystem(plan.dataset.files[0])
-    spec = plan.sweep.dataset
-    return ray.data.read_parquet([paths.filesystem(f)[1] for f in plan.dataset.files],
-                                 filesystem=fs, columns=[spec.inputs, spec.target])
+    ds = ray.data.read_parquet([paths.filesystem(f)[1] for f in plan.dataset.files],
+                               filesystem=fs)
+    return ds.select_columns([sweep.dataset.inputs, sweep.dataset.target])
 
 
 def _fit(plan: Plan) -> list[dict]:
