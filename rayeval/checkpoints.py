@@ -24,6 +24,7 @@ from typing import Mapping
 import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import FileSystemReader
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.metadata import StorageMeta, TensorStorageMetadata
 
 from . import paths
@@ -264,8 +265,8 @@ def _read_dcp(path: str, model: torch.nn.Module) -> dict[str, torch.Tensor]:
         with warnings.catch_warnings():   # "assuming the intent is to load in a single process"
             warnings.simplefilter("ignore", UserWarning)
             dcp.load(buffers, storage_reader=reader, no_dist=True)
-    except Exception as e:
-        detail = str(e).splitlines()[0] if str(e) else type(e).__name__
+    except (Exception, CheckpointException) as e:   # the latter is a BaseException
+        detail = _dcp_failure(e)
         raise CheckpointError(f"{path}: cannot read torch.distributed.checkpoint shards "
                               f"(missing or truncated .distcp file?): {detail}") from None
     return {mapping[k]: v for k, v in buffers.items()}
@@ -309,6 +310,17 @@ class _SafeDCPReader(FileSystemReader):
             metadata.storage_meta = StorageMeta()
         metadata.storage_meta.load_id = self.load_id
         return metadata
+
+
+def _dcp_failure(e: BaseException) -> str:
+    """The underlying error of a DCP load failure, in one line."""
+    if isinstance(e, CheckpointException) and e.failures:
+        inner = next(iter(e.failures.values()))
+        if isinstance(inner, tuple):      # (exception, traceback) on some versions
+            inner = inner[0]
+        e = inner
+    text = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {text[-1] if text else ''}"
 
 
 def fetch(location: str, cache_dir: str) -> str:

@@ -38,13 +38,26 @@ def all_reduce_max(values: list[float]) -> list[float]:
     return t.cpu().tolist()
 
 
+_SPLIT = 26   # integer states travel as two float64 halves: x = hi * 2**26 + lo
+
+
 def all_reduce_states(states: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """Sum every state over ranks in ONE all-reduce; returns new CPU tensors, dtypes kept.
 
-    States are packed into one float64 vector. Integer states stay exact while their sums are
-    below 2**53 (9e15), far beyond any evaluation's counts."""
+    All states travel in one float64 vector. An integer state is sent as two halves
+    (``x >> 26`` and ``x & (2**26 - 1)``), each summed exactly in float64, so integer sums are
+    exact for any int64 values and any world size, whatever order the reduction takes."""
     keys = sorted(states)
-    flat = torch.cat([states[k].detach().reshape(-1).to("cpu", torch.float64) for k in keys])
+    parts = []
+    for k in keys:
+        t = states[k].detach().reshape(-1).cpu()
+        if t.dtype.is_floating_point:
+            parts.append(t.to(torch.float64))
+        else:
+            t = t.to(torch.int64)
+            parts += [(t >> _SPLIT).to(torch.float64),
+                      (t & ((1 << _SPLIT) - 1)).to(torch.float64)]
+    flat = torch.cat(parts)
     if is_distributed():
         flat = flat.to(_comm_device())
         tdist.all_reduce(flat, op=tdist.ReduceOp.SUM)
@@ -53,9 +66,13 @@ def all_reduce_states(states: dict[str, torch.Tensor]) -> dict[str, torch.Tensor
     for k in keys:
         t = states[k]
         n = t.numel()
-        piece = flat[offset:offset + n].reshape(t.shape)
-        if not t.dtype.is_floating_point:
-            piece = piece.round()
-        out[k] = piece.to(t.dtype)
-        offset += n
+        if t.dtype.is_floating_point:
+            piece = flat[offset:offset + n]
+            offset += n
+        else:
+            hi = flat[offset:offset + n].to(torch.int64)
+            lo = flat[offset + n:offset + 2 * n].to(torch.int64)
+            piece = (hi << _SPLIT) + lo
+            offset += 2 * n
+        out[k] = piece.reshape(t.shape).to(t.dtype)
     return out

@@ -93,7 +93,7 @@ class MacroF1(Metric):
 
 
 class NLL(Metric):
-    """Mean negative log-likelihood of the target class, from logits (log-softmax)."""
+    """Mean negative log-likelihood of the target class, from logits (log-softmax in float64)."""
 
     name = "nll"
     higher_is_better = False
@@ -103,9 +103,9 @@ class NLL(Metric):
                 "total": torch.zeros((), dtype=torch.int64)}
 
     def update(self, state, outputs, targets):
-        logp = torch.log_softmax(outputs.to(torch.float32), dim=1)
-        nll = -logp.gather(1, targets.view(-1, 1).to(torch.int64)).squeeze(1)
-        state["sum"] += nll.to(torch.float64).sum()
+        # float64: the per-row log-likelihoods are summed over millions of rows.
+        logp = torch.log_softmax(outputs.to(torch.float64), dim=1)
+        state["sum"] += -logp.gather(1, targets.view(-1, 1).to(torch.int64)).sum()
         state["total"] += targets.numel()
 
     def compute(self, state):

@@ -1,0 +1,110 @@
+"""Shared helpers for the tests: small data sets, a model module, sweep files, and metric
+references computed independently of rayeval (numpy)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import torch
+import yaml
+
+FEATURES, CLASSES = 8, 4
+
+MODEL_MODULE = textwrap.dedent('''
+    import torch
+
+    def build(features=8, hidden=16, classes=4):
+        return torch.nn.Sequential(torch.nn.Linear(features, hidden), torch.nn.Tanh(),
+                                   torch.nn.Linear(hidden, classes))
+
+    def broken(**kwargs):
+        raise RuntimeError("factory exploded")
+
+    def not_a_module(**kwargs):
+        return 42
+''')
+
+
+def write_model_module(folder: str, name: str = "tiny_models") -> None:
+    with open(os.path.join(folder, f"{name}.py"), "w") as f:
+        f.write(MODEL_MODULE)
+
+
+def build_model(seed: int = 0, hidden: int = 16) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Linear(FEATURES, hidden), torch.nn.Tanh(),
+                               torch.nn.Linear(hidden, CLASSES))
+
+
+def make_data(n: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(n, FEATURES)).astype(np.float32)
+    y = rng.integers(0, CLASSES, size=n).astype(np.int64)
+    return x, y
+
+
+def write_parquet(path: str, x: np.ndarray, y: np.ndarray, *, row_group_size: int | None = None,
+                  list_type: str = "fixed") -> None:
+    flat = pa.array(x.reshape(-1), pa.float32())
+    if list_type == "fixed":
+        inputs = pa.FixedSizeListArray.from_arrays(flat, x.shape[1])
+    else:
+        offsets = pa.array(np.arange(0, x.size + 1, x.shape[1]), pa.int32())
+        inputs = pa.ListArray.from_arrays(offsets, flat)
+    table = pa.table({"row": pa.array(np.arange(len(y)), pa.int64()), "x": inputs,
+                      "y": pa.array(y, pa.int64())})
+    pq.write_table(table, path, row_group_size=row_group_size)
+
+
+def write_sweep(folder: str, name: str = "sweep.yaml", **overrides) -> str:
+    spec = {
+        "name": "t",
+        "model": {"factory": "tiny_models:build"},
+        "checkpoints": ["ckpts/*"],
+        "dataset": {"path": "data.parquet", "inputs": "x", "target": "y"},
+        "task": "classification",
+        "metrics": ["accuracy", "macro_f1", "nll"],
+        "batch_size": 64,
+        "workers": 1,
+        "output": "out",
+    }
+    for key, value in overrides.items():
+        if value is None:
+            spec.pop(key, None)
+        else:
+            spec[key] = value
+    path = os.path.join(folder, name)
+    with open(path, "w") as f:
+        yaml.safe_dump(spec, f)
+    return path
+
+
+def reference_metrics(model: torch.nn.Module, x: np.ndarray, y: np.ndarray) -> dict[str, float]:
+    """accuracy, macro F1 (scikit-learn's definition: classes present in targets or
+    predictions) and NLL, in numpy, float64, in one process."""
+    with torch.no_grad():
+        logits = model(torch.from_numpy(x)).double().numpy()
+    pred = logits.argmax(axis=1)
+    shifted = logits - logits.max(axis=1, keepdims=True)
+    logp = shifted - np.log(np.exp(shifted).sum(axis=1, keepdims=True))
+    f1s = []
+    for c in sorted(set(y.tolist()) | set(pred.tolist())):
+        tp = np.sum((pred == c) & (y == c))
+        fp = np.sum((pred == c) & (y != c))
+        fn = np.sum((pred != c) & (y == c))
+        f1s.append(2 * tp / (2 * tp + fp + fn))
+    return {"accuracy": float(np.mean(pred == y)), "macro_f1": float(np.mean(f1s)),
+            "nll": float(-logp[np.arange(len(y)), y].mean())}
+
+
+def rayeval_cli(*args: str, cwd: str | None = None, timeout: float = 300
+                ) -> subprocess.CompletedProcess:
+    """Run the real command line in a subprocess."""
+    return subprocess.run([sys.executable, "-m", "rayeval", *args], cwd=cwd, capture_output=True,
+                          text=True, timeout=timeout)

@@ -1,0 +1,156 @@
+"""Tier 4: the real command line, end to end. Bad input is one line on stderr, exit status 2,
+no traceback, nothing written; a checkpoint that cannot be loaded fails its own cell only."""
+
+import json
+import os
+import pickle
+import shutil
+
+import pytest
+import torch
+
+from support import (build_model, make_data, rayeval_cli, write_model_module, write_parquet,
+                     write_sweep)
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture
+def project(tmp_path):
+    write_model_module(str(tmp_path))
+    x, y = make_data(50)
+    write_parquet(str(tmp_path / "data.parquet"), x, y)
+    (tmp_path / "ckpts").mkdir()
+    torch.save(build_model(seed=1).state_dict(), tmp_path / "ckpts" / "step_1.pt")
+    return tmp_path
+
+
+def assert_one_line_error(proc, *fragments):
+    assert proc.returncode == 2, (proc.stdout, proc.stderr)
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith("error: ")
+    assert "Traceback" not in proc.stderr + proc.stdout
+    for fragment in fragments:
+        assert fragment in lines[0], lines[0]
+
+
+def write_raw(folder, text):
+    path = folder / "sweep.yaml"
+    path.write_text(text)
+    return str(path)
+
+
+BAD_SWEEPS = {
+    "yaml": (lambda p: write_raw(p, "name: [x\n"), ["not valid YAML at line"]),
+    "unknown_key": (lambda p: write_sweep(str(p), wokers=2), ["wokers: unknown key",
+                                                              "did you mean 'workers'"]),
+    "missing_key": (lambda p: write_sweep(str(p), task=None), ["task: missing required key"]),
+    "mistyped_key": (lambda p: write_sweep(str(p), batch_size="big"),
+                     ["batch_size: expected an integer, got 'big'"]),
+    "bad_metric": (lambda p: write_sweep(str(p), metrics=["accuracy", "f7"]),
+                   ["metrics[1]: unknown metric 'f7'"]),
+    "glob_matches_nothing": (lambda p: write_sweep(str(p), checkpoints=["nope/step_*"]),
+                             ["checkpoints[0]: glob", "matches no file or folder"]),
+    "missing_dataset": (lambda p: write_sweep(str(p), dataset={
+        "path": "missing.parquet", "inputs": "x", "target": "y"}),
+        ["dataset.path: no parquet file found"]),
+    "missing_column": (lambda p: write_sweep(str(p), dataset={
+        "path": "data.parquet", "inputs": "pixels", "target": "y"}),
+        ["dataset.inputs: no column 'pixels'", "its columns are: row, x, y"]),
+    "empty_dataset": (lambda p: (write_parquet(str(p / "empty.parquet"),
+                                               make_data(0)[0].reshape(0, 8), make_data(0)[1]),
+                                 write_sweep(str(p), dataset={"path": "empty.parquet",
+                                                              "inputs": "x", "target": "y"}))[1],
+                      ["has no rows"]),
+    "factory_module_missing": (lambda p: write_sweep(str(p), model={"factory": "nomod:build"}),
+                               ["model.factory: cannot import module 'nomod'"]),
+    "factory_attr_missing": (lambda p: write_sweep(str(p), model={"factory": "tiny_models:x"}),
+                             ["model.factory: module 'tiny_models' has no attribute 'x'"]),
+    "factory_raises": (lambda p: write_sweep(str(p), model={"factory": "tiny_models:broken"}),
+                       ["RuntimeError: factory exploded"]),
+    "factory_not_module": (lambda p: write_sweep(str(p),
+                                                 model={"factory": "tiny_models:not_a_module"}),
+                           ["returned int, not a torch.nn.Module"]),
+    "factory_bad_kwargs": (lambda p: write_sweep(str(p), model={"factory": "tiny_models:build",
+                                                               "kwargs": {"depth": 3}}),
+                           ["model.kwargs", "depth"]),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_SWEEPS))
+def test_bad_input_is_one_clear_line(project, case):
+    make, fragments = BAD_SWEEPS[case]
+    sweep = make(project)
+    proc = rayeval_cli("run", sweep, cwd=str(project))
+    assert_one_line_error(proc, *fragments)
+    assert not (project / "out").exists(), "nothing half-written"
+
+
+def test_missing_sweep_file_and_store(tmp_path):
+    assert_one_line_error(rayeval_cli("run", str(tmp_path / "none.yaml")), "sweep file not found")
+    assert_one_line_error(rayeval_cli("leaderboard", str(tmp_path / "nothing")),
+                          "no result store at")
+
+
+def _evil_pickle(marker):
+    code = f"open({marker!r}, 'w').write('pwned')"
+
+    class Evil:
+        def __reduce__(self):
+            return (exec, (code,))
+
+    return pickle.dumps({"model": Evil()}, protocol=2)
+
+
+@pytest.mark.ray
+def test_bad_checkpoints_fail_their_own_cells_through_the_cli(project):
+    ck = project / "ckpts"
+    torch.save(build_model(seed=6).state_dict(), ck / "step_6.pt")
+    good = (ck / "step_1.pt").read_bytes()
+    (ck / "step_2.pt").write_bytes(good[: len(good) // 2])                 # truncated
+    (ck / "step_3.pt").write_bytes(b"\x80\x02" + os.urandom(200))         # corrupt pickle
+    (ck / "step_4.pt").write_text("just some text\n")                     # not a checkpoint
+    wide = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.Tanh(), torch.nn.Linear(32, 4))
+    torch.save(wide.state_dict(), ck / "step_5.pt")                        # does not fit
+    marker = project / "pwned"
+    (ck / "step_7.pt").write_bytes(_evil_pickle(str(marker)))             # needs more than weights
+    proc = rayeval_cli("run", write_sweep(str(project), workers=2), cwd=str(project))
+    assert proc.returncode == 1, (proc.stdout, proc.stderr)
+    assert "Traceback" not in proc.stderr + proc.stdout
+    failed = [ln for ln in proc.stderr.splitlines() if ln.startswith("failed: ")]
+    assert len(failed) == 5, proc.stderr
+    text = "\n".join(failed)
+    assert "step_2.pt: truncated or corrupt" in text
+    assert "step_3.pt: " in text
+    assert "step_4.pt: not a checkpoint" in text
+    assert "step_5.pt: does not fit the model" in text and "0.weight [32, 8] vs model [16, 8]" in text
+    assert "step_7.pt: refused: this pickle needs more than weights_only=True" in text
+    assert not marker.exists()
+    assert "2 checkpoint(s) evaluated, 0 already in the store, 5 failed" in proc.stdout
+    assert "step_1.pt" in proc.stdout and "step_6.pt" in proc.stdout
+    lb = rayeval_cli("leaderboard", str(project / "out"), "--format", "json")
+    rows = json.loads(lb.stdout)
+    assert {os.path.basename(r["checkpoint"]) for r in rows} == {"step_1.pt", "step_6.pt"}
+
+
+@pytest.mark.ray
+def test_quickstart_example_end_to_end(tmp_path):
+    example = tmp_path / "digits"
+    shutil.copytree(os.path.join(REPO, "configs", "digits"), example,
+                    ignore=shutil.ignore_patterns("out"))
+    proc = rayeval_cli("run", str(example / "sweep.yaml"), "--workers", "2", cwd=str(tmp_path))
+    assert proc.returncode == 0, (proc.stdout, proc.stderr)
+    for name in ("step_000020.pt", "step_000060.pt", "step_000200.safetensors", "step_000600"):
+        assert name in proc.stdout
+    assert "4 checkpoint(s) evaluated" in proc.stdout
+    rows = json.loads(rayeval_cli("leaderboard", str(example / "out"), "--format",
+                                  "json").stdout)
+    assert len(rows) == 12
+    assert {r["num_samples"] for r in rows} == {2003} and {r["world_size"] for r in rows} == {2}
+    md = rayeval_cli("leaderboard", str(example / "out"), "--format", "markdown", "--metric",
+                     "nll")
+    assert md.returncode == 0 and md.stdout.splitlines()[2].startswith("| 1 * | digits | eval |")
+    again = rayeval_cli("run", str(example / "sweep.yaml"), cwd=str(tmp_path))
+    assert again.returncode == 0 and "0 checkpoint(s) evaluated, 4 already in the store" in \
+        again.stdout

@@ -1,0 +1,91 @@
+"""Tier 1: the data set's inspection and the arrow-to-tensor conversion."""
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+from rayeval.data import inspect_dataset, read_all, to_tensors
+from rayeval.errors import DataError
+from rayeval.spec import DatasetSpec
+from support import make_data, write_parquet
+
+
+def spec(path, inputs="x", target="y", id=None):
+    return DatasetSpec(path=str(path), inputs=inputs, target=target, id=id, name="d")
+
+
+@pytest.mark.parametrize("list_type", ["fixed", "variable"])
+def test_inspect_counts_rows_and_reads_back_every_row(tmp_path, list_type):
+    x, y = make_data(1001)
+    write_parquet(str(tmp_path / "d.parquet"), x, y, row_group_size=100, list_type=list_type)
+    info = inspect_dataset(spec(tmp_path / "d.parquet"))
+    assert info.num_rows == 1001 and info.input_shape == (8,)
+    batches = list(read_all(info, spec(tmp_path / "d.parquet"), 64))
+    xs = torch.cat([b[0] for b in batches])
+    ys = torch.cat([b[1] for b in batches])
+    assert torch.equal(xs, torch.from_numpy(x)) and torch.equal(ys, torch.from_numpy(y))
+
+
+def test_folder_and_glob_of_files(tmp_path):
+    x, y = make_data(30)
+    (tmp_path / "parts").mkdir()
+    for i in range(3):
+        write_parquet(str(tmp_path / "parts" / f"part-{i}.parquet"), x[i::3], y[i::3])
+    (tmp_path / "parts" / "_SUCCESS").write_text("")
+    assert inspect_dataset(spec(tmp_path / "parts")).num_rows == 30
+    assert inspect_dataset(spec(tmp_path / "parts" / "part-[01].parquet")).num_rows == 20
+
+
+def test_nested_fixed_lists_and_scalar_inputs():
+    images = pa.FixedSizeListArray.from_arrays(
+        pa.FixedSizeListArray.from_arrays(pa.array(np.arange(12, dtype=np.float32)), 3), 2)
+    t = pa.table({"img": images, "v": pa.array([1.5, 2.5]), "y": pa.array([0, 1])})
+    x, y = to_tensors(t, "img", "y", (2, 3))
+    assert x.shape == (2, 2, 3) and x[1, 1, 2] == 11
+    x, _ = to_tensors(t, "v", "y", (1,))
+    assert x.tolist() == [[1.5], [2.5]]
+
+
+@pytest.mark.parametrize("change,match", [
+    (dict(inputs="pixels"), r"dataset\.inputs: no column 'pixels' .* columns are: row, x, y"),
+    (dict(target="label"), r"dataset\.target: no column 'label'"),
+    (dict(id="rid"), r"dataset\.id: no column 'rid'"),
+    (dict(target="x"), r"dataset\.target: column 'x' has type fixed_size_list"),
+])
+def test_bad_columns(tmp_path, change, match):
+    x, y = make_data(10)
+    write_parquet(str(tmp_path / "d.parquet"), x, y)
+    with pytest.raises(DataError, match=match):
+        inspect_dataset(spec(tmp_path / "d.parquet", **change))
+
+
+def test_missing_empty_and_not_parquet(tmp_path):
+    with pytest.raises(DataError, match=r"dataset\.path: no parquet file found"):
+        inspect_dataset(spec(tmp_path / "nope.parquet"))
+    x, y = make_data(0)
+    write_parquet(str(tmp_path / "empty.parquet"), x.reshape(0, 8), y)
+    with pytest.raises(DataError, match="has no rows"):
+        inspect_dataset(spec(tmp_path / "empty.parquet"))
+    (tmp_path / "text.parquet").write_text("not parquet")
+    with pytest.raises(DataError, match="cannot read .* as parquet"):
+        inspect_dataset(spec(tmp_path / "text.parquet"))
+
+
+def test_string_inputs_refused(tmp_path):
+    pq.write_table(pa.table({"x": ["a", "b"], "y": [0, 1]}), tmp_path / "d.parquet")
+    with pytest.raises(DataError, match="holds string; expected numbers"):
+        inspect_dataset(spec(tmp_path / "d.parquet"))
+
+
+def test_ragged_lists_and_nulls_are_errors():
+    t = pa.table({"x": pa.array([[1.0, 2.0], [3.0]]), "y": pa.array([0, 1])})
+    with pytest.raises(DataError, match="lists of different lengths"):
+        to_tensors(t, "x", "y", (2,))
+    t = pa.table({"x": pa.array([[1.0, 2.0], None]), "y": pa.array([0, 1])})
+    with pytest.raises(DataError, match="null values"):
+        to_tensors(t, "x", "y", (2,))
+    t = pa.table({"x": pa.array([[1.0, 2.0], [1.0, 2.0]]), "y": pa.array([0, None])})
+    with pytest.raises(DataError, match=r"dataset\.target: .* null values"):
+        to_tensors(t, "x", "y", (2,))

@@ -1,0 +1,96 @@
+"""Tier 1: metric states. The key property: states merged from any split of the rows equal
+one pass over all rows, and metrics match an independent single-process reference."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from rayeval.errors import CheckpointError, DataError
+from rayeval.evaluate import ROWS, Pass, compute, evaluate, num_classes
+from rayeval.metrics import REGISTRY
+from support import build_model, make_data, reference_metrics
+
+METRICS = [(name, cls()) for name, cls in REGISTRY["classification"].items()]
+
+
+def batches(x, y, size):
+    for i in range(0, len(y), size):
+        yield torch.from_numpy(x[i:i + size]), torch.from_numpy(y[i:i + size])
+
+
+def merge(*states):
+    return {k: sum(s[k] for s in states) for k in states[0]}
+
+
+@pytest.mark.parametrize("n", [1, 7, 1001])
+def test_single_pass_matches_reference(n):
+    model = build_model(seed=3).eval()
+    x, y = make_data(n, seed=n)
+    states = evaluate(model, batches(x, y, 64), METRICS, 4)
+    got = compute(METRICS, states)
+    ref = reference_metrics(model, x, y)
+    assert int(states[ROWS]) == n
+    for key in ref:
+        assert got[key] == pytest.approx(ref[key], rel=1e-9, abs=1e-12), key
+
+
+@pytest.mark.parametrize("shards", [2, 3, 5])
+def test_merged_shard_states_equal_one_pass(shards):
+    model = build_model(seed=4).eval()
+    x, y = make_data(1009, seed=1)
+    rng = np.random.default_rng(shards)
+    owner = rng.integers(0, shards, size=len(y))       # an arbitrary, uneven sharding
+    parts = [evaluate(model, batches(x[owner == s], y[owner == s], 50), METRICS, 4)
+             for s in range(shards)]
+    merged = merge(*parts)
+    whole = evaluate(model, batches(x, y, 64), METRICS, 4)
+    for k in whole:
+        if whole[k].dtype.is_floating_point:
+            assert torch.allclose(merged[k], whole[k], rtol=1e-12), k
+        else:
+            assert torch.equal(merged[k], whole[k]), k       # integer states: exactly equal
+    assert compute(METRICS, merged) == pytest.approx(compute(METRICS, whole), rel=1e-12)
+
+
+def test_macro_f1_skips_classes_absent_from_targets_and_predictions():
+    # 4 model classes; only classes 0 and 1 occur in targets or predictions.
+    metric = REGISTRY["classification"]["macro_f1"]()
+    state = metric.init_state(4)
+    logits = torch.tensor([[5.0, 0, 0, 0], [5.0, 0, 0, 0], [0, 5.0, 0, 0]])
+    metric.update(state, logits, torch.tensor([0, 1, 1]))
+    # class 0: tp 1, fp 1, fn 0 -> 2/3; class 1: tp 1, fp 0, fn 1 -> 2/3
+    assert metric.compute(state) == pytest.approx(2 / 3)
+
+
+def test_empty_state_is_nan():
+    for _, metric in METRICS:
+        assert math.isnan(metric.compute(metric.init_state(3)))
+
+
+def test_target_outside_the_model_classes():
+    p = Pass(build_model().eval(), METRICS, 4, torch.device("cpu"))
+    with pytest.raises(DataError, match=r"class index 4 is outside the model's 4 classes"):
+        p.update(torch.zeros(2, 8), torch.tensor([0, 4]))
+    with pytest.raises(DataError, match=r"class index -1"):
+        p.update(torch.zeros(2, 8), torch.tensor([-1, 0]))
+
+
+def test_nan_outputs_fail_the_checkpoint():
+    model = build_model().eval()
+    with torch.no_grad():
+        model[0].weight[0, 0] = float("nan")
+    p = Pass(model, METRICS, 4, torch.device("cpu"))
+    with pytest.raises(CheckpointError, match="NaN or infinite outputs"):
+        p.update(torch.ones(2, 8), torch.tensor([0, 1]))
+
+
+def test_num_classes_probe_and_bad_model_output():
+    from rayeval.errors import ModelError
+
+    assert num_classes(build_model(), (8,), torch.device("cpu")) == 4
+    with pytest.raises(ModelError, match=r"cannot take inputs of shape \(batch, 5\)"):
+        num_classes(build_model(), (5,), torch.device("cpu"))
+    with pytest.raises(ModelError, match="logits of shape"):
+        num_classes(torch.nn.Flatten(0), (8,), torch.device("cpu"))

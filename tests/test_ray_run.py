@@ -1,0 +1,141 @@
+"""Tier 3: whole sweeps on a real local Ray cluster (one per module), checked against a
+single-process reference computed in the test."""
+
+import dataclasses
+import os
+
+import numpy as np
+import pytest
+import torch
+import torch.distributed.checkpoint as dcp
+from safetensors.torch import save_file
+
+from rayeval.driver import _fit, prepare, run_sweep
+from rayeval.errors import DataError
+from rayeval.leaderboard import latest_rows
+from rayeval.spec import load_sweep
+from rayeval.store import ResultStore
+from support import (build_model, make_data, reference_metrics, write_model_module,
+                     write_parquet, write_sweep)
+
+pytestmark = pytest.mark.ray
+
+
+def setup_sweep(tmp_path, n_rows, seeds=(1, 2), **overrides):
+    write_model_module(str(tmp_path))
+    x, y = make_data(n_rows, seed=n_rows)
+    write_parquet(str(tmp_path / "data.parquet"), x, y, row_group_size=997)
+    (tmp_path / "ckpts").mkdir(exist_ok=True)
+    for s in seeds:
+        torch.save(build_model(seed=s).state_dict(), tmp_path / "ckpts" / f"step_{s}.pt")
+    return load_sweep(write_sweep(str(tmp_path), **overrides)), x, y
+
+
+def stored(sweep):
+    """{(checkpoint basename, metric): row} of the latest results."""
+    return {(os.path.basename(r["checkpoint"]), r["metric"]): r
+            for r in latest_rows(ResultStore(sweep.output).read())}
+
+
+def assert_matches_reference(sweep, x, y, seeds, workers):
+    got = stored(sweep)
+    for s in seeds:
+        ref = reference_metrics(build_model(seed=s), x, y)
+        for metric, value in ref.items():
+            row = got[(f"step_{s}.pt", metric)]
+            assert row["num_samples"] == len(y), "every row counted exactly once"
+            assert row["world_size"] == workers
+            assert row["value"] == pytest.approx(value, rel=1e-9), (s, metric)
+
+
+@pytest.mark.parametrize("workers", [1, 2, 3])
+def test_every_row_counted_once_whatever_the_worker_count(ray_cluster, tmp_path, workers):
+    # 10,007 is prime: no worker count divides it, so an equal split would have to drop rows.
+    sweep, x, y = setup_sweep(tmp_path, 10_007, workers=workers)
+    report = run_sweep(sweep)
+    assert [o["ok"] for o in report.outcomes] == [True, True]
+    assert all(o["rows"] == 10_007 for o in report.outcomes)
+    assert_matches_reference(sweep, x, y, (1, 2), workers)
+
+
+def test_fewer_rows_than_workers(ray_cluster, tmp_path):
+    sweep, x, y = setup_sweep(tmp_path, 2, seeds=(1,), workers=3)
+    report = run_sweep(sweep)
+    assert report.outcomes[0]["ok"], report.outcomes
+    assert_matches_reference(sweep, x, y, (1,), 3)
+
+
+def _dcp_two_ranks(rank, rendezvous, path):
+    import torch.distributed as tdist
+
+    tdist.init_process_group("gloo", init_method=f"file://{rendezvous}", rank=rank,
+                             world_size=2)
+    try:
+        dcp.save({"model": build_model(seed=7).state_dict()}, checkpoint_id=path)
+    finally:
+        tdist.destroy_process_group()
+
+
+def test_every_layout_through_run(ray_cluster, tmp_path):
+    sweep, x, y = setup_sweep(tmp_path, 1_501, seeds=(1,), workers=2)
+    ck = tmp_path / "ckpts"
+    sd = {s: build_model(seed=s).state_dict() for s in range(2, 8)}
+    torch.save({f"module.{k}": v for k, v in sd[2].items()}, ck / "step_2.pt")
+    torch.save({"model": {f"_orig_mod.{k}": v for k, v in sd[3].items()}, "step": 3},
+               ck / "step_3.pt")
+    torch.save({"state_dict": sd[4]}, ck / "step_4.pt")
+    save_file(sd[5], str(ck / "step_5.safetensors"))
+    dcp.save({"model": sd[6]}, checkpoint_id=str(ck / "step_6"), no_dist=True)
+    import torch.multiprocessing as mp
+
+    mp.start_processes(_dcp_two_ranks, args=(str(tmp_path / "rdzv"), str(ck / "step_7")),
+                       nprocs=2, join=True, start_method="spawn")
+    report = run_sweep(sweep)
+    assert all(o["ok"] for o in report.outcomes), report.failures
+    got = stored(sweep)
+    names = {1: "step_1.pt", 2: "step_2.pt", 3: "step_3.pt", 4: "step_4.pt",
+             5: "step_5.safetensors", 6: "step_6", 7: "step_7"}
+    for s, name in names.items():
+        ref = reference_metrics(build_model(seed=s), x, y)
+        for metric, value in ref.items():
+            assert got[(name, metric)]["value"] == pytest.approx(value, rel=1e-9)
+            assert got[(name, metric)]["step"] == s
+
+
+def test_a_bad_checkpoint_fails_only_its_cell(ray_cluster, tmp_path):
+    sweep, x, y = setup_sweep(tmp_path, 500, seeds=(1, 3), workers=2)
+    (tmp_path / "ckpts" / "step_2.pt").write_bytes(b"garbage, not a checkpoint")
+    report = run_sweep(sweep)
+    assert [o["ok"] for o in report.outcomes] == [True, False, True]
+    assert "step_2.pt: not a checkpoint" in report.failures[0]["error"]
+    assert {k[0] for k in stored(sweep)} == {"step_1.pt", "step_3.pt"}
+
+
+def test_rerun_uses_the_store_and_force_replaces_without_duplicates(ray_cluster, tmp_path):
+    sweep, x, y = setup_sweep(tmp_path, 300, seeds=(1,), workers=2)
+    assert run_sweep(sweep).outcomes[0]["ok"]
+    again = run_sweep(sweep)
+    assert again.outcomes == [] and len(again.plan.cached) == 1
+    forced = run_sweep(sweep, force=True)
+    assert forced.outcomes[0]["ok"]
+    assert ResultStore(sweep.output).read().num_rows == 3          # 3 metrics, one cell
+
+
+def test_row_count_mismatch_is_an_error_not_a_number(ray_cluster, tmp_path):
+    sweep, x, y = setup_sweep(tmp_path, 300, seeds=(1,), workers=2)
+    plan = prepare(sweep)
+    wrong = dataclasses.replace(plan, dataset=dataclasses.replace(plan.dataset, num_rows=301))
+    outcomes = _fit(wrong)
+    assert not outcomes[0]["ok"]
+    assert "counted 300 rows but the data set has 301; not published" in outcomes[0]["error"]
+    assert ResultStore(sweep.output).read().num_rows == 0
+
+
+def test_labels_outside_the_model_fail_the_run_with_one_line(ray_cluster, tmp_path):
+    sweep, x, y = setup_sweep(tmp_path, 300, seeds=(1,), workers=2)
+    y = y.copy()
+    y[123] = 9
+    write_parquet(str(tmp_path / "data.parquet"), x, y)
+    with pytest.raises(DataError, match=r"class index 9 is outside the model's 4 classes"):
+        run_sweep(sweep)
+    assert ResultStore(sweep.output).read().num_rows == 0

@@ -1,0 +1,35 @@
+"""The README's Quickstart block holds exactly two commands, and CI runs the second."""
+
+import os
+import re
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def quickstart_commands() -> list[str]:
+    text = open(os.path.join(REPO, "README.md"), encoding="utf-8").read()
+    section = text.split("## Quickstart", 1)[1]
+    block = re.search(r"```(?:bash|sh)?\n(.*?)```", section, re.S).group(1)
+    return [ln for ln in block.splitlines() if ln.strip()]
+
+
+def test_quickstart_has_two_commands_pinning_cpu_torch():
+    commands = quickstart_commands()
+    assert len(commands) == 2
+    assert all("torch==2.13.0" in c for c in commands)
+    assert "rayeval run configs/digits/sweep.yaml" in commands[0]
+
+
+def test_ci_runs_the_readme_test_command():
+    ci = open(os.path.join(REPO, ".ci", "run"), encoding="utf-8").read().splitlines()
+    assert quickstart_commands()[1] in ci
+
+
+def test_every_sweep_key_is_documented():
+    from rayeval.spec import _TOP_KEYS
+
+    text = open(os.path.join(REPO, "README.md"), encoding="utf-8").read()
+    for key in sorted(_TOP_KEYS) + ["model.factory", "model.kwargs", "dataset.path",
+                                    "dataset.inputs", "dataset.target", "dataset.id",
+                                    "dataset.name"]:
+        assert f"| `{key}` |" in text, key
