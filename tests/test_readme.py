@@ -29,7 +29,7 @@ def test_every_sweep_key_is_documented():
     from rayeval.spec import _TOP_KEYS
 
     text = open(os.path.join(REPO, "README.md"), encoding="utf-8").read()
-    for key in sorted(_TOP_KEYS) + ["model.factory", "model.kwargs", "dataset.path",
+    for key in sorted(_TOP_KEYS - {"model", "dataset"}) + ["model.factory", "model.kwargs", "dataset.path",
                                     "dataset.inputs", "dataset.target", "dataset.id",
                                     "dataset.name"]:
         assert f"| `{key}` |" in text, key
