@@ -63,6 +63,8 @@ def _ensure_ray(sweep: Sweep, address: str | None, verbose: bool) -> bool:
     """Connect to a cluster (``address``), reuse the current one, or start one in-process with
     more logical CPUs than workers: Ray Data needs CPUs the Train workers do not hold.
     Returns whether this call started Ray."""
+    if address:
+        _use_token_if_available()       # before Ray is imported: it reads the mode then
     import ray
 
     if ray.is_initialized():
@@ -70,11 +72,13 @@ def _ensure_ray(sweep: Sweep, address: str | None, verbose: bool) -> bool:
     kwargs = dict(log_to_driver=verbose, logging_level=logging.INFO if verbose else logging.ERROR,
                   configure_logging=True)
     if address:
+        _probe(address)
         try:
             ray.init(address=address, **kwargs)
         except (ConnectionError, RuntimeError, ValueError) as e:
             raise RunError(f"--address: cannot connect to Ray at {address!r}: "
-                           f"{str(e).splitlines()[0]}") from None
+                           f"{str(e).splitlines()[0]}; if the cluster uses token auth, put "
+                           "its token in RAY_AUTH_TOKEN or ~/.ray/auth_token") from None
         return True
     num_cpus = max(os.cpu_count() or 1, sweep.workers + 2)
     # Train, its controller and Ray Data start a dozen processes at once; without a higher
@@ -89,6 +93,32 @@ def _ensure_ray(sweep: Sweep, address: str | None, verbose: bool) -> bool:
                            f"{sweep.workers}, this machine has {gpus}; lower workers or set "
                            "use_gpu: false")
     return True
+
+
+def _probe(address: str, timeout: float = 5.0) -> None:
+    """Fail fast on an address where nothing listens: Ray's own client retries for minutes."""
+    import socket
+
+    if "://" in address or ":" not in address:      # auto, local, ray://...: Ray resolves them
+        return
+    host, _, port = address.rpartition(":")
+    try:
+        with socket.create_connection((host, int(port)), timeout=timeout):
+            pass
+    except (OSError, ValueError):
+        raise RunError(f"--address: nothing answers at {address!r}; start the cluster with "
+                       "`ray start --head` and pass the address it prints (HOST:6379)") from None
+
+
+def _use_token_if_available() -> None:
+    """Ray 2.60 clusters started with ``ray start --head`` use token auth when a token exists,
+    but a client only sends one when RAY_AUTH_MODE=token. Send it whenever one is at hand (a
+    cluster without auth ignores it), unless the user chose a mode."""
+    if "RAY_AUTH_MODE" in os.environ:
+        return
+    path = os.environ.get("RAY_AUTH_TOKEN_PATH") or os.path.expanduser("~/.ray/auth_token")
+    if os.environ.get("RAY_AUTH_TOKEN") or os.path.exists(path):
+        os.environ["RAY_AUTH_MODE"] = "token"
 
 
 def _read_dataset(plan: Plan):
