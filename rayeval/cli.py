@@ -42,8 +42,10 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    out = Console(highlight=False)
-    err = Console(stderr=True, highlight=False)
+    # Not a terminal (CI, a pipe, Ray Job logs): wide enough that tables do not wrap.
+    width = None if sys.stdout.isatty() else 200
+    out = Console(highlight=False, width=width)
+    err = Console(stderr=True, highlight=False, width=width)
     try:
         if args.command == "run":
             return _run(args, out, err)

@@ -10,7 +10,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 
-from .data import inspect_dataset
+from .data import columns, inspect_dataset
 from .errors import RayevalError, RunError
 from .model import build_model
 from .plan import Plan, make_plan
@@ -35,7 +35,7 @@ class RunReport:
 
 def prepare(sweep: Sweep, force: bool = False) -> Plan:
     """Everything that can fail on bad input, before any cluster starts."""
-    info = inspect_dataset(sweep.dataset)
+    info = inspect_dataset(sweep.dataset, sweep.task)
     build_model(sweep.model, sweep.base_dir, "meta")   # imports and calls the factory, no memory
     return make_plan(sweep, info, ResultStore(sweep.output), force=force)
 
@@ -134,14 +134,14 @@ def _read_dataset(plan: Plan):
     ctx = ray.data.DataContext.get_current()
     ctx.enable_progress_bars = False
     ctx.print_on_execution_start = False
-    row_bytes = 4 * math.prod(plan.dataset.input_shape) + 8
+    row_bytes = 4 * math.prod(plan.dataset.input_shape or (256,)) + 16
     blocks = 8 * sweep.workers
     ctx.target_max_block_size = int(min(128 << 20, max(1 << 20, plan.dataset.num_rows
                                                         * row_bytes / blocks)))
     fs, _ = paths.filesystem(plan.dataset.files[0])
     ds = ray.data.read_parquet([paths.filesystem(f)[1] for f in plan.dataset.files],
                                filesystem=fs)
-    return ds.select_columns([sweep.dataset.inputs, sweep.dataset.target])
+    return ds.select_columns(columns(sweep.dataset))
 
 
 def _fit(plan: Plan) -> list[dict]:

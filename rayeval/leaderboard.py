@@ -7,7 +7,7 @@ import csv
 import io
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import pyarrow as pa
 
@@ -31,8 +31,46 @@ class Entry:
     checkpoint: str
     step: int | None
     values: dict[str, float]
+    rows: dict[str, dict] = field(default_factory=dict)   # metric -> stored row
     rank: int = 0
     best: bool = False
+    marks: dict[str, str] = field(default_factory=dict)   # metric -> "*" best, "~" tied with it
+
+
+def bootstrap_params(key: str | None) -> dict[str, str]:
+    return dict(part.split("=", 1) for part in key.split(";")) if key else {}
+
+
+@dataclass
+class Paired:
+    """A - B on the same bootstrap replicates."""
+    difference: float
+    ci_low: float
+    ci_high: float
+    a_better: float          # share of replicates in which A is better (ties count half)
+
+
+def paired(a: dict, b: dict, confidence: float = 0.95) -> Paired | None:
+    """The paired bootstrap difference of two stored rows of one metric, or None when they do
+    not share replicates (bootstrap off, other data, other seed or bucket count)."""
+    ka, kb = bootstrap_params(a.get("bootstrap")), bootstrap_params(b.get("bootstrap"))
+    ka.pop("confidence", None)
+    kb.pop("confidence", None)
+    if not a.get("replicates") or not b.get("replicates") or ka != kb \
+            or a["dataset"] != b["dataset"] or a["num_samples"] != b["num_samples"]:
+        return None
+    import torch
+
+    from .stats import percentile_interval
+
+    d = torch.tensor(a["replicates"], dtype=torch.float64) - \
+        torch.tensor(b["replicates"], dtype=torch.float64)
+    lo, hi = percentile_interval(d, confidence)
+    d = d[~torch.isnan(d)]
+    sign = 1.0 if a["higher_is_better"] else -1.0
+    better = float(((sign * d > 0).double() + 0.5 * (d == 0).double()).mean()) if d.numel() \
+        else float("nan")
+    return Paired(a["value"] - b["value"], lo, hi, better)
 
 
 @dataclass
@@ -49,6 +87,9 @@ def build_board(rows: list[dict], metric: str | None = None) -> Board:
     metrics: list[str] = []
     higher: dict[str, bool] = {}
     entries: dict[tuple, Entry] = {}
+    rows = [r for r in rows if not r.get("matrix")]        # matrices are shown, not ranked
+    if not rows:
+        raise StoreError("the result store holds no ranked metrics yet; run a sweep first")
     for r in rows:
         if r["metric"] not in higher:
             metrics.append(r["metric"])
@@ -57,6 +98,7 @@ def build_board(rows: list[dict], metric: str | None = None) -> Board:
         entry = entries.setdefault(key, Entry(r["sweep"], r["dataset"], r["checkpoint"],
                                               r["step"], {}))
         entry.values[r["metric"]] = r["value"]
+        entry.rows[r["metric"]] = r
     rank_by = metric or metrics[0]
     if rank_by not in higher:
         raise StoreError(f"--metric: no results for metric {rank_by!r}; the store has: "
@@ -74,8 +116,33 @@ def build_board(rows: list[dict], metric: str | None = None) -> Board:
         per_dataset[e.dataset] = per_dataset.get(e.dataset, 0) + 1
         e.rank = per_dataset[e.dataset]
         e.best = e.rank == 1 and e.values.get(rank_by) is not None
+    for m in metrics:
+        _mark(ranked, m, higher[m])
     return Board(metrics=metrics, rank_by=rank_by, higher_is_better=higher[rank_by],
                  entries=ranked)
+
+
+def _mark(entries: list[Entry], metric: str, higher: bool) -> None:
+    """Per data set: '*' on the best value of a metric, '~' on those whose paired interval of
+    the difference to the best contains zero (not distinguishable from it)."""
+    by_dataset: dict[str, list[Entry]] = {}
+    for e in entries:
+        v = e.values.get(metric)
+        if v is not None and not math.isnan(v):
+            by_dataset.setdefault(e.dataset, []).append(e)
+    for group in by_dataset.values():
+        best = max(group, key=lambda e: e.values[metric] if higher else -e.values[metric])
+        best.marks[metric] = "*"
+        for e in group:
+            if e is best:
+                continue
+            p = paired(best.rows[metric], e.rows[metric], _confidence(best.rows[metric]))
+            if p is not None and p.ci_low <= 0 <= p.ci_high:
+                e.marks[metric] = "~"
+
+
+def _confidence(row: dict) -> float:
+    return float(bootstrap_params(row.get("bootstrap")).get("confidence", 0.95))
 
 
 def _short_names(entries: list[Entry]) -> dict[str, str]:
@@ -92,9 +159,19 @@ def _short_names(entries: list[Entry]) -> dict[str, str]:
 
 
 def _fmt(v: float | None) -> str:
-    if v is None:
+    if v is None or (isinstance(v, float) and math.isnan(v)):
         return "-"
     return f"{v:.4f}"
+
+
+def _cell(e: Entry, metric: str, intervals: bool = True) -> str:
+    row = e.rows.get(metric)
+    if row is None:
+        return "-"
+    text = _fmt(row["value"])
+    if intervals and row.get("ci_low") is not None:
+        text += f" [{_fmt(row['ci_low'])}, {_fmt(row['ci_high'])}]"
+    return text + e.marks.get(metric, "")
 
 
 def table_rows(board: Board) -> tuple[list[str], list[list[str]]]:
@@ -104,7 +181,7 @@ def table_rows(board: Board) -> tuple[list[str], list[list[str]]]:
     for e in board.entries:
         rows.append([f"{e.rank}{' *' if e.best else ''}", e.sweep, e.dataset, names[e.checkpoint],
                      "-" if e.step is None else str(e.step)]
-                    + [_fmt(e.values.get(m)) for m in board.metrics])
+                    + [_cell(e, m) for m in board.metrics])
     return header, rows
 
 
@@ -120,12 +197,13 @@ def render_rich(board: Board, console, title: str | None = None) -> None:
         fixed = [f"{h} {rows[0][i]}" for i, h in enumerate(header)
                  if h in ("sweep", "dataset") and i not in keep]
         title = ", ".join(fixed) or None
-    table = Table(title=title, caption=f"ranked by {board.rank_by} ({arrow}); * best per data set")
+    table = Table(title=title, caption=f"ranked by {board.rank_by} ({arrow}); \\[low, high]: "
+                  "bootstrap interval; *: best; ~: not distinguishable from the best")
     for i in keep:
         h = header[i]
         numeric = h in ("rank", "step") or h in board.metrics
-        table.add_column(h, justify="right" if numeric else "left", no_wrap=not numeric
-                         or h == "rank", overflow="fold",
+        table.add_column(h, justify="right" if numeric else "left", no_wrap=True,
+                         overflow="fold",
                          style="bold" if h == board.rank_by else None)
     for e, row in zip(board.entries, rows):
         table.add_row(*(row[i] for i in keep), style="green" if e.best else None)
@@ -142,17 +220,26 @@ def to_markdown(board: Board) -> str:
 def to_csv(board: Board) -> str:
     out = io.StringIO()
     w = csv.writer(out)
-    w.writerow(["rank", "best", "sweep", "dataset", "checkpoint", "step"] + board.metrics)
+    extra = [f"{m}_{part}" for m in board.metrics for part in ("ci_low", "ci_high", "mark")]
+    w.writerow(["rank", "best", "sweep", "dataset", "checkpoint", "step"] + board.metrics + extra)
     for e in board.entries:
+        def num(v):
+            return "" if v is None or (isinstance(v, float) and math.isnan(v)) else repr(v)
+
         w.writerow([e.rank, int(e.best), e.sweep, e.dataset, e.checkpoint,
                     "" if e.step is None else e.step]
-                   + ["" if e.values.get(m) is None else repr(e.values[m]) for m in board.metrics])
+                   + [num(e.values.get(m)) for m in board.metrics]
+                   + [x for m in board.metrics for x in (
+                       num(e.rows.get(m, {}).get("ci_low")), num(e.rows.get(m, {}).get("ci_high")),
+                       e.marks.get(m, ""))])
     return out.getvalue()
 
 
-def to_json(rows: list[dict]) -> str:
+def to_json(rows: list[dict], replicates: bool = False) -> str:
     def clean(r: dict) -> dict:
         out = dict(r)
+        if not replicates:
+            out.pop("replicates", None)
         out["created_at"] = r["created_at"].isoformat()
         for k in ("value", "ci_low", "ci_high"):
             if isinstance(out[k], float) and math.isnan(out[k]):

@@ -1,168 +1,494 @@
 """Metrics as mergeable states.
 
-A metric never averages on a worker. It declares tensor *states* that merge by addition (counts,
-sums, a confusion matrix), adds each batch into them, and computes its value once, from the states
-summed over every worker. Built-in and user metrics share this interface:
+A metric never averages on a worker. It declares tensor *states* that merge by addition, and
+computes its value once, from the states summed over every worker. Built-in and user metrics
+share one interface:
 
     class Metric:
-        higher_is_better: bool
-        def init_state(self, num_classes) -> dict[str, Tensor]   # zeros; merged by sum
+        higher_is_better = True
+        def init_state(self, num_classes) -> dict[str, Tensor]   # zeros; int = counts, float = sums
         def update(self, state, outputs, targets) -> None        # add one batch, in place
         def compute(self, state) -> float                        # from the merged state
 
-``outputs`` are the model's logits, shape (rows, classes); ``targets`` class indices, shape (rows,).
-Integer states are kept as int64: their sums do not depend on order or world size.
+and may add ``rows(outputs, targets)``, each row's contribution to each state (a tensor of shape
+``(rows, *state_shape)``, or an ``Indexed`` sparse form), which makes bootstrap replicates cheap
+and float states exact. Built-ins implement ``rows`` and a ``compute`` that also takes states
+with a leading replicate dimension.
+
+Shapes by task: classification -- outputs (rows, classes) logits, targets (rows,) class indices;
+regression -- outputs (rows,) predictions, targets (rows,) values; language modeling -- outputs
+(rows, positions, vocab) logits, targets (rows, positions) next-token ids already aligned with
+the outputs, ``IGNORE`` where masked.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, NamedTuple
 
 import torch
 
 from .errors import SpecError
 
-TASKS = ("classification",)
+TASKS = ("classification", "regression", "language_modeling")
+IGNORE = -100           # the target value of masked (padding / ignored) language-model positions
+
+
+class Indexed(NamedTuple):
+    """Sparse per-row contributions: row i adds ``value[i, j]`` (1 when value is None) at flat
+    position ``index[i, j]`` of the state."""
+    index: torch.Tensor                  # (rows,) or (rows, m) int64
+    value: torch.Tensor | None = None    # same shape, or None for ones
 
 
 class Metric:
     """Base class: a named set of additive states and a compute from their sum."""
 
     name: ClassVar[str] = ""
+    task: ClassVar[str] = ""
     higher_is_better: ClassVar[bool] = True
     params: ClassVar[dict[str, tuple[type, Any]]] = {}   # name -> (type, default)
+    scalar: ClassVar[bool] = True          # False: a matrix, stored but not ranked or resampled
+    batched_compute: ClassVar[bool] = False  # compute() accepts a leading replicate dimension
 
     def __init__(self, **params: Any):
-        for key, value in params.items():
-            setattr(self, key, value)
+        for key, (_typ, default) in self.params.items():
+            setattr(self, key, params.get(key, default))
+
+    @property
+    def key(self) -> str:
+        return self.name
 
     def init_state(self, num_classes: int) -> dict[str, torch.Tensor]:
         raise NotImplementedError
 
-    def update(self, state: dict[str, torch.Tensor], outputs: torch.Tensor,
-               targets: torch.Tensor) -> None:
-        raise NotImplementedError
+    def rows(self, outputs: torch.Tensor, targets: torch.Tensor):
+        return None
+
+    def update(self, state, outputs, targets) -> None:
+        contributions = self.rows(outputs, targets)
+        if contributions is None:
+            raise NotImplementedError(f"{type(self).__name__} implements neither update nor rows")
+        for name, c in contributions.items():
+            s = state[name]
+            if isinstance(c, Indexed):
+                value = torch.ones_like(c.index, dtype=s.dtype) if c.value is None else c.value
+                s.view(-1).index_add_(0, c.index.reshape(-1), value.reshape(-1).to(s.dtype))
+            else:
+                s += c.sum(dim=0).to(s.dtype)
 
     def compute(self, state: dict[str, torch.Tensor]) -> float:
         raise NotImplementedError
 
 
-class Accuracy(Metric):
+def _ratio(num: torch.Tensor, den: torch.Tensor) -> torch.Tensor:
+    num, den = num.to(torch.float64), den.to(torch.float64)
+    return torch.where(den > 0, num / den.clamp(min=1e-300), torch.full_like(num, float("nan")))
+
+
+# --- classification --------------------------------------------------------------------------
+
+class _Classification(Metric):
+    task = "classification"
+    batched_compute = True
+
+
+class Accuracy(_Classification):
     name = "accuracy"
 
-    def init_state(self, num_classes):
+    def init_state(self, c):
         return {"correct": torch.zeros((), dtype=torch.int64),
                 "total": torch.zeros((), dtype=torch.int64)}
 
-    def update(self, state, outputs, targets):
-        state["correct"] += (outputs.argmax(dim=1) == targets).sum()
-        state["total"] += targets.numel()
+    def rows(self, outputs, targets):
+        return {"correct": (outputs.argmax(dim=1) == targets).to(torch.int64),
+                "total": torch.ones_like(targets, dtype=torch.int64)}
 
-    def compute(self, state):
-        total = int(state["total"])
-        return float(int(state["correct"]) / total) if total else float("nan")
-
-
-class MacroF1(Metric):
-    """Unweighted mean of per-class F1 over the classes present in targets or predictions
-    (scikit-learn's ``f1_score(average="macro")``)."""
-
-    name = "macro_f1"
-
-    def init_state(self, num_classes):
-        return {"confusion": torch.zeros((num_classes, num_classes), dtype=torch.int64)}
-
-    def update(self, state, outputs, targets):
-        c = state["confusion"].shape[0]
-        pred = outputs.argmax(dim=1)
-        flat = targets.to(torch.int64) * c + pred.to(torch.int64)
-        state["confusion"] += torch.bincount(flat, minlength=c * c).reshape(c, c).to(
-            state["confusion"].device)
-
-    def compute(self, state):
-        cm = state["confusion"].to(torch.float64)
-        tp = cm.diag()
-        support = cm.sum(dim=1)       # true counts per class
-        predicted = cm.sum(dim=0)
-        present = (support + predicted) > 0
-        if not bool(present.any()):
-            return float("nan")
-        f1 = 2 * tp / (support + predicted).clamp(min=1)
-        return float(f1[present].mean())
+    def compute(self, s):
+        return _ratio(s["correct"], s["total"])
 
 
-class NLL(Metric):
-    """Mean negative log-likelihood of the target class, from logits (log-softmax in float64)."""
+class TopKAccuracy(Accuracy):
+    name = "top_k_accuracy"
+    params = {"k": (int, 5)}
 
+    @property
+    def key(self):
+        return f"top{self.k}_accuracy"
+
+    def rows(self, outputs, targets):
+        k = min(self.k, outputs.shape[1])
+        hit = (outputs.topk(k, dim=1).indices == targets.view(-1, 1)).any(dim=1)
+        return {"correct": hit.to(torch.int64),
+                "total": torch.ones_like(targets, dtype=torch.int64)}
+
+
+class NLL(_Classification):
+    """Mean negative log-likelihood of the target class (log-softmax of logits, float64)."""
     name = "nll"
     higher_is_better = False
 
-    def init_state(self, num_classes):
+    def init_state(self, c):
         return {"sum": torch.zeros((), dtype=torch.float64),
                 "total": torch.zeros((), dtype=torch.int64)}
 
-    def update(self, state, outputs, targets):
-        # float64: the per-row log-likelihoods are summed over millions of rows.
+    def rows(self, outputs, targets):
         logp = torch.log_softmax(outputs.to(torch.float64), dim=1)
-        state["sum"] += -logp.gather(1, targets.view(-1, 1).to(torch.int64)).sum()
-        state["total"] += targets.numel()
+        return {"sum": -logp.gather(1, targets.view(-1, 1)).squeeze(1),
+                "total": torch.ones_like(targets, dtype=torch.int64)}
 
-    def compute(self, state):
-        total = int(state["total"])
-        return float(state["sum"]) / total if total else float("nan")
+    def compute(self, s):
+        return _ratio(s["sum"], s["total"])
 
 
-REGISTRY: dict[str, dict[str, type[Metric]]] = {
-    "classification": {m.name: m for m in (Accuracy, MacroF1, NLL)},
-}
+class _PerClass(_Classification):
+    """Per-class true positives, predictions and support: enough for precision, recall, F1 and
+    balanced accuracy under every averaging."""
+    average = "macro"
+    score = "f1"
+
+    def init_state(self, c):
+        return {k: torch.zeros(c, dtype=torch.int64) for k in ("tp", "pred", "support")}
+
+    def rows(self, outputs, targets):
+        pred = outputs.argmax(dim=1)
+        return {"tp": Indexed(targets, (pred == targets).to(torch.int64)),
+                "pred": Indexed(pred), "support": Indexed(targets)}
+
+    def compute(self, s):
+        tp, pred, sup = (s[k].to(torch.float64) for k in ("tp", "pred", "support"))
+        if self.average == "micro":
+            tp, pred, sup = tp.sum(-1), pred.sum(-1), sup.sum(-1)
+        zero = torch.zeros_like(tp)
+        precision = torch.where(pred > 0, tp / pred.clamp(min=1), zero)
+        recall = torch.where(sup > 0, tp / sup.clamp(min=1), zero)
+        f1 = torch.where(pred + sup > 0, 2 * tp / (pred + sup).clamp(min=1), zero)
+        value = {"precision": precision, "recall": recall, "f1": f1}[self.score]
+        if self.average == "micro":
+            return torch.where(sup > 0, value, torch.full_like(value, float("nan")))
+        if self.average == "weighted":
+            return _ratio((value * sup).sum(-1), sup.sum(-1))
+        present = ((pred + sup) > 0).to(torch.float64)        # scikit-learn's label set
+        return _ratio((value * present).sum(-1), present.sum(-1))
+
+
+def _per_class(score: str, average: str) -> type[_PerClass]:
+    return type(f"{average.title()}{score.title()}", (_PerClass,),
+                {"name": f"{average}_{score}", "average": average, "score": score})
+
+
+class BalancedAccuracy(_PerClass):
+    """Mean recall over the classes that occur in the targets."""
+    name = "balanced_accuracy"
+
+    def compute(self, s):
+        tp, sup = s["tp"].to(torch.float64), s["support"].to(torch.float64)
+        present = (sup > 0).to(torch.float64)
+        recall = torch.where(sup > 0, tp / sup.clamp(min=1), torch.zeros_like(tp))
+        return _ratio((recall * present).sum(-1), present.sum(-1))
+
+
+class ConfusionMatrix(_Classification):
+    """Counts[target, prediction]; stored with the results, shown by ``rayeval confusion``."""
+    name = "confusion_matrix"
+    scalar = False
+
+    def init_state(self, c):
+        return {"counts": torch.zeros((c, c), dtype=torch.int64)}
+
+    def rows(self, outputs, targets):
+        c = outputs.shape[1]
+        return {"counts": Indexed(targets * c + outputs.argmax(dim=1))}
+
+    def compute(self, s):
+        return s["counts"]
+
+
+class ECE(_Classification):
+    """Expected calibration error of the top-class confidence over equal-width bins."""
+    name = "ece"
+    higher_is_better = False
+    params = {"bins": (int, 15)}
+
+    def init_state(self, c):
+        return {"count": torch.zeros(self.bins, dtype=torch.int64),
+                "correct": torch.zeros(self.bins, dtype=torch.int64),
+                "confidence": torch.zeros(self.bins, dtype=torch.float64)}
+
+    def rows(self, outputs, targets):
+        prob = torch.softmax(outputs.to(torch.float64), dim=1)
+        conf, pred = prob.max(dim=1)
+        b = (conf * self.bins).floor().clamp(max=self.bins - 1).to(torch.int64)
+        return {"count": Indexed(b), "correct": Indexed(b, (pred == targets).to(torch.int64)),
+                "confidence": Indexed(b, conf)}
+
+    def compute(self, s):
+        n = s["count"].to(torch.float64)
+        gap = (s["correct"].to(torch.float64) - s["confidence"]).abs()
+        return _ratio(gap.sum(-1), n.sum(-1))
+
+
+class Brier(_Classification):
+    """Mean over rows of sum over classes of (probability - one-hot target)**2."""
+    name = "brier"
+    higher_is_better = False
+
+    def init_state(self, c):
+        return {"sum": torch.zeros((), dtype=torch.float64),
+                "total": torch.zeros((), dtype=torch.int64)}
+
+    def rows(self, outputs, targets):
+        prob = torch.softmax(outputs.to(torch.float64), dim=1)
+        onehot = torch.nn.functional.one_hot(targets, prob.shape[1]).to(torch.float64)
+        return {"sum": ((prob - onehot) ** 2).sum(dim=1),
+                "total": torch.ones_like(targets, dtype=torch.int64)}
+
+    def compute(self, s):
+        return _ratio(s["sum"], s["total"])
+
+
+class _Binned(_Classification):
+    """Histograms of each class's predicted probability, for positives and negatives: binned
+    AUROC and AUPRC. Two classes: the positive class is 1. More: one-vs-rest, macro-averaged
+    over the classes that have both positives and negatives."""
+    params = {"bins": (int, 100)}
+
+    def init_state(self, c):
+        return {"pos": torch.zeros((c, self.bins), dtype=torch.int64),
+                "neg": torch.zeros((c, self.bins), dtype=torch.int64)}
+
+    def rows(self, outputs, targets):
+        prob = torch.softmax(outputs.to(torch.float64), dim=1)
+        c = prob.shape[1]
+        b = (prob * self.bins).floor().clamp(max=self.bins - 1).to(torch.int64)
+        index = torch.arange(c, device=b.device).view(1, -1) * self.bins + b
+        positive = torch.nn.functional.one_hot(targets, c).to(torch.int64)
+        return {"pos": Indexed(index, positive), "neg": Indexed(index, 1 - positive)}
+
+    def compute(self, s):
+        pos, neg = s["pos"].to(torch.float64), s["neg"].to(torch.float64)
+        if pos.shape[-2] == 2:
+            pos, neg = pos[..., 1:, :], neg[..., 1:, :]
+        per_class = self._score(pos.flip(-1), neg.flip(-1))   # bins from high score to low
+        valid = (pos.sum(-1) > 0) & (neg.sum(-1) > 0)
+        per_class = torch.where(valid, per_class, torch.zeros_like(per_class))
+        return _ratio(per_class.sum(-1), valid.to(torch.float64).sum(-1))
+
+
+class AUROC(_Binned):
+    name = "auroc"
+
+    @staticmethod
+    def _score(pos, neg):
+        # Ties within a bin count one half: the Mann-Whitney statistic on binned scores.
+        neg_below = neg.sum(-1, keepdim=True) - neg.cumsum(-1)
+        pairs = (pos * (neg_below + 0.5 * neg)).sum(-1)
+        return pairs / (pos.sum(-1) * neg.sum(-1)).clamp(min=1)
+
+
+class AUPRC(_Binned):
+    """Average precision (scikit-learn's step-wise definition) on binned scores."""
+    name = "auprc"
+
+    @staticmethod
+    def _score(pos, neg):
+        tp, fp = pos.cumsum(-1), neg.cumsum(-1)
+        precision = tp / (tp + fp).clamp(min=1)
+        return (pos * precision).sum(-1) / pos.sum(-1).clamp(min=1)
+
+
+# --- regression ------------------------------------------------------------------------------
+
+class _Regression(Metric):
+    task = "regression"
+    batched_compute = True
+    higher_is_better = False
+    sums = ("n", "se", "ae", "y", "yy", "p", "pp", "yp")
+
+    def init_state(self, c):
+        return {k: torch.zeros((), dtype=torch.int64 if k == "n" else torch.float64)
+                for k in self.sums}
+
+    def rows(self, outputs, targets):
+        p, y = outputs.to(torch.float64), targets.to(torch.float64)
+        e = p - y
+        every = {"n": lambda: torch.ones_like(y, dtype=torch.int64), "se": lambda: e * e,
+                 "ae": lambda: e.abs(), "y": lambda: y, "yy": lambda: y * y, "p": lambda: p,
+                 "pp": lambda: p * p, "yp": lambda: y * p}
+        return {k: every[k]() for k in self.sums}
+
+
+class MSE(_Regression):
+    name = "mse"
+    sums = ("n", "se")
+
+    def compute(self, s):
+        return _ratio(s["se"], s["n"])
+
+
+class RMSE(MSE):
+    name = "rmse"
+
+    def compute(self, s):
+        return _ratio(s["se"], s["n"]).sqrt()
+
+
+class MAE(_Regression):
+    name = "mae"
+    sums = ("n", "ae")
+
+    def compute(self, s):
+        return _ratio(s["ae"], s["n"])
+
+
+class R2(_Regression):
+    name = "r2"
+    higher_is_better = True
+    sums = ("n", "se", "y", "yy")
+
+    def compute(self, s):
+        n = s["n"].to(torch.float64)
+        total = s["yy"] - s["y"] ** 2 / n.clamp(min=1)
+        return torch.where(total > 0, 1 - s["se"] / total.clamp(min=1e-300),
+                           torch.full_like(total, float("nan")))
+
+
+class Pearson(_Regression):
+    name = "pearson"
+    higher_is_better = True
+    sums = ("n", "y", "yy", "p", "pp", "yp")
+
+    def compute(self, s):
+        n = s["n"].to(torch.float64)
+        cov = n * s["yp"] - s["y"] * s["p"]
+        var = (n * s["yy"] - s["y"] ** 2) * (n * s["pp"] - s["p"] ** 2)
+        return torch.where(var > 0, cov / var.clamp(min=1e-300).sqrt(),
+                           torch.full_like(cov, float("nan")))
+
+
+# --- language modeling -----------------------------------------------------------------------
+
+class _LanguageModel(Metric):
+    task = "language_modeling"
+    batched_compute = True
+
+    def init_state(self, vocab):
+        return {"nll": torch.zeros((), dtype=torch.float64),
+                "tokens": torch.zeros((), dtype=torch.int64),
+                "correct": torch.zeros((), dtype=torch.int64)}
+
+    def rows(self, outputs, targets):
+        mask = targets != IGNORE
+        safe = torch.where(mask, targets, torch.zeros_like(targets))
+        logp = torch.log_softmax(outputs.to(torch.float32), dim=-1)
+        token_nll = -logp.gather(-1, safe.unsqueeze(-1)).squeeze(-1).to(torch.float64)
+        hit = (outputs.argmax(dim=-1) == targets) & mask
+        return {"nll": (token_nll * mask).sum(dim=1), "tokens": mask.sum(dim=1),
+                "correct": hit.sum(dim=1)}
+
+
+class TokenNLL(_LanguageModel):
+    """Mean next-token negative log-likelihood over every unmasked token of the corpus."""
+    name = "nll"
+    higher_is_better = False
+
+    def compute(self, s):
+        return _ratio(s["nll"], s["tokens"])
+
+
+class Perplexity(_LanguageModel):
+    """Corpus perplexity: exp(total nll / total tokens), not a mean of per-sequence values."""
+    name = "perplexity"
+    higher_is_better = False
+
+    def compute(self, s):
+        return _ratio(s["nll"], s["tokens"]).exp()
+
+
+class TokenAccuracy(_LanguageModel):
+    name = "token_accuracy"
+
+    def compute(self, s):
+        return _ratio(s["correct"], s["tokens"])
+
+
+REGISTRY: dict[str, dict[str, type[Metric]]] = {task: {} for task in TASKS}
+for _cls in [Accuracy, TopKAccuracy, NLL, BalancedAccuracy, ConfusionMatrix, ECE, Brier, AUROC,
+             AUPRC, MSE, RMSE, MAE, R2, Pearson, TokenNLL, Perplexity, TokenAccuracy] + [
+        _per_class(score, avg) for score in ("precision", "recall", "f1")
+        for avg in ("macro", "micro", "weighted")]:
+    REGISTRY[_cls.task][_cls.name] = _cls
+ALIASES = {"top5_accuracy": ("top_k_accuracy", {"k": 5}),
+           "top1_accuracy": ("top_k_accuracy", {"k": 1})}
 
 
 @dataclass(frozen=True)
 class MetricSpec:
-    """A metric as the sweep names it: registry name plus validated parameters."""
+    """A metric as the sweep names it: a registry name or a custom ``module:Class``, plus
+    validated parameters."""
 
     name: str
     task: str
     params: tuple[tuple[str, Any], ...] = ()
+    base_dir: str = ""                      # where a custom metric's module is found
+
+    @property
+    def custom(self) -> bool:
+        return ":" in self.name
+
+    def build(self) -> Metric:
+        if self.custom:
+            from .model import import_callable
+
+            cls = import_callable(self.name, self.base_dir, what="metrics")
+            metric = cls(**dict(self.params))
+            return metric
+        return REGISTRY[self.task][self.name](**dict(self.params))
 
     @property
     def key(self) -> str:
         """The name results are stored under."""
-        if not self.params:
-            return self.name
-        return self.name + "[" + ",".join(f"{k}={v}" for k, v in self.params) + "]"
+        if self.custom:
+            return custom_key(self.build())
+        return self.build().key
 
     @property
     def higher_is_better(self) -> bool:
-        return REGISTRY[self.task][self.name].higher_is_better
-
-    def build(self) -> Metric:
-        return REGISTRY[self.task][self.name](**dict(self.params))
+        return bool(getattr(self.build(), "higher_is_better", True))
 
 
-def parse_metric(item: Any, task: str) -> MetricSpec:
-    """A ``metrics:`` entry (a name, or ``{name: ..., param: ...}``) as a MetricSpec."""
+def custom_key(metric) -> str:
+    return getattr(metric, "key", None) or getattr(metric, "name", None) or \
+        type(metric).__name__.lower()
+
+
+def parse_metric(item: Any, task: str, base_dir: str = "") -> MetricSpec:
+    """A ``metrics:`` entry -- a name, ``{name: ..., param: ...}`` or a custom ``module:Class``
+    -- as a MetricSpec, validated."""
     if isinstance(item, str):
-        name, raw_params = item, {}
+        name, raw = item, {}
     elif isinstance(item, dict):
-        if "name" not in item or not isinstance(item["name"], str):
-            raise SpecError("expected a metric name or a mapping with a 'name' key, "
-                            f"got {item!r}")
-        name = item["name"]
-        raw_params = {k: v for k, v in item.items() if k != "name"}
+        if not isinstance(item.get("name"), str):
+            raise SpecError(f"expected a metric name or a mapping with a 'name' key, got {item!r}")
+        name, raw = item["name"], {k: v for k, v in item.items() if k != "name"}
     else:
         raise SpecError(f"expected a metric name, got {item!r} ({type(item).__name__})")
+    if ":" in name:
+        return _parse_custom(name, raw, task, base_dir)
+    if name in ALIASES:
+        name, preset = ALIASES[name]
+        raw = {**preset, **raw}
     known = REGISTRY.get(task, {})
     if name not in known:
         other = [t for t, reg in REGISTRY.items() if name in reg]
         if other:
             raise SpecError(f"metric {name!r} is for task {other[0]!r}, not {task!r}")
-        raise SpecError(f"unknown metric {name!r} for task {task!r}; "
-                        f"choose from: {', '.join(sorted(known))}")
+        raise SpecError(f"unknown metric {name!r} for task {task!r}; choose from: "
+                        f"{', '.join(sorted(list(known) + [a for a in ALIASES if task == 'classification']))}"
+                        " or a custom 'module:Class'")
     cls = known[name]
     params = {}
-    for key, value in raw_params.items():
+    for key, value in raw.items():
         if key not in cls.params:
             allowed = ", ".join(sorted(cls.params)) or "none"
             raise SpecError(f"metric {name!r} has no parameter {key!r} (parameters: {allowed})")
@@ -170,5 +496,26 @@ def parse_metric(item: Any, task: str) -> MetricSpec:
         if isinstance(value, bool) or not isinstance(value, typ):
             raise SpecError(f"metric {name!r}: parameter {key!r} must be {typ.__name__}, "
                             f"got {value!r}")
+        if typ is int and value < 1:
+            raise SpecError(f"metric {name!r}: parameter {key!r} must be at least 1, got {value}")
         params[key] = value
     return MetricSpec(name=name, task=task, params=tuple(sorted(params.items())))
+
+
+def _parse_custom(ref: str, raw: dict, task: str, base_dir: str) -> MetricSpec:
+    from .errors import ModelError
+    from .model import import_callable
+
+    try:
+        cls = import_callable(ref, base_dir, what="metric")
+    except ModelError as e:
+        raise SpecError(e.message.split(": ", 1)[-1]) from None
+    missing = [m for m in ("init_state", "update", "compute") if not callable(getattr(cls, m, None))]
+    if missing:
+        raise SpecError(f"custom metric {ref!r} lacks {', '.join(missing)}; implement "
+                        "init_state(num_classes), update(state, outputs, targets), compute(state)")
+    try:
+        cls(**raw)
+    except TypeError as e:
+        raise SpecError(f"custom metric {ref!r}: bad parameters {raw}: {e}") from None
+    return MetricSpec(name=ref, task=task, params=tuple(sorted(raw.items())), base_dir=base_dir)

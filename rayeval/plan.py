@@ -56,6 +56,10 @@ def cell_key(sweep: Sweep, dataset: DatasetInfo, checkpoint: CheckpointRef) -> s
         "model": [sweep.model.factory, sweep.model.kwargs],
         "task": sweep.task,
         "metrics": [m.key for m in sweep.metrics],
+        "metric_params": [[m.name, m.params] for m in sweep.metrics],
+        "bootstrap": sweep.bootstrap.key if sweep.bootstrap.enabled else None,
+        "confidence": sweep.bootstrap.confidence,
+        "id": sweep.dataset.id,
     }
     blob = json.dumps(ident, sort_keys=True, default=str).encode()
     return hashlib.sha256(blob).hexdigest()[:24]

@@ -15,7 +15,8 @@ import yaml
 
 from . import paths
 from .errors import SpecError
-from .metrics import MetricSpec, parse_metric, TASKS
+from .evaluate import Bootstrap
+from .metrics import TASKS, MetricSpec, parse_metric
 
 
 @dataclass(frozen=True)
@@ -31,6 +32,8 @@ class DatasetSpec:
     target: str
     id: str | None = None
     name: str = ""                       # shown in results; defaults to the path's stem
+    ignore_index: int = -100             # language modeling: target ids that are not scored
+    pad_id: int = 0                      # language modeling: fills short input sequences
 
 
 @dataclass(frozen=True)
@@ -47,6 +50,7 @@ class Sweep:
     output: str                          # resolved location of the result store
     base_dir: str                        # the sweep file's folder: model modules are found here
     source: str = ""                     # the sweep file, for messages
+    bootstrap: Bootstrap = Bootstrap()
 
     def with_overrides(self, *, workers: int | None = None, output: str | None = None) -> "Sweep":
         """The CLI's ``--workers`` / ``--output`` (relative output taken from the cwd)."""
@@ -62,7 +66,7 @@ class Sweep:
 
 _TOP_KEYS = {
     "name", "model", "checkpoints", "dataset", "task", "metrics", "batch_size", "workers",
-    "use_gpu", "output",
+    "use_gpu", "output", "bootstrap",
 }
 
 
@@ -115,20 +119,24 @@ def parse_sweep(raw: Any, *, base_dir: str, source: str = "<sweep>") -> Sweep:
             r.fail(f"checkpoints[{i}]", f"expected a path or glob, got {_show(item)}")
         checkpoints.append(paths.resolve(item, base_dir))
 
-    ds_raw = r.mapping(r.get(top, "dataset", required=True), "dataset",
-                       {"path", "inputs", "target", "id", "name"})
-    ds_path = paths.resolve(r.string(ds_raw, "path", path="dataset.path", required=True), base_dir)
-    dataset = DatasetSpec(
-        path=ds_path,
-        inputs=r.string(ds_raw, "inputs", path="dataset.inputs", required=True),
-        target=r.string(ds_raw, "target", path="dataset.target", required=True),
-        id=r.string(ds_raw, "id", path="dataset.id"),
-        name=r.string(ds_raw, "name", path="dataset.name") or _stem(ds_path),
-    )
-
     task = r.string(top, "task", required=True)
     if task not in TASKS:
         r.fail("task", f"unknown task {task!r}; choose one of: {', '.join(sorted(TASKS))}")
+
+    ds_raw = r.mapping(r.get(top, "dataset", required=True), "dataset",
+                       {"path", "inputs", "target", "id", "name", "ignore_index", "pad_id"})
+    ds_path = paths.resolve(r.string(ds_raw, "path", path="dataset.path", required=True), base_dir)
+    lm = task == "language_modeling"
+    dataset = DatasetSpec(
+        path=ds_path,
+        inputs=r.string(ds_raw, "inputs", path="dataset.inputs", required=True),
+        target=r.string(ds_raw, "target", path="dataset.target", required=not lm),
+        id=r.string(ds_raw, "id", path="dataset.id"),
+        name=r.string(ds_raw, "name", path="dataset.name") or _stem(ds_path),
+        ignore_index=r.integer(ds_raw, "ignore_index", default=-100, minimum=None,
+                               path="dataset.ignore_index"),
+        pad_id=r.integer(ds_raw, "pad_id", default=0, minimum=0, path="dataset.pad_id"),
+    )
 
     metrics_raw = r.get(top, "metrics", required=True)
     if not isinstance(metrics_raw, list) or not metrics_raw:
@@ -136,7 +144,7 @@ def parse_sweep(raw: Any, *, base_dir: str, source: str = "<sweep>") -> Sweep:
     metrics = []
     for i, item in enumerate(metrics_raw):
         try:
-            metrics.append(parse_metric(item, task))
+            metrics.append(parse_metric(item, task, base_dir))
         except SpecError as e:
             r.fail(f"metrics[{i}]", e.message)
     seen: dict[str, int] = {}
@@ -150,12 +158,29 @@ def parse_sweep(raw: Any, *, base_dir: str, source: str = "<sweep>") -> Sweep:
     workers = r.integer(top, "workers", default=1, minimum=1)
     use_gpu = r.boolean(top, "use_gpu", default=False)
     output = paths.resolve(r.string(top, "output", required=True), base_dir)
+    bootstrap = _bootstrap(r, r.get(top, "bootstrap", default={}))
 
     return Sweep(
         name=name, model=ModelSpec(factory=factory, kwargs=dict(kwargs)),
         checkpoints=tuple(checkpoints), dataset=dataset, task=task, metrics=tuple(metrics),
         batch_size=batch_size, workers=workers, use_gpu=use_gpu, output=output,
-        base_dir=base_dir, source=source,
+        base_dir=base_dir, source=source, bootstrap=bootstrap,
+    )
+
+
+def _bootstrap(r: "_Reader", raw) -> Bootstrap:
+    m = r.mapping(raw, "bootstrap", {"replicates", "confidence", "seed", "buckets"})
+    d = Bootstrap()
+    confidence = r.get(m, "confidence", path="bootstrap.confidence", default=d.confidence)
+    if isinstance(confidence, bool) or not isinstance(confidence, (int, float)) \
+            or not 0 < confidence < 1:
+        r.fail("bootstrap.confidence", f"expected a number between 0 and 1, got {_show(confidence)}")
+    return Bootstrap(
+        replicates=r.integer(m, "replicates", default=d.replicates, minimum=0,
+                             path="bootstrap.replicates"),
+        confidence=float(confidence),
+        seed=r.integer(m, "seed", default=d.seed, minimum=0, path="bootstrap.seed"),
+        buckets=r.integer(m, "buckets", default=d.buckets, minimum=1, path="bootstrap.buckets"),
     )
 
 
@@ -216,12 +241,14 @@ class _Reader:
             self.fail(path or key, f"expected a non-empty string, got {_show(value)}")
         return value
 
-    def integer(self, m: dict, key: str, *, default: int, minimum: int) -> int:
-        value = self.get(m, key, default=default)
+    def integer(self, m: dict, key: str, *, default: int, minimum: int | None,
+                path: str | None = None) -> int:
+        path = path or key
+        value = self.get(m, key, path=path, default=default)
         if isinstance(value, bool) or not isinstance(value, int):
-            self.fail(key, f"expected an integer, got {_show(value)}")
-        if value < minimum:
-            self.fail(key, f"must be at least {minimum}, got {value}")
+            self.fail(path, f"expected an integer, got {_show(value)}")
+        if minimum is not None and value < minimum:
+            self.fail(path, f"must be at least {minimum}, got {value}")
         return value
 
     def boolean(self, m: dict, key: str, *, default: bool) -> bool:

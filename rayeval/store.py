@@ -36,6 +36,9 @@ SCHEMA = pa.schema([
     pa.field("created_at", pa.timestamp("us", tz="UTC"), nullable=False),
     pa.field("higher_is_better", pa.bool_(), nullable=False),
     pa.field("cell", pa.string(), nullable=False),
+    pa.field("bootstrap", pa.string()),                  # how replicates were drawn
+    pa.field("replicates", pa.list_(pa.float64())),      # the metric on each replicate
+    pa.field("matrix", pa.list_(pa.list_(pa.int64()))),  # confusion matrices
 ])
 
 

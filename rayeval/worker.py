@@ -20,9 +20,10 @@ from ray.train import DataConfig
 
 from . import dist
 from .checkpoints import fetch, load_into
-from .data import to_tensors
+from . import stats
+from .data import batch_tensors, row_ids
 from .errors import CheckpointError
-from .evaluate import ROWS, Pass, compute, num_classes
+from .evaluate import ROWS, Pass, finalize, output_size
 from .model import build_model
 from .plan import Plan
 from .store import ResultStore
@@ -61,11 +62,14 @@ def cache_budget_bytes() -> int:
 
 
 class Shard:
-    """This worker's rows as tensor batches: streamed on the first pass, kept if small."""
+    """This worker's rows as tensor batches (inputs, targets, row buckets): streamed on the
+    first pass, kept if small."""
 
     def __init__(self, iterator, plan: Plan):
         self.iterator = iterator
         self.spec = plan.sweep.dataset
+        self.task = plan.sweep.task
+        self.bootstrap = plan.sweep.bootstrap
         self.shape = plan.dataset.input_shape
         self.batch_size = plan.sweep.batch_size
         self.budget = cache_budget_bytes()
@@ -84,14 +88,19 @@ class Shard:
                                                 batch_format="pyarrow", prefetch_batches=2):
             if table.num_rows == 0:
                 continue
-            x, y = to_tensors(table, self.spec.inputs, self.spec.target, self.shape)
+            x, y = batch_tensors(table, self.spec, self.task, self.shape)
+            if self.bootstrap.enabled:
+                ids = row_ids(table, self.spec, x, y, self.task)
+                buckets = stats.buckets_of(ids, self.bootstrap.seed, self.bootstrap.k)
+            else:
+                buckets = torch.zeros(x.shape[0], dtype=torch.int64)
             if first and self.cache is not None:
-                self.cached_bytes += x.nbytes + y.nbytes
+                self.cached_bytes += x.nbytes + y.nbytes + buckets.nbytes
                 if self.cached_bytes <= self.budget:
-                    self.cache.append((x, y))
+                    self.cache.append((x, y, buckets))
                 else:
                     self.cache = None
-            yield x, y
+            yield x, y, buckets
 
     @property
     def overflowed(self) -> bool:
@@ -117,7 +126,7 @@ def evaluate_plan(config: dict) -> list[dict]:
     shard = Shard(ray.train.get_dataset_shard(DATASET), plan)
     store = ResultStore(sweep.output) if rank == 0 else None
     cache_dir = os.path.join(tempfile.gettempdir(), "rayeval-checkpoints")
-    classes = None
+    size = None
     outcomes = []
 
     for cell in plan.cells:
@@ -134,14 +143,14 @@ def evaluate_plan(config: dict) -> list[dict]:
                                                    "another worker; see the worker logs"))
             continue
 
-        if classes is None:   # the same on every rank: same model, same zeros input
-            classes = num_classes(model, plan.dataset.input_shape, device)
-        p = Pass(model, metrics, classes, device)
-        for x, y in shard:
+        if size is None:   # the same on every rank: same model, same zeros input
+            size = output_size(model, sweep.task, plan.dataset.input_shape, device)
+        p = Pass(model, metrics, size, device, sweep.task, sweep.bootstrap.k)
+        for x, y, buckets in shard:
             if error:
                 continue          # finish the pass: every rank must drain its split
             try:
-                p.update(x, y)
+                p.update(x, y, buckets)
             except CheckpointError as e:
                 error = f"{ref.location}: {e.message}"
         states = dict(p.states)
@@ -161,16 +170,18 @@ def evaluate_plan(config: dict) -> list[dict]:
                                           f"set has {plan.dataset.num_rows}; not published "
                                           "(a sharding bug: please report it)"))
             continue
-        values = compute(metrics, merged)
-        higher = {m.key: m.higher_is_better for m in sweep.metrics}
+        results = finalize(metrics, merged, size, sweep.bootstrap)
+        higher = {key: bool(getattr(m, "higher_is_better", True)) for key, m in metrics}
         store.write_cell(cell.key, [
             {"sweep": sweep.name, "checkpoint": ref.location, "step": ref.step,
-             "dataset": sweep.dataset.name, "metric": key, "value": value, "ci_low": None,
-             "ci_high": None, "num_samples": counted, "world_size": world,
-             "higher_is_better": higher[key]}
-            for key, value in values.items()])
+             "dataset": sweep.dataset.name, "metric": key, "value": r.value,
+             "ci_low": r.ci_low, "ci_high": r.ci_high, "num_samples": counted,
+             "world_size": world, "higher_is_better": higher[key],
+             "replicates": r.replicates, "matrix": r.matrix,
+             "bootstrap": sweep.bootstrap.key if r.replicates is not None else None}
+            for key, r in results.items()])
         outcomes.append({"checkpoint": ref.location, "step": ref.step, "ok": True,
-                         "values": values, "rows": counted,
+                         "values": {k: r.value for k, r in results.items()}, "rows": counted,
                          "seconds": time.perf_counter() - start})
     return outcomes
 
