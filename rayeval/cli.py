@@ -37,6 +37,22 @@ def _parser() -> argparse.ArgumentParser:
     lb.add_argument("--metric", metavar="NAME", help="rank by this metric (default: the first)")
     lb.add_argument("--sweep", metavar="NAME", help="only this sweep")
     lb.add_argument("--dataset", metavar="NAME", help="only this data set")
+    lb.add_argument("--replicates", action="store_true",
+                    help="with --format json: include each row's bootstrap replicate values")
+
+    cmp = sub.add_parser("compare", help="paired bootstrap difference of two checkpoints")
+    cmp.add_argument("store", metavar="STORE")
+    cmp.add_argument("a", metavar="A", help="checkpoint: its path, file name or a unique suffix")
+    cmp.add_argument("b", metavar="B")
+    cmp.add_argument("--metric", metavar="NAME", help="only this metric (default: all)")
+    cmp.add_argument("--dataset", metavar="NAME", help="the data set (needed if several)")
+    cmp.add_argument("--sweep", metavar="NAME", help="only this sweep")
+
+    cm = sub.add_parser("confusion", help="show a stored confusion matrix")
+    cm.add_argument("store", metavar="STORE")
+    cm.add_argument("checkpoint", metavar="CHECKPOINT")
+    cm.add_argument("--dataset", metavar="NAME")
+    cm.add_argument("--sweep", metavar="NAME")
     return p
 
 
@@ -49,6 +65,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "run":
             return _run(args, out, err)
+        if args.command == "compare":
+            return _compare(args, out)
+        if args.command == "confusion":
+            return _confusion(args, out)
         return _leaderboard(args, out)
     except RayevalError as e:
         err.print(f"[bold red]error:[/] {e.message}", markup=True, soft_wrap=True)
@@ -80,12 +100,13 @@ def _run(args, out: Console, err: Console) -> int:
     return EXIT_CELLS_FAILED if report.failures else EXIT_OK
 
 
-def _leaderboard(args, out: Console) -> int:
+def _stored_rows(args) -> list[dict]:
+    """The newest stored rows of a STORE argument, filtered by --sweep / --dataset."""
     import os
 
     from . import paths
     from .errors import StoreError
-    from .leaderboard import build_board, latest_rows, render_rich, to_csv, to_json, to_markdown
+    from .leaderboard import latest_rows
     from .store import ResultStore
 
     location = paths.resolve(args.store, os.getcwd())
@@ -94,14 +115,21 @@ def _leaderboard(args, out: Console) -> int:
         raise StoreError(f"STORE: no result store at {args.store!r}; give the output folder of "
                          "a sweep")
     rows = latest_rows(store.read())
-    if args.sweep:
+    if getattr(args, "sweep", None):
         rows = [r for r in rows if r["sweep"] == args.sweep]
-    if args.dataset:
+    if getattr(args, "dataset", None):
         rows = [r for r in rows if r["dataset"] == args.dataset]
+    return rows
+
+
+def _leaderboard(args, out: Console) -> int:
+    from .leaderboard import build_board, render_rich, to_csv, to_json, to_markdown
+
+    rows = _stored_rows(args)
     if args.format == "json":
         if args.metric:
             rows = [r for r in rows if r["metric"] == args.metric]
-        sys.stdout.write(to_json(rows))
+        sys.stdout.write(to_json(rows, replicates=args.replicates))
         return EXIT_OK
     board = build_board(rows, args.metric)
     if args.format == "table":
@@ -110,4 +138,70 @@ def _leaderboard(args, out: Console) -> int:
         sys.stdout.write(to_markdown(board))
     else:
         sys.stdout.write(to_csv(board))
+    return EXIT_OK
+
+
+def _compare(args, out: Console) -> int:
+    from rich.table import Table
+
+    from .errors import StoreError
+    from .leaderboard import confidence_of, find_checkpoint, paired
+
+    rows = _stored_rows(args)
+    a_rows = find_checkpoint(rows, args.a, "A")
+    b_rows = find_checkpoint(rows, args.b, "B")
+    datasets = sorted({r["dataset"] for r in a_rows} & {r["dataset"] for r in b_rows})
+    if not datasets:
+        raise StoreError("A and B were not evaluated on a common data set")
+    if len(datasets) > 1:
+        raise StoreError(f"A and B share several data sets ({', '.join(datasets)}); "
+                         "pick one with --dataset")
+    a = {r["metric"]: r for r in a_rows if r["dataset"] == datasets[0] and not r["matrix"]}
+    b = {r["metric"]: r for r in b_rows if r["dataset"] == datasets[0] and not r["matrix"]}
+    metrics = [m for m in a if m in b]
+    if args.metric:
+        if args.metric not in metrics:
+            raise StoreError(f"--metric: {args.metric!r} is not stored for both checkpoints; "
+                             f"common metrics: {', '.join(metrics) or 'none'}")
+        metrics = [args.metric]
+    table = Table(title=f"A = {a_rows[0]['checkpoint']}\nB = {b_rows[0]['checkpoint']}",
+                  caption="paired bootstrap over the same resampled rows")
+    for h in ("metric", "A", "B", "A - B", "interval", "P(A better)"):
+        table.add_column(h, justify="left" if h == "metric" else "right")
+    unpaired = []
+    for m in metrics:
+        p = paired(a[m], b[m], confidence_of(a[m]))
+        if p is None:
+            unpaired.append(m)
+            continue
+        table.add_row(m, f"{a[m]['value']:.4f}", f"{b[m]['value']:.4f}", f"{p.difference:+.4f}",
+                      f"[{p.ci_low:+.4f}, {p.ci_high:+.4f}]", f"{p.a_better:.3f}")
+    if unpaired and len(unpaired) == len(metrics):
+        raise StoreError("no bootstrap replicates to pair for these checkpoints; evaluate them "
+                         "with bootstrap replicates on, with the same seed and buckets")
+    out.print(table)
+    return EXIT_OK
+
+
+def _confusion(args, out: Console) -> int:
+    from rich.table import Table
+
+    from .errors import StoreError
+    from .leaderboard import find_checkpoint
+
+    rows = [r for r in find_checkpoint(_stored_rows(args), args.checkpoint, "CHECKPOINT")
+            if r["matrix"]]
+    if not rows:
+        raise StoreError("no confusion matrix stored for that checkpoint; add confusion_matrix "
+                         "to the sweep's metrics")
+    for r in rows:
+        m = r["matrix"]
+        table = Table(title=f"{r['checkpoint']} on {r['dataset']} (rows: target, columns: "
+                            "prediction)")
+        table.add_column("target")
+        for j in range(len(m)):
+            table.add_column(str(j), justify="right")
+        for i, line in enumerate(m):
+            table.add_row(str(i), *(str(v) for v in line))
+        out.print(table)
     return EXIT_OK

@@ -136,12 +136,12 @@ def _mark(entries: list[Entry], metric: str, higher: bool) -> None:
         for e in group:
             if e is best:
                 continue
-            p = paired(best.rows[metric], e.rows[metric], _confidence(best.rows[metric]))
+            p = paired(best.rows[metric], e.rows[metric], confidence_of(best.rows[metric]))
             if p is not None and p.ci_low <= 0 <= p.ci_high:
                 e.marks[metric] = "~"
 
 
-def _confidence(row: dict) -> float:
+def confidence_of(row: dict) -> float:
     return float(bootstrap_params(row.get("bootstrap")).get("confidence", 0.95))
 
 
@@ -247,3 +247,23 @@ def to_json(rows: list[dict], replicates: bool = False) -> str:
         return out
 
     return json.dumps([clean(r) for r in rows], indent=2) + "\n"
+
+
+def find_checkpoint(rows: list[dict], name: str, what: str) -> list[dict]:
+    """The rows of the one checkpoint a user named by path, file name or unique suffix."""
+    import os
+
+    full = os.path.abspath(name)
+    exact = [r for r in rows if r["checkpoint"] in (name, full)]
+    if exact:
+        return exact
+    found = sorted({r["checkpoint"] for r in rows
+                    if r["checkpoint"].rstrip("/").endswith("/" + name.strip("/"))
+                    or r["checkpoint"].rstrip("/").rsplit("/", 1)[-1] == name})
+    if not found:
+        raise StoreError(f"{what}: no checkpoint {name!r} in the store; "
+                         "`rayeval leaderboard STORE` lists them")
+    if len(found) > 1:
+        raise StoreError(f"{what}: {name!r} matches several checkpoints ({', '.join(found[:4])});"
+                         " give more of the path")
+    return [r for r in rows if r["checkpoint"] == found[0]]

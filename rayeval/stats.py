@@ -18,6 +18,7 @@ Three pieces, all plain torch:
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -133,8 +134,10 @@ _POISSON_CDF = torch.tensor([sum(math.exp(-1) / math.factorial(i) for i in range
                              for j in range(20)], dtype=torch.float64)
 
 
+@functools.lru_cache(maxsize=4)
 def poisson_weights(seed: int, buckets: int, replicates: int) -> torch.Tensor:
-    """(replicates, buckets) int64 Poisson(1) weights from a hash of (seed, bucket, replicate)."""
+    """(replicates, buckets) int64 Poisson(1) weights from a hash of (seed, bucket, replicate).
+    Cached: the same for every checkpoint of a run (callers must not modify it)."""
     b = torch.arange(replicates, dtype=torch.int64).view(-1, 1)
     k = torch.arange(buckets, dtype=torch.int64).view(1, -1)
     h = combine(seed, 0x5EED, b, k)

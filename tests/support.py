@@ -23,6 +23,10 @@ MODEL_MODULE = textwrap.dedent('''
         return torch.nn.Sequential(torch.nn.Linear(features, hidden), torch.nn.Tanh(),
                                    torch.nn.Linear(hidden, classes))
 
+    def build_relu(features=8, hidden=16, classes=4):
+        return torch.nn.Sequential(torch.nn.Linear(features, hidden), torch.nn.ReLU(),
+                                   torch.nn.Linear(hidden, classes))
+
     def broken(**kwargs):
         raise RuntimeError("factory exploded")
 

@@ -139,3 +139,34 @@ def test_labels_outside_the_model_fail_the_run_with_one_line(ray_cluster, tmp_pa
     with pytest.raises(DataError, match=r"class index 9 is outside the model's 4 classes"):
         run_sweep(sweep)
     assert ResultStore(sweep.output).read().num_rows == 0
+
+
+def test_values_and_intervals_identical_for_1_2_3_workers(ray_cluster, tmp_path):
+    """Integer-valued weights and inputs make the model's own arithmetic exact, so any
+    difference between world sizes would come from rayeval (sharding, reduction, bootstrap)."""
+    write_model_module(str(tmp_path))
+    rng = np.random.default_rng(5)
+    x = rng.integers(-3, 4, size=(4_001, 8)).astype(np.float32)
+    y = rng.integers(0, 4, size=4_001)
+    write_parquet(str(tmp_path / "data.parquet"), x, y, row_group_size=333)
+    (tmp_path / "ckpts").mkdir()
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+    torch.save({k: torch.randint(-2, 3, v.shape).float() for k, v in model.state_dict().items()},
+               tmp_path / "ckpts" / "step_1.pt")
+    metrics = ["accuracy", "nll", "macro_f1", "brier", "ece", "auroc"]
+    stores = []
+    for workers in (1, 2, 3):
+        sweep = load_sweep(write_sweep(str(tmp_path), f"w{workers}.yaml", workers=workers,
+                                       output=f"out{workers}", metrics=metrics, batch_size=50,
+                                       model={"factory": "tiny_models:build_relu"},
+                                       bootstrap={"replicates": 300, "buckets": 256}))
+        assert run_sweep(sweep).outcomes[0]["ok"]
+        stores.append({r["metric"]: r for r in ResultStore(sweep.output).read().to_pylist()})
+    for metric in metrics:
+        one, two, three = (s[metric] for s in stores)
+        assert one["ci_low"] < one["value"] < one["ci_high"], metric
+        for other in (two, three):
+            for field in ("value", "ci_low", "ci_high", "replicates", "num_samples"):
+                assert other[field] == one[field], (metric, field)
+    assert [s["accuracy"]["world_size"] for s in stores] == [1, 2, 3]
