@@ -135,9 +135,9 @@ def _torch_load(path: str):
             return torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as e:
         detail = str(e).split("\n")[0]
-        if "Weights only load failed" in str(e):
-            found = re.search(r"Unsupported global: GLOBAL ([\w.]+)", str(e))
-            what = f" (it references {found.group(1)})" if found else ""
+        found = re.search(r"Unsupported global: GLOBAL ([\w.]+)", str(e))
+        if found:
+            what = f" (it references {found.group(1)})"
             raise CheckpointError(
                 f"{path}: refused: this pickle needs more than weights_only=True{what}, and "
                 "loading it could run code; re-save it as a state dict of tensors "
@@ -149,6 +149,8 @@ def _torch_load(path: str):
     except RuntimeError as e:
         detail = str(e).split("\n")[0]
         raise CheckpointError(f"{path}: truncated or corrupt checkpoint: {detail}") from None
+    except Exception as e:   # a damaged pickle stream fails in many ways (IndexError, KeyError...)
+        raise CheckpointError(f"{path}: corrupt checkpoint ({type(e).__name__}: {e})") from None
 
 
 def unwrap_state_dict(obj, path: str) -> dict[str, torch.Tensor]:

@@ -174,14 +174,14 @@ def _cell(e: Entry, metric: str, intervals: bool = True) -> str:
     return text + e.marks.get(metric, "")
 
 
-def table_rows(board: Board) -> tuple[list[str], list[list[str]]]:
+def table_rows(board: Board, intervals: bool = True) -> tuple[list[str], list[list[str]]]:
     names = _short_names(board.entries)
     header = ["rank", "sweep", "dataset", "checkpoint", "step"] + board.metrics
     rows = []
     for e in board.entries:
         rows.append([f"{e.rank}{' *' if e.best else ''}", e.sweep, e.dataset, names[e.checkpoint],
                      "-" if e.step is None else str(e.step)]
-                    + [_cell(e, m) for m in board.metrics])
+                    + [_cell(e, m, intervals) for m in board.metrics])
     return header, rows
 
 
@@ -190,15 +190,18 @@ def render_rich(board: Board, console, title: str | None = None) -> None:
     from rich.table import Table
 
     arrow = "higher is better" if board.higher_is_better else "lower is better"
-    header, rows = table_rows(board)
+    # Intervals only when every column fits: a folded number is worse than none.
+    intervals = 45 + 28 * len(board.metrics) <= console.width
+    header, rows = table_rows(board, intervals)
     keep = [i for i, h in enumerate(header)
             if h not in ("sweep", "dataset") or len({r[i] for r in rows}) > 1]
     if title is None:
         fixed = [f"{h} {rows[0][i]}" for i, h in enumerate(header)
                  if h in ("sweep", "dataset") and i not in keep]
         title = ", ".join(fixed) or None
-    table = Table(title=title, caption=f"ranked by {board.rank_by} ({arrow}); \\[low, high]: "
-                  "bootstrap interval; *: best; ~: not distinguishable from the best")
+    legend = "\\[low, high]: bootstrap interval; " if intervals else ""
+    table = Table(title=title, caption=f"ranked by {board.rank_by} ({arrow}); {legend}"
+                  "*: best; ~: not distinguishable from the best")
     for i in keep:
         h = header[i]
         numeric = h in ("rank", "step") or h in board.metrics

@@ -441,15 +441,12 @@ class MetricSpec:
             from .model import import_callable
 
             cls = import_callable(self.name, self.base_dir, what="metrics")
-            metric = cls(**dict(self.params))
-            return metric
+            return CustomMetric(cls(**dict(self.params)))
         return REGISTRY[self.task][self.name](**dict(self.params))
 
     @property
     def key(self) -> str:
         """The name results are stored under."""
-        if self.custom:
-            return custom_key(self.build())
         return self.build().key
 
     @property
@@ -457,9 +454,28 @@ class MetricSpec:
         return bool(getattr(self.build(), "higher_is_better", True))
 
 
-def custom_key(metric) -> str:
-    return getattr(metric, "key", None) or getattr(metric, "name", None) or \
-        type(metric).__name__.lower()
+class CustomMetric(Metric):
+    """A user's metric object behind the built-ins' interface: scalar, computed replicate by
+    replicate; rows() used when the user wrote one."""
+
+    def __init__(self, inner):
+        self.inner = inner
+        self.higher_is_better = bool(getattr(inner, "higher_is_better", True))
+        if callable(getattr(inner, "rows", None)):
+            self.rows = inner.rows
+
+    @property
+    def key(self) -> str:
+        return str(getattr(self.inner, "name", "") or type(self.inner).__name__.lower())
+
+    def init_state(self, num_classes):
+        return self.inner.init_state(num_classes)
+
+    def update(self, state, outputs, targets):
+        return self.inner.update(state, outputs, targets)
+
+    def compute(self, state):
+        return float(self.inner.compute(state))
 
 
 def parse_metric(item: Any, task: str, base_dir: str = "") -> MetricSpec:
@@ -510,7 +526,9 @@ def _parse_custom(ref: str, raw: dict, task: str, base_dir: str) -> MetricSpec:
         cls = import_callable(ref, base_dir, what="metric")
     except ModelError as e:
         raise SpecError(e.message.split(": ", 1)[-1]) from None
-    missing = [m for m in ("init_state", "update", "compute") if not callable(getattr(cls, m, None))]
+    missing = [m for m in ("init_state", "compute") if not callable(getattr(cls, m, None))]
+    if not (callable(getattr(cls, "update", None)) or callable(getattr(cls, "rows", None))):
+        missing.append("update")
     if missing:
         raise SpecError(f"custom metric {ref!r} lacks {', '.join(missing)}; implement "
                         "init_state(num_classes), update(state, outputs, targets), compute(state)")

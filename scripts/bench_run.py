@@ -3,7 +3,8 @@ and checkpoints.
 
 Prints the wall time of each, and the marginal cost of one more checkpoint in rayeval
 ((T(K checkpoints) - T(1 checkpoint)) / (K - 1), start-up excluded) against the plain loop's
-time per checkpoint. Target: within 1.3x.
+time per checkpoint. Target: within 1.3x. Then the same two sweeps with 1,000 bootstrap replicates: the time they add
+(target: under 20% of the evaluation's own time).
 
     python scripts/bench_run.py [--rows 359401] [--checkpoints 11] [--workers 2] [--repeats 2]
 """
@@ -52,7 +53,8 @@ def make_inputs(root: str, rows: int, checkpoints: int, features: int = 64) -> N
         torch.save(build().state_dict(), os.path.join(root, "ckpts", f"step_{i:04d}.pt"))
 
 
-def write_sweep(root: str, name: str, glob: str, workers: int, batch_size: int) -> str:
+def write_sweep(root: str, name: str, glob: str, workers: int, batch_size: int,
+                replicates: int = 0) -> str:
     path = os.path.join(root, f"{name}.yaml")
     with open(path, "w") as f:
         f.write(f"""name: {name}
@@ -64,6 +66,7 @@ metrics: [accuracy, macro_f1, nll]
 batch_size: {batch_size}
 workers: {workers}
 output: out-{name}
+bootstrap: {{replicates: {replicates}}}
 """)
     return path
 
@@ -115,6 +118,8 @@ def main(argv=None) -> int:
                    help="runs of each rayeval sweep; the fastest counts (start-up is noisy)")
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--batch-size", type=int, default=1024)
+    p.add_argument("--replicates", type=int, default=1000,
+                   help="bootstrap replicates of the runs that measure the bootstrap's cost")
     p.add_argument("--json", metavar="FILE", help="also write the figures as JSON")
     args = p.parse_args(argv)
     k = args.checkpoints
@@ -122,12 +127,19 @@ def main(argv=None) -> int:
         make_inputs(root, args.rows, k)
         one = write_sweep(root, "one", "ckpts/step_0000.pt", args.workers, args.batch_size)
         many = write_sweep(root, "many", "ckpts/step_*.pt", args.workers, args.batch_size)
+        one_b = write_sweep(root, "one_b", "ckpts/step_0000.pt", args.workers, args.batch_size,
+                            args.replicates)
+        many_b = write_sweep(root, "many_b", "ckpts/step_*.pt", args.workers, args.batch_size,
+                             args.replicates)
         t_one = min(time_rayeval(one) for _ in range(args.repeats))
         t_many = min(time_rayeval(many) for _ in range(args.repeats))
+        t_one_b = min(time_rayeval(one_b) for _ in range(args.repeats))
+        t_many_b = min(time_rayeval(many_b) for _ in range(args.repeats))
         ckpts = sorted(os.path.join(root, "ckpts", f) for f in os.listdir(os.path.join(root,
                                                                                       "ckpts")))
         t_read, t_plain = plain_loop(root, ckpts, args.batch_size)
     marginal = (t_many - t_one) / (k - 1)
+    marginal_b = (t_many_b - t_one_b) / (k - 1)
     per_plain = t_plain / k
     figures = {
         "rows": args.rows, "checkpoints": k, "workers": args.workers,
@@ -137,6 +149,12 @@ def main(argv=None) -> int:
         "rayeval_marginal_per_checkpoint_s": round(marginal, 3),
         "plain_per_checkpoint_s": round(per_plain, 3),
         "marginal_ratio": round(marginal / per_plain, 3),
+        "replicates": args.replicates,
+        "rayeval_bootstrap_1_checkpoint_s": round(t_one_b, 2),
+        "rayeval_bootstrap_all_checkpoints_s": round(t_many_b, 2),
+        "bootstrap_marginal_per_checkpoint_s": round(marginal_b, 3),
+        "bootstrap_overhead_whole_sweep": round((t_many_b - t_many) / t_many, 3),
+        "bootstrap_overhead_marginal": round((marginal_b - marginal) / marginal, 3),
     }
     print(f"rows {args.rows}, {k} checkpoints, {args.workers} workers, batch {args.batch_size}")
     print(f"rayeval run, 1 checkpoint:      {t_one:8.2f} s")
@@ -147,6 +165,11 @@ def main(argv=None) -> int:
           f"ratio {marginal / per_plain:.2f}x (target <= 1.3x)")
     print(f"whole sweep: rayeval {t_many:.2f} s vs plain {t_read + t_plain:.2f} s, "
           f"ratio {t_many / (t_read + t_plain):.2f}x")
+    print(f"with {args.replicates} bootstrap replicates: 1 checkpoint {t_one_b:.2f} s, {k} "
+          f"checkpoints {t_many_b:.2f} s, marginal {marginal_b:.3f} s per checkpoint")
+    print(f"bootstrap cost: whole sweep +{100 * (t_many_b - t_many) / t_many:.1f}% "
+          f"(target < 20%), marginal per checkpoint "
+          f"+{100 * (marginal_b - marginal) / marginal:.1f}%")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(figures, f, indent=2)

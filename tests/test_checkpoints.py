@@ -118,6 +118,7 @@ def _dcp_writer(rank: int, world: int, rendezvous: str, path: str, fsdp: bool) -
         else:
             state = model.state_dict()
         dcp.save({"model": state}, checkpoint_id=path)
+        dist.barrier()          # let both ranks finish writing before gloo is torn down
     finally:
         dist.destroy_process_group()
 
@@ -160,6 +161,8 @@ def test_dcp_that_does_not_fit_names_keys(tmp_path):
 
 @pytest.mark.parametrize("content,match", [
     (b"", "empty file"),
+    (b"\x80\x02" + bytes(range(7, 207)), "corrupt"),
+    (b"\x80\x04]\x94(K\x01.", "corrupt|not a state dict|holds a list"),
     (b"hello, I am a text file\n", "not a checkpoint"),
     (b"\x00" * 64, "not a checkpoint"),
 ])

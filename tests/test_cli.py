@@ -72,6 +72,21 @@ BAD_SWEEPS = {
     "factory_not_module": (lambda p: write_sweep(str(p),
                                                  model={"factory": "tiny_models:not_a_module"}),
                            ["returned int, not a torch.nn.Module"]),
+    "metric_for_other_task": (lambda p: write_sweep(str(p), metrics=["accuracy", "mse"]),
+                              ["metrics[1]: metric 'mse' is for task 'regression', not "
+                               "'classification'"]),
+    "metric_bad_param": (lambda p: write_sweep(str(p), metrics=[{"name": "top_k_accuracy",
+                                                                  "k": "five"}]),
+                         ["metrics[0]: metric 'top_k_accuracy': parameter 'k' must be int"]),
+    "metric_unknown_param": (lambda p: write_sweep(str(p), metrics=[{"name": "ece",
+                                                                      "bins": 10, "x": 1}]),
+                             ["metrics[0]: metric 'ece' has no parameter 'x'"]),
+    "custom_metric_missing": (lambda p: write_sweep(str(p), metrics=["nomod:Metric"]),
+                              ["metrics[0]: cannot import module 'nomod'"]),
+    "custom_metric_incomplete": (lambda p: write_sweep(str(p), metrics=["tiny_models:build"]),
+                                 ["metrics[0]: custom metric 'tiny_models:build' lacks"]),
+    "bootstrap_bad": (lambda p: write_sweep(str(p), bootstrap={"confidence": 1.5}),
+                      ["bootstrap.confidence: expected a number between 0 and 1"]),
     "factory_bad_kwargs": (lambda p: write_sweep(str(p), model={"factory": "tiny_models:build",
                                                                "kwargs": {"depth": 3}}),
                            ["model.kwargs", "depth"]),
@@ -109,25 +124,29 @@ def test_bad_checkpoints_fail_their_own_cells_through_the_cli(project):
     torch.save(build_model(seed=6).state_dict(), ck / "step_6.pt")
     good = (ck / "step_1.pt").read_bytes()
     (ck / "step_2.pt").write_bytes(good[: len(good) // 2])                 # truncated
-    (ck / "step_3.pt").write_bytes(b"\x80\x02" + os.urandom(200))         # corrupt pickle
+    (ck / "step_3.pt").write_bytes(b"\x80\x02" + bytes(range(7, 207)))   # corrupt pickle
     (ck / "step_4.pt").write_text("just some text\n")                     # not a checkpoint
     wide = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.Tanh(), torch.nn.Linear(32, 4))
     torch.save(wide.state_dict(), ck / "step_5.pt")                        # does not fit
     marker = project / "pwned"
     (ck / "step_7.pt").write_bytes(_evil_pickle(str(marker)))             # needs more than weights
+    nan = build_model(seed=8).state_dict()
+    nan["0.weight"][0, 0] = float("nan")
+    torch.save(nan, ck / "step_8.pt")                                       # NaN outputs
     proc = rayeval_cli("run", write_sweep(str(project), workers=2), cwd=str(project))
     assert proc.returncode == 1, (proc.stdout, proc.stderr)
     assert "Traceback" not in proc.stderr + proc.stdout
     failed = [ln for ln in proc.stderr.splitlines() if ln.startswith("failed: ")]
-    assert len(failed) == 5, proc.stderr
+    assert len(failed) == 6, proc.stderr
     text = "\n".join(failed)
     assert "step_2.pt: truncated or corrupt" in text
     assert "step_3.pt: " in text
     assert "step_4.pt: not a checkpoint" in text
     assert "step_5.pt: does not fit the model" in text and "0.weight [32, 8] vs model [16, 8]" in text
     assert "step_7.pt: refused: this pickle needs more than weights_only=True" in text
+    assert "step_8.pt: the model produced NaN or infinite outputs" in text
     assert not marker.exists()
-    assert "2 checkpoint(s) evaluated, 0 already in the store, 5 failed" in proc.stdout
+    assert "2 checkpoint(s) evaluated, 0 already in the store, 6 failed" in proc.stdout
     assert "step_1.pt" in proc.stdout and "step_6.pt" in proc.stdout
     lb = rayeval_cli("leaderboard", str(project / "out"), "--format", "json")
     rows = json.loads(lb.stdout)
@@ -154,3 +173,30 @@ def test_quickstart_example_end_to_end(tmp_path):
     again = rayeval_cli("run", str(example / "sweep.yaml"), cwd=str(tmp_path))
     assert again.returncode == 0 and "0 checkpoint(s) evaluated, 4 already in the store" in \
         again.stdout
+
+
+@pytest.mark.ray
+def test_metric_catalog_custom_metrics_compare_and_confusion(tmp_path):
+    example = tmp_path / "digits"
+    shutil.copytree(os.path.join(REPO, "configs", "digits"), example,
+                    ignore=shutil.ignore_patterns("out"))
+    proc = rayeval_cli("run", str(example / "sweep_metrics.yaml"), cwd=str(tmp_path))
+    assert proc.returncode == 0, (proc.stdout, proc.stderr)
+    rows = json.loads(rayeval_cli("leaderboard", str(example / "out"), "--format", "json",
+                                  "--replicates").stdout)
+    by = {(os.path.basename(r["checkpoint"]), r["metric"]): r for r in rows}
+    best = by[("step_000600", "target_probability")]
+    exact = by[("step_000600", "target_probability_rows")]
+    assert best["value"] == pytest.approx(exact["value"], rel=1e-12)
+    for r in rows:
+        if r["metric"] == "confusion_matrix":
+            assert r["value"] is None and sum(map(sum, r["matrix"])) == 2003
+        else:
+            assert r["ci_low"] <= r["value"] <= r["ci_high"], r["metric"]
+            assert len(r["replicates"]) == 1000
+    cmp = rayeval_cli("compare", str(example / "out"), "step_000600", "step_000020.pt",
+                      "--metric", "accuracy")
+    assert cmp.returncode == 0, cmp.stderr
+    assert "accuracy" in cmp.stdout and "1.000" in cmp.stdout     # A better in every replicate
+    cm = rayeval_cli("confusion", str(example / "out"), "step_000600")
+    assert cm.returncode == 0 and "rows: target" in cm.stdout
