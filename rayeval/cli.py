@@ -48,6 +48,11 @@ def _parser() -> argparse.ArgumentParser:
     cmp.add_argument("--dataset", metavar="NAME", help="the data set (needed if several)")
     cmp.add_argument("--sweep", metavar="NAME", help="only this sweep")
 
+    ins = sub.add_parser("inspect", help="what a checkpoint holds, and whether it fits a sweep")
+    ins.add_argument("path", metavar="PATH", help="a checkpoint file or folder")
+    ins.add_argument("--sweep", metavar="SWEEP", help="check it against this sweep's model")
+    ins.add_argument("--format", choices=("table", "json"), default="table")
+
     cm = sub.add_parser("confusion", help="show a stored confusion matrix")
     cm.add_argument("store", metavar="STORE")
     cm.add_argument("checkpoint", metavar="CHECKPOINT")
@@ -69,6 +74,8 @@ def main(argv: list[str] | None = None) -> int:
             return _compare(args, out)
         if args.command == "confusion":
             return _confusion(args, out)
+        if args.command == "inspect":
+            return _inspect(args, out)
         return _leaderboard(args, out)
     except RayevalError as e:
         err.print(f"[bold red]error:[/] {e.message}", markup=True, soft_wrap=True)
@@ -205,3 +212,49 @@ def _confusion(args, out: Console) -> int:
             table.add_row(str(i), *(str(v) for v in line))
         out.print(table)
     return EXIT_OK
+
+
+def _inspect(args, out: Console) -> int:
+    import json
+    import os
+
+    from rich.table import Table
+
+    from .errors import CheckpointError
+    from .loading import CheckpointSpec, describe
+
+    path = os.path.abspath(args.path)
+    if not os.path.exists(path):
+        raise CheckpointError(f"PATH: no checkpoint at {args.path!r}")
+    model, spec = None, CheckpointSpec()
+    if args.sweep:
+        from .model import build_model
+        from .spec import load_sweep
+
+        sweep = load_sweep(args.sweep)
+        model, spec = build_model(sweep.model, sweep.base_dir, "meta"), sweep.checkpoint
+    info = describe(path, model, spec)
+    if args.format == "json":
+        sys.stdout.write(json.dumps(info, indent=2) + "\n")
+        return EXIT_OK if info.get("fits", True) else EXIT_CELLS_FAILED
+    table = Table(title=path, show_header=False)
+    table.add_column("", style="bold")
+    table.add_column("")
+    step = "-" if info["step"] is None else f"{info['step']} (from the {info['step_from']})"
+    rows = [("layout", info["layout"]),
+            ("files", "\n".join(os.path.relpath(f, path) if f.startswith(path) else f
+                                for f in info["files"]) or "-"),
+            ("tensors", f"{info['tensors']:,}"),
+            ("parameters", f"{info['parameters']:,} ({info['bytes'] / 2**20:.1f} MiB)"),
+            ("dtypes", ", ".join(f"{k}: {v:,}" for k, v in info["dtypes"].items())),
+            ("step", step),
+            ("key groups", ", ".join(f"{k} ({v})" for k, v in info["key_groups"].items())),
+            ("prefixes stripped", ", ".join(info.get("prefixes_stripped") or []) or "none")]
+    rows.insert(6, ("state dict under", info["wrapper"] or "(top level)"))
+    if model is not None:
+        fits = "[green]yes[/]" if info["fits"] else "[red]no[/]: " + "; ".join(info["problems"])
+        rows.append((f"fits {args.sweep}", fits))
+    for k, v in rows:
+        table.add_row(k, v)
+    out.print(table)
+    return EXIT_OK if info.get("fits", True) else EXIT_CELLS_FAILED

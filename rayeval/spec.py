@@ -16,6 +16,7 @@ import yaml
 from . import paths
 from .errors import SpecError
 from .evaluate import Bootstrap
+from .loading import DTYPES, CheckpointSpec
 from .metrics import TASKS, MetricSpec, parse_metric
 
 
@@ -23,6 +24,7 @@ from .metrics import TASKS, MetricSpec, parse_metric
 class ModelSpec:
     factory: str                         # "module:callable"
     kwargs: dict = field(default_factory=dict)
+    dtype: str | None = None             # evaluation dtype; None: the model's own
 
 
 @dataclass(frozen=True)
@@ -51,6 +53,7 @@ class Sweep:
     base_dir: str                        # the sweep file's folder: model modules are found here
     source: str = ""                     # the sweep file, for messages
     bootstrap: Bootstrap = Bootstrap()
+    checkpoint: CheckpointSpec = CheckpointSpec()
 
     def with_overrides(self, *, workers: int | None = None, output: str | None = None) -> "Sweep":
         """The CLI's ``--workers`` / ``--output`` (relative output taken from the cwd)."""
@@ -66,7 +69,7 @@ class Sweep:
 
 _TOP_KEYS = {
     "name", "model", "checkpoints", "dataset", "task", "metrics", "batch_size", "workers",
-    "use_gpu", "output", "bootstrap",
+    "use_gpu", "output", "bootstrap", "checkpoint",
 }
 
 
@@ -99,7 +102,11 @@ def parse_sweep(raw: Any, *, base_dir: str, source: str = "<sweep>") -> Sweep:
     top = r.mapping(raw, "", _TOP_KEYS)
 
     name = r.string(top, "name", required=True)
-    model_raw = r.mapping(r.get(top, "model", required=True), "model", {"factory", "kwargs"})
+    model_raw = r.mapping(r.get(top, "model", required=True), "model",
+                          {"factory", "kwargs", "dtype"})
+    dtype = r.string(model_raw, "dtype", path="model.dtype")
+    if dtype is not None and dtype not in DTYPES:
+        r.fail("model.dtype", f"unknown dtype {dtype!r}; choose one of: {', '.join(DTYPES)}")
     factory = r.string(model_raw, "factory", path="model.factory", required=True)
     module, _, attr = factory.partition(":")
     if not module or not attr:
@@ -159,12 +166,20 @@ def parse_sweep(raw: Any, *, base_dir: str, source: str = "<sweep>") -> Sweep:
     use_gpu = r.boolean(top, "use_gpu", default=False)
     output = paths.resolve(r.string(top, "output", required=True), base_dir)
     bootstrap = _bootstrap(r, r.get(top, "bootstrap", default={}))
+    ck_raw = r.mapping(r.get(top, "checkpoint", default={}), "checkpoint",
+                       {"key", "strip_prefix", "trust_pickle"})
+    checkpoint = CheckpointSpec(
+        key=r.string(ck_raw, "key", path="checkpoint.key"),
+        strip_prefix=r.string(ck_raw, "strip_prefix", path="checkpoint.strip_prefix"),
+        trust_pickle=r.boolean(ck_raw, "trust_pickle", default=False,
+                               path="checkpoint.trust_pickle"),
+    )
 
     return Sweep(
-        name=name, model=ModelSpec(factory=factory, kwargs=dict(kwargs)),
+        name=name, model=ModelSpec(factory=factory, kwargs=dict(kwargs), dtype=dtype),
         checkpoints=tuple(checkpoints), dataset=dataset, task=task, metrics=tuple(metrics),
         batch_size=batch_size, workers=workers, use_gpu=use_gpu, output=output,
-        base_dir=base_dir, source=source, bootstrap=bootstrap,
+        base_dir=base_dir, source=source, bootstrap=bootstrap, checkpoint=checkpoint,
     )
 
 
@@ -251,10 +266,10 @@ class _Reader:
             self.fail(path, f"must be at least {minimum}, got {value}")
         return value
 
-    def boolean(self, m: dict, key: str, *, default: bool) -> bool:
-        value = self.get(m, key, default=default)
+    def boolean(self, m: dict, key: str, *, default: bool, path: str | None = None) -> bool:
+        value = self.get(m, key, path=path, default=default)
         if not isinstance(value, bool):
-            self.fail(key, f"expected true or false, got {_show(value)}")
+            self.fail(path or key, f"expected true or false, got {_show(value)}")
         return value
 
 

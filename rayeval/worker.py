@@ -19,12 +19,13 @@ import torch
 from ray.train import DataConfig
 
 from . import dist
-from .checkpoints import fetch, load_into
+from .checkpoints import fetch
+from .loading import DTYPES, LeanLoader
 from . import stats
 from .data import batch_tensors, row_ids
 from .errors import CheckpointError
 from .evaluate import ROWS, Pass, finalize, output_size
-from .model import build_model
+from .model import import_callable
 from .plan import Plan
 from .store import ResultStore
 
@@ -121,7 +122,10 @@ def evaluate_plan(config: dict) -> list[dict]:
     rank = ray.train.get_context().get_world_rank()
     world = ray.train.get_context().get_world_size()
     device = ray.train.torch.get_device()
-    model = build_model(sweep.model, sweep.base_dir, device)
+    baseline = _peak_rss()
+    factory = import_callable(sweep.model.factory, sweep.base_dir)
+    loader = LeanLoader(lambda: factory(**sweep.model.kwargs).eval(), device,
+                        DTYPES.get(sweep.model.dtype), sweep.checkpoint)
     metrics = [(m.key, m.build()) for m in sweep.metrics]
     shard = Shard(ray.train.get_dataset_shard(DATASET), plan)
     store = ResultStore(sweep.output) if rank == 0 else None
@@ -133,8 +137,9 @@ def evaluate_plan(config: dict) -> list[dict]:
         start = time.perf_counter()
         ref = cell.checkpoint
         error = None
+        model = None          # the previous checkpoint's weights are freed before the next load
         try:
-            load_into(model, fetch(ref.location, cache_dir))
+            model, raw = loader.load(fetch(ref.location, cache_dir))
         except CheckpointError as e:
             error = e.message
         (any_failed,) = dist.all_reduce_max([1.0 if error else 0.0])
@@ -143,6 +148,7 @@ def evaluate_plan(config: dict) -> list[dict]:
                                                    "another worker; see the worker logs"))
             continue
 
+        step = raw.step if raw.step is not None else ref.step   # Lightning's global_step
         if size is None:   # the same on every rank: same model, same zeros input
             size = output_size(model, sweep.task, plan.dataset.input_shape, device)
         p = Pass(model, metrics, size, device, sweep.task, sweep.bootstrap.k)
@@ -173,17 +179,25 @@ def evaluate_plan(config: dict) -> list[dict]:
         results = finalize(metrics, merged, size, sweep.bootstrap)
         higher = {key: bool(getattr(m, "higher_is_better", True)) for key, m in metrics}
         store.write_cell(cell.key, [
-            {"sweep": sweep.name, "checkpoint": ref.location, "step": ref.step,
+            {"sweep": sweep.name, "checkpoint": ref.location, "step": step,
              "dataset": sweep.dataset.name, "metric": key, "value": r.value,
              "ci_low": r.ci_low, "ci_high": r.ci_high, "num_samples": counted,
              "world_size": world, "higher_is_better": higher[key],
              "replicates": r.replicates, "matrix": r.matrix,
              "bootstrap": sweep.bootstrap.key if r.replicates is not None else None}
             for key, r in results.items()])
-        outcomes.append({"checkpoint": ref.location, "step": ref.step, "ok": True,
+        outcomes.append({"checkpoint": ref.location, "step": step, "ok": True,
                          "values": {k: r.value for k, r in results.items()}, "rows": counted,
-                         "seconds": time.perf_counter() - start})
+                         "seconds": time.perf_counter() - start, "layout": raw.layout,
+                         "peak_rss_bytes": _peak_rss(), "baseline_rss_bytes": baseline})
     return outcomes
+
+
+def _peak_rss() -> int:
+    """This process's peak resident memory so far, in bytes."""
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 def _failure(ref, message: str) -> dict:

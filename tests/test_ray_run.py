@@ -90,16 +90,83 @@ def test_every_layout_through_run(ray_cluster, tmp_path):
 
     mp.start_processes(_dcp_two_ranks, args=(str(tmp_path / "rdzv"), str(ck / "step_7")),
                        nprocs=2, join=True, start_method="spawn")
+    from huggingface_hub import save_torch_state_dict
+
+    from test_layouts import lightning_ckpt
+
+    sd.update({s: build_model(seed=s).state_dict() for s in range(8, 14)})
+    lightning_ckpt(ck / "epoch=1-step=8.ckpt", sd[8], step=8)
+    (ck / "step_9").mkdir()
+    (ck / "step_10").mkdir()
+    save_torch_state_dict(sd[9], ck / "step_9", max_shard_size=300)
+    save_torch_state_dict(sd[10], ck / "step_10", max_shard_size=300, safe_serialization=False)
+    _ray_train_checkpoint(sd[11], ck / "step_11", tmp_path / "ray_results")
+    torch.save({k: v.to(torch.bfloat16) for k, v in sd[12].items()}, ck / "step_12.pt")
+    (tmp_path / "remote").mkdir()
+    torch.save(sd[13], tmp_path / "remote" / "step_13.pt")
+    sweep = dataclasses.replace(sweep, checkpoints=sweep.checkpoints + (
+        f"file://{tmp_path}/remote/step_*.pt",))
     report = run_sweep(sweep)
     assert all(o["ok"] for o in report.outcomes), report.failures
+    assert {o["layout"] for o in report.outcomes} == {
+        "torch", "safetensors", "dcp", "lightning", "safetensors-sharded", "torch-sharded"}
     got = stored(sweep)
     names = {1: "step_1.pt", 2: "step_2.pt", 3: "step_3.pt", 4: "step_4.pt",
-             5: "step_5.safetensors", 6: "step_6", 7: "step_7"}
+             5: "step_5.safetensors", 6: "step_6", 7: "step_7", 8: "epoch=1-step=8.ckpt",
+             9: "step_9", 10: "step_10", 11: "step_11", 13: "step_13.pt"}
     for s, name in names.items():
         ref = reference_metrics(build_model(seed=s), x, y)
         for metric, value in ref.items():
-            assert got[(name, metric)]["value"] == pytest.approx(value, rel=1e-9)
+            assert got[(name, metric)]["value"] == pytest.approx(value, rel=1e-9), name
             assert got[(name, metric)]["step"] == s
+    # bf16 weights, evaluated in the model's float32: the bf16 values exactly
+    bf16 = build_model(seed=12)
+    bf16.load_state_dict({k: v.to(torch.bfloat16).float() for k, v in sd[12].items()})
+    assert got[("step_12.pt", "accuracy")]["value"] == pytest.approx(
+        reference_metrics(bf16, x, y)["accuracy"], rel=1e-9)
+    # the file:// checkpoint was fetched once for this node, though two workers needed it
+    import glob as _glob
+    import tempfile
+
+    fetched = [f for f in _glob.glob(os.path.join(tempfile.gettempdir(), "rayeval-checkpoints",
+                                                  "*", ".fetched"))
+               if os.path.exists(os.path.join(os.path.dirname(f), "step_13.pt"))
+               and os.path.getmtime(f) >= os.path.getmtime(tmp_path / "remote" / "step_13.pt")]
+    assert fetched and all(len(open(f).read().split()) == 1 for f in fetched)
+
+
+def _ray_train_checkpoint(state, folder, storage):
+    """A checkpoint folder as Ray Train itself persists it (train.report with a checkpoint)."""
+    import ray.train
+    from ray.train.torch import TorchTrainer
+
+    def save(config):
+        import tempfile as tf
+
+        with tf.TemporaryDirectory() as d:
+            torch.save(config["state"], os.path.join(d, "model.pt"))
+            ray.train.report({"step": 11},
+                             checkpoint=ray.train.Checkpoint.from_directory(d))
+
+    result = TorchTrainer(save, train_loop_config={"state": state},
+                          scaling_config=ray.train.ScalingConfig(num_workers=1),
+                          run_config=ray.train.RunConfig(storage_path=str(storage))).fit()
+    import shutil
+
+    shutil.copytree(result.checkpoint.path, folder)
+    assert os.path.exists(os.path.join(folder, "model.pt"))
+
+
+def test_evaluation_dtype_bfloat16(ray_cluster, tmp_path):
+    sweep, x, y = setup_sweep(tmp_path, 700, seeds=(1,), workers=2,
+                              model={"factory": "tiny_models:build", "dtype": "bfloat16"},
+                              bootstrap={"replicates": 0})
+    report = run_sweep(sweep)
+    assert report.outcomes[0]["ok"], report.outcomes
+    ref = reference_metrics(build_model(seed=1), x, y)
+    got = stored(sweep)
+    assert got[("step_1.pt", "nll")]["value"] == pytest.approx(ref["nll"], rel=2e-2)
+    assert got[("step_1.pt", "nll")]["value"] != pytest.approx(ref["nll"], rel=1e-7)
 
 
 def test_a_bad_checkpoint_fails_only_its_cell(ray_cluster, tmp_path):

@@ -1,0 +1,265 @@
+"""Fitting a checkpoint's tensors to the sweep's model, and loading them lean.
+
+Matching: the model's state dict is looked for under a key path of the checkpoint (the sweep's
+``checkpoint.key``, else none, ``model``, ``state_dict``, ``model_state_dict``, ``module``,
+``ema``), with the ``checkpoint.strip_prefix`` of the sweep, DDP's ``module.``, torch.compile's
+``_orig_mod.`` and a LightningModule's attribute prefix (``model.``, ``net.``...) removed where
+that makes more of the model's keys match. The match must then be exact: missing, unexpected
+and mis-shaped keys are an error that names them.
+
+Lean loading: the model is built on the meta device and the checkpoint's (memory-mapped)
+tensors are assigned to it (``load_state_dict(assign=True)``), so the weights are never held
+twice; only then does the model move to the worker's device.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Mapping
+
+import torch
+
+from . import layouts
+from .errors import CheckpointError
+
+WRAPPER_KEYS = ("model", "state_dict", "model_state_dict", "module", "ema")
+_PREFIXES = ("module.", "_orig_mod.")
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
+          "float64": torch.float64}
+
+
+@dataclass(frozen=True)
+class CheckpointSpec:
+    """The sweep's ``checkpoint:`` section."""
+    key: str | None = None            # dotted path to the state dict inside the checkpoint
+    strip_prefix: str | None = None   # a prefix to remove from every key
+    trust_pickle: bool = False        # allow full pickles (runs their code), with a warning
+
+
+@dataclass
+class Match:
+    mapping: dict[str, str]           # checkpoint key -> model key
+    wrapper: str                      # the key path the state dict was under ("" for none)
+    stripped: list[str] = field(default_factory=list)   # prefixes removed
+
+
+def strip_wrappers(key: str) -> str:
+    """Drop DDP's ``module.`` and torch.compile's ``_orig_mod.`` wrappers from a key."""
+    changed = True
+    while changed:
+        changed = False
+        for prefix in _PREFIXES:
+            if key.startswith(prefix):
+                key = key[len(prefix):]
+                changed = True
+    return key.replace("._orig_mod.", ".")
+
+
+strip_prefixes = strip_wrappers     # the name earlier versions exported
+
+
+def _common_first(keys: list[str]) -> str | None:
+    firsts = {k.split(".", 1)[0] for k in keys if "." in k}
+    if len(firsts) == 1 and all("." in k for k in keys):
+        return firsts.pop() + "."
+    return None
+
+
+def match(keys, model_keys, spec: CheckpointSpec = CheckpointSpec()) -> Match:
+    """The best mapping of checkpoint keys onto model keys (see the module docstring)."""
+    model_keys = set(model_keys)
+    keys = list(keys)
+    if spec.key:      # the user said where the state dict is: look nowhere else
+        wrappers = [spec.key.strip(".") + "."]
+        if not any(k.startswith(wrappers[0]) for k in keys):
+            raise CheckpointError(f"checkpoint.key: nothing under {spec.key!r} in the "
+                                  "checkpoint; `rayeval inspect` shows its keys")
+    else:
+        wrappers = [""] + [w + "." for w in WRAPPER_KEYS]
+    best: tuple[int, int, Match] | None = None
+    for order, wrapper in enumerate(wrappers):
+        inside = [k for k in keys if k.startswith(wrapper)]
+        if not inside:
+            continue
+        for candidate in _transforms([k[len(wrapper):] for k in inside], spec):
+            mapping = dict(zip(inside, candidate[0]))
+            # more matched keys first; then fewer prefixes stripped; then the wrapper order
+            score = (len(model_keys & set(mapping.values())), -len(candidate[1]), -order)
+            if best is None or score > best[0]:
+                best = (score, order, Match(mapping, wrapper.rstrip("."), candidate[1]))
+    if best is None:
+        return Match({k: k for k in keys}, "")
+    return best[2]
+
+
+def _transforms(keys: list[str], spec: CheckpointSpec):
+    """(transformed keys, prefixes removed), from the least change to the most."""
+    out = [(keys, [])]
+    if spec.strip_prefix:
+        p = spec.strip_prefix
+        out.append(([k[len(p):] if k.startswith(p) else k for k in keys], [p]))
+    for base, removed in list(out):
+        wrapped = [strip_wrappers(k) for k in base]
+        if wrapped != base:
+            out.append((wrapped, removed + ["module./_orig_mod."]))
+    for base, removed in list(out):
+        first = _common_first(base)
+        if first:
+            out.append(([k[len(first):] for k in base], removed + [first]))
+            again = [strip_wrappers(k[len(first):]) for k in base]
+            out.append((again, removed + [first, "module./_orig_mod."]))
+    return out
+
+
+def fit_problems(shapes: Mapping[str, tuple], expected: Mapping[str, tuple]) -> list[str]:
+    """What keeps a checkpoint from fitting: missing, unexpected, mis-shaped keys."""
+    missing = sorted(set(expected) - set(shapes))
+    unexpected = sorted(set(shapes) - set(expected))
+    mismatched = sorted(k for k in set(expected) & set(shapes)
+                        if tuple(shapes[k]) != tuple(expected[k]))
+    parts = []
+    if missing:
+        parts.append(f"{len(missing)} missing key(s): {_few(missing)}")
+    if unexpected:
+        parts.append(f"{len(unexpected)} unexpected key(s): {_few(unexpected)}")
+    if mismatched:
+        shown = [f"{k} {list(shapes[k])} vs model {list(expected[k])}" for k in mismatched]
+        parts.append(f"{len(mismatched)} shape mismatch(es): {_few(shown)}")
+    return parts
+
+
+def check_fit(path: str, shapes: Mapping[str, tuple], model: torch.nn.Module) -> None:
+    """Raise a CheckpointError naming every missing, unexpected and mis-shaped key."""
+    expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    parts = fit_problems(shapes, expected)
+    if parts:
+        raise CheckpointError(f"{path}: does not fit the model: " + "; ".join(parts)
+                              + "; check model.factory and model.kwargs")
+
+
+def _few(items: list[str], n: int = 5) -> str:
+    shown = ", ".join(items[:n])
+    return shown + (f" and {len(items) - n} more" if len(items) > n else "")
+
+
+def model_state(raw: layouts.Raw, model: torch.nn.Module, spec: CheckpointSpec = CheckpointSpec()
+                ) -> dict[str, torch.Tensor]:
+    """The checkpoint's tensors under the model's keys, checked to fit it exactly."""
+    expected = model.state_dict()
+    try:
+        m = match(raw.shapes, expected, spec)
+    except CheckpointError as e:
+        raise CheckpointError(f"{raw.path}: {e.message}") from None
+    selected = {ck: mk for ck, mk in m.mapping.items()}
+    check_fit(raw.path, {mk: raw.shapes[ck][0] for ck, mk in selected.items()}, model)
+    if raw.tensors is None:
+        tensors = layouts.read_dcp_tensors(raw, list(selected))
+    else:
+        tensors = raw.tensors
+    return {mk: tensors[ck] for ck, mk in selected.items()}
+
+
+def load_into(model: torch.nn.Module, path: str, spec: CheckpointSpec = CheckpointSpec()) -> str:
+    """Copy the checkpoint at a local path into an existing model (strictly); its layout."""
+    raw = layouts.read(path, spec.trust_pickle)
+    state = model_state(raw, model, spec)
+    try:
+        model.load_state_dict(state, strict=True)
+    except RuntimeError as e:
+        raise CheckpointError(f"{path}: cannot load into the model: "
+                              f"{str(e).splitlines()[0]}") from None
+    return raw.layout
+
+
+class LeanLoader:
+    """Builds the model once per checkpoint on the meta device and assigns the checkpoint's
+    tensors to it, so weights are never held twice."""
+
+    def __init__(self, factory: Callable[[], torch.nn.Module], device: torch.device,
+                 dtype: torch.dtype | None = None, spec: CheckpointSpec = CheckpointSpec()):
+        self.factory = factory
+        self.device = device
+        self.dtype = dtype
+        self.spec = spec
+        with torch.device("meta"):
+            meta = factory()
+        persistent = set(meta.state_dict())
+        self.param_dtypes = {n: t.dtype for n, t in meta.state_dict().items()}
+        self.extra_buffers = {}
+        if any(n not in persistent for n, _ in meta.named_buffers()):
+            # Buffers outside the state dict (non-persistent) are not in checkpoints: keep the
+            # values the factory gives them, from one real build.
+            real = factory()
+            self.extra_buffers = {n: b.detach().clone() for n, b in real.named_buffers()
+                                  if n not in persistent}
+            del real
+
+    def load(self, path: str) -> tuple[torch.nn.Module, layouts.Raw]:
+        raw = layouts.read(path, self.spec.trust_pickle)
+        with torch.device("meta"):
+            model = self.factory()
+        state = model_state(raw, model, self.spec)
+        for k, t in state.items():
+            want = self.param_dtypes[k]
+            if t.is_floating_point() and self.dtype is not None:
+                want = self.dtype
+            if t.dtype != want:
+                state[k] = t.to(want)
+        try:
+            model.load_state_dict(state, strict=True, assign=True)
+        except RuntimeError as e:
+            raise CheckpointError(f"{path}: cannot load into the model: "
+                                  f"{str(e).splitlines()[0]}") from None
+        for name, value in self.extra_buffers.items():
+            module_name, _, buffer_name = name.rpartition(".")
+            module = model.get_submodule(module_name) if module_name else model
+            module.register_buffer(buffer_name, value.clone(), persistent=False)
+        return model.to(self.device).eval(), raw
+
+
+def describe(path: str, model: torch.nn.Module | None = None,
+             spec: CheckpointSpec = CheckpointSpec()) -> dict:
+    """What ``rayeval inspect`` shows: the layout, tensors, parameters, dtypes, the step, and
+    with a model, how its keys map and whether it fits."""
+    import math
+    from collections import Counter
+
+    from .checkpoints import parse_step
+
+    raw = layouts.read(path, spec.trust_pickle)
+    dtypes = Counter()
+    params = 0
+    size = 0
+    for shape, dtype in raw.shapes.values():
+        n = math.prod(shape)
+        dtypes[str(dtype).replace("torch.", "")] += n
+        params += n
+        size += n * torch.empty((), dtype=dtype).element_size()
+    groups = Counter(k.split(".", 1)[0] if "." in k else "(top level)" for k in raw.shapes)
+    info = {
+        "path": path, "layout": raw.layout, "files": list(raw.files), "tensors": len(raw.shapes),
+        "parameters": params, "bytes": size, "dtypes": dict(dtypes),
+        "step": raw.step if raw.step is not None else parse_step(path),
+        "step_from": "file" if raw.step is not None else "name",
+        "key_groups": dict(groups.most_common(8)),
+    }
+    if model is None:
+        wrapper = spec.key or next((w for w in WRAPPER_KEYS if w in groups), None)
+        info["wrapper"] = wrapper
+        info["prefixes_stripped"] = [p for p in _PREFIXES
+                                     if any(p in k.split(".", 1)[-1] or k.startswith(p)
+                                            for k in raw.shapes)]
+        return info
+    expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    m = match(raw.shapes, expected, spec)
+    mapped = {mk: raw.shapes[ck][0] for ck, mk in m.mapping.items()}
+    problems = fit_problems(mapped, expected)
+    info.update({
+        "wrapper": m.wrapper or None, "prefixes_stripped": m.stripped, "fits": not problems,
+        "problems": problems,
+        "missing": sorted(set(expected) - set(mapped)),
+        "unexpected": sorted(set(mapped) - set(expected)),
+        "mismatched": sorted(k for k in set(expected) & set(mapped)
+                             if tuple(mapped[k]) != expected[k]),
+    })
+    return info
