@@ -94,11 +94,24 @@ BAD_SWEEPS = {
 
 
 @pytest.mark.parametrize("case", sorted(BAD_SWEEPS))
-def test_bad_input_is_one_clear_line(project, case):
+def test_bad_input_is_one_clear_line(project, case, capsys, monkeypatch):
+    """In process (the same main() the console script calls): these fail before Ray starts,
+    and a subprocess per case would only add interpreter start-up."""
+    import subprocess
+    import sys
+
+    from rayeval.cli import main
+
     make, fragments = BAD_SWEEPS[case]
     sweep = make(project)
-    proc = rayeval_cli("run", sweep, cwd=str(project))
-    assert_one_line_error(proc, *fragments)
+    monkeypatch.chdir(project)
+    monkeypatch.setattr(sys, "path", list(sys.path))          # the factory's folder is added
+    for name in ("tiny_models", "nomod"):
+        sys.modules.pop(name, None)
+    code = main(["run", sweep])
+    captured = capsys.readouterr()
+    assert_one_line_error(subprocess.CompletedProcess([], code, captured.out, captured.err),
+                          *fragments)
     assert not (project / "out").exists(), "nothing half-written"
 
 

@@ -29,7 +29,11 @@ def test_every_sweep_key_is_documented():
     from rayeval.spec import _TOP_KEYS
 
     text = open(os.path.join(REPO, "README.md"), encoding="utf-8").read()
-    for key in sorted(_TOP_KEYS - {"model", "dataset"}) + ["model.factory", "model.kwargs", "dataset.path",
+    for key in sorted(_TOP_KEYS - {"model", "dataset", "bootstrap", "checkpoint"}) + ["model.factory", "model.kwargs", "dataset.path",
                                     "dataset.inputs", "dataset.target", "dataset.id",
-                                    "dataset.name"]:
+                                    "dataset.name", "dataset.ignore_index", "dataset.pad_id",
+                                    "model.dtype", "checkpoint.key", "checkpoint.strip_prefix",
+                                    "checkpoint.trust_pickle", "bootstrap.replicates",
+                                    "bootstrap.confidence", "bootstrap.seed",
+                                    "bootstrap.buckets"]:
         assert f"| `{key}` |" in text, key
