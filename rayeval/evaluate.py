@@ -76,10 +76,6 @@ def output_size(model: torch.nn.Module, task: str, input_shape: tuple[int, ...],
     raise ModelError(f"model.factory: the model returns {shape}; task {task} needs {need}")
 
 
-def num_classes(model, input_shape, device) -> int:
-    return output_size(model, "classification", input_shape, device)
-
-
 def _float_dtype(model: torch.nn.Module) -> torch.dtype:
     return next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from rayeval.errors import CheckpointError, DataError
-from rayeval.evaluate import ROWS, Pass, compute, evaluate, num_classes
+from rayeval.evaluate import ROWS, Pass, compute, evaluate, output_size
 from rayeval.metrics import REGISTRY
 from support import build_model, make_data, reference_metrics
 
@@ -126,8 +126,11 @@ def test_nan_outputs_fail_the_checkpoint():
 def test_num_classes_probe_and_bad_model_output():
     from rayeval.errors import ModelError
 
-    assert num_classes(build_model(), (8,), torch.device("cpu")) == 4
+    cpu = torch.device("cpu")
+    assert output_size(build_model(), "classification", (8,), cpu) == 4
     with pytest.raises(ModelError, match=r"cannot take inputs of shape \(batch, 5\)"):
-        num_classes(build_model(), (5,), torch.device("cpu"))
+        output_size(build_model(), "classification", (5,), cpu)
     with pytest.raises(ModelError, match="logits of shape"):
-        num_classes(torch.nn.Flatten(0), (8,), torch.device("cpu"))
+        output_size(torch.nn.Flatten(0), "classification", (8,), cpu)
+    with pytest.raises(ModelError, match="one prediction per row"):
+        output_size(build_model(), "regression", (8,), cpu)

@@ -236,3 +236,85 @@ def test_every_row_once_and_identical_results_for_1_2_3_workers(ray_cluster, tmp
             for field in ("value", "ci_low", "ci_high", "replicates", "num_samples"):
                 assert other[field] == one[field], (metric, field)
     assert [s["accuracy"]["world_size"] for s in stores] == [1, 2, 3]
+
+
+LM_MODULE = '''
+import torch
+
+class TinyLM(torch.nn.Module):
+    """Causal: position t's logits depend on token t only."""
+    def __init__(self, vocab=17, dim=8):
+        super().__init__()
+        self.emb = torch.nn.Embedding(vocab, dim)
+        self.out = torch.nn.Linear(dim, vocab)
+
+    def forward(self, ids):
+        return self.out(self.emb(ids))
+
+def build_lm(vocab=17):
+    return TinyLM(vocab)
+
+def build_regressor(features=8):
+    return torch.nn.Linear(features, 1)
+'''
+
+
+def test_language_modeling_and_regression_runs(ray_cluster, tmp_path):
+    import math
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    (tmp_path / "lm_models.py").write_text(LM_MODULE)
+    import sys
+
+    sys.path.insert(0, str(tmp_path))
+    from lm_models import build_lm, build_regressor
+
+    rng = np.random.default_rng(0)
+    seqs = [rng.integers(0, 17, rng.integers(2, 12)).tolist() for _ in range(301)]
+    pq.write_table(pa.table({"tokens": pa.array(seqs, pa.list_(pa.int64()))}),
+                   tmp_path / "lm.parquet", row_group_size=50)
+    x = rng.normal(size=(301, 8)).astype(np.float32)
+    y = x.sum(1) + rng.normal(size=301)
+    pq.write_table(pa.table({"x": pa.FixedSizeListArray.from_arrays(pa.array(x.reshape(-1)), 8),
+                             "y": pa.array(y)}), tmp_path / "reg.parquet")
+    (tmp_path / "ck").mkdir()
+    torch.manual_seed(0)
+    lm, reg = build_lm(), build_regressor()
+    torch.save(lm.state_dict(), tmp_path / "ck" / "lm_1.pt")
+    torch.save(reg.state_dict(), tmp_path / "ck" / "reg_1.pt")
+    lm_sweep = load_sweep(write_sweep(
+        str(tmp_path), "lm.yaml", task="language_modeling",
+        model={"factory": "lm_models:build_lm"}, checkpoints=["ck/lm_*.pt"],
+        dataset={"path": "lm.parquet", "inputs": "tokens"}, workers=2, output="out_lm",
+        metrics=["nll", "perplexity", "token_accuracy"], batch_size=32))
+    reg_sweep = load_sweep(write_sweep(
+        str(tmp_path), "reg.yaml", task="regression",
+        model={"factory": "lm_models:build_regressor"}, checkpoints=["ck/reg_*.pt"],
+        dataset={"path": "reg.parquet", "inputs": "x", "target": "y"}, workers=2,
+        output="out_reg", metrics=["mse", "mae", "r2", "pearson"], batch_size=32))
+    for sweep in (lm_sweep, reg_sweep):
+        assert run_sweep(sweep).outcomes[0]["ok"]
+    total, tokens, hits = 0.0, 0, 0
+    with torch.no_grad():
+        for s in seqs:                       # one sequence at a time: no padding at all
+            ids = torch.tensor([s])
+            logits, target = lm(ids)[0, :-1], ids[0, 1:]
+            total += float(torch.nn.functional.cross_entropy(logits.double(), target,
+                                                             reduction="sum"))
+            tokens += len(target)
+            hits += int((logits.argmax(1) == target).sum())
+    got = {r["metric"]: r for r in ResultStore(lm_sweep.output).read().to_pylist()}
+    assert got["nll"]["value"] == pytest.approx(total / tokens, rel=1e-6)
+    assert got["perplexity"]["value"] == pytest.approx(math.exp(total / tokens), rel=1e-6)
+    assert got["token_accuracy"]["value"] == pytest.approx(hits / tokens, rel=1e-12)
+    assert got["nll"]["ci_low"] < got["nll"]["value"] < got["nll"]["ci_high"]
+    from sklearn import metrics as sk
+
+    with torch.no_grad():
+        pred = reg(torch.from_numpy(x)).double().reshape(-1).numpy()
+    got = {r["metric"]: r["value"] for r in ResultStore(reg_sweep.output).read().to_pylist()}
+    assert got["mse"] == pytest.approx(sk.mean_squared_error(y, pred), rel=1e-9)
+    assert got["mae"] == pytest.approx(sk.mean_absolute_error(y, pred), rel=1e-9)
+    assert got["r2"] == pytest.approx(sk.r2_score(y, pred), rel=1e-9)
