@@ -113,3 +113,29 @@ def test_json_rows_have_the_store_fields(tmp_path):
 def test_empty_board_is_an_error():
     with pytest.raises(StoreError, match="holds no results"):
         build_board([])
+
+
+def test_best_and_not_distinguishable_marks_use_paired_replicates():
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    base = rng.normal(0.7, 0.02, 200)
+    key = "seed=0;buckets=1024;replicates=200;confidence=0.95"
+
+    def row(name, value, reps):
+        r = rows(f"/c/{name}", None, {"accuracy": value})[0]
+        return {**r, "replicates": list(reps), "bootstrap": key}
+
+    data = [row("best.pt", 0.70, base),
+            row("tied.pt", 0.699, base - 0.001 + rng.normal(0, 0.002, 200)),   # within noise
+            row("worse.pt", 0.60, base - 0.1)]
+    board = build_board(data)
+    marks = {e.checkpoint.rsplit("/", 1)[-1]: e.marks.get("accuracy", "") for e in board.entries}
+    assert marks == {"best.pt": "*", "tied.pt": "~", "worse.pt": ""}
+    from rayeval.leaderboard import paired
+
+    p = paired(data[0], data[2])
+    assert p.difference == pytest.approx(0.1) and p.a_better == 1.0
+    assert p.ci_low == pytest.approx(0.1) and p.ci_high == pytest.approx(0.1)
+    other = dict(data[2], bootstrap="seed=1;buckets=1024;replicates=200;confidence=0.95")
+    assert paired(data[0], other) is None          # different resamples: no pairing
