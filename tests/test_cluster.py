@@ -24,10 +24,22 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def _has_token() -> bool:
+    path = os.environ.get("RAY_AUTH_TOKEN_PATH") or os.path.expanduser("~/.ray/auth_token")
+    return bool(os.environ.get("RAY_AUTH_TOKEN")) or os.path.exists(path)
+
+
 @pytest.fixture(scope="module")
 def head():
     """A head node in the foreground (--block) of its own process group, so the test can stop
-    exactly what it started."""
+    exactly what it started. conftest.py turns token auth on; `ray start` needs a token to
+    exist (unlike ray.init), so a fresh machine gets one for this module."""
+    added_token = False
+    if os.environ.get("RAY_AUTH_MODE") == "token" and not _has_token():
+        import secrets
+
+        os.environ["RAY_AUTH_TOKEN"] = secrets.token_hex(32)
+        added_token = True
     port = free_port()
     temp = tempfile.mkdtemp(prefix="rt", dir="/tmp")      # short: Ray's socket paths are long
     proc = subprocess.Popen(
@@ -54,6 +66,8 @@ def head():
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(timeout=30)
         shutil.rmtree(temp, ignore_errors=True)
+        if added_token:
+            del os.environ["RAY_AUTH_TOKEN"]
 
 
 def test_run_on_an_existing_cluster(head, tmp_path):
