@@ -123,9 +123,8 @@ class TopKAccuracy(Accuracy):
                 "total": torch.ones_like(targets, dtype=torch.int64)}
 
 
-class NLL(_Classification):
-    """Mean negative log-likelihood of the target class (log-softmax of logits, float64)."""
-    name = "nll"
+class _RowMean(_Classification):
+    """The mean over rows of one float value per row (``per_row``)."""
     higher_is_better = False
 
     def init_state(self, c):
@@ -133,12 +132,21 @@ class NLL(_Classification):
                 "total": torch.zeros((), dtype=torch.int64)}
 
     def rows(self, outputs, targets):
-        logp = torch.log_softmax(outputs.to(torch.float64), dim=1)
-        return {"sum": -logp.gather(1, targets.view(-1, 1)).squeeze(1),
+        return {"sum": self.per_row(outputs, targets),
                 "total": torch.ones_like(targets, dtype=torch.int64)}
 
     def compute(self, s):
         return _ratio(s["sum"], s["total"])
+
+
+class NLL(_RowMean):
+    """Mean negative log-likelihood of the target class (log-softmax of logits, float64)."""
+    name = "nll"
+
+    @staticmethod
+    def per_row(outputs, targets):
+        logp = torch.log_softmax(outputs.to(torch.float64), dim=1)
+        return -logp.gather(1, targets.view(-1, 1)).squeeze(1)
 
 
 class _PerClass(_Classification):
@@ -228,23 +236,15 @@ class ECE(_Classification):
         return _ratio(gap.sum(-1), n.sum(-1))
 
 
-class Brier(_Classification):
+class Brier(_RowMean):
     """Mean over rows of sum over classes of (probability - one-hot target)**2."""
     name = "brier"
-    higher_is_better = False
 
-    def init_state(self, c):
-        return {"sum": torch.zeros((), dtype=torch.float64),
-                "total": torch.zeros((), dtype=torch.int64)}
-
-    def rows(self, outputs, targets):
+    @staticmethod
+    def per_row(outputs, targets):
         prob = torch.softmax(outputs.to(torch.float64), dim=1)
         onehot = torch.nn.functional.one_hot(targets, prob.shape[1]).to(torch.float64)
-        return {"sum": ((prob - onehot) ** 2).sum(dim=1),
-                "total": torch.ones_like(targets, dtype=torch.int64)}
-
-    def compute(self, s):
-        return _ratio(s["sum"], s["total"])
+        return ((prob - onehot) ** 2).sum(dim=1)
 
 
 class _Binned(_Classification):
