@@ -30,15 +30,21 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--force", action="store_true",
                      help="evaluate again cells the store already holds")
     run.add_argument("--verbose", action="store_true", help="show Ray's and the workers' logs")
+    run.add_argument("--quiet", action="store_true",
+                     help="no progress display (only the results and errors)")
 
     lb = sub.add_parser("leaderboard", help="rank the checkpoints in a result store")
     lb.add_argument("store", metavar="STORE", help="a result store: folder or s3://bucket/prefix")
-    lb.add_argument("--format", choices=("table", "json", "csv", "markdown"), default="table")
+    lb.add_argument("--format", choices=("table", "json", "csv", "markdown", "html"),
+                    default="table", help="html: a self-contained page")
     lb.add_argument("--metric", metavar="NAME", help="rank by this metric (default: the first)")
     lb.add_argument("--sweep", metavar="NAME", help="only this sweep")
     lb.add_argument("--dataset", metavar="NAME", help="only this data set")
     lb.add_argument("--replicates", action="store_true",
                     help="with --format json: include each row's bootstrap replicate values")
+    lb.add_argument("--plot", metavar="FILE.png",
+                    help="also draw each metric against the training step, one line per sweep "
+                         "with its interval band")
 
     cmp = sub.add_parser("compare", help="paired bootstrap difference of two checkpoints")
     cmp.add_argument("store", metavar="STORE")
@@ -85,14 +91,26 @@ def main(argv: list[str] | None = None) -> int:
         return 130
 
 
+def _say_plan(err: Console):
+    def say(plan) -> None:
+        err.print(f"[rayeval] {plan.sweep.name}: {len(plan.cells) + len(plan.cached)} "
+                  f"checkpoint(s), {len(plan.cached)} already in the store (cached), "
+                  f"{len(plan.cells)} to evaluate on {plan.dataset.num_rows} rows",
+                  markup=False, highlight=False, soft_wrap=True)
+    return say
+
+
 def _run(args, out: Console, err: Console) -> int:
     from .driver import run_sweep
+    from .progress import make_display
     from .leaderboard import build_board, latest_rows, render_rich
     from .spec import load_sweep
     from .store import ResultStore
 
     sweep = load_sweep(args.sweep).with_overrides(workers=args.workers, output=args.output)
-    report = run_sweep(sweep, address=args.address, force=args.force, verbose=args.verbose)
+    display = make_display("quiet" if args.quiet else "auto", err)
+    report = run_sweep(sweep, address=args.address, force=args.force, verbose=args.verbose,
+                       display=display, on_plan=None if args.quiet else _say_plan(err))
     plan = report.plan
     keys = report.cell_keys
     rows = [r for r in latest_rows(ResultStore(sweep.output).read()) if r["cell"] in keys]
@@ -130,9 +148,16 @@ def _stored_rows(args) -> list[dict]:
 
 
 def _leaderboard(args, out: Console) -> int:
-    from .leaderboard import build_board, render_rich, to_csv, to_json, to_markdown
+    from .leaderboard import build_board, render_rich, to_csv, to_html, to_json, to_markdown
 
     rows = _stored_rows(args)
+    if args.plot:
+        from .plot import plot
+
+        board = build_board(rows, args.metric)
+        metrics = [args.metric] if args.metric else board.metrics
+        plot([r for r in rows if r["metric"] in metrics], metrics, args.plot,
+             title=f"rayeval: {args.store}")
     if args.format == "json":
         if args.metric:
             rows = [r for r in rows if r["metric"] == args.metric]
@@ -143,6 +168,8 @@ def _leaderboard(args, out: Console) -> int:
         render_rich(board, out)
     elif args.format == "markdown":
         sys.stdout.write(to_markdown(board))
+    elif args.format == "html":
+        sys.stdout.write(to_html(board))
     else:
         sys.stdout.write(to_csv(board))
     return EXIT_OK

@@ -6,8 +6,14 @@ Only this module imports torch.distributed for communication.
 
 from __future__ import annotations
 
+import contextlib
+import re
+from datetime import timedelta
+
 import torch
 import torch.distributed as tdist
+
+from .errors import GroupError
 
 
 def is_distributed() -> bool:
@@ -29,19 +35,70 @@ def _comm_device() -> torch.device:
     return torch.device("cpu")
 
 
-def all_reduce_max(values: list[float]) -> list[float]:
+_monitor = {}   # the gloo group that monitored barriers use when the main group is NCCL
+
+
+def _monitor_group():
+    if tdist.get_backend() == "gloo":
+        return None
+    if "group" not in _monitor:        # collective: every rank gets here at its first sync
+        _monitor["group"] = tdist.new_group(backend="gloo")
+    return _monitor["group"]
+
+
+def sync(what: str, timeout_s: float) -> None:
+    """Wait until every rank reaches ``what``, at most ``timeout_s`` seconds.
+
+    A rank that died or stalls fails every rank with a GroupError naming it, instead of
+    leaving the others blocked in the next collective."""
+    if not is_distributed():
+        return
+    with _named(what, timeout_s):
+        tdist.monitored_barrier(group=_monitor_group(), timeout=timedelta(seconds=timeout_s),
+                                wait_all_ranks=True)
+
+
+@contextlib.contextmanager
+def _named(what: str, timeout_s: float):
+    """Turn a failed collective into a GroupError that says which rank and where."""
+    try:
+        yield
+    except RuntimeError as e:          # DistBackendError and gloo's errors are RuntimeErrors
+        raise GroupError(explain(str(e), what, timeout_s, rank())) from None
+
+
+def explain(message: str, what: str, timeout_s: float, me: int) -> str:
+    """A one-line account of a failed barrier or collective, from torch's message."""
+    late = re.search(r"Ranks? ([\d, ]+) failed to pass monitoredBarrier", message)
+    if late:
+        ranks = ", ".join(r.strip() for r in late.group(1).split(",") if r.strip())
+        return (f"worker rank {ranks} did not reach {what} within {timeout_s:g} s of the others "
+                "(stalled or died; recovery.stall_timeout_s sets the limit)")
+    if "from rank 0" in message:
+        return (f"worker rank 0 did not reach {what} within {timeout_s:g} s of worker rank {me} "
+                "(stalled, died or failed; recovery.stall_timeout_s sets the limit)")
+    if "closed by peer" in message or "Connection reset" in message:
+        return f"worker rank {me} lost a peer at {what}: another worker died"
+    first = next((ln.strip() for ln in message.splitlines() if ln.strip()), message)
+    return f"worker rank {me} failed a collective at {what}: {first[:300]}"
+
+
+def all_reduce_max(values: list[float], what: str = "a sync point",
+                   timeout_s: float = 1800) -> list[float]:
     """Element-wise max over ranks (flags: any rank set one)."""
     t = torch.tensor(values, dtype=torch.float64)
     if is_distributed():
         t = t.to(_comm_device())
-        tdist.all_reduce(t, op=tdist.ReduceOp.MAX)
+        with _named(what, timeout_s):
+            tdist.all_reduce(t, op=tdist.ReduceOp.MAX)
     return t.cpu().tolist()
 
 
 _SPLIT = 26   # integer states travel as two float64 halves: x = hi * 2**26 + lo
 
 
-def all_reduce_states(states: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+def all_reduce_states(states: dict[str, torch.Tensor], what: str = "a sync point",
+                      timeout_s: float = 1800) -> dict[str, torch.Tensor]:
     """Sum every state over ranks in ONE all-reduce; returns new CPU tensors, dtypes kept.
 
     All states travel in one float64 vector. An integer state is sent as two halves
@@ -60,7 +117,8 @@ def all_reduce_states(states: dict[str, torch.Tensor]) -> dict[str, torch.Tensor
     flat = torch.cat(parts)
     if is_distributed():
         flat = flat.to(_comm_device())
-        tdist.all_reduce(flat, op=tdist.ReduceOp.SUM)
+        with _named(what, timeout_s):
+            tdist.all_reduce(flat, op=tdist.ReduceOp.SUM)
         flat = flat.cpu()
     out, offset = {}, 0
     for k in keys:

@@ -11,7 +11,7 @@ import uuid
 from dataclasses import dataclass, field
 
 from .data import columns, inspect_dataset
-from .errors import RayevalError, RunError
+from .errors import GroupError, RayevalError, RunError
 from .model import build_model
 from .plan import Plan, make_plan
 from .spec import Sweep
@@ -41,15 +41,18 @@ def prepare(sweep: Sweep, force: bool = False) -> Plan:
 
 
 def run_sweep(sweep: Sweep, *, address: str | None = None, force: bool = False,
-              verbose: bool = False) -> RunReport:
-    """Evaluate every checkpoint of the sweep the store does not hold yet."""
+              verbose: bool = False, display=None, on_plan=None) -> RunReport:
+    """Evaluate every checkpoint of the sweep the store does not hold yet. ``display``: a
+    progress display (``progress.make_display``); none by default."""
     start = time.perf_counter()
     plan = prepare(sweep, force=force)
+    if on_plan is not None:
+        on_plan(plan)
     report = RunReport(plan)
     if plan.cells:
         started = _ensure_ray(sweep, address, verbose)
         try:
-            report.outcomes = _fit(plan)
+            report.outcomes = _fit(plan, display)
         finally:
             if started:
                 import ray
@@ -136,7 +139,7 @@ def _read_dataset(plan: Plan):
     ctx.print_on_execution_start = False
     row_bytes = 4 * math.prod(plan.dataset.input_shape or (256,)) + 16
     blocks = 8 * sweep.workers
-    ctx.target_max_block_size = int(min(128 << 20, max(1 << 20, plan.dataset.num_rows
+    ctx.target_max_block_size = int(min(128 << 20, max(64 << 10, plan.dataset.num_rows
                                                         * row_bytes / blocks)))
     fs, _ = paths.filesystem(plan.dataset.files[0])
     ds = ray.data.read_parquet([paths.filesystem(f)[1] for f in plan.dataset.files],
@@ -144,42 +147,91 @@ def _read_dataset(plan: Plan):
     return ds.select_columns(columns(sweep.dataset))
 
 
-def _fit(plan: Plan) -> list[dict]:
-    import ray.train
-    from ray.train.torch import TorchTrainer
+def _fit(plan: Plan, display=None) -> list[dict]:
+    """One TorchTrainer.fit() over the plan's cells, in a thread while this one shows progress.
+    Returns an outcome per cell, in plan order; raises RunError when the run fails as a whole
+    (restart budget spent) and the worker's own error for bad input."""
+    import threading
 
+    import ray
+    import ray.train
+    from ray.train.torch import TorchConfig, TorchTrainer
+
+    from .progress import NullDisplay, Rate, Tracker
     from .worker import DATASET, ExactlyOnceSplit, evaluate_plan
 
     sweep = plan.sweep
+    display = display or NullDisplay()
+    tracker = ray.remote(Tracker).options(num_cpus=0).remote(
+        [(c.key, c.checkpoint.location) for c in plan.cells], plan.dataset.num_rows)
     trainer = TorchTrainer(
         evaluate_plan,
-        train_loop_config={"plan": plan},
+        train_loop_config={"plan": plan, "tracker": tracker},
+        torch_config=TorchConfig(timeout_s=sweep.recovery.stall_timeout_s),
         scaling_config=ray.train.ScalingConfig(num_workers=sweep.workers, use_gpu=sweep.use_gpu),
         datasets={DATASET: _read_dataset(plan)},
         dataset_config=ExactlyOnceSplit(),
-        run_config=ray.train.RunConfig(name=f"rayeval-{sweep.name}-{uuid.uuid4().hex[:8]}"),
+        run_config=ray.train.RunConfig(
+            name=f"rayeval-{sweep.name}-{uuid.uuid4().hex[:8]}",
+            failure_config=ray.train.FailureConfig(max_failures=sweep.recovery.max_restarts)),
     )
-    try:
-        result = trainer.fit()
-    except ray.train.WorkerGroupError as e:
-        raise _worker_error(e) from None
-    except ray.train.TrainingFailedError as e:
-        raise RunError(f"the evaluation run failed: {str(e).splitlines()[0]}") from None
-    return list(result.return_value or [])
+    outcome: dict = {}
+
+    def fit():
+        try:
+            trainer.fit()
+        except BaseException as e:     # noqa: BLE001 - handed to the main thread
+            outcome["error"] = e
+
+    thread = threading.Thread(target=fit, name="rayeval-fit", daemon=True)
+    rate = Rate(plan.dataset.num_rows)
+    began = time.monotonic()
+    with display:
+        thread.start()
+        while thread.is_alive():
+            thread.join(0.5)
+            snap = ray.get(tracker.snapshot.remote())
+            display.update(rate.status(snap, time.monotonic()), time.monotonic() - began)
+        snap = ray.get(tracker.snapshot.remote())
+        display.update(rate.status(snap, time.monotonic()), time.monotonic() - began, final=True)
+
+    fatal = ray.get(tracker.get_fatal.remote())
+    if fatal is not None:
+        raise fatal
+    error = outcome.get("error")
+    if isinstance(error, ray.train.WorkerGroupError):
+        raise _worker_error(error, sweep.recovery.max_restarts) from None
+    if isinstance(error, ray.train.TrainingFailedError):
+        raise RunError(f"the evaluation run failed: {str(error).splitlines()[0]}") from None
+    if error is not None:
+        raise error
+    finished = ray.get(tracker.results.remote())
+    ray.kill(tracker)
+    return [finished[c.key] for c in plan.cells if c.key in finished]
 
 
-def _worker_error(e) -> RayevalError:
-    """The most telling error from a failed worker group: one of ours (bad data, a model that
-    does not take the inputs), else the first rank's message."""
+def _worker_error(e, restarts: int) -> RayevalError:
+    """The most telling error from a failed worker group: a worker that died, then one of ours
+    (a stalled rank, bad data), else the first rank's message."""
+    from ray.exceptions import RayActorError
+
     failures = getattr(e, "worker_failures", {}) or {}
+    spent = (f" after {restarts} restart(s) (recovery.max_restarts)" if restarts else
+             " (recovery.max_restarts is 0)")
+    for rank in sorted(failures):
+        if isinstance(failures[rank], RayActorError):
+            return RunError(f"worker rank {rank} died{spent}; see the worker logs "
+                            "(--verbose) for why: killed, out of memory, or a crash")
     for rank in sorted(failures):
         err = failures[rank]
         while err is not None:
+            if isinstance(err, GroupError):
+                return GroupError(f"{err.message}{spent}")
             if isinstance(err, RayevalError):
                 return err
             err = err.__cause__ or getattr(err, "cause", None)
     for rank in sorted(failures):
         lines = [ln for ln in str(failures[rank]).splitlines() if ln.strip()]
-        return RunError(f"worker {rank} failed: {lines[-1] if lines else failures[rank]!r}; "
-                        "run with --verbose for the worker logs")
+        return RunError(f"worker {rank} failed{spent}: {lines[-1] if lines else failures[rank]!r};"
+                        " run with --verbose for the worker logs")
     return RunError(f"the evaluation run failed: {str(e).splitlines()[0]}")

@@ -7,6 +7,7 @@
     ├── CheckpointError          one checkpoint: missing, corrupt, unsafe, or not fitting the model
     ├── StoreError               the result store: cannot be read or written
     └── RunError                 the run itself: cluster start-up, worker failure, row-count mismatch
+        └── GroupError           a rank died or stalled: the worker group restarts (recovery.max_restarts)
 
 Every message says what is at fault, which thing, and how to fix it. Errors raised inside Ray
 workers cross process boundaries, so each class pickles with its message (``__reduce__``).
@@ -51,3 +52,7 @@ class StoreError(RayevalError):
 
 class RunError(RayevalError):
     """The evaluation run failed as a whole."""
+
+
+class GroupError(RunError):
+    """A rank of the worker group died or stalled; the group is restarted, budget permitting."""

@@ -238,6 +238,59 @@ def to_csv(board: Board) -> str:
     return out.getvalue()
 
 
+_CSS = """
+body { font: 14px/1.4 system-ui, sans-serif; margin: 2em; color: #222; }
+table { border-collapse: collapse; }
+th, td { padding: .3em .7em; border-bottom: 1px solid #ddd; text-align: right;
+         white-space: nowrap; }
+th { background: #f4f4f4; position: sticky; top: 0; }
+td.name, th.name { text-align: left; }
+tr.best td { background: #e8f6e8; font-weight: 600; }
+td.tied { background: #f3f9f3; }
+th.rank-by { text-decoration: underline; }
+.ci { color: #777; font-size: 90%; }
+caption { caption-side: bottom; color: #555; padding-top: .6em; text-align: left; }
+"""
+
+
+def to_html(board: Board, title: str = "rayeval leaderboard") -> str:
+    """A self-contained page (inline style, no scripts or links to fetch)."""
+    from html import escape
+
+    names = _short_names(board.entries)
+    arrow = "higher is better" if board.higher_is_better else "lower is better"
+    head = "".join(f'<th class="name">{h}</th>' if h in ("sweep", "dataset", "checkpoint")
+                   else f"<th>{h}</th>" for h in ("rank", "sweep", "dataset", "checkpoint", "step"))
+    head += "".join(f'<th class="{"rank-by" if m == board.rank_by else ""}">{escape(m)}</th>'
+                    for m in board.metrics)
+    body = []
+    for e in board.entries:
+        cells = [f"<td>{e.rank}{' *' if e.best else ''}</td>",
+                 f'<td class="name">{escape(e.sweep)}</td>',
+                 f'<td class="name">{escape(e.dataset)}</td>',
+                 f'<td class="name" title="{escape(e.checkpoint)}">'
+                 f"{escape(names[e.checkpoint])}</td>",
+                 f"<td>{'-' if e.step is None else e.step}</td>"]
+        for m in board.metrics:
+            row = e.rows.get(m)
+            mark = e.marks.get(m, "")
+            text = "-" if row is None else _fmt(row["value"])
+            if row is not None and row.get("ci_low") is not None:
+                text += f' <span class="ci">[{_fmt(row["ci_low"])}, {_fmt(row["ci_high"])}]</span>'
+            cls = ' class="tied"' if mark == "~" else ""
+            cells.append(f"<td{cls}>{text}{mark}</td>")
+        tr = '<tr class="best">' if e.best else "<tr>"
+        body.append(tr + "".join(cells) + "</tr>")
+    caption = (f"ranked by {escape(board.rank_by)} ({arrow}) within each data set; "
+               "[low, high]: bootstrap interval; *: best; ~: not distinguishable from the best "
+               "(the paired interval of the difference contains 0)")
+    return (f"<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
+            f"<title>{escape(title)}</title><style>{_CSS}</style></head><body>\n"
+            f"<h1>{escape(title)}</h1>\n<table><caption>{caption}</caption>\n"
+            f"<thead><tr>{head}</tr></thead>\n<tbody>\n" + "\n".join(body)
+            + "\n</tbody></table>\n</body></html>\n")
+
+
 def to_json(rows: list[dict], replicates: bool = False) -> str:
     def clean(r: dict) -> dict:
         out = dict(r)

@@ -39,6 +39,12 @@ class DatasetSpec:
 
 
 @dataclass(frozen=True)
+class Recovery:
+    max_restarts: int = 3                # worker-group restarts after a worker dies or stalls
+    stall_timeout_s: int = 600           # a rank this late to a sync point fails the group
+
+
+@dataclass(frozen=True)
 class Sweep:
     name: str
     model: ModelSpec
@@ -54,6 +60,7 @@ class Sweep:
     source: str = ""                     # the sweep file, for messages
     bootstrap: Bootstrap = Bootstrap()
     checkpoint: CheckpointSpec = CheckpointSpec()
+    recovery: Recovery = Recovery()
 
     def with_overrides(self, *, workers: int | None = None, output: str | None = None) -> "Sweep":
         """The CLI's ``--workers`` / ``--output`` (relative output taken from the cwd)."""
@@ -69,7 +76,7 @@ class Sweep:
 
 _TOP_KEYS = {
     "name", "model", "checkpoints", "dataset", "task", "metrics", "batch_size", "workers",
-    "use_gpu", "output", "bootstrap", "checkpoint",
+    "use_gpu", "output", "bootstrap", "checkpoint", "recovery",
 }
 
 
@@ -174,12 +181,21 @@ def parse_sweep(raw: Any, *, base_dir: str, source: str = "<sweep>") -> Sweep:
         trust_pickle=r.boolean(ck_raw, "trust_pickle", default=False,
                                path="checkpoint.trust_pickle"),
     )
+    rec_raw = r.mapping(r.get(top, "recovery", default={}), "recovery",
+                        {"max_restarts", "stall_timeout_s"})
+    recovery = Recovery(
+        max_restarts=r.integer(rec_raw, "max_restarts", default=Recovery.max_restarts,
+                               minimum=0, path="recovery.max_restarts"),
+        stall_timeout_s=r.integer(rec_raw, "stall_timeout_s", default=Recovery.stall_timeout_s,
+                                  minimum=1, path="recovery.stall_timeout_s"),
+    )
 
     return Sweep(
         name=name, model=ModelSpec(factory=factory, kwargs=dict(kwargs), dtype=dtype),
         checkpoints=tuple(checkpoints), dataset=dataset, task=task, metrics=tuple(metrics),
         batch_size=batch_size, workers=workers, use_gpu=use_gpu, output=output,
         base_dir=base_dir, source=source, bootstrap=bootstrap, checkpoint=checkpoint,
+        recovery=recovery,
     )
 
 

@@ -23,10 +23,11 @@ from .checkpoints import fetch
 from .loading import DTYPES, LeanLoader
 from . import stats
 from .data import batch_tensors, row_ids
-from .errors import CheckpointError
+from .errors import CheckpointError, GroupError, RayevalError, RunError
 from .evaluate import ROWS, Pass, finalize, output_size
 from .model import import_callable
 from .plan import Plan
+from .progress import WorkerProgress
 from .store import ResultStore
 
 DATASET = "eval"
@@ -116,11 +117,41 @@ class Shard:
 
 
 def evaluate_plan(config: dict) -> list[dict]:
-    """The train_loop_per_worker of the evaluation TorchTrainer; rank 0 returns the outcomes."""
+    """The train_loop_per_worker of the evaluation TorchTrainer; rank 0 returns the outcomes.
+
+    A restarted group (a worker died or stalled) asks the tracker which cells are finished and
+    goes on from the first unfinished one; a cell's rows are counted only in the pass that
+    publishes it, so nothing is counted twice."""
     plan: Plan = config["plan"]
+    rank = ray.train.get_context().get_world_rank()
+    progress = WorkerProgress(config.get("tracker"), rank)
+    attempt, done, fatal = progress.start()
+    if fatal is not None:
+        return []          # an earlier attempt met bad input: a restart would meet it again
+    try:
+        return _evaluate_cells(plan, [c for c in plan.cells if c.key not in done], progress,
+                               attempt)
+    except GroupError as e:
+        progress.problem(e.message)
+        raise
+    except RayevalError as e:
+        progress.fatal(e)
+        raise
+    except Exception as e:
+        progress.problem(f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
+        raise
+
+
+def _evaluate_cells(plan: Plan, cells: list, progress: WorkerProgress,
+                    attempt: int) -> list[dict]:
     sweep = plan.sweep
+    timeout = sweep.recovery.stall_timeout_s
     rank = ray.train.get_context().get_world_rank()
     world = ray.train.get_context().get_world_size()
+    most, neg_least = dist.all_reduce_max([len(cells), -len(cells)], "the start", timeout)
+    if most != -neg_least:
+        raise RunError(f"workers disagree on the cells left ({int(-neg_least)} to {int(most)}); "
+                       "please report this bug")
     device = ray.train.torch.get_device()
     baseline = _peak_rss()
     factory = import_callable(sweep.model.factory, sweep.base_dir)
@@ -130,28 +161,39 @@ def evaluate_plan(config: dict) -> list[dict]:
     shard = Shard(ray.train.get_dataset_shard(DATASET), plan)
     store = ResultStore(sweep.output) if rank == 0 else None
     cache_dir = os.path.join(tempfile.gettempdir(), "rayeval-checkpoints")
+    index_of = {c.key: i for i, c in enumerate(plan.cells)}
     size = None
     outcomes = []
 
-    for cell in plan.cells:
+    def finish(cell, outcome):
+        outcomes.append(outcome)
+        if rank == 0:
+            progress.finish(cell.key, outcome)
+
+    for cell in cells:
         start = time.perf_counter()
         ref = cell.checkpoint
+        index = index_of[cell.key]
         error = None
         model = None          # the previous checkpoint's weights are freed before the next load
+        progress.rows(index, 0, force=True)
         try:
             model, raw = loader.load(fetch(ref.location, cache_dir))
         except CheckpointError as e:
             error = e.message
-        (any_failed,) = dist.all_reduce_max([1.0 if error else 0.0])
+        dist.sync(f"the load of {ref.location}", timeout)
+        (any_failed,) = dist.all_reduce_max([1.0 if error else 0.0], f"the load of {ref.location}",
+                                            timeout)
         if any_failed:
-            outcomes.append(_failure(ref, error or f"{ref.location}: could not be loaded on "
-                                                   "another worker; see the worker logs"))
+            finish(cell, _failure(ref, error or f"{ref.location}: could not be loaded on "
+                                                "another worker; see the worker logs"))
             continue
 
         step = raw.step if raw.step is not None else ref.step   # Lightning's global_step
         if size is None:   # the same on every rank: same model, same zeros input
             size = output_size(model, sweep.task, plan.dataset.input_shape, device)
         p = Pass(model, metrics, size, device, sweep.task, sweep.bootstrap.k)
+        rows = 0
         for x, y, buckets in shard:
             if error:
                 continue          # finish the pass: every rank must drain its split
@@ -159,22 +201,27 @@ def evaluate_plan(config: dict) -> list[dict]:
                 p.update(x, y, buckets)
             except CheckpointError as e:
                 error = f"{ref.location}: {e.message}"
+            rows += len(buckets)
+            progress.rows(index, rows)
+        progress.rows(index, rows, force=True)
         states = dict(p.states)
         states[_FAILED] = torch.tensor(1 if error else 0, dtype=torch.int64)
         states[_CACHE_OVERFLOW] = torch.tensor(int(shard.overflowed), dtype=torch.int64)
-        merged = dist.all_reduce_states(states)          # the one collective of this cell
+        where = f"the end of the pass over {ref.location}"
+        dist.sync(where, timeout)
+        merged = dist.all_reduce_states(states, where, timeout)   # the one state all-reduce
         shard.agree(bool(merged[_CACHE_OVERFLOW]))
         if merged[_FAILED]:
-            outcomes.append(_failure(ref, error or f"{ref.location}: failed on another worker; "
-                                                   "see the worker logs"))
+            finish(cell, _failure(ref, error or f"{ref.location}: failed on another worker; "
+                                                "see the worker logs"))
             continue
         if rank != 0:
             continue
         counted = int(merged[ROWS])
         if counted != plan.dataset.num_rows:
-            outcomes.append(_failure(ref, f"{ref.location}: counted {counted} rows but the data "
-                                          f"set has {plan.dataset.num_rows}; not published "
-                                          "(a sharding bug: please report it)"))
+            finish(cell, _failure(ref, f"{ref.location}: counted {counted} rows but the data "
+                                       f"set has {plan.dataset.num_rows}; not published "
+                                       "(a sharding bug: please report it)"))
             continue
         results = finalize(metrics, merged, size, sweep.bootstrap)
         higher = {key: bool(getattr(m, "higher_is_better", True)) for key, m in metrics}
@@ -186,10 +233,11 @@ def evaluate_plan(config: dict) -> list[dict]:
              "replicates": r.replicates, "matrix": r.matrix,
              "bootstrap": sweep.bootstrap.key if r.replicates is not None else None}
             for key, r in results.items()])
-        outcomes.append({"checkpoint": ref.location, "step": step, "ok": True,
-                         "values": {k: r.value for k, r in results.items()}, "rows": counted,
-                         "seconds": time.perf_counter() - start, "layout": raw.layout,
-                         "peak_rss_bytes": _peak_rss(), "baseline_rss_bytes": baseline})
+        finish(cell, {"checkpoint": ref.location, "step": step, "ok": True,
+                      "values": {k: r.value for k, r in results.items()}, "rows": counted,
+                      "seconds": time.perf_counter() - start, "layout": raw.layout,
+                      "peak_rss_bytes": _peak_rss(), "baseline_rss_bytes": baseline,
+                      "attempt": attempt})
     return outcomes
 
 

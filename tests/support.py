@@ -32,6 +32,33 @@ MODEL_MODULE = textwrap.dedent('''
 
     def not_a_module(**kwargs):
         return 42
+
+
+    class Trap(torch.nn.Sequential):
+        """The tiny model, slowed by ``delay`` seconds a batch, with a one-shot trap for fault
+        tests: once the file ``trap`` appears, the first worker to run a batch takes it
+        (writing its rank to ``trap.fired``) and dies by SIGKILL (``action: kill``) or hangs
+        (``action: hang``)."""
+
+        def __init__(self, trap, action="kill", delay=0.0, features=8, hidden=16, classes=4):
+            super().__init__(torch.nn.Linear(features, hidden), torch.nn.Tanh(),
+                             torch.nn.Linear(hidden, classes))
+            self.trap, self.action, self.delay = trap, action, delay
+
+        def forward(self, x):
+            import os, signal, time
+            import torch.distributed as d
+
+            time.sleep(self.delay)
+            try:
+                os.rename(self.trap, self.trap + ".taken")     # atomic: one taker
+            except FileNotFoundError:
+                return super().forward(x)
+            with open(self.trap + ".fired", "w") as f:
+                f.write(str(d.get_rank() if d.is_initialized() else 0))
+            if self.action == "kill":
+                os.kill(os.getpid(), signal.SIGKILL)
+            time.sleep(600)
 ''')
 
 

@@ -29,11 +29,12 @@ def test_every_sweep_key_is_documented():
     from rayeval.spec import _TOP_KEYS
 
     text = open(os.path.join(REPO, "README.md"), encoding="utf-8").read()
-    for key in sorted(_TOP_KEYS - {"model", "dataset", "bootstrap", "checkpoint"}) + ["model.factory", "model.kwargs", "dataset.path",
+    for key in sorted(_TOP_KEYS - {"model", "dataset", "bootstrap", "checkpoint", "recovery"}) + ["model.factory", "model.kwargs", "dataset.path",
                                     "dataset.inputs", "dataset.target", "dataset.id",
                                     "dataset.name", "dataset.ignore_index", "dataset.pad_id",
                                     "model.dtype", "checkpoint.key", "checkpoint.strip_prefix",
                                     "checkpoint.trust_pickle", "bootstrap.replicates",
                                     "bootstrap.confidence", "bootstrap.seed",
-                                    "bootstrap.buckets"]:
+                                    "bootstrap.buckets", "recovery.max_restarts",
+                                    "recovery.stall_timeout_s"]:
         assert f"| `{key}` |" in text, key

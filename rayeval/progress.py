@@ -1,0 +1,291 @@
+"""Where a run stands, from the workers to the driver's screen.
+
+One small ``Tracker`` actor, owned by the driver, outlives worker-group restarts. The workers
+tell it how many rows they have done in the checkpoint in flight (throttled, fire-and-forget)
+and rank 0 tells it each finished cell with its outcome. The driver reads it to draw progress,
+and a restarted group reads it to go on from the first unfinished checkpoint.
+
+The display is a rich progress bar on a terminal, plain periodic lines otherwise (CI, Ray Job
+logs), or nothing (``--quiet``).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import dataclass
+
+
+class Tracker:
+    """Plain Python state; the driver runs it as a Ray actor with ``ray.remote``."""
+
+    def __init__(self, cells: list[tuple[str, str]], rows_per_cell: int):
+        self.cells = list(cells)                  # (key, checkpoint location), plan order
+        self.rows_per_cell = rows_per_cell
+        self.outcomes: dict[str, dict] = {}       # key -> outcome of a finished cell
+        self.in_flight: dict[int, tuple[int, int]] = {}   # rank -> (cell index, rows done)
+        self.attempts = 0
+        self.problems: list[str] = []             # what failed the earlier attempts
+        self.fatal_error: Exception | None = None  # bad input: a restart would fail again
+
+    def start_attempt(self) -> int:
+        self.attempts += 1
+        self.in_flight.clear()
+        return self.attempts
+
+    def get_attempts(self) -> int:
+        return self.attempts
+
+    def done_keys(self) -> list[str]:
+        return list(self.outcomes)
+
+    def rows(self, rank: int, index: int, rows: int) -> None:
+        self.in_flight[rank] = (index, rows)
+
+    def finish(self, key: str, outcome: dict) -> None:
+        self.outcomes[key] = outcome
+        for rank, (index, _) in list(self.in_flight.items()):
+            if self.cells[index][0] == key:
+                del self.in_flight[rank]
+
+    def problem(self, message: str) -> None:
+        if message not in self.problems:
+            self.problems.append(message)
+
+    def fatal(self, error: Exception) -> None:
+        if self.fatal_error is None:
+            self.fatal_error = error
+
+    def get_fatal(self) -> Exception | None:
+        return self.fatal_error
+
+    def results(self) -> dict[str, dict]:
+        return dict(self.outcomes)
+
+    def snapshot(self) -> dict:
+        current = [i for i, _ in self.in_flight.values()
+                   if self.cells[i][0] not in self.outcomes]
+        return {
+            "total": len(self.cells),
+            "done": len(self.outcomes),
+            "failed": sum(1 for o in self.outcomes.values() if not o["ok"]),
+            "rows_in_flight": sum(r for i, r in self.in_flight.values()
+                                  if self.cells[i][0] not in self.outcomes),
+            "current": self.cells[min(current)][1] if current else None,
+            "rows_per_cell": self.rows_per_cell,
+            "attempts": self.attempts,
+            "problems": list(self.problems),
+        }
+
+
+class WorkerProgress:
+    """A worker's side of the tracker; every call is a no-op without one."""
+
+    INTERVAL_S = 0.5
+
+    def __init__(self, tracker, rank: int):
+        self.tracker = tracker
+        self.rank = rank
+        self._last = 0.0
+
+    def _get(self, ref, timeout: float = 30.0):
+        import ray
+
+        return ray.get(ref, timeout=timeout)
+
+    def start(self) -> tuple[int, set[str], Exception | None]:
+        """(this attempt's number, keys of cells already finished, an earlier attempt's fatal
+        error). Rank 0 opens the attempt; the others only read."""
+        if self.tracker is None:
+            return 1, set(), None
+        if self.rank == 0:
+            attempt = self._get(self.tracker.start_attempt.remote())
+        else:
+            attempt = self._get(self.tracker.get_attempts.remote())
+        return (attempt, set(self._get(self.tracker.done_keys.remote())),
+                self._get(self.tracker.get_fatal.remote()))
+
+    def rows(self, index: int, rows: int, force: bool = False) -> None:
+        now = time.monotonic()
+        if self.tracker is not None and (force or now - self._last >= self.INTERVAL_S):
+            self._last = now
+            self.tracker.rows.remote(self.rank, index, rows)
+
+    def finish(self, key: str, outcome: dict) -> None:
+        if self.tracker is not None:
+            self._get(self.tracker.finish.remote(key, outcome))
+
+    def problem(self, message: str) -> None:
+        """Say why this attempt is failing, before the error takes the group down."""
+        if self.tracker is not None:
+            try:
+                self._get(self.tracker.problem.remote(f"rank {self.rank}: {message}"), 5.0)
+            except Exception:   # noqa: BLE001 - the original error matters more
+                pass
+
+    def fatal(self, error: Exception) -> None:
+        if self.tracker is not None:
+            try:
+                self._get(self.tracker.fatal.remote(error), 5.0)
+            except Exception:   # noqa: BLE001
+                pass
+
+
+@dataclass
+class Status:
+    """What the display shows, derived from a tracker snapshot."""
+    total: int
+    done: int
+    failed: int
+    current: str | None
+    rows_per_s: float | None
+    eta_s: float | None
+    fraction: float           # of all rows to evaluate in this run
+    attempts: int
+    problems: list[str]
+
+
+class Rate:
+    """Rows per second, smoothed over snapshots taken by the driver."""
+
+    def __init__(self, rows_per_cell: int, window_s: float = 20.0):
+        self.rows_per_cell = rows_per_cell
+        self.window_s = window_s
+        self.samples: list[tuple[float, int]] = []
+        self.seen = 0          # rows before a restart are not lost for the rate
+
+    def status(self, snap: dict, now: float) -> Status:
+        total_rows = snap["total"] * self.rows_per_cell
+        processed = snap["done"] * self.rows_per_cell + snap["rows_in_flight"]
+        processed = min(processed, total_rows)
+        if processed or not self.samples:      # the rate starts with the first rows
+            if self.samples and self.samples[0][1] == 0 and processed:
+                self.samples.clear()
+            self.samples.append((now, processed))
+        while len(self.samples) > 2 and now - self.samples[1][0] > self.window_s:
+            self.samples.pop(0)
+        (t0, r0), (t1, r1) = self.samples[0], self.samples[-1]
+        rate = (r1 - r0) / (t1 - t0) if t1 > t0 and r1 > r0 else None
+        left = total_rows - processed
+        eta = left / rate if rate else (0.0 if left == 0 else None)
+        return Status(total=snap["total"], done=snap["done"], failed=snap["failed"],
+                      current=snap["current"], rows_per_s=rate, eta_s=eta,
+                      fraction=processed / total_rows if total_rows else 1.0,
+                      attempts=snap["attempts"], problems=snap["problems"])
+
+
+def fmt_duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "?"
+    seconds = int(round(seconds))
+    h, rest = divmod(seconds, 3600)
+    m, s = divmod(rest, 60)
+    return f"{h}:{m:02d}:{s:02d}" if h else f"{m}:{s:02d}"
+
+
+def fmt_rate(rate: float | None) -> str:
+    if rate is None:
+        return "? rows/s"
+    return f"{rate / 1000:,.1f}k rows/s" if rate >= 10_000 else f"{rate:,.0f} rows/s"
+
+
+def short(location: str | None) -> str:
+    return location.rstrip("/").rsplit("/", 1)[-1] if location else "-"
+
+
+def line(s: Status, elapsed: float) -> str:
+    """One plain progress line."""
+    if s.attempts == 0:
+        return f"[rayeval] starting the worker group, elapsed {fmt_duration(elapsed)}"
+    parts = [f"[rayeval] {s.done}/{s.total} checkpoints", f"{s.fraction:.0%} of rows",
+             fmt_rate(s.rows_per_s), f"elapsed {fmt_duration(elapsed)}",
+             f"left ~{fmt_duration(s.eta_s)}"]
+    if s.failed:
+        parts.insert(1, f"{s.failed} failed")
+    if s.current:
+        parts.append(f"now {short(s.current)}")
+    return ", ".join(parts)
+
+
+class LineDisplay:
+    """Periodic plain lines, for logs."""
+
+    def __init__(self, stream=None, interval_s: float = 10.0):
+        self.stream = stream or sys.stderr
+        self.interval_s = interval_s
+        self.last = -float("inf")
+        self.attempts_seen = 1
+        self.problems_seen = 0
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+    def say(self, text: str) -> None:
+        print(text, file=self.stream, flush=True)
+
+    def update(self, s: Status, elapsed: float, final: bool = False) -> None:
+        for p in s.problems[self.problems_seen:]:
+            self.say(f"[rayeval] worker failure: {p}")
+        self.problems_seen = len(s.problems)
+        if s.attempts > self.attempts_seen:
+            self.attempts_seen = s.attempts
+            self.say(f"[rayeval] worker group restarted (attempt {s.attempts}); going on from "
+                     f"the first unfinished checkpoint")
+        if final or elapsed - self.last >= self.interval_s:
+            self.last = elapsed
+            self.say(line(s, elapsed))
+
+
+class RichDisplay(LineDisplay):
+    """A live progress bar on a terminal; restarts and failures print above it."""
+
+    def __init__(self, console):
+        super().__init__()
+        from rich.progress import BarColumn, Progress, TextColumn
+
+        self.console = console
+        self.bar = Progress(TextColumn("[bold]{task.fields[cells]}"), BarColumn(),
+                            TextColumn("{task.percentage:>3.0f}%  {task.fields[rate]}  "
+                                       "elapsed {task.fields[elapsed]}  left ~{task.fields[eta]}"
+                                       "  {task.fields[now]}"),
+                            console=console, transient=False)
+        self.task = self.bar.add_task("eval", total=1.0, cells="", rate="", elapsed="",
+                                      eta="", now="")
+
+    def __enter__(self):
+        self.bar.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.bar.stop()
+        return False
+
+    def say(self, text: str) -> None:
+        self.console.print(text, markup=False, highlight=False)
+
+    def update(self, s: Status, elapsed: float, final: bool = False) -> None:
+        self.last = elapsed     # the bar is always current: no periodic lines
+        super().update(s, elapsed, final=False)
+        failed = f" ({s.failed} failed)" if s.failed else ""
+        self.bar.update(self.task, completed=s.fraction,
+                        cells=f"{s.done}/{s.total} checkpoints{failed}",
+                        rate=fmt_rate(s.rows_per_s), elapsed=fmt_duration(elapsed),
+                        eta=fmt_duration(s.eta_s),
+                        now=f"now {short(s.current)}" if s.current else "")
+
+
+class NullDisplay(LineDisplay):
+    def say(self, text: str) -> None:
+        pass
+
+
+def make_display(mode: str, console=None, interval_s: float = 10.0):
+    """``mode``: "auto" (rich on a terminal, lines otherwise), "lines", or "quiet"."""
+    if mode == "quiet":
+        return NullDisplay()
+    if mode == "auto" and console is not None and console.is_terminal:
+        return RichDisplay(console)
+    return LineDisplay(interval_s=interval_s)

@@ -1,0 +1,89 @@
+"""Tier 3: failures in a real local Ray run. A worker killed by SIGKILL mid-sweep is replaced
+and the sweep goes on from the first unfinished checkpoint with the numbers of an undisturbed
+run; a worker that hangs fails the run within the stall timeout, naming the worker and the
+checkpoint."""
+
+import os
+import re
+import threading
+import time
+
+import pytest
+
+from rayeval.driver import run_sweep
+from rayeval.errors import GroupError
+from rayeval.store import ResultStore
+from support import build_model, reference_metrics
+from test_ray_run import setup_sweep, stored
+
+pytestmark = pytest.mark.ray
+
+SEEDS = (1, 2, 3, 4)
+
+
+def arm_after_first_result(tmp_path, sweep) -> threading.Thread:
+    """Arm the model's trap once the first checkpoint is published: mid-sweep by design."""
+    results = os.path.join(sweep.output, "results")
+
+    def arm():
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            if os.path.isdir(results) and any(n.endswith(".parquet") and not n.startswith(".")
+                                              for n in os.listdir(results)):
+                (tmp_path / "trap").write_text("armed")
+                return
+            time.sleep(0.02)
+
+    thread = threading.Thread(target=arm, daemon=True)
+    thread.start()
+    return thread
+
+
+def trap_model(tmp_path, action):
+    # 4,000 rows, batches of 64, 20 ms a batch: about 1.3 s of batches per checkpoint, so the
+    # trap armed after the first result fires while later checkpoints are still to come.
+    return {"factory": "tiny_models:Trap",
+            "kwargs": {"trap": str(tmp_path / "trap"), "action": action, "delay": 0.02}}
+
+
+def test_a_worker_killed_mid_sweep_is_replaced_and_nothing_is_counted_twice(ray_cluster,
+                                                                             tmp_path):
+    sweep, x, y = setup_sweep(tmp_path, 4000, seeds=SEEDS, workers=2,
+                              model=trap_model(tmp_path, "kill"),
+                              recovery={"max_restarts": 2, "stall_timeout_s": 60})
+    armer = arm_after_first_result(tmp_path, sweep)
+    report = run_sweep(sweep)
+    armer.join(1)
+
+    assert (tmp_path / "trap.fired").exists(), "the trap fired: a worker was killed"
+    assert [o["ok"] for o in report.outcomes] == [True] * 4, report.outcomes
+    attempts = [o["attempt"] for o in report.outcomes]
+    assert attempts[0] == 1 and attempts[-1] == 2 and attempts == sorted(attempts), \
+        "finished checkpoints were kept; the restarted group evaluated the rest"
+    got = stored(sweep)
+    for s in SEEDS:
+        for metric, value in reference_metrics(build_model(seed=s), x, y).items():
+            row = got[(f"step_{s}.pt", metric)]
+            assert row["num_samples"] == len(y)
+            assert row["value"] == pytest.approx(value, rel=1e-9), (s, metric)
+    assert ResultStore(sweep.output).read().num_rows == 4 * 3, "one result per cell and metric"
+
+
+def test_a_hung_worker_fails_the_run_in_bounded_time_naming_it(ray_cluster, tmp_path):
+    sweep, x, y = setup_sweep(tmp_path, 4000, seeds=SEEDS, workers=2,
+                              model=trap_model(tmp_path, "hang"),
+                              recovery={"max_restarts": 0, "stall_timeout_s": 5})
+    armer = arm_after_first_result(tmp_path, sweep)
+    began = time.monotonic()
+    with pytest.raises(GroupError) as e:
+        run_sweep(sweep)
+    armer.join(1)
+    assert time.monotonic() - began < 90
+    hung = (tmp_path / "trap.fired").read_text()
+    found = re.search(r"worker rank (\d) did not reach the end of the pass over \S+/step_(\d)\.pt "
+                      r"within 5 s", e.value.message)
+    assert found, e.value.message
+    assert found.group(1) == hung, "the message names the worker that hung"
+    assert "recovery.max_restarts is 0" in e.value.message
+    published = {k[0] for k in stored(sweep)}
+    assert f"step_{found.group(2)}.pt" not in published and "step_1.pt" in published
