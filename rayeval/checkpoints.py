@@ -42,15 +42,28 @@ def parse_step(location: str) -> int | None:
     return int(numbers[-1]) if numbers else None
 
 
-def expand_checkpoints(patterns: tuple[str, ...], keys: tuple[str, ...] | None = None
-                       ) -> list[CheckpointRef]:
-    """Every checkpoint the patterns match, once each, ordered by step then location.
+IN_PROGRESS = (".tmp", ".part", ".partial", ".incomplete", ".lock")
 
-    A pattern that matches nothing is a SpecError naming it (``checkpoints[i]``)."""
+
+def in_progress(location: str) -> bool:
+    """A name that writers use before the final rename: hidden, or a temporary suffix."""
+    name = location.rstrip("/").rsplit("/", 1)[-1]
+    return name.startswith(".") or name.endswith(IN_PROGRESS)
+
+
+def expand_checkpoints(patterns: tuple[str, ...], keys: tuple[str, ...] | None = None,
+                       allow_empty: bool = False) -> list[CheckpointRef]:
+    """Every checkpoint the patterns match, once each, ordered by step then location. Globs
+    skip names still being written (``in_progress``).
+
+    A pattern that matches nothing is a SpecError naming it (``checkpoints[i]``), unless
+    ``allow_empty`` (watching for checkpoints still to come)."""
     seen: dict[str, CheckpointRef] = {}
     for i, pattern in enumerate(patterns):
         found = paths.glob(pattern)
-        if not found:
+        if paths.has_glob(pattern):
+            found = [f for f in found if not in_progress(f)]
+        if not found and not allow_empty:
             key = keys[i] if keys else f"checkpoints[{i}]"
             kind = "glob" if paths.has_glob(pattern) else "path"
             raise SpecError(f"{key}: {kind} {pattern!r} matches no file or folder; "
@@ -60,9 +73,10 @@ def expand_checkpoints(patterns: tuple[str, ...], keys: tuple[str, ...] | None =
     return sorted(seen.values(), key=lambda c: (c.step is None, c.step or 0, c.location))
 
 
-def fetch(location: str, cache_dir: str) -> str:
+def fetch(location: str, cache_dir: str, version: str = "") -> str:
     """A local path for a checkpoint location. Object-store checkpoints are copied into
-    ``cache_dir`` (keyed by location) once per node: the first worker on a node downloads under
+    ``cache_dir`` (keyed by location and ``version``, its fingerprint: a checkpoint rewritten
+    in place is fetched again) once per node: the first worker on a node downloads under
     a file lock, the others wait for it and reuse the copy."""
     if not paths.is_uri(location):
         return location
@@ -71,7 +85,7 @@ def fetch(location: str, cache_dir: str) -> str:
 
     import pyarrow.fs as pafs
 
-    digest = hashlib.sha256(location.encode()).hexdigest()[:16]
+    digest = hashlib.sha256(f"{location}|{version}".encode()).hexdigest()[:16]
     target = os.path.join(cache_dir, digest, location.rstrip("/").rsplit("/", 1)[-1])
     os.makedirs(os.path.dirname(target), exist_ok=True)
     with open(os.path.join(cache_dir, digest + ".lock"), "w") as lock:

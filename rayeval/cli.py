@@ -33,6 +33,19 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--quiet", action="store_true",
                      help="no progress display (only the results and errors)")
 
+    w = sub.add_parser("watch", help="evaluate checkpoints as a training run writes them, "
+                                     "until stopped")
+    w.add_argument("sweep", metavar="SWEEP", help="the sweep file (YAML)")
+    w.add_argument("--interval", type=float, default=30.0, metavar="S",
+                   help="seconds between looks at the checkpoint globs (default 30)")
+    w.add_argument("--settle", type=float, metavar="S",
+                   help="a checkpoint is ready once unchanged this long (default: --interval)")
+    w.add_argument("--workers", type=int, help="Ray Train workers (overrides the sweep)")
+    w.add_argument("--output", metavar="URI", help="result store (overrides the sweep)")
+    w.add_argument("--address", metavar="ADDR", help="an existing Ray cluster")
+    w.add_argument("--verbose", action="store_true", help="show Ray's and the workers' logs")
+    w.add_argument("--quiet", action="store_true", help="no progress display")
+
     lb = sub.add_parser("leaderboard", help="rank the checkpoints in a result store")
     lb.add_argument("store", metavar="STORE", help="a result store: folder or s3://bucket/prefix")
     lb.add_argument("--format", choices=("table", "json", "csv", "markdown", "html"),
@@ -76,6 +89,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "run":
             return _run(args, out, err)
+        if args.command == "watch":
+            return _watch(args, out, err)
         if args.command == "compare":
             return _compare(args, out)
         if args.command == "confusion":
@@ -123,6 +138,31 @@ def _run(args, out: Console, err: Console) -> int:
     for f in report.failures:
         err.print(f"[bold red]failed:[/] {f['error']}", soft_wrap=True)
     return EXIT_CELLS_FAILED if report.failures else EXIT_OK
+
+
+def _watch(args, out: Console, err: Console) -> int:
+    from .errors import SpecError
+    from .progress import make_display
+    from .spec import load_sweep
+    from .watch import watch
+
+    if args.interval <= 0 or (args.settle is not None and args.settle < 0):
+        raise SpecError("--interval must be above 0 and --settle at least 0 seconds")
+    sweep = load_sweep(args.sweep).with_overrides(workers=args.workers, output=args.output)
+    mode = "quiet" if args.quiet else "auto"
+
+    def say(text: str) -> None:
+        err.print(text, markup=False, highlight=False, soft_wrap=True)
+
+    try:
+        state = watch(sweep, interval_s=args.interval,
+                      settle_s=args.interval if args.settle is None else args.settle,
+                      address=args.address, verbose=args.verbose,
+                      display_for=lambda: make_display(mode, err), say=say)
+    except KeyboardInterrupt:
+        say("[rayeval] watch stopped; every result written so far is complete")
+        return 130
+    return EXIT_OK if not state.failed else EXIT_CELLS_FAILED
 
 
 def _stored_rows(args) -> list[dict]:

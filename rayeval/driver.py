@@ -58,6 +58,7 @@ def run_sweep(sweep: Sweep, *, address: str | None = None, force: bool = False,
                 import ray
 
                 ray.shutdown()
+            ResultStore(sweep.output).discard_partial(c.key for c in plan.cells)
     report.seconds = time.perf_counter() - start
     return report
 

@@ -23,6 +23,7 @@ from .store import ResultStore
 class Cell:
     checkpoint: CheckpointRef
     key: str                     # content key: the store's file name for this cell
+    fingerprint: str = ""        # the checkpoint's: a changed file is a new cell
 
 
 @dataclass(frozen=True)
@@ -45,15 +46,23 @@ def checkpoint_fingerprint(location: str) -> str:
     return hashlib.sha256("|".join(parts).encode()).hexdigest()[:16]
 
 
-def cell_key(sweep: Sweep, dataset: DatasetInfo, checkpoint: CheckpointRef) -> str:
+def cell_key(sweep: Sweep, dataset: DatasetInfo, checkpoint: CheckpointRef,
+             fingerprint: str | None = None) -> str:
+    """Everything a cell's numbers depend on: the checkpoint's bytes (by fingerprint), the data
+    set's, and how they are read and scored. Not the batch size or the worker count, which do
+    not change the numbers. The sweep name and the checkpoint's path are in it because the
+    stored rows carry them."""
+    ds = sweep.dataset
     ident = {
         "sweep": sweep.name,
         "checkpoint": checkpoint.location,
-        "checkpoint_fingerprint": checkpoint_fingerprint(checkpoint.location),
-        "dataset": sweep.dataset.name,
+        "checkpoint_fingerprint": fingerprint or checkpoint_fingerprint(checkpoint.location),
+        "checkpoint_options": [sweep.checkpoint.key, sweep.checkpoint.strip_prefix],
+        "dataset": ds.name,
         "dataset_fingerprint": dataset.fingerprint,
-        "columns": [sweep.dataset.inputs, sweep.dataset.target],
-        "model": [sweep.model.factory, sweep.model.kwargs],
+        "columns": [ds.inputs, ds.target],
+        "tokens": [ds.ignore_index, ds.pad_id] if sweep.task == "language_modeling" else None,
+        "model": [sweep.model.factory, sweep.model.kwargs, sweep.model.dtype],
         "task": sweep.task,
         "metrics": [m.key for m in sweep.metrics],
         "metric_params": [[m.name, m.params] for m in sweep.metrics],
@@ -70,7 +79,8 @@ def make_plan(sweep: Sweep, dataset: DatasetInfo, store: ResultStore | None,
     refs = expand_checkpoints(sweep.checkpoints)
     pending, cached = [], []
     for ref in refs:
-        cell = Cell(ref, cell_key(sweep, dataset, ref))
+        fingerprint = checkpoint_fingerprint(ref.location)
+        cell = Cell(ref, cell_key(sweep, dataset, ref, fingerprint), fingerprint)
         if not force and store is not None and store.has(cell.key):
             cached.append(cell)
         else:

@@ -146,28 +146,32 @@ class Status:
 
 
 class Rate:
-    """Rows per second, smoothed over snapshots taken by the driver."""
+    """Rows per second over the last ``window_s`` of snapshots, else since the workers began."""
 
     def __init__(self, rows_per_cell: int, window_s: float = 20.0):
         self.rows_per_cell = rows_per_cell
         self.window_s = window_s
         self.samples: list[tuple[float, int]] = []
-        self.seen = 0          # rows before a restart are not lost for the rate
+        self.began: float | None = None        # the first snapshot with the workers up
 
     def status(self, snap: dict, now: float) -> Status:
         total_rows = snap["total"] * self.rows_per_cell
-        processed = snap["done"] * self.rows_per_cell + snap["rows_in_flight"]
-        processed = min(processed, total_rows)
-        if processed or not self.samples:      # the rate starts with the first rows
-            if self.samples and self.samples[0][1] == 0 and processed:
-                self.samples.clear()
+        processed = min(snap["done"] * self.rows_per_cell + snap["rows_in_flight"], total_rows)
+        if snap["attempts"] and self.began is None:
+            self.began = now
+        if processed:             # start-up time is not part of the rate
             self.samples.append((now, processed))
         while len(self.samples) > 2 and now - self.samples[1][0] > self.window_s:
             self.samples.pop(0)
-        (t0, r0), (t1, r1) = self.samples[0], self.samples[-1]
-        rate = (r1 - r0) / (t1 - t0) if t1 > t0 and r1 > r0 else None
+        (t0, r0), (t1, r1) = (self.samples[0], self.samples[-1]) if self.samples else \
+            ((now, 0), (now, 0))
+        rate = None
+        if t1 > t0 and r1 > r0:
+            rate = (r1 - r0) / (t1 - t0)
+        elif self.began is not None and now > self.began and processed:
+            rate = processed / (now - self.began)
         left = total_rows - processed
-        eta = left / rate if rate else (0.0 if left == 0 else None)
+        eta = 0.0 if left == 0 else (left / rate if rate else None)
         return Status(total=snap["total"], done=snap["done"], failed=snap["failed"],
                       current=snap["current"], rows_per_s=rate, eta_s=eta,
                       fraction=processed / total_rows if total_rows else 1.0,
@@ -216,6 +220,7 @@ class LineDisplay:
         self.last = -float("inf")
         self.attempts_seen = 1
         self.problems_seen = 0
+        self.said = ""
 
     def __enter__(self):
         return self
@@ -236,7 +241,10 @@ class LineDisplay:
                      f"the first unfinished checkpoint")
         if final or elapsed - self.last >= self.interval_s:
             self.last = elapsed
-            self.say(line(s, elapsed))
+            text = line(s, elapsed)
+            if not (final and text.split(", elapsed")[0] == self.said.split(", elapsed")[0]):
+                self.say(text)
+            self.said = text
 
 
 class RichDisplay(LineDisplay):

@@ -86,6 +86,22 @@ class ResultStore:
                              "check the path and its permissions") from None
         return target
 
+    def discard_partial(self, cells) -> int:
+        """Remove the temporary files of these cells that an interrupted writer left behind
+        (local stores only: an object store shows an object only once it is complete)."""
+        if not isinstance(self.fs, pafs.LocalFileSystem) or not os.path.isdir(self.dir):
+            return 0
+        removed = 0
+        ends = tuple(f"-{c}.parquet" for c in cells)
+        for name in os.listdir(self.dir):
+            if name.startswith(".tmp-") and name.endswith(ends):
+                try:
+                    os.unlink(os.path.join(self.dir, name))
+                    removed += 1
+                except FileNotFoundError:
+                    pass
+        return removed
+
     def read(self) -> pa.Table:
         """Every stored row; an empty table when the store holds nothing yet."""
         try:

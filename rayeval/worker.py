@@ -178,7 +178,7 @@ def _evaluate_cells(plan: Plan, cells: list, progress: WorkerProgress,
         model = None          # the previous checkpoint's weights are freed before the next load
         progress.rows(index, 0, force=True)
         try:
-            model, raw = loader.load(fetch(ref.location, cache_dir))
+            model, raw = loader.load(fetch(ref.location, cache_dir, cell.fingerprint))
         except CheckpointError as e:
             error = e.message
         dist.sync(f"the load of {ref.location}", timeout)

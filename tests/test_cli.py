@@ -176,6 +176,12 @@ def test_quickstart_example_end_to_end(tmp_path):
     for name in ("step_000020.pt", "step_000060.pt", "step_000200.safetensors", "step_000600"):
         assert name in proc.stdout
     assert "4 checkpoint(s) evaluated" in proc.stdout
+    # Not a terminal: progress is plain lines on stderr, ending with everything done.
+    progress = [ln for ln in proc.stderr.splitlines() if ln.startswith("[rayeval] ")]
+    assert progress[0] == ("[rayeval] digits: 4 checkpoint(s), 0 already in the store (cached), "
+                           "4 to evaluate on 2003 rows")
+    assert progress[-1].startswith("[rayeval] 4/4 checkpoints, 100% of rows, ")
+    assert "rows/s" in progress[-1] and "left ~0:00" in progress[-1]
     rows = json.loads(rayeval_cli("leaderboard", str(example / "out"), "--format",
                                   "json").stdout)
     assert len(rows) == 12
@@ -186,6 +192,28 @@ def test_quickstart_example_end_to_end(tmp_path):
     again = rayeval_cli("run", str(example / "sweep.yaml"), cwd=str(tmp_path))
     assert again.returncode == 0 and "0 checkpoint(s) evaluated, 4 already in the store" in \
         again.stdout
+    assert "4 already in the store (cached), 0 to evaluate" in again.stderr
+    quiet = rayeval_cli("run", str(example / "sweep.yaml"), "--quiet", cwd=str(tmp_path))
+    assert quiet.returncode == 0 and quiet.stderr == ""
+
+    html = rayeval_cli("leaderboard", str(example / "out"), "--format", "html")
+    assert html.returncode == 0 and html.stdout.startswith("<!DOCTYPE html>")
+    assert "<script" not in html.stdout and "http" not in html.stdout, "self-contained"
+    assert html.stdout.count('<tr class="best">') == 1 and html.stdout.count("<tr") == 5
+    assert "step_000600" in html.stdout.split('<tr class="best">')[1].split("</tr>")[0]
+
+    png = tmp_path / "curves.png"
+    plotted = rayeval_cli("leaderboard", str(example / "out"), "--plot", str(png))
+    assert plotted.returncode == 0, plotted.stderr
+    from matplotlib.image import imread
+
+    image = imread(str(png))
+    assert image.shape[0] > 300 and image.shape[1] > 600
+    # Non-trivial: lines and bands in colour, not a blank canvas.
+    rgb = image[..., :3]
+    coloured = ((rgb.max(axis=2) - rgb.min(axis=2)) > 0.2).mean()
+    assert coloured > 0.002, coloured
+    assert not list(tmp_path.glob(".rayeval-plot-*")), "no temporary file left"
 
 
 @pytest.mark.ray

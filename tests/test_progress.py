@@ -40,11 +40,14 @@ def test_rate_and_time_left_from_snapshots():
     r = Rate(rows_per_cell=1000)
     snap = {"total": 4, "done": 0, "failed": 0, "rows_in_flight": 0, "current": None,
             "attempts": 1, "problems": []}
-    s = r.status(snap, now=0.0)
+    s = r.status({**snap, "attempts": 0}, now=0.0)
     assert s.rows_per_s is None and s.eta_s is None and s.fraction == 0
-    r.status({**snap, "rows_in_flight": 500}, now=10.0)    # start-up time does not count
+    s = r.status(snap, now=8.0)                           # workers up: the rate starts here
+    assert s.rows_per_s is None and s.eta_s is None
+    s = r.status({**snap, "rows_in_flight": 500}, now=10.0)
+    assert s.rows_per_s == 250.0, "one sample with rows: the average since the workers began"
     s = r.status({**snap, "done": 1, "rows_in_flight": 500}, now=11.0)
-    assert s.rows_per_s == 1000.0
+    assert s.rows_per_s == 1000.0, "then the rate over the window"
     assert s.eta_s == 2.5 and s.fraction == 1500 / 4000
     s = r.status({**snap, "done": 4}, now=13.0)
     assert s.eta_s == 0 and s.fraction == 1.0

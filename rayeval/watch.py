@@ -1,0 +1,131 @@
+"""``rayeval watch``: evaluate checkpoints as a training run writes them.
+
+Every ``interval`` seconds the sweep's globs are expanded again. A checkpoint is ready once its
+fingerprint (sizes and modification times of its files) has not changed for ``settle`` seconds;
+names still being written (hidden, ``.tmp``, ``.partial``, ...) are not even looked at. Ready
+checkpoints the store does not hold are evaluated in one ``TorchTrainer.fit()`` per poll, on a Ray
+that stays up between polls. A checkpoint that fails is not tried again until it changes.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+from . import driver
+from .checkpoints import CheckpointRef, expand_checkpoints
+from .data import inspect_dataset
+from .errors import GroupError, RunError
+from .model import build_model
+from .plan import Cell, Plan, cell_key, checkpoint_fingerprint
+from .spec import Sweep
+from .store import ResultStore
+
+
+class Settling:
+    """Which checkpoints have stopped changing."""
+
+    def __init__(self, settle_s: float):
+        self.settle_s = settle_s
+        self.seen: dict[str, tuple[str, float]] = {}   # location -> (fingerprint, since)
+
+    def ready(self, refs: list[CheckpointRef], now: float) -> list[tuple[CheckpointRef, str]]:
+        out = []
+        for ref in refs:
+            try:
+                fp = checkpoint_fingerprint(ref.location)
+            except OSError:          # gone between the glob and the stat: a writer's rename
+                continue
+            prev = self.seen.get(ref.location)
+            if prev is None or prev[0] != fp:
+                self.seen[ref.location] = (fp, now)
+            elif now - prev[1] >= self.settle_s:
+                out.append((ref, fp))
+        return out
+
+
+@dataclass
+class WatchState:
+    evaluated: int = 0
+    failed: set[str] = field(default_factory=set)     # cell keys: not retried until changed
+    known: set[str] = field(default_factory=set)      # cell keys the store holds
+
+
+def watch(sweep: Sweep, *, interval_s: float, settle_s: float, address: str | None = None,
+          verbose: bool = False, display_for: Callable = lambda: None,
+          say: Callable[[str], None] = print, stop: threading.Event | None = None) -> WatchState:
+    """Poll until ``stop`` is set or Ctrl-C (KeyboardInterrupt; SIGTERM is treated alike)."""
+    info = inspect_dataset(sweep.dataset, sweep.task)
+    build_model(sweep.model, sweep.base_dir, "meta")
+    store = ResultStore(sweep.output)
+    settling = Settling(settle_s)
+    state = WatchState()
+    stop = stop or threading.Event()
+    started = False
+    previous = _term_as_interrupt()
+    say(f"[rayeval] watching {', '.join(sweep.checkpoints)} every {interval_s:g} s "
+        f"(ready when unchanged for {settle_s:g} s); Ctrl-C stops")
+    try:
+        while True:
+            refs = expand_checkpoints(sweep.checkpoints, allow_empty=True)
+            pending = []
+            for ref, fp in settling.ready(refs, time.monotonic()):
+                cell = Cell(ref, cell_key(sweep, info, ref, fp), fp)
+                if cell.key in state.failed or cell.key in state.known:
+                    continue
+                if store.has(cell.key):
+                    state.known.add(cell.key)
+                    continue
+                pending.append(cell)
+            if pending:
+                if not started:
+                    started = driver._ensure_ray(sweep, address, verbose)
+                plan = Plan(sweep=sweep, dataset=info, cells=tuple(pending), cached=())
+                say(f"[rayeval] {len(pending)} new checkpoint(s): "
+                    + ", ".join(c.checkpoint.name for c in pending))
+                try:
+                    outcomes = driver._fit(plan, display_for())
+                except RunError as e:      # workers lost beyond the restart budget: next poll
+                    if type(e) is not RunError and not isinstance(e, GroupError):
+                        raise
+                    say(f"[rayeval] run failed: {e.message}; trying again at the next poll")
+                    outcomes = []
+                finally:
+                    store.discard_partial(c.key for c in pending)
+                by_location = {o["checkpoint"]: o for o in outcomes}
+                for cell in pending:
+                    o = by_location.get(cell.checkpoint.location)
+                    if o is None:
+                        continue
+                    if o["ok"]:
+                        state.known.add(cell.key)
+                        state.evaluated += 1
+                        values = ", ".join(f"{k} {v:.4f}" for k, v in o["values"].items()
+                                           if isinstance(v, float))
+                        say(f"[rayeval] {cell.checkpoint.name} (step {o['step']}): {values}")
+                    else:
+                        state.failed.add(cell.key)
+                        say(f"[rayeval] failed: {o['error']}")
+            if stop.wait(interval_s):
+                return state
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+        if started:
+            import ray
+
+            ray.shutdown()
+
+
+def _term_as_interrupt():
+    """SIGTERM (a pod or a supervisor stopping the watch) ends it like Ctrl-C."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+
+    def handler(signum, frame):
+        raise KeyboardInterrupt
+
+    return signal.signal(signal.SIGTERM, handler)
