@@ -60,17 +60,45 @@ def expand_checkpoints(patterns: tuple[str, ...], keys: tuple[str, ...] | None =
     ``allow_empty`` (watching for checkpoints still to come)."""
     seen: dict[str, CheckpointRef] = {}
     for i, pattern in enumerate(patterns):
-        found = paths.glob(pattern)
+        key = keys[i] if keys else f"checkpoints[{i}]"
+        try:
+            found = paths.glob(pattern)
+        except OSError as e:
+            raise SpecError(f"{key}: {paths.explain(e, pattern)}") from None
         if paths.has_glob(pattern):
             found = [f for f in found if not in_progress(f)]
+        if not found and (why := paths.missing_bucket(pattern)):
+            raise SpecError(f"{key}: {why}")
         if not found and not allow_empty:
-            key = keys[i] if keys else f"checkpoints[{i}]"
             kind = "glob" if paths.has_glob(pattern) else "path"
             raise SpecError(f"{key}: {kind} {pattern!r} matches no file or folder; "
                             "check the path (relative paths start at the sweep file's folder)")
         for location in found:
             seen.setdefault(location, CheckpointRef(location, parse_step(location)))
     return sorted(seen.values(), key=lambda c: (c.step is None, c.step or 0, c.location))
+
+
+def _download(fs, src: str, dest: str) -> None:
+    """Copy a file, or a folder with every file under it (hidden ones too: DCP's .metadata)."""
+    import shutil
+
+    import pyarrow.fs as pafs
+
+    def copy(path: str, out: str) -> None:
+        os.makedirs(os.path.dirname(out), exist_ok=True)
+        with fs.open_input_stream(path) as fin, open(out, "wb") as fout:
+            while chunk := fin.read(1 << 24):
+                fout.write(chunk)
+
+    if fs.get_file_info(src).type != pafs.FileType.Directory:
+        copy(src, dest)
+        return
+    shutil.rmtree(dest, ignore_errors=True)          # a partial copy from an earlier crash
+    os.makedirs(dest)
+    root = src.rstrip("/")
+    for item in fs.get_file_info(pafs.FileSelector(root, recursive=True)):
+        if item.type == pafs.FileType.File:
+            copy(item.path, os.path.join(dest, item.path[len(root):].lstrip("/")))
 
 
 def fetch(location: str, cache_dir: str, version: str = "") -> str:
@@ -95,15 +123,10 @@ def fetch(location: str, cache_dir: str, version: str = "") -> str:
         fs, src = paths.filesystem(location)
         tmp = target + ".partial"
         try:
-            if fs.get_file_info(src).type == pafs.FileType.Directory:
-                pafs.copy_files(src, tmp, source_filesystem=fs,
-                                destination_filesystem=pafs.LocalFileSystem())
-            else:
-                with fs.open_input_stream(src) as fin, open(tmp, "wb") as fout:
-                    while chunk := fin.read(1 << 24):
-                        fout.write(chunk)
+            _download(fs, src, tmp)
         except OSError as e:
-            raise CheckpointError(f"{location}: cannot fetch the checkpoint: {e}") from None
+            raise CheckpointError(f"{location}: cannot fetch the checkpoint: "
+                                  f"{paths.explain(e, location)}") from None
         os.replace(tmp, target)
         with open(os.path.join(os.path.dirname(target), ".fetched"), "a") as f:
             f.write(f"{os.getpid()}\n")      # who downloaded it: one line per download

@@ -46,6 +46,44 @@ def _parser() -> argparse.ArgumentParser:
     w.add_argument("--verbose", action="store_true", help="show Ray's and the workers' logs")
     w.add_argument("--quiet", action="store_true", help="no progress display")
 
+    sb = sub.add_parser("submit", help="run a sweep as a Ray Job on a cluster (Ray Jobs API)")
+    sb.add_argument("sweep", metavar="SWEEP", help="the sweep file (YAML)")
+    sb.add_argument("--address", metavar="URL",
+                    help="the cluster's dashboard, e.g. http://HEAD:8265 (default: RAY_ADDRESS)")
+    sb.add_argument("--no-wait", action="store_true",
+                    help="print the job id and return instead of streaming the job's log")
+    sb.add_argument("--workers", type=int, help="Ray Train workers (overrides the sweep)")
+    sb.add_argument("--output", metavar="URI",
+                    help="result store: s3://... or an absolute path the cluster shares")
+    sb.add_argument("--force", action="store_true",
+                    help="evaluate again cells the store already holds")
+
+    jb = sub.add_parser("jobs", help="the Ray Jobs of a cluster: status, logs, stop, list")
+    jsub = jb.add_subparsers(dest="action", required=True, metavar="ACTION")
+    for action, text in (("status", "a job's state"), ("logs", "a job's log"),
+                         ("stop", "stop a job")):
+        a = jsub.add_parser(action, help=text)
+        a.add_argument("job", metavar="ID", help="the job id `rayeval submit` printed")
+        a.add_argument("--address", metavar="URL", help="the cluster's dashboard")
+        if action == "logs":
+            a.add_argument("--follow", action="store_true", help="stream until the job ends")
+    jl = jsub.add_parser("list", help="every job on the cluster")
+    jl.add_argument("--address", metavar="URL", help="the cluster's dashboard")
+
+    kb = sub.add_parser("k8s", help="Kubernetes manifests (KubeRay)")
+    ksub = kb.add_subparsers(dest="action", required=True, metavar="ACTION")
+    kr = ksub.add_parser("render", help="print a ConfigMap and a RayJob that run a sweep")
+    kr.add_argument("sweep", metavar="SWEEP")
+    kr.add_argument("--image", required=True, help="the rayeval image (see k8s/Dockerfile)")
+    kr.add_argument("--workers", type=int, default=1, help="worker pods (default 1)")
+    kr.add_argument("--gpus-per-worker", type=int, default=1, metavar="G",
+                    help="GPUs per worker pod, one Ray Train worker each (default 1; 0: CPU)")
+    kr.add_argument("--cpus-per-worker", type=int, default=8, metavar="C")
+    kr.add_argument("--memory-per-worker", default="32Gi", metavar="M")
+    kr.add_argument("--namespace", metavar="NS")
+    kr.add_argument("--ttl", type=int, default=3600, metavar="S",
+                    help="seconds the finished job's cluster is kept (default 3600)")
+
     lb = sub.add_parser("leaderboard", help="rank the checkpoints in a result store")
     lb.add_argument("store", metavar="STORE", help="a result store: folder or s3://bucket/prefix")
     lb.add_argument("--format", choices=("table", "json", "csv", "markdown", "html"),
@@ -91,6 +129,19 @@ def main(argv: list[str] | None = None) -> int:
             return _run(args, out, err)
         if args.command == "watch":
             return _watch(args, out, err)
+        if args.command == "submit":
+            return _submit(args, err)
+        if args.command == "jobs":
+            return _jobs(args, out, err)
+        if args.command == "k8s":
+            from .k8s import render
+
+            sys.stdout.write(render(args.sweep, image=args.image, workers=args.workers,
+                                    gpus_per_worker=args.gpus_per_worker,
+                                    cpus_per_worker=args.cpus_per_worker,
+                                    memory_per_worker=args.memory_per_worker,
+                                    namespace=args.namespace, ttl_seconds=args.ttl))
+            return EXIT_OK
         if args.command == "compare":
             return _compare(args, out)
         if args.command == "confusion":
@@ -134,7 +185,9 @@ def _run(args, out: Console, err: Console) -> int:
     done = len(plan.cells) - len(report.failures)
     out.print(f"{done} checkpoint(s) evaluated, {len(plan.cached)} already in the store, "
               f"{len(report.failures)} failed; {plan.dataset.num_rows} rows, "
-              f"{sweep.workers} worker(s), {report.seconds:.1f} s; results in {sweep.output}")
+              f"{sweep.workers} worker(s)"
+              + (f" on {report.nodes} node(s)" if report.nodes else "")
+              + f", {report.seconds:.1f} s; results in {sweep.output}")
     for f in report.failures:
         err.print(f"[bold red]failed:[/] {f['error']}", soft_wrap=True)
     return EXIT_CELLS_FAILED if report.failures else EXIT_OK
@@ -165,6 +218,58 @@ def _watch(args, out: Console, err: Console) -> int:
     return EXIT_OK if not state.failed else EXIT_CELLS_FAILED
 
 
+def _submit(args, err: Console) -> int:
+    from . import jobs
+
+    client, job_id, pkg = jobs.submit(args.sweep, args.address, workers=args.workers,
+                                      output=args.output, force=args.force)
+    if args.no_wait:
+        print(job_id, flush=True)
+        return EXIT_OK
+    err.print(f"[rayeval] submitted job {job_id} ({pkg.bytes / (1 << 20):.1f} MiB of "
+              f"{pkg.folder}); following its log (Ctrl-C stops following, not the job)",
+              markup=False, highlight=False, soft_wrap=True)
+    try:
+        status = jobs.follow(client, job_id)
+    except KeyboardInterrupt:
+        err.print(f"[rayeval] stopped following; job {job_id} goes on: `rayeval jobs status "
+                  f"{job_id}` or `rayeval jobs stop {job_id}`", markup=False, highlight=False,
+                  soft_wrap=True)
+        return 130
+    code = jobs.exit_code(client, job_id)
+    err.print(f"[rayeval] job {job_id}: {status.rsplit('.', 1)[-1]}"
+              + (f" (exit status {code})" if code else ""), markup=False, highlight=False)
+    return code
+
+
+def _jobs(args, out: Console, err: Console) -> int:
+    from . import jobs
+
+    client = jobs.client(args.address)
+    if args.action == "list":
+        for info in jobs._call("list", client.list_jobs):
+            sid = info.submission_id or info.job_id
+            print(f"{sid}\t{str(info.status).rsplit('.', 1)[-1]}\t{info.entrypoint}")
+        return EXIT_OK
+    what = f"job {args.job}"
+    if args.action == "stop":
+        stopped = jobs._call(what, client.stop_job, args.job)
+        print(f"{args.job}: {'stop requested' if stopped else 'not running'}")
+        return EXIT_OK
+    if args.action == "logs":
+        if args.follow:
+            jobs.follow(client, args.job)
+        else:
+            sys.stdout.write(jobs._call(what, client.get_job_logs, args.job))
+        return EXIT_OK
+    info = jobs._call(what, client.get_job_info, args.job)
+    status = str(info.status).rsplit(".", 1)[-1]
+    print(f"{args.job}: {status}" + (f" - {info.message}" if info.message else ""))
+    if status == "SUCCEEDED":
+        return EXIT_OK
+    return 3 if status in ("PENDING", "RUNNING") else EXIT_CELLS_FAILED
+
+
 def _stored_rows(args) -> list[dict]:
     """The newest stored rows of a STORE argument, filtered by --sweep / --dataset."""
     import os
@@ -176,6 +281,8 @@ def _stored_rows(args) -> list[dict]:
 
     location = paths.resolve(args.store, os.getcwd())
     store = ResultStore(location)
+    if paths.is_uri(location):
+        store.check("STORE")
     if not paths.is_uri(location) and not os.path.isdir(location):
         raise StoreError(f"STORE: no result store at {args.store!r}; give the output folder of "
                          "a sweep")

@@ -32,12 +32,17 @@ class DatasetInfo:
 
 def find_files(location: str) -> list[str]:
     """The parquet files of a data set given as a file, a folder or a glob."""
-    if paths.has_glob(location):
-        files = [f for f in paths.glob(location) if not paths.is_dir(f)]
-    elif paths.is_dir(location):
-        files = paths.list_files(location, PARQUET_SUFFIXES) or paths.list_files(location)
-    else:
-        files = paths.glob(location)
+    try:
+        if paths.has_glob(location):
+            files = [f for f in paths.glob(location) if not paths.is_dir(f)]
+        elif paths.is_dir(location):
+            files = paths.list_files(location, PARQUET_SUFFIXES) or paths.list_files(location)
+        else:
+            files = paths.glob(location)
+    except OSError as e:
+        raise DataError(f"dataset.path: {paths.explain(e, location)}") from None
+    if not files and (why := paths.missing_bucket(location)):
+        raise DataError(f"dataset.path: {why}")
     if not files:
         raise DataError(f"dataset.path: no parquet file found at {location!r}; check the path "
                         "(relative paths start at the sweep file's folder)")

@@ -23,6 +23,7 @@ class RunReport:
     plan: Plan
     outcomes: list[dict] = field(default_factory=list)   # one per pending cell, in plan order
     seconds: float = 0.0
+    nodes: int = 0                # Ray nodes the workers ran on (of the last attempt)
 
     @property
     def failures(self) -> list[dict]:
@@ -37,7 +38,9 @@ def prepare(sweep: Sweep, force: bool = False) -> Plan:
     """Everything that can fail on bad input, before any cluster starts."""
     info = inspect_dataset(sweep.dataset, sweep.task)
     build_model(sweep.model, sweep.base_dir, "meta")   # imports and calls the factory, no memory
-    return make_plan(sweep, info, ResultStore(sweep.output), force=force)
+    store = ResultStore(sweep.output)
+    store.check()
+    return make_plan(sweep, info, store, force=force)
 
 
 def run_sweep(sweep: Sweep, *, address: str | None = None, force: bool = False,
@@ -52,7 +55,7 @@ def run_sweep(sweep: Sweep, *, address: str | None = None, force: bool = False,
     if plan.cells:
         started = _ensure_ray(sweep, address, verbose)
         try:
-            report.outcomes = _fit(plan, display)
+            report.outcomes, report.nodes = _fit(plan, display)
         finally:
             if started:
                 import ray
@@ -148,9 +151,9 @@ def _read_dataset(plan: Plan):
     return ds.select_columns(columns(sweep.dataset))
 
 
-def _fit(plan: Plan, display=None) -> list[dict]:
+def _fit(plan: Plan, display=None) -> tuple[list[dict], int]:
     """One TorchTrainer.fit() over the plan's cells, in a thread while this one shows progress.
-    Returns an outcome per cell, in plan order; raises RunError when the run fails as a whole
+    Returns an outcome per cell, in plan order, and the number of nodes used; raises RunError when the run fails as a whole
     (restart budget spent) and the worker's own error for bad input."""
     import threading
 
@@ -169,7 +172,9 @@ def _fit(plan: Plan, display=None) -> list[dict]:
         evaluate_plan,
         train_loop_config={"plan": plan, "tracker": tracker},
         torch_config=TorchConfig(timeout_s=sweep.recovery.stall_timeout_s),
-        scaling_config=ray.train.ScalingConfig(num_workers=sweep.workers, use_gpu=sweep.use_gpu),
+        scaling_config=ray.train.ScalingConfig(
+            num_workers=sweep.workers, use_gpu=sweep.use_gpu,
+            resources_per_worker=dict(sweep.resources_per_worker) or None),
         datasets={DATASET: _read_dataset(plan)},
         dataset_config=ExactlyOnceSplit(),
         run_config=ray.train.RunConfig(
@@ -207,8 +212,9 @@ def _fit(plan: Plan, display=None) -> list[dict]:
     if error is not None:
         raise error
     finished = ray.get(tracker.results.remote())
+    nodes = ray.get(tracker.node_count.remote())
     ray.kill(tracker)
-    return [finished[c.key] for c in plan.cells if c.key in finished]
+    return [finished[c.key] for c in plan.cells if c.key in finished], nodes
 
 
 def _worker_error(e, restarts: int) -> RayevalError:

@@ -7,6 +7,7 @@ Relative paths in a sweep file are resolved against the sweep file's folder befo
 from __future__ import annotations
 
 import fnmatch
+import functools
 import os
 import re
 from typing import Iterable
@@ -32,12 +33,81 @@ def resolve(location: str, base_dir: str) -> str:
     return os.path.normpath(expanded)
 
 
+S3_MAX_ATTEMPTS = 10    # RAYEVAL_S3_MAX_ATTEMPTS overrides
+
+
 def filesystem(location: str) -> tuple[pafs.FileSystem, str]:
     """The pyarrow filesystem for a location and the path inside it."""
     if not is_uri(location):
         return pafs.LocalFileSystem(), os.path.abspath(location)
+    scheme, rest = location.split("://", 1)
+    if scheme.lower() == "s3":
+        endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+        attempts = int(os.environ.get("RAYEVAL_S3_MAX_ATTEMPTS", S3_MAX_ATTEMPTS))
+        return _s3(rest.split("/", 1)[0], endpoint, max(1, attempts)), rest
     fs, path = pafs.FileSystem.from_uri(location)
     return fs, path
+
+
+@functools.lru_cache(maxsize=64)
+def _s3(bucket: str, endpoint: str | None, attempts: int) -> pafs.S3FileSystem:
+    """One S3 filesystem per bucket, endpoint and retry budget: credentials from the standard
+    AWS chain (variables, profiles, roles); transient errors retried with the SDK's standard
+    strategy (exponential backoff with jitter)."""
+    kwargs: dict = {"retry_strategy": pafs.AwsStandardS3RetryStrategy(max_attempts=attempts)}
+    if endpoint:
+        kwargs["endpoint_override"] = endpoint
+    region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
+    if region:
+        kwargs["region"] = region
+    elif not endpoint:
+        try:
+            kwargs["region"] = pafs.resolve_s3_region(bucket)
+        except (OSError, ValueError):
+            pass                       # the SDK's default; errors surface on first use
+    return pafs.S3FileSystem(**kwargs)
+
+
+def clear_cache() -> None:
+    """Forget the S3 filesystems (after the environment changed)."""
+    _s3.cache_clear()
+
+
+def bucket_of(location: str) -> str | None:
+    return location.split("://", 1)[1].split("/", 1)[0] if is_uri(location) else None
+
+
+def explain(error: Exception, location: str) -> str:
+    """One line for an object-store error: a missing bucket, denied access, no connection."""
+    text = str(error)
+    bucket = bucket_of(location)
+    if "NO_SUCH_BUCKET" in text or "NoSuchBucket" in text or "To create buckets" in text:
+        return f"bucket '{bucket}' does not exist ({location}); create it or correct the name"
+    if "ACCESS_DENIED" in text or "AccessDenied" in text or "Forbidden" in text \
+            or "INVALID_ACCESS_KEY" in text or "SIGNATURE_DOES_NOT_MATCH" in text:
+        return (f"access denied to {location}; check the credentials (AWS_PROFILE, or "
+                "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY) and the bucket's policy")
+    if "NETWORK_CONNECTION" in text or "curlCode" in text:
+        detail = text.split("Details:", 1)[-1].strip().splitlines()[0]
+        return (f"cannot reach the object store for {location} ({detail}); check "
+                "AWS_ENDPOINT_URL and the network")
+    first = next((ln.strip() for ln in text.splitlines() if ln.strip()), repr(error))
+    return f"{location}: {first}"
+
+
+def missing_bucket(location: str) -> str | None:
+    """For an object-store location whose bucket does not exist (or cannot be read): why."""
+    if not is_uri(location):
+        return None
+    try:
+        fs, _ = filesystem(location)
+        info = fs.get_file_info(bucket_of(location))
+    except OSError as e:
+        return explain(e, location)
+    if info.type == pafs.FileType.NotFound:
+        return f"bucket '{bucket_of(location)}' does not exist ({location}); create it or " \
+               "correct the name"
+    return None
 
 
 def to_location(fs: pafs.FileSystem, path: str, like: str) -> str:

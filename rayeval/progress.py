@@ -27,11 +27,19 @@ class Tracker:
         self.attempts = 0
         self.problems: list[str] = []             # what failed the earlier attempts
         self.fatal_error: Exception | None = None  # bad input: a restart would fail again
+        self.nodes: dict[int, str] = {}           # rank -> node id, this attempt
 
     def start_attempt(self) -> int:
         self.attempts += 1
         self.in_flight.clear()
+        self.nodes.clear()
         return self.attempts
+
+    def hello(self, rank: int, node: str) -> None:
+        self.nodes[rank] = node
+
+    def node_count(self) -> int:
+        return len(set(self.nodes.values()))
 
     def get_attempts(self) -> int:
         return self.attempts
@@ -102,6 +110,9 @@ class WorkerProgress:
             attempt = self._get(self.tracker.start_attempt.remote())
         else:
             attempt = self._get(self.tracker.get_attempts.remote())
+        import ray
+
+        self._get(self.tracker.hello.remote(self.rank, ray.get_runtime_context().get_node_id()))
         return (attempt, set(self._get(self.tracker.done_keys.remote())),
                 self._get(self.tracker.get_fatal.remote()))
 

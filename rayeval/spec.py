@@ -61,6 +61,7 @@ class Sweep:
     bootstrap: Bootstrap = Bootstrap()
     checkpoint: CheckpointSpec = CheckpointSpec()
     recovery: Recovery = Recovery()
+    resources_per_worker: tuple[tuple[str, float], ...] = ()   # Ray resources each worker holds
 
     def with_overrides(self, *, workers: int | None = None, output: str | None = None) -> "Sweep":
         """The CLI's ``--workers`` / ``--output`` (relative output taken from the cwd)."""
@@ -76,7 +77,7 @@ class Sweep:
 
 _TOP_KEYS = {
     "name", "model", "checkpoints", "dataset", "task", "metrics", "batch_size", "workers",
-    "use_gpu", "output", "bootstrap", "checkpoint", "recovery",
+    "use_gpu", "output", "bootstrap", "checkpoint", "recovery", "resources_per_worker",
 }
 
 
@@ -181,6 +182,14 @@ def parse_sweep(raw: Any, *, base_dir: str, source: str = "<sweep>") -> Sweep:
         trust_pickle=r.boolean(ck_raw, "trust_pickle", default=False,
                                path="checkpoint.trust_pickle"),
     )
+    res_raw = r.get(top, "resources_per_worker", default={})
+    if not isinstance(res_raw, dict) or not all(
+            isinstance(k, str) and isinstance(v, (int, float)) and not isinstance(v, bool)
+            and v >= 0 for k, v in res_raw.items()):
+        r.fail("resources_per_worker", f"expected a mapping of resource names to amounts "
+                                       f"(e.g. {{CPU: 4, GPU: 1}}), got {_show(res_raw)}")
+    if use_gpu and res_raw.get("GPU", 1) == 0:
+        r.fail("resources_per_worker", "GPU: 0 with use_gpu: true; give each worker a GPU")
     rec_raw = r.mapping(r.get(top, "recovery", default={}), "recovery",
                         {"max_restarts", "stall_timeout_s"})
     recovery = Recovery(
@@ -196,6 +205,7 @@ def parse_sweep(raw: Any, *, base_dir: str, source: str = "<sweep>") -> Sweep:
         batch_size=batch_size, workers=workers, use_gpu=use_gpu, output=output,
         base_dir=base_dir, source=source, bootstrap=bootstrap, checkpoint=checkpoint,
         recovery=recovery,
+        resources_per_worker=tuple(sorted((k, float(v)) for k, v in res_raw.items())),
     )
 
 

@@ -51,6 +51,17 @@ class ResultStore:
             raise StoreError(f"output: cannot open result store {location!r}: {e}") from None
         self.dir = root.rstrip("/") + "/results"
 
+    def check(self, what: str = "output") -> None:
+        """Fail early, with one line, on a store that cannot be reached (a missing bucket,
+        denied access)."""
+        why = paths.missing_bucket(self.location)
+        if why:
+            raise StoreError(f"{what}: {why}")
+        try:
+            self.fs.get_file_info(self.dir)
+        except OSError as e:
+            raise StoreError(f"{what}: {paths.explain(e, self.location)}") from None
+
     def _file(self, cell: str) -> str:
         return f"{self.dir}/{cell}.parquet"
 
@@ -58,7 +69,8 @@ class ResultStore:
         try:
             return self.fs.get_file_info(self._file(cell)).type == pafs.FileType.File
         except OSError as e:
-            raise StoreError(f"output: cannot read result store {self.location!r}: {e}") from None
+            raise StoreError(f"output: cannot read result store: "
+                             f"{paths.explain(e, self.location)}") from None
 
     def write_cell(self, cell: str, rows: list[dict]) -> str:
         """Publish one cell's rows atomically; returns the file's path."""
@@ -82,8 +94,9 @@ class ResultStore:
                 with self.fs.open_output_stream(target) as f:
                     f.write(buf.getvalue())
         except OSError as e:
-            raise StoreError(f"output: cannot write to result store {self.location!r}: {e}; "
-                             "check the path and its permissions") from None
+            raise StoreError(f"output: cannot write to result store: "
+                             f"{paths.explain(e, self.location)}; check the path and its "
+                             "permissions") from None
         return target
 
     def discard_partial(self, cells) -> int:
@@ -111,5 +124,5 @@ class ResultStore:
             ds = pads.dataset(self.dir, filesystem=self.fs, format="parquet", schema=SCHEMA)
             return ds.to_table()
         except (pa.ArrowInvalid, OSError) as e:
-            raise StoreError(f"cannot read result store {self.location!r}: "
-                             f"{str(e).splitlines()[0]}") from None
+            raise StoreError(f"cannot read result store: {paths.explain(e, self.location)}") \
+                from None

@@ -87,7 +87,7 @@ def watch(sweep: Sweep, *, interval_s: float, settle_s: float, address: str | No
                 say(f"[rayeval] {len(pending)} new checkpoint(s): "
                     + ", ".join(c.checkpoint.name for c in pending))
                 try:
-                    outcomes = driver._fit(plan, display_for())
+                    outcomes, _ = driver._fit(plan, display_for())
                 except RunError as e:      # workers lost beyond the restart budget: next poll
                     if type(e) is not RunError and not isinstance(e, GroupError):
                         raise

@@ -134,8 +134,8 @@ def reference_metrics(model: torch.nn.Module, x: np.ndarray, y: np.ndarray) -> d
             "nll": float(-logp[np.arange(len(y)), y].mean())}
 
 
-def rayeval_cli(*args: str, cwd: str | None = None, timeout: float = 300
-                ) -> subprocess.CompletedProcess:
+def rayeval_cli(*args: str, cwd: str | None = None, timeout: float = 300,
+                env: dict | None = None) -> subprocess.CompletedProcess:
     """Run the real command line in a subprocess."""
     return subprocess.run([sys.executable, "-m", "rayeval", *args], cwd=cwd, capture_output=True,
-                          text=True, timeout=timeout)
+                          text=True, timeout=timeout, env=env)

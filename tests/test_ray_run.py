@@ -182,7 +182,7 @@ def test_row_count_mismatch_is_an_error_not_a_number(ray_cluster, tmp_path):
     sweep, x, y = setup_sweep(tmp_path, 300, seeds=(1,), workers=2)
     plan = prepare(sweep)
     wrong = dataclasses.replace(plan, dataset=dataclasses.replace(plan.dataset, num_rows=301))
-    outcomes = _fit(wrong)
+    outcomes, _ = _fit(wrong)
     assert not outcomes[0]["ok"]
     assert "counted 300 rows but the data set has 301; not published" in outcomes[0]["error"]
     assert ResultStore(sweep.output).read().num_rows == 0

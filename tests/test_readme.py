@@ -36,5 +36,5 @@ def test_every_sweep_key_is_documented():
                                     "checkpoint.trust_pickle", "bootstrap.replicates",
                                     "bootstrap.confidence", "bootstrap.seed",
                                     "bootstrap.buckets", "recovery.max_restarts",
-                                    "recovery.stall_timeout_s"]:
+                                    "recovery.stall_timeout_s", "resources_per_worker"]:
         assert f"| `{key}` |" in text, key

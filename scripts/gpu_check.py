@@ -1,0 +1,167 @@
+"""GPU check: the same sweeps on the GPUs (one worker per GPU, NCCL) and on CPU workers (gloo);
+the numbers must agree.
+
+Runs the shipped digits example and a larger synthetic sweep (200,000 rows x 256 features, a
+4-layer MLP, 6 checkpoints) with `use_gpu: true` and then on 2 CPU workers, compares every
+stored value, and prints one JSON object: devices, world sizes, wall times, rows counted, and
+the largest differences. Exit status 1 when a difference is over its tolerance (accuracy-like
+values: 2 rows' worth; float metrics: 1e-4 relative), 2 when no GPU is found.
+
+    python scripts/gpu_check.py              # on a machine with one or more GPUs
+    python scripts/gpu_check.py --cpu-only   # checks the script itself: CPU against CPU
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import torch
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+MODEL = '''
+import torch
+
+def build(features=256, hidden=512, classes=16):
+    return torch.nn.Sequential(
+        torch.nn.Linear(features, hidden), torch.nn.GELU(), torch.nn.Linear(hidden, hidden),
+        torch.nn.GELU(), torch.nn.Linear(hidden, hidden), torch.nn.GELU(),
+        torch.nn.Linear(hidden, classes))
+'''
+
+SWEEP = """name: synthetic
+model: {{factory: "gpu_model:build"}}
+checkpoints: [ckpts/step_*.pt]
+dataset: {{path: data.parquet, inputs: x, target: y, id: row}}
+task: classification
+metrics: [accuracy, macro_f1, nll, brier, ece]
+batch_size: 4096
+workers: 1
+output: out
+"""
+
+
+def make_synthetic(root: str, rows: int, checkpoints: int) -> str:
+    sys.path.insert(0, root)
+    with open(os.path.join(root, "gpu_model.py"), "w") as f:
+        f.write(MODEL)
+    from gpu_model import build
+
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(rows, 256)).astype(np.float32)
+    teacher = build().eval()
+    with torch.no_grad():
+        y = teacher(torch.from_numpy(x)).argmax(1).numpy()
+    flip = rng.random(rows) < 0.3
+    y[flip] = rng.integers(0, 16, flip.sum())
+    pq.write_table(pa.table({"row": np.arange(rows),
+                             "x": pa.FixedSizeListArray.from_arrays(pa.array(x.reshape(-1)), 256),
+                             "y": y}), os.path.join(root, "data.parquet"), row_group_size=20_000)
+    os.makedirs(os.path.join(root, "ckpts"))
+    state = teacher.state_dict()
+    for i in range(checkpoints):
+        noisy = {k: v + (checkpoints - i) * 0.02 * torch.randn_like(v) for k, v in state.items()}
+        torch.save(noisy, os.path.join(root, "ckpts", f"step_{(i + 1) * 1000}.pt"))
+    path = os.path.join(root, "sweep.yaml")
+    with open(path, "w") as f:
+        f.write(SWEEP.format())
+    return path
+
+
+def run(sweep_path: str, *, use_gpu: bool, workers: int, output: str) -> dict:
+    import dataclasses
+
+    import ray
+
+    from rayeval.driver import run_sweep
+    from rayeval.leaderboard import latest_rows
+    from rayeval.spec import load_sweep
+    from rayeval.store import ResultStore
+
+    sweep = load_sweep(sweep_path).with_overrides(workers=workers, output=output)
+    sweep = dataclasses.replace(sweep, use_gpu=use_gpu)
+    began = time.perf_counter()
+    report = run_sweep(sweep, force=True)
+    seconds = time.perf_counter() - began
+    if ray.is_initialized():
+        ray.shutdown()
+    failures = [f["error"] for f in report.failures]
+    rows = {(os.path.basename(r["checkpoint"]), r["metric"]): r
+            for r in latest_rows(ResultStore(output).read())}
+    return {"seconds": round(seconds, 2), "failures": failures, "rows": rows,
+            "world_size": workers, "use_gpu": use_gpu}
+
+
+def compare(a: dict, b: dict, num_rows: int) -> dict:
+    worst_count, worst_float = 0.0, 0.0
+    missing = sorted(set(a["rows"]) ^ set(b["rows"]))
+    for key in set(a["rows"]) & set(b["rows"]):
+        va, vb = a["rows"][key]["value"], b["rows"][key]["value"]
+        if va is None or vb is None:
+            continue
+        if key[1] in ("accuracy", "macro_f1", "ece"):
+            worst_count = max(worst_count, abs(va - vb) * num_rows)
+        else:
+            worst_float = max(worst_float, abs(va - vb) / max(abs(vb), 1e-12))
+    ok = not missing and worst_count <= 2 and worst_float <= 1e-4
+    return {"ok": ok, "missing": missing, "max_diff_in_rows": worst_count,
+            "max_rel_diff_float": worst_float}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--cpu-only", action="store_true", help="CPU against CPU (no GPU needed)")
+    p.add_argument("--rows", type=int, default=200_000)
+    p.add_argument("--checkpoints", type=int, default=6)
+    p.add_argument("--json", metavar="FILE", help="also write the figures here")
+    args = p.parse_args(argv)
+    gpus = torch.cuda.device_count()
+    if not args.cpu_only and gpus == 0:
+        print("error: no GPU found (torch.cuda.device_count() is 0); run on a GPU machine, or "
+              "with --cpu-only to check the script", file=sys.stderr)
+        return 2
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    figures = {"torch": torch.__version__, "gpus": gpus,
+               "devices": [torch.cuda.get_device_name(i) for i in range(gpus)], "sweeps": {}}
+    ok = True
+    with tempfile.TemporaryDirectory(prefix="rayeval-gpu-") as root:
+        digits = shutil.copytree(os.path.join(REPO, "configs", "digits"),
+                                 os.path.join(root, "digits"), ignore=shutil.ignore_patterns("out"))
+        synthetic = os.path.join(root, "synthetic")
+        os.makedirs(synthetic)
+        sweeps = {"digits": (os.path.join(digits, "sweep.yaml"), 2003),
+                  "synthetic": (make_synthetic(synthetic, args.rows, args.checkpoints), args.rows)}
+        for name, (path, num_rows) in sweeps.items():
+            accel = run(path, use_gpu=not args.cpu_only, workers=gpus or 1,
+                        output=os.path.join(root, f"{name}-accel"))
+            cpu = run(path, use_gpu=False, workers=2, output=os.path.join(root, f"{name}-cpu"))
+            verdict = compare(accel, cpu, num_rows)
+            verdict["failures"] = accel["failures"] + cpu["failures"]
+            verdict["ok"] = verdict["ok"] and not verdict["failures"]
+            ok = ok and verdict["ok"]
+            figures["sweeps"][name] = {
+                "rows": num_rows, "checkpoints": len({k[0] for k in cpu["rows"]}),
+                "accelerated": {k: accel[k] for k in ("seconds", "world_size", "use_gpu")},
+                "cpu": {k: cpu[k] for k in ("seconds", "world_size", "use_gpu")},
+                "samples_counted": sorted({r["num_samples"] for r in accel["rows"].values()}),
+                **verdict}
+    figures["ok"] = ok
+    text = json.dumps(figures, indent=2)
+    print(text)
+    if args.json:
+        with open(args.json, "w") as f:
+            f.write(text + "\n")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
