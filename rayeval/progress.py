@@ -27,12 +27,11 @@ class Tracker:
         self.attempts = 0
         self.problems: list[str] = []             # what failed the earlier attempts
         self.fatal_error: Exception | None = None  # bad input: a restart would fail again
-        self.nodes: dict[int, str] = {}           # rank -> node id, this attempt
+        self.nodes: dict[int, str] = {}           # rank -> node id, the latest attempt's
 
     def start_attempt(self) -> int:
         self.attempts += 1
-        self.in_flight.clear()
-        self.nodes.clear()
+        self.in_flight.clear()      # the nodes are not cleared: another rank may have said hello
         return self.attempts
 
     def hello(self, rank: int, node: str) -> None:

@@ -24,12 +24,19 @@ def free_port() -> int:
 
 
 class MotoServer:
-    def __init__(self):
+    """``enforce_auth``: check credentials as AWS does (moto's IAM knows none, so every request
+    is denied)."""
+
+    def __init__(self, enforce_auth: bool = False):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
+        env = dict(os.environ)
+        if enforce_auth:
+            env["INITIAL_NO_AUTH_ACTION_COUNT"] = "0"
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+            env=env)
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             try:

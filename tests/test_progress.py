@@ -87,3 +87,15 @@ def test_display_choice():
     assert "rows/s" in line(Rate(10).status({"total": 1, "done": 1, "failed": 0,
                                              "rows_in_flight": 0, "current": None,
                                              "attempts": 1, "problems": []}, 0), 0)
+
+
+def test_nodes_are_counted_whichever_rank_says_hello_first():
+    t = Tracker(cells(1), rows_per_cell=10)
+    t.hello(1, "node-b")             # rank 1 may reach the tracker before rank 0 opens the attempt
+    t.start_attempt()
+    t.hello(0, "node-a")
+    assert t.node_count() == 2
+    t.start_attempt()                # a restart on one node: each rank says where it is now
+    t.hello(0, "node-a")
+    t.hello(1, "node-a")
+    assert t.node_count() == 1

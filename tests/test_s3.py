@@ -125,3 +125,21 @@ def test_missing_bucket_is_one_line(s3, tmp_path):
         data.stderr, data.stderr
     ckpt = rayeval_cli("leaderboard", "s3://no-such-bucket/evals")
     assert ckpt.returncode == 2 and "bucket 'no-such-bucket' does not exist" in ckpt.stderr
+
+
+def test_denied_access_is_one_line(s3, tmp_path):
+    strict = MotoServer(enforce_auth=True)
+    try:
+        env = {**os.environ, "AWS_ENDPOINT_URL": strict.url}
+        proc = rayeval_cli("run", s3_sweep(tmp_path), env=env)
+        assert proc.returncode == 2, (proc.stdout, proc.stderr)
+        lines = proc.stderr.strip().splitlines()
+        assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
+        assert lines[0].startswith("error: dataset.path: access denied to "
+                                   "s3://rayeval-example/digits/eval.parquet; check the "
+                                   "credentials"), lines[0]
+        lb = rayeval_cli("leaderboard", "s3://rayeval-example/evals", env=env)
+        assert lb.returncode == 2 and "STORE: access denied to s3://rayeval-example/evals" in \
+            lb.stderr, lb.stderr
+    finally:
+        strict.stop()
