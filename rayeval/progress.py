@@ -230,7 +230,6 @@ class LineDisplay:
         self.last = -float("inf")
         self.attempts_seen = 1
         self.problems_seen = 0
-        self.said = ""
 
     def __enter__(self):
         return self
@@ -249,12 +248,10 @@ class LineDisplay:
             self.attempts_seen = s.attempts
             self.say(f"[rayeval] worker group restarted (attempt {s.attempts}); going on from "
                      f"the first unfinished checkpoint")
-        if final or elapsed - self.last >= self.interval_s:
-            self.last = elapsed
-            text = line(s, elapsed)
-            if not (final and text.split(", elapsed")[0] == self.said.split(", elapsed")[0]):
-                self.say(text)
-            self.said = text
+        finished = s.total > 0 and s.done == s.total
+        if final or (elapsed - self.last >= self.interval_s and not finished):
+            self.last = elapsed            # (the final line reports a finished run, once)
+            self.say(line(s, elapsed))
 
 
 class RichDisplay(LineDisplay):
