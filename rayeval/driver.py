@@ -192,29 +192,32 @@ def _fit(plan: Plan, display=None) -> tuple[list[dict], int]:
     thread = threading.Thread(target=fit, name="rayeval-fit", daemon=True)
     rate = Rate(plan.dataset.num_rows)
     began = time.monotonic()
-    with display:
-        thread.start()
-        while thread.is_alive():
-            thread.join(0.5)
-            snap = ray.get(tracker.snapshot.remote())
-            display.update(rate.status(snap, time.monotonic()), time.monotonic() - began)
-        snap = ray.get(tracker.snapshot.remote())
-        display.update(rate.status(snap, time.monotonic()), time.monotonic() - began, final=True)
+    try:
+        with display:
+            thread.start()
+            finished_fit = False
+            while not finished_fit:
+                thread.join(0.5)
+                finished_fit = not thread.is_alive()
+                snap = ray.get(tracker.snapshot.remote())
+                display.update(rate.status(snap, time.monotonic()), time.monotonic() - began,
+                               final=finished_fit)
 
-    fatal = ray.get(tracker.get_fatal.remote())
-    if fatal is not None:
-        raise fatal
-    error = outcome.get("error")
-    if isinstance(error, ray.train.WorkerGroupError):
-        raise _worker_error(error, sweep.recovery.max_restarts) from None
-    if isinstance(error, ray.train.TrainingFailedError):
-        raise RunError(f"the evaluation run failed: {str(error).splitlines()[0]}") from None
-    if error is not None:
-        raise error
-    finished = ray.get(tracker.results.remote())
-    nodes = ray.get(tracker.node_count.remote())
-    ray.kill(tracker)
-    return [finished[c.key] for c in plan.cells if c.key in finished], nodes
+        fatal = ray.get(tracker.get_fatal.remote())
+        if fatal is not None:
+            raise fatal
+        error = outcome.get("error")
+        if isinstance(error, ray.train.WorkerGroupError):
+            raise _worker_error(error, sweep.recovery.max_restarts) from None
+        if isinstance(error, ray.train.TrainingFailedError):
+            raise RunError(f"the evaluation run failed: {str(error).splitlines()[0]}") from None
+        if error is not None:
+            raise error
+        finished = ray.get(tracker.results.remote())
+        nodes = ray.get(tracker.node_count.remote())
+        return [finished[c.key] for c in plan.cells if c.key in finished], nodes
+    finally:
+        ray.kill(tracker)         # also after a failure: `watch` keeps Ray up between polls
 
 
 def _worker_error(e, restarts: int) -> RayevalError:

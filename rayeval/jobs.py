@@ -24,7 +24,7 @@ import yaml
 
 from . import paths
 from .errors import RunError, SpecError
-from .spec import Sweep, load_sweep
+from .spec import Sweep, is_relative_local, load_sweep, written_locations
 
 MAX_UPLOAD_MB = 100              # what may travel with a job; RAYEVAL_MAX_UPLOAD_MB overrides
 AGENT_WAIT_S = 90                # how long a new cluster's job agent may take to come up
@@ -140,30 +140,25 @@ def package(sweep_path: str, sweep: Sweep, output_override: str | None) -> Packa
         raw = yaml.safe_load(f) or {}
     excludes = list(EXCLUDES)
 
-    if output_override is not None:
-        if not paths.is_uri(output_override) and not os.path.isabs(output_override):
-            raise SpecError(f"--output: {output_override!r} is a relative local path; the job "
-                            "runs on the cluster, so give s3://bucket/prefix (or an absolute "
-                            "path on storage that the cluster shares)")
-    elif not paths.is_uri(sweep.output) and not os.path.isabs(str(raw.get("output", ""))):
-        raise SpecError(f"{sweep_path}: output: {raw.get('output')!r} is a local folder "
-                        "relative to the sweep; a Ray Job writes its results on the cluster, "
-                        "not back here: use s3://bucket/prefix (or --output with an absolute "
-                        "path on storage that the cluster shares)")
+    if output_override is not None and is_relative_local(output_override):
+        raise SpecError(f"--output: {output_override!r} is a relative local path; the job "
+                        "runs on the cluster, so give s3://bucket/prefix (or an absolute path "
+                        "on storage that the cluster shares)")
+    for key, value in written_locations(raw):
+        if not is_relative_local(value):
+            continue
+        if key == "output" and output_override is None:
+            raise SpecError(f"{sweep_path}: output: {value!r} is a local folder relative to "
+                            "the sweep; a Ray Job writes its results on the cluster, not back "
+                            "here: use s3://bucket/prefix (or --output with an absolute path on "
+                            "storage that the cluster shares)")
+        if key != "output" and not _inside(os.path.join(folder, value), folder):
+            raise SpecError(f"{sweep_path}: {key}: {value!r} is outside the sweep's folder, and "
+                            "only that folder travels with the job; move it inside, or use "
+                            "s3://... or an absolute path on shared storage")
     out = output_override or sweep.output
     if not paths.is_uri(out) and _inside(out, folder):
         excludes.append(os.path.relpath(out, folder))
-
-    locals_ = [("dataset.path", (raw.get("dataset") or {}).get("path"))]
-    ckpts = raw.get("checkpoints")
-    for i, c in enumerate([ckpts] if isinstance(ckpts, str) else (ckpts or [])):
-        locals_.append((f"checkpoints[{i}]", c))
-    for key, value in locals_:
-        if isinstance(value, str) and not paths.is_uri(value) and not os.path.isabs(value):
-            if not _inside(os.path.join(folder, value), folder):
-                raise SpecError(f"{sweep_path}: {key}: {value!r} is outside the sweep's folder, "
-                                "and only that folder travels with the job; move it inside, "
-                                "or use s3://... or an absolute path on shared storage")
 
     total = 0
     skip = {os.path.join(folder, e) for e in excludes if "*" not in e}

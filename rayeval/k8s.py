@@ -14,9 +14,8 @@ import re
 
 import yaml
 
-from . import paths
 from .errors import SpecError
-from .spec import load_sweep
+from .spec import is_relative_local, load_sweep, written_locations
 
 MOUNT = "/etc/rayeval"
 CONFIGMAP_LIMIT = 900 * 1024      # a ConfigMap holds at most 1 MiB, metadata included
@@ -29,24 +28,16 @@ def _name(text: str) -> str:
 
 
 def _check_portable(sweep_path: str, raw: dict) -> None:
-    def local_relative(value) -> bool:
-        return isinstance(value, str) and not paths.is_uri(value) and not os.path.isabs(value)
-
-    if local_relative(raw.get("output")):
-        raise SpecError(f"{sweep_path}: output: {raw['output']!r} is a local folder; pods "
-                        "cannot write back to this machine: use s3://bucket/prefix (or an "
-                        "absolute path on a volume the pods mount)")
-    ds = (raw.get("dataset") or {}).get("path")
-    if local_relative(ds):
-        raise SpecError(f"{sweep_path}: dataset.path: {ds!r} is a local path; pods cannot read "
+    for key, value in written_locations(raw):
+        if not is_relative_local(value):
+            continue
+        if key == "output":
+            raise SpecError(f"{sweep_path}: output: {value!r} is a local folder; pods cannot "
+                            "write back to this machine: use s3://bucket/prefix (or an absolute "
+                            "path on a volume the pods mount)")
+        raise SpecError(f"{sweep_path}: {key}: {value!r} is a local path; pods cannot read "
                         "this machine's files: use s3://... (or an absolute path in the image "
                         "or on a mounted volume)")
-    ckpts = raw.get("checkpoints")
-    for i, c in enumerate([ckpts] if isinstance(ckpts, str) else (ckpts or [])):
-        if local_relative(c):
-            raise SpecError(f"{sweep_path}: checkpoints[{i}]: {c!r} is a local path; pods "
-                            "cannot read this machine's files: use s3://... (or an absolute "
-                            "path in the image or on a mounted volume)")
 
 
 def render(sweep_path: str, *, image: str, workers: int = 1, gpus_per_worker: int = 1,

@@ -209,6 +209,22 @@ def parse_sweep(raw: Any, *, base_dir: str, source: str = "<sweep>") -> Sweep:
     )
 
 
+def written_locations(raw: dict) -> list[tuple[str, str]]:
+    """The data, checkpoint and output locations a sweep file names, as written (before they
+    are resolved against its folder), with their key paths: what `submit` and `k8s render`
+    check, since relative paths mean this machine's files."""
+    out = [("dataset.path", (raw.get("dataset") or {}).get("path"))]
+    ckpts = raw.get("checkpoints")
+    out += [(f"checkpoints[{i}]", c)
+            for i, c in enumerate([ckpts] if isinstance(ckpts, str) else (ckpts or []))]
+    out.append(("output", raw.get("output")))
+    return [(key, value) for key, value in out if isinstance(value, str)]
+
+
+def is_relative_local(value: str) -> bool:
+    return not paths.is_uri(value) and not os.path.isabs(os.path.expanduser(value))
+
+
 def _bootstrap(r: "_Reader", raw) -> Bootstrap:
     m = r.mapping(raw, "bootstrap", {"replicates", "confidence", "seed", "buckets"})
     d = Bootstrap()

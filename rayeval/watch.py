@@ -18,7 +18,7 @@ from typing import Callable
 from . import driver
 from .checkpoints import CheckpointRef, expand_checkpoints
 from .data import inspect_dataset
-from .errors import GroupError, RunError
+from .errors import RunError
 from .model import build_model
 from .plan import Cell, Plan, cell_key, checkpoint_fingerprint
 from .spec import Sweep
@@ -89,8 +89,6 @@ def watch(sweep: Sweep, *, interval_s: float, settle_s: float, address: str | No
                 try:
                     outcomes, _ = driver._fit(plan, display_for())
                 except RunError as e:      # workers lost beyond the restart budget: next poll
-                    if type(e) is not RunError and not isinstance(e, GroupError):
-                        raise
                     say(f"[rayeval] run failed: {e.message}; trying again at the next poll")
                     outcomes = []
                 finally:
