@@ -1,8 +1,7 @@
 """Checkpoints: found from globs (with the step from their names), and fetched from object
 storage into a node-local cache once per node.
 
-What a checkpoint holds is read by ``layouts``; fitting it to the model is ``loading``. Their
-main entry points are re-exported here.
+What a checkpoint holds is read by ``layouts``; fitting it to the model is ``loading``.
 """
 
 from __future__ import annotations
@@ -13,8 +12,6 @@ from dataclasses import dataclass
 
 from . import paths
 from .errors import CheckpointError, SpecError
-from .layouts import detect_format, read  # noqa: F401  (re-exported)
-from .loading import CheckpointSpec, check_fit, load_into, strip_prefixes  # noqa: F401
 
 _STEP_WORD = re.compile(r"(?:^|[^a-z])(?:global_step|step|iter|iteration)[=_-]?(\d+)", re.I)
 _DIGITS = re.compile(r"\d+")

@@ -7,6 +7,7 @@ import argparse
 import sys
 
 from rich.console import Console
+from rich.markup import escape
 
 from . import __version__
 from .errors import RayevalError
@@ -88,21 +89,26 @@ def _parser() -> argparse.ArgumentParser:
     lb.add_argument("store", metavar="STORE", help="a result store: folder or s3://bucket/prefix")
     lb.add_argument("--format", choices=("table", "json", "csv", "markdown", "html"),
                     default="table", help="html: a self-contained page")
-    lb.add_argument("--metric", metavar="NAME", help="rank by this metric (default: the first)")
+    lb.add_argument("--metric", metavar="NAME",
+                    help="rank by this column: EVAL/METRIC, a METRIC stored for one evaluation, "
+                         "or aggregate (default: the aggregate with several evaluations, else "
+                         "the first metric)")
     lb.add_argument("--sweep", metavar="NAME", help="only this sweep")
-    lb.add_argument("--dataset", metavar="NAME", help="only this data set")
+    lb.add_argument("--dataset", metavar="NAME", help="only this evaluation (data set)")
     lb.add_argument("--replicates", action="store_true",
                     help="with --format json: include each row's bootstrap replicate values")
     lb.add_argument("--plot", metavar="FILE.png",
-                    help="also draw each metric against the training step, one line per sweep "
-                         "with its interval band")
+                    help="also draw each column (or only --metric) against the training step, "
+                         "one line per sweep with its interval band")
 
     cmp = sub.add_parser("compare", help="paired bootstrap difference of two checkpoints")
     cmp.add_argument("store", metavar="STORE")
-    cmp.add_argument("a", metavar="A", help="checkpoint: its path, file name or a unique suffix")
+    cmp.add_argument("a", metavar="A", help="checkpoint: its path, file name, unique suffix, "
+                                            "file stem (step_000600) or step (600)")
     cmp.add_argument("b", metavar="B")
-    cmp.add_argument("--metric", metavar="NAME", help="only this metric (default: all)")
-    cmp.add_argument("--dataset", metavar="NAME", help="the data set (needed if several)")
+    cmp.add_argument("--metric", metavar="NAME",
+                     help="only this: EVAL/METRIC, METRIC or aggregate (default: all)")
+    cmp.add_argument("--dataset", metavar="NAME", help="only this evaluation (data set)")
     cmp.add_argument("--sweep", metavar="NAME", help="only this sweep")
 
     ins = sub.add_parser("inspect", help="what a checkpoint holds, and whether it fits a sweep")
@@ -112,9 +118,10 @@ def _parser() -> argparse.ArgumentParser:
 
     cm = sub.add_parser("confusion", help="show a stored confusion matrix")
     cm.add_argument("store", metavar="STORE")
-    cm.add_argument("checkpoint", metavar="CHECKPOINT")
-    cm.add_argument("--dataset", metavar="NAME")
-    cm.add_argument("--sweep", metavar="NAME")
+    cm.add_argument("checkpoint", metavar="CHECKPOINT",
+                    help="its path, file name, unique suffix, file stem or step")
+    cm.add_argument("--dataset", metavar="NAME", help="only this evaluation (data set)")
+    cm.add_argument("--sweep", metavar="NAME", help="only this sweep")
     return p
 
 
@@ -150,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
             return _inspect(args, out)
         return _leaderboard(args, out)
     except RayevalError as e:
-        err.print(f"[bold red]error:[/] {e.message}", markup=True, soft_wrap=True)
+        err.print(f"[bold red]error:[/] {escape(e.message)}", markup=True, soft_wrap=True)
         return EXIT_BAD_INPUT
     except KeyboardInterrupt:
         err.print("[red]interrupted[/]")
@@ -159,9 +166,12 @@ def main(argv: list[str] | None = None) -> int:
 
 def _say_plan(err: Console):
     def say(plan) -> None:
-        err.print(f"[rayeval] {plan.sweep.name}: {len(plan.cells) + len(plan.cached)} "
-                  f"checkpoint(s), {len(plan.cached)} already in the store (cached), "
-                  f"{len(plan.cells)} to evaluate on {plan.dataset.num_rows} rows",
+        checkpoints = len({c.checkpoint.location for c in plan.cells + plan.cached})
+        evals = ", ".join(f"{e.name} ({e.data.num_rows} rows)" for e in plan.evaluations)
+        err.print(f"[rayeval] {plan.sweep.name}: {checkpoints} checkpoint(s) x "
+                  f"{len(plan.evaluations)} evaluation(s) [{evals}]: "
+                  f"{len(plan.cells) + len(plan.cached)} cell(s), {len(plan.cached)} already in "
+                  f"the store, {len(plan.cells)} to evaluate",
                   markup=False, highlight=False, soft_wrap=True)
     return say
 
@@ -170,10 +180,10 @@ def _run(args, out: Console, err: Console) -> int:
     from .driver import run_sweep
     from .progress import make_display
     from .leaderboard import build_board, latest_rows, render_rich
-    from .spec import load_sweep
+    from .spec import load_sweep, with_overrides
     from .store import ResultStore
 
-    sweep = load_sweep(args.sweep).with_overrides(workers=args.workers, output=args.output)
+    sweep = with_overrides(load_sweep(args.sweep), workers=args.workers, output=args.output)
     display = make_display("quiet" if args.quiet else "auto", err)
     report = run_sweep(sweep, address=args.address, force=args.force, verbose=args.verbose,
                        display=display, on_plan=None if args.quiet else _say_plan(err))
@@ -181,27 +191,30 @@ def _run(args, out: Console, err: Console) -> int:
     keys = report.cell_keys
     rows = [r for r in latest_rows(ResultStore(sweep.output).read()) if r["cell"] in keys]
     if rows:
-        render_rich(build_board(rows), out, title=f"{sweep.name} on {sweep.dataset.name}")
+        render_rich(build_board(rows), out, title=sweep.name)
     done = len(plan.cells) - len(report.failures)
-    out.print(f"{done} checkpoint(s) evaluated, {len(plan.cached)} already in the store, "
-              f"{len(report.failures)} failed; {plan.dataset.num_rows} rows, "
-              f"{sweep.workers} worker(s)"
-              + (f" on {report.nodes} node(s)" if report.nodes else "")
-              + f", {report.seconds:.1f} s; results in {sweep.output}")
+    if plan.cells:
+        ran = (f"{sweep.workers} worker(s)" + (f" on {report.nodes} node(s)" if report.nodes
+                                                else "") + f", {report.seconds:.1f} s")
+    else:
+        ran = f"nothing to run, {report.seconds:.1f} s"
+    out.print(f"{done} cell(s) evaluated, {len(plan.cached)} already in the store, "
+              f"{len(report.failures)} failed; {ran}"
+              + (f"; results in {sweep.output}" if rows else ""))
     for f in report.failures:
-        err.print(f"[bold red]failed:[/] {f['error']}", soft_wrap=True)
+        err.print(f"[bold red]failed:[/] {escape(f.error)}", soft_wrap=True)
     return EXIT_CELLS_FAILED if report.failures else EXIT_OK
 
 
 def _watch(args, out: Console, err: Console) -> int:
     from .errors import SpecError
     from .progress import make_display
-    from .spec import load_sweep
+    from .spec import load_sweep, with_overrides
     from .watch import watch
 
     if args.interval <= 0 or (args.settle is not None and args.settle < 0):
         raise SpecError("--interval must be above 0 and --settle at least 0 seconds")
-    sweep = load_sweep(args.sweep).with_overrides(workers=args.workers, output=args.output)
+    sweep = with_overrides(load_sweep(args.sweep), workers=args.workers, output=args.output)
     mode = "quiet" if args.quiet else "auto"
 
     def say(text: str) -> None:
@@ -247,22 +260,22 @@ def _jobs(args, out: Console, err: Console) -> int:
 
     client = jobs.client(args.address)
     if args.action == "list":
-        for info in jobs._call("list", client.list_jobs):
+        for info in jobs.call("list", client.list_jobs):
             sid = info.submission_id or info.job_id
             print(f"{sid}\t{str(info.status).rsplit('.', 1)[-1]}\t{info.entrypoint}")
         return EXIT_OK
     what = f"job {args.job}"
     if args.action == "stop":
-        stopped = jobs._call(what, client.stop_job, args.job)
+        stopped = jobs.call(what, client.stop_job, args.job)
         print(f"{args.job}: {'stop requested' if stopped else 'not running'}")
         return EXIT_OK
     if args.action == "logs":
         if args.follow:
             jobs.follow(client, args.job)
         else:
-            sys.stdout.write(jobs._call(what, client.get_job_logs, args.job))
+            sys.stdout.write(jobs.call(what, client.get_job_logs, args.job))
         return EXIT_OK
-    info = jobs._call(what, client.get_job_info, args.job)
+    info = jobs.call(what, client.get_job_info, args.job)
     status = str(info.status).rsplit(".", 1)[-1]
     print(f"{args.job}: {status}" + (f" - {info.message}" if info.message else ""))
     if status == "SUCCEEDED":
@@ -295,22 +308,30 @@ def _stored_rows(args) -> list[dict]:
 
 
 def _leaderboard(args, out: Console) -> int:
-    from .leaderboard import build_board, render_rich, to_csv, to_html, to_json, to_markdown
+    from .leaderboard import (AGGREGATE, aggregates, build_board, columns_of, render_rich,
+                              resolve_metric, to_csv, to_html, to_json, to_markdown)
 
     rows = _stored_rows(args)
+    # json lists what is stored, even nothing; every other output needs a board.
+    board = None if args.format == "json" and not args.plot else build_board(rows, args.metric)
     if args.plot:
         from .plot import plot
 
-        board = build_board(rows, args.metric)
-        metrics = [args.metric] if args.metric else board.metrics
-        plot([r for r in rows if r["metric"] in metrics], metrics, args.plot,
-             title=f"rayeval: {args.store}")
+        columns = [board.column(args.metric)] if args.metric else board.columns
+        plot(board, columns, args.plot, title=f"rayeval: {args.store}")
+        print(f"plot written to {args.plot}", file=sys.stderr, flush=True)
     if args.format == "json":
-        if args.metric:
-            rows = [r for r in rows if r["metric"] == args.metric]
-        sys.stdout.write(to_json(rows, replicates=args.replicates))
+        summary = aggregates(rows)
+        matrices = [r for r in rows if r["metric"] == args.metric and r["matrix"]]
+        if matrices:                                  # --metric confusion_matrix
+            rows, summary = matrices, []
+        elif args.metric and rows:
+            column = resolve_metric(args.metric, columns_of(rows))
+            rows = [r for r in rows
+                    if (r["dataset"], r["metric"]) == (column.evaluation, column.metric)]
+            summary = summary if column.name == AGGREGATE else []
+        sys.stdout.write(to_json(rows, replicates=args.replicates, aggregates=summary))
         return EXIT_OK
-    board = build_board(rows, args.metric)
     if args.format == "table":
         render_rich(board, out)
     elif args.format == "markdown":
@@ -324,48 +345,42 @@ def _leaderboard(args, out: Console) -> int:
 
 def _compare(args, out: Console) -> int:
     from rich.table import Table
+    from rich.text import Text
 
     from .errors import StoreError
-    from .leaderboard import confidence_of, find_checkpoint, paired
+    from .leaderboard import AGGREGATE, compare, find_checkpoint
+    from .render import format_value
 
     rows = _stored_rows(args)
     a_rows = find_checkpoint(rows, args.a, "A")
     b_rows = find_checkpoint(rows, args.b, "B")
-    datasets = sorted({r["dataset"] for r in a_rows} & {r["dataset"] for r in b_rows})
-    if not datasets:
-        raise StoreError("A and B were not evaluated on a common data set")
-    if len(datasets) > 1:
-        raise StoreError(f"A and B share several data sets ({', '.join(datasets)}); "
-                         "pick one with --dataset")
-    a = {r["metric"]: r for r in a_rows if r["dataset"] == datasets[0] and not r["matrix"]}
-    b = {r["metric"]: r for r in b_rows if r["dataset"] == datasets[0] and not r["matrix"]}
-    metrics = [m for m in a if m in b]
-    if args.metric:
-        if args.metric not in metrics:
-            raise StoreError(f"--metric: {args.metric!r} is not stored for both checkpoints; "
-                             f"common metrics: {', '.join(metrics) or 'none'}")
-        metrics = [args.metric]
-    table = Table(title=f"A = {a_rows[0]['checkpoint']}\nB = {b_rows[0]['checkpoint']}",
-                  caption="paired bootstrap over the same resampled rows")
-    for h in ("metric", "A", "B", "A - B", "interval", "P(A better)"):
-        table.add_column(h, justify="left" if h == "metric" else "right")
-    unpaired = []
-    for m in metrics:
-        p = paired(a[m], b[m], confidence_of(a[m]))
-        if p is None:
-            unpaired.append(m)
-            continue
-        table.add_row(m, f"{a[m]['value']:.4f}", f"{b[m]['value']:.4f}", f"{p.difference:+.4f}",
-                      f"[{p.ci_low:+.4f}, {p.ci_high:+.4f}]", f"{p.a_better:.3f}")
-    if unpaired and len(unpaired) == len(metrics):
+    found = compare(a_rows, b_rows, args.metric)
+    if all(c.paired is None for c in found):
         raise StoreError("no bootstrap replicates to pair for these checkpoints; evaluate them "
                          "with bootstrap replicates on, with the same seed and buckets")
+    caption = "paired bootstrap over the same resampled rows"
+    aggregate = next((c.a for c in found if c.name == AGGREGATE), None)
+    if aggregate is not None:
+        terms = [f"{e}/{m}" for e, m in zip(aggregate["evaluations"], aggregate["metrics"])]
+        caption += ("; aggregate: mean over evaluations of " + ", ".join(terms)
+                    + " (lower-is-better ones negated)")
+    table = Table(title=Text(f"A = {a_rows[0]['checkpoint']}\nB = {b_rows[0]['checkpoint']}"),
+                  caption=Text(caption))
+    for h in ("metric", "A", "B", "A - B", "interval", "P(A better)"):
+        table.add_column(h, justify="left" if h == "metric" else "right", no_wrap=True)
+    for c in found:
+        p = c.paired
+        cells = [format_value(c.a["value"]), format_value(c.b["value"])] + (
+            ["-", "-", "-"] if p is None else
+            [f"{p.difference:+.4f}", f"[{p.ci_low:+.4f}, {p.ci_high:+.4f}]", f"{p.a_better:.3f}"])
+        table.add_row(Text(c.name), *cells)
     out.print(table)
     return EXIT_OK
 
 
 def _confusion(args, out: Console) -> int:
     from rich.table import Table
+    from rich.text import Text
 
     from .errors import StoreError
     from .leaderboard import find_checkpoint
@@ -377,8 +392,9 @@ def _confusion(args, out: Console) -> int:
                          "to the sweep's metrics")
     for r in rows:
         m = r["matrix"]
-        table = Table(title=f"{r['checkpoint']} on {r['dataset']} (rows: target, columns: "
-                            "prediction)")
+        out.print(Text(f"{r['checkpoint']} on {r['dataset']} (rows: target, columns: "
+                       "prediction)"), soft_wrap=True)     # a heading: a path is not folded
+        table = Table()
         table.add_column("target")
         for j in range(len(m)):
             table.add_column(str(j), justify="right")

@@ -1,7 +1,8 @@
-"""The evaluation data set: found, checked against the sweep, and turned into tensors.
+"""An evaluation's data set: found, opened, counted, and its columns turned into arrays.
 
-Row counts and schema come from parquet metadata, so inspecting a data set reads no row data
-beyond the first row of a variable-length list column.
+What the columns must hold and how a batch becomes the model's inputs is the task's business
+(``tasks``); this module knows parquet. Row counts and schema come from parquet metadata, so
+inspecting a data set reads no row data beyond the first row of a variable-length list column.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import torch
 
 from . import paths
 from .errors import DataError
-from .spec import DatasetSpec
+from .config import DatasetSpec
 
 PARQUET_SUFFIXES = (".parquet", ".pq", ".parq")
 
@@ -26,11 +27,15 @@ PARQUET_SUFFIXES = (".parquet", ".pq", ".parq")
 class DatasetInfo:
     files: tuple[str, ...]            # locations of the parquet files, sorted
     num_rows: int
-    input_shape: tuple[int, ...]      # the shape of one row's inputs
+    input_shapes: tuple[tuple[str, tuple[int, ...]], ...]   # column -> one row's shape
     fingerprint: str                  # changes when a file, its size or mtime, or the schema does
 
+    @property
+    def shapes(self) -> dict[str, tuple[int, ...]]:
+        return dict(self.input_shapes)
 
-def find_files(location: str) -> list[str]:
+
+def find_files(location: str, key: str = "dataset.path") -> list[str]:
     """The parquet files of a data set given as a file, a folder or a glob."""
     try:
         if paths.has_glob(location):
@@ -40,55 +45,55 @@ def find_files(location: str) -> list[str]:
         else:
             files = paths.glob(location)
     except OSError as e:
-        raise DataError(f"dataset.path: {paths.explain(e, location)}") from None
+        raise DataError(f"{key}: {paths.explain(e, location)}") from None
     if not files and (why := paths.missing_bucket(location)):
-        raise DataError(f"dataset.path: {why}")
+        raise DataError(f"{key}: {why}")
     if not files:
-        raise DataError(f"dataset.path: no parquet file found at {location!r}; check the path "
+        raise DataError(f"{key}: no parquet file found at {location!r}; check the path "
                         "(relative paths start at the sweep file's folder)")
     return files
 
 
-def open_dataset(files: list[str]) -> pads.Dataset:
+def open_dataset(files: list[str] | tuple[str, ...], key: str = "dataset.path") -> pads.Dataset:
     fs, _ = paths.filesystem(files[0])
     try:
         return pads.dataset([paths.filesystem(f)[1] for f in files], filesystem=fs,
                             format="parquet")
     except (pa.ArrowInvalid, OSError) as e:
-        raise DataError(f"dataset.path: cannot read {files[0]!r} as parquet: "
+        raise DataError(f"{key}: cannot read {files[0]!r} as parquet: "
                         f"{str(e).splitlines()[0]}") from None
 
 
-def inspect_dataset(spec: DatasetSpec, task: str = "classification") -> DatasetInfo:
-    """Check the data set against the sweep's columns and task, and count its rows (from
-    metadata)."""
-    files = find_files(spec.path)
-    ds = open_dataset(files)
+def inspect_dataset(spec: DatasetSpec, task) -> DatasetInfo:
+    """Check the data set against the evaluation's columns and task (a ``tasks.Task``), and
+    count its rows (from metadata)."""
+    key = spec.key_path
+    files = find_files(spec.path, f"{key}.path")
+    ds = open_dataset(files, f"{key}.path")
     schema = ds.schema
     names = schema.names
-    for key, column in (("dataset.inputs", spec.inputs), ("dataset.target", spec.target),
-                        ("dataset.id", spec.id)):
+    named = [(f"{key}.inputs", c) for c in spec.inputs]
+    named += [(f"{key}.target", spec.target), (f"{key}.id", spec.id)]
+    for where, column in named:
         if column is not None and column not in names:
-            raise DataError(f"{key}: no column {column!r} in {spec.path!r}; its columns are: "
+            raise DataError(f"{where}: no column {column!r} in {spec.path!r}; its columns are: "
                             f"{', '.join(names)}")
-    _check_types(spec, task, schema)
+    task.check_schema(spec, schema)
     try:
         num_rows = ds.count_rows()
     except (pa.ArrowInvalid, OSError) as e:
-        raise DataError(f"dataset.path: cannot read {spec.path!r}: "
+        raise DataError(f"{key}.path: cannot read {spec.path!r}: "
                         f"{str(e).splitlines()[0]}") from None
     if num_rows == 0:
-        raise DataError(f"dataset.path: the data set at {spec.path!r} has no rows; "
+        raise DataError(f"{key}.path: the data set at {spec.path!r} has no rows; "
                         "evaluate on a non-empty data set")
-    if task == "language_modeling":
-        shape: tuple[int, ...] = ()
-    else:
-        shape = _input_shape(ds, spec.inputs, schema.field(spec.inputs).type)
-    return DatasetInfo(files=tuple(files), num_rows=num_rows, input_shape=shape,
+    shapes = task.input_shapes(ds, spec)
+    return DatasetInfo(files=tuple(files), num_rows=num_rows,
+                       input_shapes=tuple(shapes.items()),
                        fingerprint=_fingerprint(files, schema))
 
 
-def _leaf(typ: pa.DataType) -> tuple[pa.DataType, int]:
+def leaf_type(typ: pa.DataType) -> tuple[pa.DataType, int]:
     """The value type under any lists, and the list depth."""
     depth = 0
     while True:
@@ -101,27 +106,10 @@ def _leaf(typ: pa.DataType) -> tuple[pa.DataType, int]:
             return typ, depth
 
 
-def _check_types(spec: DatasetSpec, task: str, schema: pa.Schema) -> None:
-    if task == "language_modeling":
-        for key, column in (("dataset.inputs", spec.inputs), ("dataset.target", spec.target)):
-            if column is None:
-                continue
-            leaf, depth = _leaf(schema.field(column).type)
-            if depth != 1 or not pa.types.is_integer(leaf):
-                raise DataError(f"{key}: column {column!r} has type {schema.field(column).type};"
-                                " language modeling needs lists of integer token ids")
-        return
-    target_type = schema.field(spec.target).type
-    if task == "classification" and not pa.types.is_integer(target_type):
-        raise DataError(f"dataset.target: column {spec.target!r} has type {target_type}; "
-                        "expected integer class indices (cast it to int64)")
-    if task == "regression" and not (pa.types.is_integer(target_type)
-                                     or pa.types.is_floating(target_type)):
-        raise DataError(f"dataset.target: column {spec.target!r} has type {target_type}; "
-                        "regression needs a numeric target")
-
-
-def _input_shape(ds: pads.Dataset, column: str, typ: pa.DataType) -> tuple[int, ...]:
+def input_shape(ds: pads.Dataset, column: str, key: str) -> tuple[int, ...]:
+    """One row's shape of a numeric column: (1,) for numbers, list lengths for (nested) lists;
+    a variable-length list is measured on its first row."""
+    typ = ds.schema.field(column).type
     shape: list[int] = []
     probe = None      # the first row, unwrapped level by level, for variable-length lists
     while True:
@@ -139,8 +127,8 @@ def _input_shape(ds: pads.Dataset, column: str, typ: pa.DataType) -> tuple[int, 
             probe = _storage(probe).flatten()
         typ = typ.value_type
     if not (pa.types.is_integer(typ) or pa.types.is_floating(typ) or pa.types.is_boolean(typ)):
-        raise DataError(f"dataset.inputs: column {column!r} holds {typ}; expected numbers or "
-                        "fixed-size lists of numbers")
+        raise DataError(f"{key}: column {column!r} holds {typ}; expected numbers or "
+                        "fixed-size lists of numbers (or decode it with a dataset.transform)")
     return tuple(shape) if shape else (1,)
 
 
@@ -164,104 +152,52 @@ def column_array(table: pa.Table | pa.RecordBatch, name: str) -> pa.Array:
     return _storage(col)
 
 
-def batch_tensors(table: pa.Table | pa.RecordBatch, spec: DatasetSpec, task: str,
-                  input_shape: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]:
-    """One batch as the tensors the task needs: (inputs, targets)."""
-    if task == "language_modeling":
-        return token_tensors(table, spec)
-    x, y = to_tensors(table, spec.inputs, spec.target, input_shape,
-                      float_target=task == "regression")
-    return x, y
-
-
-def token_tensors(table, spec: DatasetSpec) -> tuple[torch.Tensor, torch.Tensor]:
-    """Token-id sequences, right-padded with pad_id: (inputs (rows, T) int64, targets (rows, T)
-    int64 with IGNORE at padding and at dataset.ignore_index). Without a target column the
-    targets are the inputs themselves (the model predicts the next token)."""
-    from .metrics import IGNORE
-
-    tokens = column_array(table, spec.inputs)
-    labels = column_array(table, spec.target) if spec.target else tokens
-    for name, arr in ((spec.inputs, tokens), (spec.target, labels)):
-        if arr.null_count or _storage(arr).flatten().null_count:
-            raise DataError(f"dataset: column {name!r} has null values; fill or drop those rows")
-    lengths = pc.list_value_length(tokens).to_numpy(zero_copy_only=False).astype(np.int64)
-    if spec.target:
-        other = pc.list_value_length(labels).to_numpy(zero_copy_only=False)
-        if (other != lengths).any():
-            raise DataError(f"dataset.target: {spec.target!r} sequences differ in length from "
-                            f"{spec.inputs!r}; give one label per input token")
-    n, t = len(lengths), int(lengths.max()) if len(lengths) else 0
-    positions = np.arange(t).reshape(1, -1) < lengths.reshape(-1, 1)
-    flat_x = _storage(tokens).flatten().to_numpy(zero_copy_only=False).astype(np.int64)
-    flat_y = _storage(labels).flatten().to_numpy(zero_copy_only=False).astype(np.int64)
-    x = np.full((n, t), spec.pad_id, dtype=np.int64)
-    y = np.full((n, t), IGNORE, dtype=np.int64)
-    x[positions] = flat_x
-    y[positions] = flat_y
-    y[y == spec.ignore_index] = IGNORE
-    return torch.from_numpy(x), torch.from_numpy(y)
-
-
-def row_ids(table, spec: DatasetSpec, x: torch.Tensor, y: torch.Tensor,
-            task: str = "classification") -> torch.Tensor:
-    """Each row's id for the bootstrap: the id column, else a hash of the row's content (for
-    token sequences, of the tokens only, so padding does not change it)."""
-    from . import stats
-
-    if spec.id is None:
-        if task == "language_modeling":
-            lengths = pc.list_value_length(column_array(table, spec.inputs))
-            lengths = torch.from_numpy(lengths.to_numpy(zero_copy_only=False).astype(np.int64))
-            return stats.content_ids(x, lengths.view(-1, 1), valid=lengths)
-        return stats.content_ids(x, y)
-    arr = column_array(table, spec.id)
+def number_tensor(table: pa.Table | pa.RecordBatch, column: str, shape: tuple[int, ...],
+                  key: str) -> torch.Tensor:
+    """A numeric column as float32 (rows, *shape); lists must have the shape's lengths."""
+    n = table.num_rows
+    arr = column_array(table, column)
+    levels = shape if _is_list(arr.type) else ()    # a number column has shape (1,)
+    for depth, size in enumerate(levels):
+        arr = _storage(arr)
+        if arr.null_count:
+            raise DataError(f"{key}: column {column!r} has null values; fill or drop those rows")
+        if pa.types.is_list(arr.type) or pa.types.is_large_list(arr.type):
+            lengths = pc.list_value_length(arr).to_numpy(zero_copy_only=False)
+            if len(lengths) and (lengths != size).any():
+                bad = int(lengths[lengths != size][0])
+                raise DataError(f"{key}: column {column!r} has lists of different lengths "
+                                f"({bad} vs {size}); every row needs the same shape")
+        elif not pa.types.is_fixed_size_list(arr.type):
+            raise DataError(f"{key}: column {column!r} is not nested {depth + 1} levels deep "
+                            "in every file; use one schema for the data set")
+        arr = arr.flatten()
     if arr.null_count:
-        raise DataError(f"dataset.id: column {spec.id!r} has null values; every row needs an id")
+        raise DataError(f"{key}: column {column!r} has null values; fill or drop those rows")
+    x = arr.to_numpy(zero_copy_only=False)
+    # A copy: batches may live in read-only Ray object-store memory that a cache must not pin.
+    return torch.from_numpy(np.array(x, dtype=np.float32, copy=True)).reshape(n, *shape)
+
+
+def target_tensor(table: pa.Table | pa.RecordBatch, column: str, key: str,
+                  dtype=np.int64) -> torch.Tensor:
+    arr = column_array(table, column)
+    if arr.null_count:
+        raise DataError(f"{key}: column {column!r} has null values; fill or drop those rows")
+    return torch.from_numpy(np.array(arr.to_numpy(zero_copy_only=False), dtype=dtype, copy=True))
+
+
+def id_values(table: pa.Table | pa.RecordBatch, column: str, key: str) -> torch.Tensor:
+    """An id column as int64: integers as they are, anything else hashed from its text."""
+    arr = column_array(table, column)
+    if arr.null_count:
+        raise DataError(f"{key}: column {column!r} has null values; every row needs an id")
     if pa.types.is_integer(arr.type):
         return torch.from_numpy(arr.to_numpy(zero_copy_only=False).astype(np.int64))
     values = arr.to_pylist()
     return torch.tensor([int.from_bytes(hashlib.blake2b(str(v).encode(), digest_size=8).digest(),
                                         "little", signed=True) for v in values],
                         dtype=torch.int64)
-
-
-def to_tensors(table: pa.Table | pa.RecordBatch, inputs: str, target: str,
-               input_shape: tuple[int, ...], float_target: bool = False
-               ) -> tuple[torch.Tensor, torch.Tensor]:
-    """One batch as (inputs float32 (rows, *input_shape), targets (rows,): int64 class indices,
-    or float64 values when ``float_target``)."""
-    n = table.num_rows
-    arr = column_array(table, inputs)
-    levels = input_shape if _is_list(arr.type) else ()    # a number column has shape (1,)
-    for depth, size in enumerate(levels):
-        arr = _storage(arr)
-        if arr.null_count:
-            raise DataError(f"dataset.inputs: column {inputs!r} has null values; fill or drop "
-                            "those rows")
-        if pa.types.is_list(arr.type) or pa.types.is_large_list(arr.type):
-            lengths = pc.list_value_length(arr).to_numpy(zero_copy_only=False)
-            if len(lengths) and (lengths != size).any():
-                bad = int(lengths[lengths != size][0])
-                raise DataError(f"dataset.inputs: column {inputs!r} has lists of different "
-                                f"lengths ({bad} vs {size}); every row needs the same shape")
-        elif not pa.types.is_fixed_size_list(arr.type):
-            raise DataError(f"dataset.inputs: column {inputs!r} is not nested {depth + 1} "
-                            "levels deep in every file; use one schema for the data set")
-        arr = arr.flatten()
-    if arr.null_count:
-        raise DataError(f"dataset.inputs: column {inputs!r} has null values; fill or drop "
-                        "those rows")
-    x = arr.to_numpy(zero_copy_only=False)
-    # A copy: batches may live in read-only Ray object-store memory that a cache must not pin.
-    x = torch.from_numpy(np.array(x, dtype=np.float32, copy=True)).reshape(n, *input_shape)
-    tarr = column_array(table, target)
-    if tarr.null_count:
-        raise DataError(f"dataset.target: column {target!r} has null values; fill or drop "
-                        "those rows")
-    dtype = np.float64 if float_target else np.int64
-    y = torch.from_numpy(np.array(tarr.to_numpy(zero_copy_only=False), dtype=dtype, copy=True))
-    return x, y
 
 
 def _is_list(typ: pa.DataType) -> bool:
@@ -271,23 +207,11 @@ def _is_list(typ: pa.DataType) -> bool:
         pa.types.is_fixed_size_list(typ)
 
 
-def columns(spec: DatasetSpec) -> list[str]:
-    return list(dict.fromkeys(c for c in (spec.inputs, spec.target, spec.id) if c))
-
-
-def read_all(info: DatasetInfo, spec: DatasetSpec, batch_size: int,
-             task: str = "classification", bootstrap=None):
-    """Every row, in batches of tensors, in one process (the single-process reference path):
-    (inputs, targets) or, with a bootstrap, (inputs, targets, row buckets)."""
-    from . import stats
-
-    ds = open_dataset(list(info.files))
-    for batch in ds.to_batches(columns=columns(spec), batch_size=batch_size):
+def read_batches(info: DatasetInfo, spec: DatasetSpec, batch_size: int, columns=None):
+    """Every row as pyarrow record batches, in one process (the driver's probe and the
+    single-process reference path)."""
+    ds = open_dataset(info.files, f"{spec.key_path}.path")
+    for batch in ds.to_batches(columns=columns if columns is not None else spec.columns,
+                               batch_size=batch_size):
         if batch.num_rows:
-            x, y = batch_tensors(batch, spec, task, info.input_shape)
-            if bootstrap is None:
-                yield x, y
-            else:
-                ids = row_ids(batch, spec, x, y, task)
-                yield x, y, stats.buckets_of(ids, bootstrap.seed, bootstrap.k)
-
+            yield batch

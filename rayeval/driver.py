@@ -1,5 +1,8 @@
 """The driver: validate everything cheap first, plan the cells, then ONE TorchTrainer.fit()
-evaluates every pending checkpoint of the sweep.
+evaluates every pending cell (checkpoint x evaluation) of the sweep.
+
+Public entry points, used by the CLI, `watch` and the tests: ``prepare`` (checks and plan, no
+Ray), ``start_ray``, ``evaluate`` (one fit over a plan) and ``run_sweep`` (all three).
 """
 
 from __future__ import annotations
@@ -10,52 +13,91 @@ import time
 import uuid
 from dataclasses import dataclass, field
 
-from .data import columns, inspect_dataset
+from . import tasks
+from .config import EvalSpec, Sweep
+from .data import inspect_dataset, open_dataset
 from .errors import GroupError, RayevalError, RunError
+from .evaluate import Decoder, output_size
 from .model import build_model
-from .plan import Plan, make_plan
-from .spec import Sweep
+from .plan import CellOutcome, Evaluation, Plan, make_plan
 from .store import ResultStore
 
 
 @dataclass
 class RunReport:
     plan: Plan
-    outcomes: list[dict] = field(default_factory=list)   # one per pending cell, in plan order
+    outcomes: list[CellOutcome] = field(default_factory=list)   # pending cells, plan order
     seconds: float = 0.0
     nodes: int = 0                # Ray nodes the workers ran on (of the last attempt)
+    loads: dict = field(default_factory=dict)   # (rank, checkpoint) -> loads, last attempt's
 
     @property
-    def failures(self) -> list[dict]:
-        return [o for o in self.outcomes if not o["ok"]]
+    def failures(self) -> list[CellOutcome]:
+        return [o for o in self.outcomes if not o.ok]
 
     @property
     def cell_keys(self) -> set[str]:
         return {c.key for c in self.plan.cells + self.plan.cached}
 
 
+@dataclass
+class Evaluated:
+    """What one TorchTrainer.fit() over a plan's cells came to."""
+    outcomes: list[CellOutcome]
+    nodes: int
+    loads: dict
+
+
+def inspect_evaluations(sweep: Sweep) -> tuple[Evaluation, ...]:
+    """Every evaluation's data set checked and counted, and the model probed on a few of its
+    real rows: on the meta device (no memory), else once on the CPU. Bad columns, inputs the
+    model cannot take, outputs that do not fit the task and labels outside the model's classes
+    all fail here, in seconds, before any cluster starts."""
+    meta = build_model(sweep.model, sweep.base_dir, "meta")   # imports and calls the factory
+    out = []
+    for spec in sweep.evals:
+        task = tasks.get(spec.task)
+        info = inspect_dataset(spec.dataset, task)
+        size = _probe_output_size(sweep, spec, info, meta)
+        task.check_values(open_dataset(info.files), spec.dataset, size)
+        out.append(Evaluation(spec=spec, data=info, output_size=size))
+    return tuple(out)
+
+
+def _probe_output_size(sweep: Sweep, spec: EvalSpec, info, meta) -> int:
+    decoder = Decoder(spec, info, sweep.base_dir)
+    head = open_dataset(info.files).head(4, columns=spec.dataset.columns)
+    x, _, _ = decoder(head)
+    task = tasks.get(spec.task)
+    try:
+        return output_size(meta, task, x, "meta")
+    except RayevalError:
+        pass              # some models cannot run on the meta device: once for real, on CPU
+    return output_size(build_model(sweep.model, sweep.base_dir, "cpu"), task, x, "cpu")
+
+
 def prepare(sweep: Sweep, force: bool = False) -> Plan:
     """Everything that can fail on bad input, before any cluster starts."""
-    info = inspect_dataset(sweep.dataset, sweep.task)
-    build_model(sweep.model, sweep.base_dir, "meta")   # imports and calls the factory, no memory
+    evaluations = inspect_evaluations(sweep)
     store = ResultStore(sweep.output)
     store.check()
-    return make_plan(sweep, info, store, force=force)
+    return make_plan(sweep, evaluations, store, force=force)
 
 
 def run_sweep(sweep: Sweep, *, address: str | None = None, force: bool = False,
               verbose: bool = False, display=None, on_plan=None) -> RunReport:
-    """Evaluate every checkpoint of the sweep the store does not hold yet. ``display``: a
-    progress display (``progress.make_display``); none by default."""
+    """Evaluate every cell of the sweep the store does not hold yet. ``display``: a progress
+    display (``progress.make_display``); none by default."""
     start = time.perf_counter()
     plan = prepare(sweep, force=force)
     if on_plan is not None:
         on_plan(plan)
     report = RunReport(plan)
     if plan.cells:
-        started = _ensure_ray(sweep, address, verbose)
+        started = start_ray(sweep, address, verbose)
         try:
-            report.outcomes, report.nodes = _fit(plan, display)
+            done = evaluate(plan, display)
+            report.outcomes, report.nodes, report.loads = done.outcomes, done.nodes, done.loads
         finally:
             if started:
                 import ray
@@ -66,7 +108,7 @@ def run_sweep(sweep: Sweep, *, address: str | None = None, force: bool = False,
     return report
 
 
-def _ensure_ray(sweep: Sweep, address: str | None, verbose: bool) -> bool:
+def start_ray(sweep: Sweep, address: str | None, verbose: bool) -> bool:
     """Connect to a cluster (``address``), reuse the current one, or start one in-process with
     more logical CPUs than workers: Ray Data needs CPUs the Train workers do not hold.
     Returns whether this call started Ray."""
@@ -128,8 +170,8 @@ def _use_token_if_available() -> None:
         os.environ["RAY_AUTH_MODE"] = "token"
 
 
-def _read_dataset(plan: Plan):
-    """The Ray Data set of the sweep's rows, cut into enough blocks to balance the workers:
+def _read_dataset(evaluation: Evaluation, workers: int):
+    """The Ray Data set of an evaluation's rows, cut into enough blocks to balance the workers:
     shards are dealt block by block, so one block per file would leave workers idle."""
     import math
 
@@ -137,24 +179,26 @@ def _read_dataset(plan: Plan):
 
     from . import paths
 
-    sweep = plan.sweep
+    info = evaluation.data
     ctx = ray.data.DataContext.get_current()
     ctx.enable_progress_bars = False
     ctx.print_on_execution_start = False
-    row_bytes = 4 * math.prod(plan.dataset.input_shape or (256,)) + 16
-    blocks = 8 * sweep.workers
-    ctx.target_max_block_size = int(min(128 << 20, max(64 << 10, plan.dataset.num_rows
+    shapes = list(info.shapes.values())
+    row_bytes = sum(4 * math.prod(s) for s in shapes) + 16 if shapes else 4 * 256 + 16
+    blocks = 8 * workers
+    ctx.target_max_block_size = int(min(128 << 20, max(64 << 10, info.num_rows
                                                         * row_bytes / blocks)))
-    fs, _ = paths.filesystem(plan.dataset.files[0])
-    ds = ray.data.read_parquet([paths.filesystem(f)[1] for f in plan.dataset.files],
-                               filesystem=fs)
-    return ds.select_columns(columns(sweep.dataset))
+    fs, _ = paths.filesystem(info.files[0])
+    ds = ray.data.read_parquet([paths.filesystem(f)[1] for f in info.files], filesystem=fs)
+    columns = evaluation.spec.dataset.columns
+    return ds if columns is None else ds.select_columns(columns)
 
 
-def _fit(plan: Plan, display=None) -> tuple[list[dict], int]:
-    """One TorchTrainer.fit() over the plan's cells, in a thread while this one shows progress.
-    Returns an outcome per cell, in plan order, and the number of nodes used; raises RunError when the run fails as a whole
-    (restart budget spent) and the worker's own error for bad input."""
+def evaluate(plan: Plan, display=None) -> Evaluated:
+    """One TorchTrainer.fit() over the plan's cells, on the Ray this process is connected to,
+    in a thread while this one shows progress. Outcomes come in plan order. Raises RunError
+    when the run fails as a whole (restart budget spent) and the worker's own error for bad
+    input."""
     import threading
 
     import ray
@@ -162,20 +206,22 @@ def _fit(plan: Plan, display=None) -> tuple[list[dict], int]:
     from ray.train.torch import TorchConfig, TorchTrainer
 
     from .progress import NullDisplay, Rate, Tracker
-    from .worker import DATASET, ExactlyOnceSplit, evaluate_plan
+    from .worker import ExactlyOnceSplit, dataset_name, train_loop
 
     sweep = plan.sweep
     display = display or NullDisplay()
     tracker = ray.remote(Tracker).options(num_cpus=0).remote(
-        [(c.key, c.checkpoint.location) for c in plan.cells], plan.dataset.num_rows)
+        [(c.key, c.checkpoint.location, plan.evaluation(c.evaluation).data.num_rows)
+         for c in plan.cells])
     trainer = TorchTrainer(
-        evaluate_plan,
+        train_loop,
         train_loop_config={"plan": plan, "tracker": tracker},
         torch_config=TorchConfig(timeout_s=sweep.recovery.stall_timeout_s),
         scaling_config=ray.train.ScalingConfig(
             num_workers=sweep.workers, use_gpu=sweep.use_gpu,
             resources_per_worker=dict(sweep.resources_per_worker) or None),
-        datasets={DATASET: _read_dataset(plan)},
+        datasets={dataset_name(i): _read_dataset(ev, sweep.workers)
+                  for i, ev in enumerate(plan.evaluations)},
         dataset_config=ExactlyOnceSplit(),
         run_config=ray.train.RunConfig(
             name=f"rayeval-{sweep.name}-{uuid.uuid4().hex[:8]}",
@@ -190,7 +236,7 @@ def _fit(plan: Plan, display=None) -> tuple[list[dict], int]:
             outcome["error"] = e
 
     thread = threading.Thread(target=fit, name="rayeval-fit", daemon=True)
-    rate = Rate(plan.dataset.num_rows)
+    rate = Rate()
     began = time.monotonic()
     try:
         with display:
@@ -214,8 +260,9 @@ def _fit(plan: Plan, display=None) -> tuple[list[dict], int]:
         if error is not None:
             raise error
         finished = ray.get(tracker.results.remote())
-        nodes = ray.get(tracker.node_count.remote())
-        return [finished[c.key] for c in plan.cells if c.key in finished], nodes
+        return Evaluated(outcomes=[finished[c.key] for c in plan.cells if c.key in finished],
+                         nodes=ray.get(tracker.node_count.remote()),
+                         loads=ray.get(tracker.load_counts.remote()))
     finally:
         ray.kill(tracker)         # also after a failure: `watch` keeps Ray up between polls
 

@@ -14,69 +14,63 @@ from typing import Iterable
 
 import torch
 
-from . import stats
+from . import stats, tasks
+from .config import OFF, Bootstrap, EvalSpec
+from .data import DatasetInfo
 from .errors import CheckpointError, DataError, ModelError
-from .metrics import IGNORE, Indexed, Metric
+from .metrics import Indexed, Metric
+from .model import import_callable
 
 ROWS = "_rows"   # the row count every cell keeps, checked against the data set before publishing
 
 
-@dataclass(frozen=True)
-class Bootstrap:
-    replicates: int = 1000
-    confidence: float = 0.95
-    seed: int = 0
-    buckets: int = 1024
+class Decoder:
+    """An evaluation's pyarrow batches as (inputs, targets, row buckets) tensors."""
 
-    @property
-    def enabled(self) -> bool:
-        return self.replicates > 0
+    def __init__(self, evaluation: EvalSpec, info: DatasetInfo, base_dir: str):
+        self.spec = evaluation.dataset
+        self.task = tasks.get(evaluation.task)
+        self.bootstrap = evaluation.bootstrap
+        self.shapes = info.shapes
+        self.transform = None
+        if self.spec.transform:
+            self.transform = import_callable(self.spec.transform, base_dir,
+                                             what=f"{self.spec.key_path}.transform")
 
-    @property
-    def k(self) -> int:
-        """Row buckets kept per state: 1 when the bootstrap is off."""
-        return self.buckets if self.enabled else 1
-
-    @property
-    def key(self) -> str:
-        """How replicates were drawn; cells pair when all but the confidence agree."""
-        return (f"seed={self.seed};buckets={self.buckets};replicates={self.replicates};"
-                f"confidence={self.confidence}")
-
-
-OFF = Bootstrap(replicates=0)
+    def __call__(self, table) -> tuple[tasks.Inputs, torch.Tensor, torch.Tensor]:
+        x = self.task.inputs(table, self.spec, self.shapes, self.transform)
+        y = self.task.targets(table, self.spec)
+        if self.bootstrap.enabled:
+            ids = self.task.row_ids(table, self.spec, x, y)
+            buckets = stats.buckets_of(ids, self.bootstrap.seed, self.bootstrap.k)
+        else:
+            buckets = torch.zeros(table.num_rows, dtype=torch.int64)
+        return x, y, buckets
 
 
-def output_size(model: torch.nn.Module, task: str, input_shape: tuple[int, ...],
-                device: torch.device) -> int:
+def output_size(model: torch.nn.Module, task: tasks.Task, x: tasks.Inputs,
+                device: torch.device | str = "cpu") -> int:
     """Classes (classification), vocabulary size (language modeling) or 1 (regression), from
-    one forward pass on zeros; a model whose output does not fit the task is a ModelError."""
-    if task == "language_modeling":
-        probe = torch.zeros((1, 2), dtype=torch.int64, device=device)
-    else:
-        probe = torch.zeros((1, *input_shape), device=device, dtype=_float_dtype(model))
+    one forward pass of ``x``; a model that cannot take them, or whose output does not fit the
+    task, is a ModelError."""
     try:
         with torch.inference_mode():
-            out = model(probe)
+            out = tasks.call_model(model, tasks.move(x, torch.device(device), float_dtype(model)))
     except Exception as e:
-        what = "token ids of shape (batch, positions)" if task == "language_modeling" else \
-            f"inputs of shape (batch, {', '.join(map(str, input_shape))})"
-        raise ModelError(f"model.factory: the model cannot take {what} from dataset.inputs: "
-                         f"{type(e).__name__}: {e}") from None
-    shape = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
-    if task == "classification" and isinstance(out, torch.Tensor) and out.dim() == 2:
-        return int(out.shape[1])
-    if task == "regression" and isinstance(out, torch.Tensor) and out.numel() == 1:
-        return 1
-    if task == "language_modeling" and isinstance(out, torch.Tensor) and out.dim() == 3:
-        return int(out.shape[2])
-    need = {"classification": "logits of shape (batch, classes)",
-            "regression": "one prediction per row, shape (batch,) or (batch, 1)",
-            "language_modeling": "logits of shape (batch, positions, vocab)"}[task]
-    raise ModelError(f"model.factory: the model returns {shape}; task {task} needs {need}")
+        raise ModelError(f"model.factory: the model cannot take {describe_inputs(x)}: "
+                         f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+                         ) from None
+    return task.output_size(out)
 
 
-def _float_dtype(model: torch.nn.Module) -> torch.dtype:
+def describe_inputs(x: tasks.Inputs) -> str:
+    if isinstance(x, dict):
+        return "keyword inputs " + ", ".join(f"{k} of shape {tuple(v.shape)}"
+                                              for k, v in x.items())
+    return f"inputs of shape {tuple(x.shape)} ({str(x.dtype).replace('torch.', '')})"
+
+
+def float_dtype(model: torch.nn.Module) -> torch.dtype:
     return next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
 
 
@@ -202,15 +196,19 @@ def _value(t: torch.Tensor, is_float: bool) -> torch.Tensor:
 
 
 class Pass:
-    """Adds batches into the states of one checkpoint on one worker."""
+    """Adds batches into the states of one checkpoint on one worker, for one evaluation."""
 
     def __init__(self, model: torch.nn.Module, metrics: list[tuple[str, Metric]], size: int,
-                 device: torch.device, task: str = "classification", buckets: int = 1):
+                 device: torch.device, task: tasks.Task | str = "classification",
+                 buckets: int = 1, spec=None):
+        from .config import DatasetSpec
+
         self.model = model
-        self.task = task
+        self.task = tasks.get(task) if isinstance(task, str) else task
+        self.spec = spec or DatasetSpec(path="")
         self.size = size
         self.device = device
-        self.dtype = _float_dtype(model)
+        self.dtype = float_dtype(model)
         self.acc = Accumulator(metrics, size, buckets, device)
 
     @property
@@ -218,52 +216,38 @@ class Pass:
         return self.acc.states
 
     @torch.inference_mode()
-    def update(self, x: torch.Tensor, y: torch.Tensor, buckets: torch.Tensor | None = None
+    def update(self, x: tasks.Inputs, y: torch.Tensor, buckets: torch.Tensor | None = None
                ) -> None:
         if y.shape[0] == 0:
             return
-        self._check_targets(y)
-        if self.task == "language_modeling":
-            x = x.to(self.device, non_blocking=True)
-        else:
-            x = x.to(self.device, self.dtype, non_blocking=True)
+        self.task.check_targets(y, self.size, self.spec)
+        x = tasks.move(x, self.device, self.dtype)
         y = y.to(self.device, non_blocking=True)
-        if x.shape[0] == 1:
+        if y.shape[0] == 1:
             # A one-row batch takes a matrix-vector kernel whose rounding differs from the
             # matrix-matrix one; run two copies so a row's outputs do not depend on where the
             # shard boundaries fell (and published numbers on the world size).
-            out = self.model(torch.cat([x, x]))[:1]
+            out = tasks.call_model(self.model, tasks.repeat(x))
+            out = out[:1] if isinstance(out, torch.Tensor) else out
         else:
-            out = self.model(x)
-        if not isinstance(out, torch.Tensor) or not bool(torch.isfinite(out).all()):
+            out = tasks.call_model(self.model, x)
+        if not isinstance(out, torch.Tensor):
+            raise self.task.wrong_output(out)
+        if not bool(torch.isfinite(out).all()):
+            if not _finite(x):
+                raise DataError(f"{self.spec.key_path}.inputs: NaN or infinite input values; "
+                                "drop or fill those rows")
             raise CheckpointError("the model produced NaN or infinite outputs with this "
                                   "checkpoint")
-        if self.task == "regression":
-            out = out.reshape(-1)
-        elif self.task == "language_modeling":
-            out, y = out[:, :-1], y[:, 1:]     # position t predicts token t + 1
+        out, y = self.task.align(out, y)
         if buckets is None:
-            buckets = torch.zeros(x.shape[0], dtype=torch.int64)
-        self.acc.add(out.float() if self.task != "regression" else out, y, buckets)
+            buckets = torch.zeros(y.shape[0], dtype=torch.int64)
+        self.acc.add(out, y, buckets)
 
-    def _check_targets(self, y: torch.Tensor) -> None:
-        if self.task == "classification":
-            lo, hi = int(y.min()), int(y.max())
-            if lo < 0 or hi >= self.size:
-                bad = lo if lo < 0 else hi
-                raise DataError(f"dataset.target: class index {bad} is outside the model's "
-                                f"{self.size} classes [0, {self.size}); fix the labels or the "
-                                "model's output size")
-        elif self.task == "regression":
-            if not bool(torch.isfinite(y).all()):
-                raise DataError("dataset.target: NaN or infinite target values; drop or fill "
-                                "those rows")
-        else:
-            real = y[y != IGNORE]
-            if real.numel() and (int(real.min()) < 0 or int(real.max()) >= self.size):
-                bad = int(real.min()) if int(real.min()) < 0 else int(real.max())
-                raise DataError(f"dataset: token id {bad} is outside the model's vocabulary of "
-                                f"{self.size}; check the tokenizer or dataset.ignore_index")
+
+def _finite(x: tasks.Inputs) -> bool:
+    values = x.values() if isinstance(x, dict) else [x]
+    return all(bool(torch.isfinite(v).all()) for v in values if v.is_floating_point())
 
 
 def compute(metrics, states, size: int, bootstrap: Bootstrap = OFF) -> dict[str, float]:
@@ -273,10 +257,22 @@ def compute(metrics, states, size: int, bootstrap: Bootstrap = OFF) -> dict[str,
 
 def evaluate(model: torch.nn.Module, batches: Iterable, metrics: list[tuple[str, Metric]],
              size: int, device: torch.device = torch.device("cpu"),
-             task: str = "classification", buckets: int = 1) -> dict[str, torch.Tensor]:
+             task: tasks.Task | str = "classification", buckets: int = 1
+             ) -> dict[str, torch.Tensor]:
     """All batches through one model: the states of one pass (no collectives). Batches are
     (inputs, targets) or (inputs, targets, row buckets)."""
     p = Pass(model, metrics, size, device, task, buckets)
     for batch in batches:
         p.update(*batch)
     return p.states
+
+
+def decoded_batches(evaluation: EvalSpec, info: DatasetInfo, base_dir: str = "",
+                    batch_size: int | None = None):
+    """Every row of an evaluation as (inputs, targets, row buckets) batches, in one process:
+    the single-process reference path."""
+    from .data import read_batches
+
+    decode = Decoder(evaluation, info, base_dir)
+    for batch in read_batches(info, evaluation.dataset, batch_size or evaluation.batch_size):
+        yield decode(batch)

@@ -24,7 +24,8 @@ import yaml
 
 from . import paths
 from .errors import RunError, SpecError
-from .spec import Sweep, is_relative_local, load_sweep, written_locations
+from .config import Sweep
+from .spec import is_relative_local, load_sweep, with_overrides, written_locations
 
 MAX_UPLOAD_MB = 100              # what may travel with a job; RAYEVAL_MAX_UPLOAD_MB overrides
 AGENT_WAIT_S = 90                # how long a new cluster's job agent may take to come up
@@ -101,7 +102,7 @@ def client(address: str | None):
                        f"{str(e).splitlines()[0]}") from None
 
 
-def _call(what: str, fn, *args, **kwargs):
+def call(what: str, fn, *args, **kwargs):
     """A Jobs API call whose failure is one line."""
     from ray.exceptions import AuthenticationError
 
@@ -195,7 +196,7 @@ def entrypoint(pkg: Package, *, workers: int | None, output: str | None, force: 
 def submit(sweep_path: str, address: str | None, *, workers: int | None = None,
            output: str | None = None, force: bool = False) -> tuple[object, str, Package]:
     """Validate here, then submit; returns (client, job id, package)."""
-    sweep = load_sweep(sweep_path).with_overrides(workers=workers)
+    sweep = with_overrides(load_sweep(sweep_path), workers=workers)
     pkg = package(sweep_path, sweep, output)
     jobs = client(address)
     job_id = f"rayeval-{sweep.name}-{uuid.uuid4().hex[:8]}"
@@ -206,7 +207,7 @@ def submit(sweep_path: str, address: str | None, *, workers: int | None = None,
     delay = 1.0
     while True:
         try:
-            _call("submit", jobs.submit_job,
+            call("submit", jobs.submit_job,
                   entrypoint=entrypoint(pkg, workers=workers, output=output, force=force),
                   submission_id=job_id,
                   runtime_env={"working_dir": pkg.folder, "excludes": list(pkg.excludes)},
@@ -230,12 +231,12 @@ def follow(jobs, job_id: str, stream=None) -> str:
             stream.write(chunk)
             stream.flush()
 
-    _call(f"job {job_id}", asyncio.run, tail())
-    return str(_call(f"job {job_id}", jobs.get_job_status, job_id))
+    call(f"job {job_id}", asyncio.run, tail())
+    return str(call(f"job {job_id}", jobs.get_job_status, job_id))
 
 
 def exit_code(jobs, job_id: str) -> int:
-    info = _call(f"job {job_id}", jobs.get_job_info, job_id)
+    info = call(f"job {job_id}", jobs.get_job_info, job_id)
     status = str(info.status)
     if status.endswith("SUCCEEDED"):
         return 0

@@ -20,20 +20,14 @@ from typing import Callable, Mapping
 import torch
 
 from . import layouts
+from .checkpoints import parse_step
+from .config import CheckpointSpec
 from .errors import CheckpointError
 
 WRAPPER_KEYS = ("model", "state_dict", "model_state_dict", "module", "ema")
 _PREFIXES = ("module.", "_orig_mod.")
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
           "float64": torch.float64}
-
-
-@dataclass(frozen=True)
-class CheckpointSpec:
-    """The sweep's ``checkpoint:`` section."""
-    key: str | None = None            # dotted path to the state dict inside the checkpoint
-    strip_prefix: str | None = None   # a prefix to remove from every key
-    trust_pickle: bool = False        # allow full pickles (runs their code), with a warning
 
 
 @dataclass
@@ -224,7 +218,6 @@ def describe(path: str, model: torch.nn.Module | None = None,
     import math
     from collections import Counter
 
-    from .checkpoints import parse_step
 
     raw = layouts.read(path, spec.trust_pickle)
     dtypes = Counter()

@@ -23,14 +23,18 @@ the outputs, ``IGNORE`` where masked.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import dataclasses
 from typing import Any, ClassVar, NamedTuple
 
 import torch
 
-from .errors import SpecError
+from .config import TASK_NAMES as TASKS, MetricSpec
+from .errors import ModelError, SpecError
+from .model import import_callable
 
-TASKS = ("classification", "regression", "language_modeling")
+# Part of every cell's content key: raise it whenever a built-in metric's numbers change, so a
+# fixed metric never serves a stale cached value.
+VERSION = 2
 IGNORE = -100           # the target value of masked (padding / ignored) language-model positions
 
 
@@ -422,36 +426,16 @@ ALIASES = {"top5_accuracy": ("top_k_accuracy", {"k": 5}),
            "top1_accuracy": ("top_k_accuracy", {"k": 1})}
 
 
-@dataclass(frozen=True)
-class MetricSpec:
-    """A metric as the sweep names it: a registry name or a custom ``module:Class``, plus
-    validated parameters."""
+def build(spec: MetricSpec) -> Metric:
+    """The Metric a MetricSpec names (a custom class is imported here, on the worker too)."""
+    if spec.custom:
+        cls = import_callable(spec.name, spec.base_dir, what="metrics")
+        return CustomMetric(cls(**dict(spec.params)))
+    return REGISTRY[spec.task][spec.name](**dict(spec.params))
 
-    name: str
-    task: str
-    params: tuple[tuple[str, Any], ...] = ()
-    base_dir: str = ""                      # where a custom metric's module is found
 
-    @property
-    def custom(self) -> bool:
-        return ":" in self.name
-
-    def build(self) -> Metric:
-        if self.custom:
-            from .model import import_callable
-
-            cls = import_callable(self.name, self.base_dir, what="metrics")
-            return CustomMetric(cls(**dict(self.params)))
-        return REGISTRY[self.task][self.name](**dict(self.params))
-
-    @property
-    def key(self) -> str:
-        """The name results are stored under."""
-        return self.build().key
-
-    @property
-    def higher_is_better(self) -> bool:
-        return bool(getattr(self.build(), "higher_is_better", True))
+def build_all(specs) -> list[tuple[str, Metric]]:
+    return [(s.key, build(s)) for s in specs]
 
 
 class CustomMetric(Metric):
@@ -515,13 +499,11 @@ def parse_metric(item: Any, task: str, base_dir: str = "") -> MetricSpec:
         if typ is int and value < 1:
             raise SpecError(f"metric {name!r}: parameter {key!r} must be at least 1, got {value}")
         params[key] = value
-    return MetricSpec(name=name, task=task, params=tuple(sorted(params.items())))
+    spec = MetricSpec(name=name, task=task, params=tuple(sorted(params.items())))
+    return dataclasses.replace(spec, key=build(spec).key)
 
 
 def _parse_custom(ref: str, raw: dict, task: str, base_dir: str) -> MetricSpec:
-    from .errors import ModelError
-    from .model import import_callable
-
     try:
         cls = import_callable(ref, base_dir, what="metric")
     except ModelError as e:
@@ -533,7 +515,8 @@ def _parse_custom(ref: str, raw: dict, task: str, base_dir: str) -> MetricSpec:
         raise SpecError(f"custom metric {ref!r} lacks {', '.join(missing)}; implement "
                         "init_state(num_classes), update(state, outputs, targets), compute(state)")
     try:
-        cls(**raw)
+        metric = CustomMetric(cls(**raw))
     except TypeError as e:
         raise SpecError(f"custom metric {ref!r}: bad parameters {raw}: {e}") from None
-    return MetricSpec(name=ref, task=task, params=tuple(sorted(raw.items())), base_dir=base_dir)
+    return MetricSpec(name=ref, task=task, params=tuple(sorted(raw.items())), base_dir=base_dir,
+                      key=metric.key)

@@ -9,7 +9,7 @@ from typing import Callable
 import torch
 
 from .errors import ModelError
-from .spec import ModelSpec
+from .config import ModelSpec
 
 
 def import_callable(ref: str, base_dir: str, what: str = "model.factory") -> Callable:

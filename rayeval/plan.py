@@ -1,7 +1,8 @@
-"""From a sweep to the cells a run must evaluate: checkpoints x the data set, each with a
-content key, minus those the result store already holds.
+"""From a sweep to the cells a run must evaluate: checkpoints x evaluations, each with a content
+key, minus those the result store already holds; and what a cell's evaluation came to.
 
-Plain Python (no Ray): the driver builds a Plan, the workers receive it pickled.
+Plain Python (no Ray): the driver builds a Plan, the workers receive it pickled and return a
+CellOutcome per cell.
 """
 
 from __future__ import annotations
@@ -12,26 +13,76 @@ from dataclasses import dataclass
 
 import pyarrow.fs as pafs
 
-from . import paths
+from . import paths, tasks
 from .checkpoints import CheckpointRef, expand_checkpoints
+from .config import EvalSpec, Sweep
 from .data import DatasetInfo
-from .spec import Sweep
+from .metrics import VERSION as METRICS_VERSION
 from .store import ResultStore
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """An evaluation of the suite with what the driver learned of it before any worker."""
+    spec: EvalSpec
+    data: DatasetInfo
+    output_size: int             # classes, vocabulary or 1: probed on the driver
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
 
 
 @dataclass(frozen=True)
 class Cell:
     checkpoint: CheckpointRef
+    evaluation: str              # its name
     key: str                     # content key: the store's file name for this cell
     fingerprint: str = ""        # the checkpoint's: a changed file is a new cell
 
 
 @dataclass(frozen=True)
+class CellOutcome:
+    """What became of one cell; crosses from rank 0 through the tracker to the driver."""
+    key: str
+    checkpoint: str
+    evaluation: str
+    step: int | None
+    error: str | None = None     # None: published
+    values: tuple[tuple[str, float], ...] = ()
+    rows: int = 0
+    seconds: float = 0.0
+    layout: str | None = None
+    attempt: int = 1
+    peak_rss_bytes: int = 0
+    baseline_rss_bytes: int = 0
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+
+@dataclass(frozen=True)
 class Plan:
     sweep: Sweep
-    dataset: DatasetInfo
-    cells: tuple[Cell, ...]      # pending: to evaluate in this run
+    evaluations: tuple[Evaluation, ...]
+    cells: tuple[Cell, ...]      # pending: to evaluate in this run, checkpoint by checkpoint
     cached: tuple[Cell, ...]     # already in the store
+
+    def evaluation(self, name: str) -> Evaluation:
+        return next(e for e in self.evaluations if e.name == name)
+
+    def by_checkpoint(self) -> list[tuple[CheckpointRef, str, list[Cell]]]:
+        """The pending cells grouped by checkpoint, in plan order: one load serves a group."""
+        groups: dict[str, tuple[CheckpointRef, str, list[Cell]]] = {}
+        for c in self.cells:
+            groups.setdefault(c.checkpoint.location, (c.checkpoint, c.fingerprint, []))[2] \
+                .append(c)
+        return list(groups.values())
+
+    @property
+    def rows_to_evaluate(self) -> int:
+        return sum(self.evaluation(c.evaluation).data.num_rows for c in self.cells)
 
 
 def checkpoint_fingerprint(location: str) -> str:
@@ -46,43 +97,52 @@ def checkpoint_fingerprint(location: str) -> str:
     return hashlib.sha256("|".join(parts).encode()).hexdigest()[:16]
 
 
-def cell_key(sweep: Sweep, dataset: DatasetInfo, checkpoint: CheckpointRef,
+def cell_key(sweep: Sweep, evaluation: Evaluation, checkpoint: CheckpointRef,
              fingerprint: str | None = None) -> str:
     """Everything a cell's numbers depend on: the checkpoint's bytes (by fingerprint), the data
-    set's, and how they are read and scored. Not the batch size or the worker count, which do
-    not change the numbers. The sweep name and the checkpoint's path are in it because the
-    stored rows carry them."""
-    ds = sweep.dataset
+    set's, how they are read and scored, and the version of rayeval's metric code. Not the
+    batch size or the worker count, which do not change the numbers. The sweep name, the
+    checkpoint's path and the evaluation's name are in it because the stored rows carry them."""
+    spec = evaluation.spec
+    ds = spec.dataset
+    boot = spec.bootstrap
     ident = {
         "sweep": sweep.name,
         "checkpoint": checkpoint.location,
         "checkpoint_fingerprint": fingerprint or checkpoint_fingerprint(checkpoint.location),
         "checkpoint_options": [sweep.checkpoint.key, sweep.checkpoint.strip_prefix],
-        "dataset": ds.name,
-        "dataset_fingerprint": dataset.fingerprint,
-        "columns": [ds.inputs, ds.target],
-        "tokens": [ds.ignore_index, ds.pad_id] if sweep.task == "language_modeling" else None,
+        "evaluation": spec.name,
+        "dataset_fingerprint": evaluation.data.fingerprint,
+        "columns": [list(ds.inputs), ds.target, ds.id, ds.transform],
+        "task": spec.task,
+        "task_fields": tasks.get(spec.task).key_fields(ds),
         "model": [sweep.model.factory, sweep.model.kwargs, sweep.model.dtype],
-        "task": sweep.task,
-        "metrics": [m.key for m in sweep.metrics],
-        "metric_params": [[m.name, m.params] for m in sweep.metrics],
-        "bootstrap": sweep.bootstrap.key if sweep.bootstrap.enabled else None,
-        "confidence": sweep.bootstrap.confidence,
-        "id": sweep.dataset.id,
+        "metrics": [[m.key, m.name, m.params] for m in spec.metrics],
+        "metrics_version": METRICS_VERSION,
+        "bootstrap": boot.key if boot.enabled else None,
     }
     blob = json.dumps(ident, sort_keys=True, default=str).encode()
     return hashlib.sha256(blob).hexdigest()[:24]
 
 
-def make_plan(sweep: Sweep, dataset: DatasetInfo, store: ResultStore | None,
-              force: bool = False) -> Plan:
-    refs = expand_checkpoints(sweep.checkpoints)
+def make_plan(sweep: Sweep, evaluations: tuple[Evaluation, ...], store: ResultStore | None,
+              force: bool = False, ready: list[tuple[CheckpointRef, str]] | None = None,
+              skip: set[str] = frozenset()) -> Plan:
+    """The cells of every checkpoint (the sweep's globs, or ``ready``: (ref, fingerprint)
+    pairs `watch` found) x every evaluation; cells in ``skip`` are left out altogether."""
+    if ready is None:
+        ready = [(ref, checkpoint_fingerprint(ref.location))
+                 for ref in expand_checkpoints(sweep.checkpoints)]
     pending, cached = [], []
-    for ref in refs:
-        fingerprint = checkpoint_fingerprint(ref.location)
-        cell = Cell(ref, cell_key(sweep, dataset, ref, fingerprint), fingerprint)
-        if not force and store is not None and store.has(cell.key):
-            cached.append(cell)
-        else:
-            pending.append(cell)
-    return Plan(sweep=sweep, dataset=dataset, cells=tuple(pending), cached=tuple(cached))
+    for ref, fingerprint in ready:
+        for evaluation in evaluations:
+            cell = Cell(ref, evaluation.name, cell_key(sweep, evaluation, ref, fingerprint),
+                        fingerprint)
+            if cell.key in skip:
+                continue
+            if not force and store is not None and store.has(cell.key):
+                cached.append(cell)
+            else:
+                pending.append(cell)
+    return Plan(sweep=sweep, evaluations=tuple(evaluations), cells=tuple(pending),
+                cached=tuple(cached))

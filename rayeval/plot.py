@@ -1,5 +1,6 @@
-"""``rayeval leaderboard --plot FILE.png``: each metric against the training step, one line per
-(sweep, data set) with its bootstrap interval as a band."""
+"""``rayeval leaderboard --plot FILE.png``: one panel per board column (``EVAL/METRIC``, or the
+aggregate), each value against the training step, one line per sweep with its bootstrap interval
+as a band. A sweep keeps one colour in every panel."""
 
 from __future__ import annotations
 
@@ -8,35 +9,102 @@ import os
 import tempfile
 
 from .errors import RayevalError, StoreError
+from .leaderboard import Board, Column
+
+_HINT = "--plot needs matplotlib: pip install matplotlib (or pip install 'rayeval[plot]')"
 
 
-def series(rows: list[dict], metrics: list[str]) -> dict[str, dict[tuple, list[tuple]]]:
-    """metric -> (sweep, dataset) -> [(step, value, ci_low, ci_high)] sorted by step; rows
-    without a step are left out."""
-    out: dict[str, dict[tuple, list[tuple]]] = {m: {} for m in metrics}
-    for r in rows:
-        if r["metric"] not in out or r["step"] is None or r.get("matrix"):
+class MatplotlibMissing(RayevalError):
+    """``--plot`` without matplotlib."""
+
+    def __init__(self, _message: str | None = None):
+        super().__init__(_HINT)
+
+
+Point = tuple       # (step, value, ci_low, ci_high)
+
+
+def series(board: Board, columns: list[Column]) -> dict[str, dict[str, list[Point]]]:
+    """column name -> sweep -> [(step, value, ci_low, ci_high)] sorted by step; checkpoints
+    without a step, and missing values, are left out."""
+    out: dict[str, dict[str, list[Point]]] = {c.name: {} for c in columns}
+    for e in board.entries:
+        if e.step is None:
             continue
-        out[r["metric"]].setdefault((r["sweep"], r["dataset"]), []).append(
-            (r["step"], r["value"], r.get("ci_low"), r.get("ci_high")))
-    for groups in out.values():
-        for points in groups.values():
+        for c in columns:
+            v = e.value(c.name)
+            if v is not None:
+                row = e.rows[c.name]
+                out[c.name].setdefault(e.sweep, []).append(
+                    (e.step, v, row.get("ci_low"), row.get("ci_high")))
+    for by_sweep in out.values():
+        for points in by_sweep.values():
             points.sort(key=lambda p: p[0])
     return out
 
 
-def plot(rows: list[dict], metrics: list[str], path: str, title: str | None = None) -> int:
-    """Write the PNG atomically; returns the number of points drawn."""
+def sweep_styles(sweeps) -> dict[str, dict]:
+    """One (colour, line style) per sweep, the same in every panel: matplotlib's ten cycle
+    colours, then the same colours dashed, dotted, ..."""
+    styles = ("-", "--", ":", "-.")
+    return {s: {"color": f"C{i % 10}", "linestyle": styles[(i // 10) % len(styles)]}
+            for i, s in enumerate(sorted(set(sweeps)))}
+
+
+def figure(board: Board, columns: list[Column], title: str | None = None):
+    """The figure (not saved): a grid of panels, the title above them (constrained layout
+    keeps room for it), one legend for the figure."""
+    plt = _pyplot()
+
+    data = series(board, columns)
+    styles = sweep_styles(s for by_sweep in data.values() for s in by_sweep)
+    ncols = min(len(columns), 2)
+    nrows = math.ceil(len(columns) / ncols)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(6.4 * ncols, 3.8 * nrows + 0.6),
+                             squeeze=False, layout="constrained")
+    for ax, column in zip(axes.flat, columns):
+        for sweep, points in sorted(data[column.name].items()):
+            _draw_series(ax, sweep, points, styles[sweep])
+        ax.set_title(f"{column.name} ({'higher' if column.higher_is_better else 'lower'} "
+                     "is better)")
+        ax.set_xlabel("training step")
+        ax.grid(True, alpha=0.3)
+    for ax in list(axes.flat)[len(columns):]:
+        ax.set_visible(False)
+    if title:
+        fig.suptitle(title)
+    if styles:
+        handles = [plt.Line2D([], [], marker="o", markersize=3, **style)
+                   for style in styles.values()]
+        fig.legend(handles, list(styles), loc="outside lower center",
+                   ncols=min(len(styles), 4), fontsize="small")
+    return fig
+
+
+def _pyplot():
     try:
         import matplotlib
     except ImportError:
-        raise RayevalError("--plot needs matplotlib: pip install matplotlib "
-                           "(or rayeval[plot])") from None
-    matplotlib.use("Agg")
+        raise MatplotlibMissing() from None
+    matplotlib.use("Agg")                 # files only, never a window
     import matplotlib.pyplot as plt
 
-    data = series(rows, metrics)
-    drawn = sum(len(p) for groups in data.values() for p in groups.values())
+    return plt
+
+
+def _draw_series(ax, sweep: str, points: list[Point], style: dict) -> None:
+    steps = [p[0] for p in points]
+    ax.plot(steps, [p[1] for p in points], marker="o", markersize=3, label=sweep, **style)
+    if all(p[2] is not None and p[3] is not None for p in points):
+        ax.fill_between(steps, [p[2] for p in points], [p[3] for p in points],
+                        color=style["color"], alpha=0.2, linewidth=0)
+
+
+def plot(board: Board, columns: list[Column], path: str, title: str | None = None) -> int:
+    """Write the PNG atomically; returns the number of points drawn. Prints nothing."""
+    plt = _pyplot()
+    drawn = sum(len(p) for by_sweep in series(board, columns).values()
+                for p in by_sweep.values())
     if not drawn:
         raise StoreError("--plot: no stored result has a training step to plot against; steps "
                          "come from checkpoint names (step_1000.pt, epoch=3-step=1000.ckpt) or "
@@ -45,29 +113,7 @@ def plot(rows: list[dict], metrics: list[str], path: str, title: str | None = No
     if not os.path.isdir(folder):
         raise RayevalError(f"--plot: folder {folder!r} does not exist; create it or choose "
                            "another path")
-    n = len(metrics)
-    cols = min(n, 2)
-    nrows = math.ceil(n / cols)
-    fig, axes = plt.subplots(nrows, cols, figsize=(6.4 * cols, 3.8 * nrows), squeeze=False)
-    for ax, metric in zip(axes.flat, metrics):
-        for (sweep, dataset), points in sorted(data[metric].items()):
-            steps = [p[0] for p in points]
-            values = [p[1] for p in points]
-            label = sweep if len({d for _, d in data[metric]}) == 1 else f"{sweep} on {dataset}"
-            line, = ax.plot(steps, values, marker="o", markersize=3, label=label)
-            if all(p[2] is not None and p[3] is not None for p in points):
-                ax.fill_between(steps, [p[2] for p in points], [p[3] for p in points],
-                                color=line.get_color(), alpha=0.2, linewidth=0)
-        ax.set_title(metric)
-        ax.set_xlabel("training step")
-        ax.grid(True, alpha=0.3)
-        if data[metric]:
-            ax.legend(fontsize="small")
-    for ax in list(axes.flat)[n:]:
-        ax.set_visible(False)
-    if title:
-        fig.suptitle(title)
-    fig.tight_layout()
+    fig = figure(board, columns, title)
     fd, tmp = tempfile.mkstemp(prefix=".rayeval-plot-", suffix=".png", dir=folder)
     os.close(fd)
     try:

@@ -19,10 +19,11 @@ from dataclasses import dataclass
 class Tracker:
     """Plain Python state; the driver runs it as a Ray actor with ``ray.remote``."""
 
-    def __init__(self, cells: list[tuple[str, str]], rows_per_cell: int):
-        self.cells = list(cells)                  # (key, checkpoint location), plan order
-        self.rows_per_cell = rows_per_cell
-        self.outcomes: dict[str, dict] = {}       # key -> outcome of a finished cell
+    def __init__(self, cells: list[tuple[str, str, int]]):
+        self.cells = list(cells)                  # (key, checkpoint location, rows), plan order
+        self.outcomes: dict = {}                  # key -> CellOutcome of a finished cell
+        self.errors: dict[str, str] = {}          # key -> the first rank's error in that cell
+        self.loads: dict[tuple[int, str], int] = {}   # (rank, checkpoint) -> loads
         self.in_flight: dict[int, tuple[int, int]] = {}   # rank -> (cell index, rows done)
         self.attempts = 0
         self.problems: list[str] = []             # what failed the earlier attempts
@@ -49,7 +50,19 @@ class Tracker:
     def rows(self, rank: int, index: int, rows: int) -> None:
         self.in_flight[rank] = (index, rows)
 
-    def finish(self, key: str, outcome: dict) -> None:
+    def cell_error(self, key: str, message: str) -> None:
+        self.errors.setdefault(key, message)
+
+    def error_of(self, key: str) -> str | None:
+        return self.errors.get(key)
+
+    def loaded(self, rank: int, location: str) -> None:
+        self.loads[(rank, location)] = self.loads.get((rank, location), 0) + 1
+
+    def load_counts(self) -> dict[tuple[int, str], int]:
+        return dict(self.loads)
+
+    def finish(self, key: str, outcome) -> None:
         self.outcomes[key] = outcome
         for rank, (index, _) in list(self.in_flight.items()):
             if self.cells[index][0] == key:
@@ -66,7 +79,7 @@ class Tracker:
     def get_fatal(self) -> Exception | None:
         return self.fatal_error
 
-    def results(self) -> dict[str, dict]:
+    def results(self) -> dict:
         return dict(self.outcomes)
 
     def snapshot(self) -> dict:
@@ -75,11 +88,12 @@ class Tracker:
         return {
             "total": len(self.cells),
             "done": len(self.outcomes),
-            "failed": sum(1 for o in self.outcomes.values() if not o["ok"]),
+            "failed": sum(1 for o in self.outcomes.values() if not o.ok),
+            "rows_done": sum(rows for key, _, rows in self.cells if key in self.outcomes),
             "rows_in_flight": sum(r for i, r in self.in_flight.values()
                                   if self.cells[i][0] not in self.outcomes),
+            "rows_total": sum(rows for _, _, rows in self.cells),
             "current": self.cells[min(current)][1] if current else None,
-            "rows_per_cell": self.rows_per_cell,
             "attempts": self.attempts,
             "problems": list(self.problems),
         }
@@ -121,9 +135,21 @@ class WorkerProgress:
             self._last = now
             self.tracker.rows.remote(self.rank, index, rows)
 
-    def finish(self, key: str, outcome: dict) -> None:
+    def finish(self, key: str, outcome) -> None:
         if self.tracker is not None:
             self._get(self.tracker.finish.remote(key, outcome))
+
+    def loaded(self, location: str) -> None:
+        if self.tracker is not None:
+            self.tracker.loaded.remote(self.rank, location)
+
+    def cell_error(self, key: str, message: str) -> None:
+        """This rank's error in a cell, for rank 0 to publish (before the cell's reduce)."""
+        if self.tracker is not None:
+            self._get(self.tracker.cell_error.remote(key, message))
+
+    def error_of(self, key: str) -> str | None:
+        return self._get(self.tracker.error_of.remote(key)) if self.tracker is not None else None
 
     def problem(self, message: str) -> None:
         """Say why this attempt is failing, before the error takes the group down."""
@@ -158,15 +184,14 @@ class Status:
 class Rate:
     """Rows per second over the last ``window_s`` of snapshots, else since the workers began."""
 
-    def __init__(self, rows_per_cell: int, window_s: float = 20.0):
-        self.rows_per_cell = rows_per_cell
+    def __init__(self, window_s: float = 20.0):
         self.window_s = window_s
         self.samples: list[tuple[float, int]] = []
         self.began: float | None = None        # the first snapshot with the workers up
 
     def status(self, snap: dict, now: float) -> Status:
-        total_rows = snap["total"] * self.rows_per_cell
-        processed = min(snap["done"] * self.rows_per_cell + snap["rows_in_flight"], total_rows)
+        total_rows = snap["rows_total"]
+        processed = min(snap["rows_done"] + snap["rows_in_flight"], total_rows)
         if snap["attempts"] and self.began is None:
             self.began = now
         if processed:             # start-up time is not part of the rate
@@ -211,7 +236,7 @@ def line(s: Status, elapsed: float) -> str:
     """One plain progress line."""
     if s.attempts == 0:
         return f"[rayeval] starting the worker group, elapsed {fmt_duration(elapsed)}"
-    parts = [f"[rayeval] {s.done}/{s.total} checkpoints", f"{s.fraction:.0%} of rows",
+    parts = [f"[rayeval] {s.done}/{s.total} cells", f"{s.fraction:.0%} of rows",
              fmt_rate(s.rows_per_s), f"elapsed {fmt_duration(elapsed)}",
              f"left ~{fmt_duration(s.eta_s)}"]
     if s.failed:
@@ -286,7 +311,7 @@ class RichDisplay(LineDisplay):
         super().update(s, elapsed, final=False)
         failed = f" ({s.failed} failed)" if s.failed else ""
         self.bar.update(self.task, completed=s.fraction,
-                        cells=f"{s.done}/{s.total} checkpoints{failed}",
+                        cells=f"{s.done}/{s.total} cells{failed}",
                         rate=fmt_rate(s.rows_per_s), elapsed=fmt_duration(elapsed),
                         eta=fmt_duration(s.eta_s),
                         now=f"now {short(s.current)}" if s.current else "")

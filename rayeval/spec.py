@@ -6,79 +6,38 @@ fault (``dataset.target``, ``metrics[2]``) and says how to fix it.
 
 from __future__ import annotations
 
-import dataclasses
 import os
-from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import yaml
 
 from . import paths
+from .config import (DTYPE_NAMES, TASK_NAMES, Bootstrap, CheckpointSpec, DatasetSpec, EvalSpec,
+                     ModelSpec, Recovery, Sweep)
 from .errors import SpecError
-from .evaluate import Bootstrap
-from .loading import DTYPES, CheckpointSpec
-from .metrics import TASKS, MetricSpec, parse_metric
+from .metrics import parse_metric
 
 
-@dataclass(frozen=True)
-class ModelSpec:
-    factory: str                         # "module:callable"
-    kwargs: dict = field(default_factory=dict)
-    dtype: str | None = None             # evaluation dtype; None: the model's own
-
-
-@dataclass(frozen=True)
-class DatasetSpec:
-    path: str                            # resolved location: file, folder or glob
-    inputs: str
-    target: str
-    id: str | None = None
-    name: str = ""                       # shown in results; defaults to the path's stem
-    ignore_index: int = -100             # language modeling: target ids that are not scored
-    pad_id: int = 0                      # language modeling: fills short input sequences
-
-
-@dataclass(frozen=True)
-class Recovery:
-    max_restarts: int = 3                # worker-group restarts after a worker dies or stalls
-    stall_timeout_s: int = 600           # a rank this late to a sync point fails the group
-
-
-@dataclass(frozen=True)
-class Sweep:
-    name: str
-    model: ModelSpec
-    checkpoints: tuple[str, ...]         # resolved locations or globs
-    dataset: DatasetSpec
-    task: str
-    metrics: tuple[MetricSpec, ...]
-    batch_size: int
-    workers: int
-    use_gpu: bool
-    output: str                          # resolved location of the result store
-    base_dir: str                        # the sweep file's folder: model modules are found here
-    source: str = ""                     # the sweep file, for messages
-    bootstrap: Bootstrap = Bootstrap()
-    checkpoint: CheckpointSpec = CheckpointSpec()
-    recovery: Recovery = Recovery()
-    resources_per_worker: tuple[tuple[str, float], ...] = ()   # Ray resources each worker holds
-
-    def with_overrides(self, *, workers: int | None = None, output: str | None = None) -> "Sweep":
-        """The CLI's ``--workers`` / ``--output`` (relative output taken from the cwd)."""
-        changes: dict[str, Any] = {}
-        if workers is not None:
-            if workers < 1:
-                raise SpecError(f"--workers: must be at least 1, got {workers}")
-            changes["workers"] = workers
-        if output is not None:
-            changes["output"] = paths.resolve(output, os.getcwd())
-        return dataclasses.replace(self, **changes)
-
-
-_TOP_KEYS = {
-    "name", "model", "checkpoints", "dataset", "task", "metrics", "batch_size", "workers",
-    "use_gpu", "output", "bootstrap", "checkpoint", "recovery", "resources_per_worker",
+_COMMON_KEYS = {
+    "name", "model", "checkpoints", "batch_size", "workers", "use_gpu", "output", "bootstrap",
+    "checkpoint", "recovery", "resources_per_worker",
 }
+_SINGLE_KEYS = {"dataset", "task", "metrics"}      # the one-evaluation form
+_EVAL_KEYS = {"name", "task", "dataset", "metrics", "batch_size", "bootstrap"}
+_DATASET_KEYS = {"path", "inputs", "target", "id", "transform", "ignore_index", "pad_id"}
+
+
+def with_overrides(sweep: Sweep, *, workers: int | None = None,
+                   output: str | None = None) -> Sweep:
+    """The CLI's ``--workers`` / ``--output`` (relative output taken from the cwd)."""
+    changes: dict[str, Any] = {}
+    if workers is not None:
+        if workers < 1:
+            raise SpecError(f"--workers: must be at least 1, got {workers}")
+        changes["workers"] = workers
+    if output is not None:
+        changes["output"] = paths.resolve(output, os.getcwd())
+    return sweep.replace(**changes)
 
 
 def load_sweep(path: str) -> Sweep:
@@ -107,105 +66,188 @@ def load_sweep(path: str) -> Sweep:
 def parse_sweep(raw: Any, *, base_dir: str, source: str = "<sweep>") -> Sweep:
     """Validate an already-parsed sweep mapping (what ``load_sweep`` reads from YAML)."""
     r = _Reader(source)
-    top = r.mapping(raw, "", _TOP_KEYS)
+    top = r.mapping(raw, "", _COMMON_KEYS | _SINGLE_KEYS | {"evals"})
+    batch_size = r.integer(top, "batch_size", default=256, minimum=1)
+    bootstrap = _bootstrap(r, r.get(top, "bootstrap", default={}), "bootstrap", Bootstrap())
+    if "evals" in top:
+        both = sorted(k for k in _SINGLE_KEYS if k in top)
+        if both:
+            r.fail(both[0], "give the evaluations either as evals: or as one top-level "
+                            "dataset/task/metrics, not both; move it into an entry of evals")
+        evals = _evals(r, top["evals"], base_dir, batch_size, bootstrap)
+    else:
+        missing = [k for k in ("dataset", "task", "metrics") if top.get(k) is None]
+        if missing:
+            r.fail(missing[0], "missing required key (or list the evaluations under evals:)")
+        ds_raw = r.mapping(top["dataset"], "dataset", _DATASET_KEYS | {"name"})
+        name = r.string(ds_raw, "name", path="dataset.name")
+        if name is None:
+            name = _stem(paths.resolve(r.string(ds_raw, "path", path="dataset.path",
+                                                required=True), base_dir))
+        evals = (_evaluation(r, {**top, "name": name}, "", base_dir, batch_size, bootstrap,
+                             dataset_extra={"name"}),)
+    return Sweep(
+        name=r.string(top, "name", required=True),
+        model=_model(r, top), checkpoints=_checkpoints(r, top, base_dir), evals=evals,
+        workers=r.integer(top, "workers", default=1, minimum=1),
+        use_gpu=(use_gpu := r.boolean(top, "use_gpu", default=False)),
+        output=paths.resolve(r.string(top, "output", required=True), base_dir),
+        base_dir=base_dir, source=source, checkpoint=_checkpoint(r, top),
+        recovery=_recovery(r, top), resources_per_worker=_resources(r, top, use_gpu),
+    )
 
-    name = r.string(top, "name", required=True)
-    model_raw = r.mapping(r.get(top, "model", required=True), "model",
-                          {"factory", "kwargs", "dtype"})
-    dtype = r.string(model_raw, "dtype", path="model.dtype")
-    if dtype is not None and dtype not in DTYPES:
-        r.fail("model.dtype", f"unknown dtype {dtype!r}; choose one of: {', '.join(DTYPES)}")
-    factory = r.string(model_raw, "factory", path="model.factory", required=True)
+
+def _evals(r: "_Reader", raw: Any, base_dir: str, batch_size: int,
+           bootstrap: Bootstrap) -> tuple[EvalSpec, ...]:
+    if not isinstance(raw, list) or not raw:
+        r.fail("evals", f"expected a non-empty list of evaluations, got {_show(raw)}")
+    evals: list[EvalSpec] = []
+    seen: dict[str, int] = {}
+    for i, item in enumerate(raw):
+        path = f"evals[{i}]"
+        m = r.mapping(item, path, _EVAL_KEYS)
+        name = r.string(m, "name", path=f"{path}.name", required=True)
+        if "/" in name or name == "aggregate":
+            r.fail(f"{path}.name", f"{name!r} cannot name an evaluation ('/' separates the "
+                                   "evaluation from the metric, 'aggregate' is the suite's "
+                                   "mean); choose another name")
+        if name in seen:
+            r.fail(f"{path}.name", f"{name!r} is used twice (also evals[{seen[name]}].name); "
+                                   "give each evaluation its own name")
+        seen[name] = i
+        evals.append(_evaluation(r, m, path, base_dir, batch_size, bootstrap))
+    return tuple(evals)
+
+
+def _evaluation(r: "_Reader", m: dict, path: str, base_dir: str, batch_size: int,
+                bootstrap: Bootstrap, dataset_extra: frozenset | set = frozenset()) -> EvalSpec:
+    """One evaluation; ``path`` is its key path ("" for the top-level single form)."""
+    at = (lambda key: f"{path}.{key}" if path else key)
+    task = r.string(m, "task", path=at("task"), required=True)
+    if task not in TASK_NAMES:
+        r.fail(at("task"), f"unknown task {task!r}; choose one of: {', '.join(TASK_NAMES)}")
+    dataset = _dataset(r, r.get(m, "dataset", path=at("dataset"), required=True), at("dataset"),
+                       task, base_dir, dataset_extra)
+    metrics_raw = r.get(m, "metrics", path=at("metrics"), required=True)
+    if not isinstance(metrics_raw, list) or not metrics_raw:
+        r.fail(at("metrics"), f"expected a non-empty list of metric names, got "
+                              f"{_show(metrics_raw)}")
+    metrics = []
+    seen: dict[str, int] = {}
+    for i, item in enumerate(metrics_raw):
+        try:
+            spec = parse_metric(item, task, base_dir)
+        except SpecError as e:
+            r.fail(at(f"metrics[{i}]"), e.message)
+        if spec.key in seen:
+            r.fail(at(f"metrics[{i}]"), f"{spec.key!r} is listed twice (also "
+                                        f"{at(f'metrics[{seen[spec.key]}]')}); remove one")
+        seen[spec.key] = i
+        metrics.append(spec)
+    own_bootstrap = bootstrap
+    if path and m.get("bootstrap") is not None:
+        own_bootstrap = _bootstrap(r, m["bootstrap"], at("bootstrap"), bootstrap)
+    return EvalSpec(
+        name=m["name"], task=task, dataset=dataset, metrics=tuple(metrics),
+        batch_size=r.integer(m, "batch_size", default=batch_size, minimum=1,
+                             path=at("batch_size")) if path else batch_size,
+        bootstrap=own_bootstrap, key_path=path or "(top level)")
+
+
+def _dataset(r: "_Reader", raw: Any, path: str, task: str, base_dir: str,
+             extra: frozenset | set) -> DatasetSpec:
+    m = r.mapping(raw, path, _DATASET_KEYS | set(extra))
+    location = paths.resolve(r.string(m, "path", path=f"{path}.path", required=True), base_dir)
+    transform = r.string(m, "transform", path=f"{path}.transform")
+    if transform is not None:
+        module, _, attr = transform.partition(":")
+        if not module or not attr:
+            r.fail(f"{path}.transform", f"expected 'module:callable', got {transform!r}")
+    inputs_raw = r.get(m, "inputs", path=f"{path}.inputs", required=transform is None)
+    if isinstance(inputs_raw, str):
+        inputs_raw = [inputs_raw]
+    inputs: tuple[str, ...] = ()
+    if inputs_raw is not None:
+        if not isinstance(inputs_raw, list) or not inputs_raw or not all(
+                isinstance(c, str) and c.strip() for c in inputs_raw):
+            r.fail(f"{path}.inputs", f"expected a column name or a list of column names, got "
+                                     f"{_show(inputs_raw)}")
+        if len(set(inputs_raw)) != len(inputs_raw):
+            r.fail(f"{path}.inputs", f"a column is listed twice in {inputs_raw}")
+        inputs = tuple(inputs_raw)
+    if task == "language_modeling" and (len(inputs) != 1 or transform):
+        r.fail(f"{path}.inputs", "language_modeling takes one column of token ids and no "
+                                 "transform")
+    return DatasetSpec(
+        path=location, inputs=inputs,
+        target=r.string(m, "target", path=f"{path}.target",
+                        required=task != "language_modeling"),
+        id=r.string(m, "id", path=f"{path}.id"), transform=transform,
+        ignore_index=r.integer(m, "ignore_index", default=-100, minimum=None,
+                               path=f"{path}.ignore_index"),
+        pad_id=r.integer(m, "pad_id", default=0, minimum=0, path=f"{path}.pad_id"),
+        key_path=path)
+
+
+def _model(r: "_Reader", top: dict) -> ModelSpec:
+    m = r.mapping(r.get(top, "model", required=True), "model", {"factory", "kwargs", "dtype"})
+    dtype = r.string(m, "dtype", path="model.dtype")
+    if dtype is not None and dtype not in DTYPE_NAMES:
+        r.fail("model.dtype", f"unknown dtype {dtype!r}; choose one of: {', '.join(DTYPE_NAMES)}")
+    factory = r.string(m, "factory", path="model.factory", required=True)
     module, _, attr = factory.partition(":")
     if not module or not attr:
         r.fail("model.factory", f"expected 'module:callable', got {factory!r}")
-    kwargs = r.get(model_raw, "kwargs", default={})
+    kwargs = r.get(m, "kwargs", default={})
     if not isinstance(kwargs, dict) or not all(isinstance(k, str) for k in kwargs):
         r.fail("model.kwargs", f"expected a mapping of keyword arguments, got {_show(kwargs)}")
+    return ModelSpec(factory=factory, kwargs=dict(kwargs), dtype=dtype)
 
-    ckpts_raw = r.get(top, "checkpoints", required=True)
-    if isinstance(ckpts_raw, str):
-        ckpts_raw = [ckpts_raw]
-    if not isinstance(ckpts_raw, list) or not ckpts_raw:
-        r.fail("checkpoints", f"expected a non-empty list of paths or globs, got {_show(ckpts_raw)}")
-    checkpoints = []
-    for i, item in enumerate(ckpts_raw):
+
+def _checkpoints(r: "_Reader", top: dict, base_dir: str) -> tuple[str, ...]:
+    raw = r.get(top, "checkpoints", required=True)
+    if isinstance(raw, str):
+        raw = [raw]
+    if not isinstance(raw, list) or not raw:
+        r.fail("checkpoints", f"expected a non-empty list of paths or globs, got {_show(raw)}")
+    out = []
+    for i, item in enumerate(raw):
         if not isinstance(item, str) or not item.strip():
             r.fail(f"checkpoints[{i}]", f"expected a path or glob, got {_show(item)}")
-        checkpoints.append(paths.resolve(item, base_dir))
+        out.append(paths.resolve(item, base_dir))
+    return tuple(out)
 
-    task = r.string(top, "task", required=True)
-    if task not in TASKS:
-        r.fail("task", f"unknown task {task!r}; choose one of: {', '.join(sorted(TASKS))}")
 
-    ds_raw = r.mapping(r.get(top, "dataset", required=True), "dataset",
-                       {"path", "inputs", "target", "id", "name", "ignore_index", "pad_id"})
-    ds_path = paths.resolve(r.string(ds_raw, "path", path="dataset.path", required=True), base_dir)
-    lm = task == "language_modeling"
-    dataset = DatasetSpec(
-        path=ds_path,
-        inputs=r.string(ds_raw, "inputs", path="dataset.inputs", required=True),
-        target=r.string(ds_raw, "target", path="dataset.target", required=not lm),
-        id=r.string(ds_raw, "id", path="dataset.id"),
-        name=r.string(ds_raw, "name", path="dataset.name") or _stem(ds_path),
-        ignore_index=r.integer(ds_raw, "ignore_index", default=-100, minimum=None,
-                               path="dataset.ignore_index"),
-        pad_id=r.integer(ds_raw, "pad_id", default=0, minimum=0, path="dataset.pad_id"),
+def _checkpoint(r: "_Reader", top: dict) -> CheckpointSpec:
+    m = r.mapping(r.get(top, "checkpoint", default={}), "checkpoint",
+                  {"key", "strip_prefix", "trust_pickle"})
+    return CheckpointSpec(
+        key=r.string(m, "key", path="checkpoint.key"),
+        strip_prefix=r.string(m, "strip_prefix", path="checkpoint.strip_prefix"),
+        trust_pickle=r.boolean(m, "trust_pickle", default=False, path="checkpoint.trust_pickle"),
     )
 
-    metrics_raw = r.get(top, "metrics", required=True)
-    if not isinstance(metrics_raw, list) or not metrics_raw:
-        r.fail("metrics", f"expected a non-empty list of metric names, got {_show(metrics_raw)}")
-    metrics = []
-    for i, item in enumerate(metrics_raw):
-        try:
-            metrics.append(parse_metric(item, task, base_dir))
-        except SpecError as e:
-            r.fail(f"metrics[{i}]", e.message)
-    seen: dict[str, int] = {}
-    for i, m in enumerate(metrics):
-        if m.key in seen:
-            r.fail(f"metrics[{i}]", f"{m.key!r} is listed twice (also metrics[{seen[m.key]}]); "
-                                    "remove one")
-        seen[m.key] = i
 
-    batch_size = r.integer(top, "batch_size", default=256, minimum=1)
-    workers = r.integer(top, "workers", default=1, minimum=1)
-    use_gpu = r.boolean(top, "use_gpu", default=False)
-    output = paths.resolve(r.string(top, "output", required=True), base_dir)
-    bootstrap = _bootstrap(r, r.get(top, "bootstrap", default={}))
-    ck_raw = r.mapping(r.get(top, "checkpoint", default={}), "checkpoint",
-                       {"key", "strip_prefix", "trust_pickle"})
-    checkpoint = CheckpointSpec(
-        key=r.string(ck_raw, "key", path="checkpoint.key"),
-        strip_prefix=r.string(ck_raw, "strip_prefix", path="checkpoint.strip_prefix"),
-        trust_pickle=r.boolean(ck_raw, "trust_pickle", default=False,
-                               path="checkpoint.trust_pickle"),
-    )
-    res_raw = r.get(top, "resources_per_worker", default={})
-    if not isinstance(res_raw, dict) or not all(
+def _resources(r: "_Reader", top: dict, use_gpu: bool) -> tuple[tuple[str, float], ...]:
+    raw = r.get(top, "resources_per_worker", default={})
+    if not isinstance(raw, dict) or not all(
             isinstance(k, str) and isinstance(v, (int, float)) and not isinstance(v, bool)
-            and v >= 0 for k, v in res_raw.items()):
+            and v >= 0 for k, v in raw.items()):
         r.fail("resources_per_worker", f"expected a mapping of resource names to amounts "
-                                       f"(e.g. {{CPU: 4, GPU: 1}}), got {_show(res_raw)}")
-    if use_gpu and res_raw.get("GPU", 1) == 0:
+                                       f"(e.g. {{CPU: 4, GPU: 1}}), got {_show(raw)}")
+    if use_gpu and raw.get("GPU", 1) == 0:
         r.fail("resources_per_worker", "GPU: 0 with use_gpu: true; give each worker a GPU")
-    rec_raw = r.mapping(r.get(top, "recovery", default={}), "recovery",
-                        {"max_restarts", "stall_timeout_s"})
-    recovery = Recovery(
-        max_restarts=r.integer(rec_raw, "max_restarts", default=Recovery.max_restarts,
-                               minimum=0, path="recovery.max_restarts"),
-        stall_timeout_s=r.integer(rec_raw, "stall_timeout_s", default=Recovery.stall_timeout_s,
-                                  minimum=1, path="recovery.stall_timeout_s"),
-    )
+    return tuple(sorted((k, float(v)) for k, v in raw.items()))
 
-    return Sweep(
-        name=name, model=ModelSpec(factory=factory, kwargs=dict(kwargs), dtype=dtype),
-        checkpoints=tuple(checkpoints), dataset=dataset, task=task, metrics=tuple(metrics),
-        batch_size=batch_size, workers=workers, use_gpu=use_gpu, output=output,
-        base_dir=base_dir, source=source, bootstrap=bootstrap, checkpoint=checkpoint,
-        recovery=recovery,
-        resources_per_worker=tuple(sorted((k, float(v)) for k, v in res_raw.items())),
+
+def _recovery(r: "_Reader", top: dict) -> Recovery:
+    m = r.mapping(r.get(top, "recovery", default={}), "recovery",
+                  {"max_restarts", "stall_timeout_s"})
+    return Recovery(
+        max_restarts=r.integer(m, "max_restarts", default=Recovery.max_restarts,
+                               minimum=0, path="recovery.max_restarts"),
+        stall_timeout_s=r.integer(m, "stall_timeout_s", default=Recovery.stall_timeout_s,
+                                  minimum=1, path="recovery.stall_timeout_s"),
     )
 
 
@@ -214,6 +256,10 @@ def written_locations(raw: dict) -> list[tuple[str, str]]:
     are resolved against its folder), with their key paths: what `submit` and `k8s render`
     check, since relative paths mean this machine's files."""
     out = [("dataset.path", (raw.get("dataset") or {}).get("path"))]
+    evals = raw.get("evals")
+    for i, e in enumerate(evals if isinstance(evals, list) else []):
+        if isinstance(e, dict) and isinstance(e.get("dataset"), dict):
+            out.append((f"evals[{i}].dataset.path", e["dataset"].get("path")))
     ckpts = raw.get("checkpoints")
     out += [(f"checkpoints[{i}]", c)
             for i, c in enumerate([ckpts] if isinstance(ckpts, str) else (ckpts or []))]
@@ -225,19 +271,21 @@ def is_relative_local(value: str) -> bool:
     return not paths.is_uri(value) and not os.path.isabs(os.path.expanduser(value))
 
 
-def _bootstrap(r: "_Reader", raw) -> Bootstrap:
-    m = r.mapping(raw, "bootstrap", {"replicates", "confidence", "seed", "buckets"})
-    d = Bootstrap()
-    confidence = r.get(m, "confidence", path="bootstrap.confidence", default=d.confidence)
+def _bootstrap(r: "_Reader", raw, path: str, base: Bootstrap) -> Bootstrap:
+    """A ``bootstrap:`` mapping; keys it leaves out come from ``base`` (the sweep's)."""
+    m = r.mapping(raw, path, {"replicates", "confidence", "seed", "buckets"})
+    confidence = r.get(m, "confidence", path=f"{path}.confidence", default=base.confidence)
     if isinstance(confidence, bool) or not isinstance(confidence, (int, float)) \
             or not 0 < confidence < 1:
-        r.fail("bootstrap.confidence", f"expected a number between 0 and 1, got {_show(confidence)}")
+        r.fail(f"{path}.confidence", f"expected a number between 0 and 1, got "
+                                     f"{_show(confidence)}")
     return Bootstrap(
-        replicates=r.integer(m, "replicates", default=d.replicates, minimum=0,
-                             path="bootstrap.replicates"),
+        replicates=r.integer(m, "replicates", default=base.replicates, minimum=0,
+                             path=f"{path}.replicates"),
         confidence=float(confidence),
-        seed=r.integer(m, "seed", default=d.seed, minimum=0, path="bootstrap.seed"),
-        buckets=r.integer(m, "buckets", default=d.buckets, minimum=1, path="bootstrap.buckets"),
+        seed=r.integer(m, "seed", default=base.seed, minimum=0, path=f"{path}.seed"),
+        buckets=r.integer(m, "buckets", default=base.buckets, minimum=1,
+                          path=f"{path}.buckets"),
     )
 
 

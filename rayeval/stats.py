@@ -105,17 +105,17 @@ def content_ids(x: torch.Tensor, y: torch.Tensor, valid: torch.Tensor | None = N
     ``valid[i]`` columns (padding excluded)."""
     n = x.shape[0]
     h = torch.zeros(n, dtype=torch.int64)
-    block = _as_int64_words(x.reshape(n, -1))
+    block = as_int64_words(x.reshape(n, -1))
     for j in range(block.shape[1]):
         step = mix64(h * 31 + block[:, j] + _GOLDEN)
         h = step if valid is None else torch.where(valid > j, step, h)
-    block = _as_int64_words(y.reshape(n, -1))
+    block = as_int64_words(y.reshape(n, -1))
     for j in range(block.shape[1]):
         h = mix64(h * 31 + block[:, j] + _GOLDEN)
     return h
 
 
-def _as_int64_words(t: torch.Tensor) -> torch.Tensor:
+def as_int64_words(t: torch.Tensor) -> torch.Tensor:
     if t.dtype.is_floating_point:
         return t.to(torch.float64).view(torch.int64)
     return t.to(torch.int64)

@@ -1,5 +1,6 @@
 """The result store: ``{output}/results/`` is a parquet dataset, one file per evaluated cell
-(checkpoint x data set), one row per metric.
+(checkpoint x evaluation; the ``dataset`` column holds the evaluation's name), one row per
+metric.
 
 A cell's file is named by its content key, so a second run of the same cell replaces its file
 instead of adding a duplicate, and a run can ask the store which cells it already holds. Local
@@ -40,6 +41,20 @@ SCHEMA = pa.schema([
     pa.field("replicates", pa.list_(pa.float64())),      # the metric on each replicate
     pa.field("matrix", pa.list_(pa.list_(pa.int64()))),  # confusion matrices
 ])
+
+
+def cell_rows(*, sweep: str, checkpoint: str, step: int | None, evaluation: str, results: dict,
+              higher_is_better: dict[str, bool], num_samples: int, world_size: int,
+              bootstrap_key: str) -> list[dict]:
+    """A cell's stored rows, one per metric in the sweep's order (the leaderboard takes an
+    evaluation's first row as its headline metric). ``results``: metric key -> an object with
+    value, ci_low, ci_high, replicates and matrix (``evaluate.MetricResult``)."""
+    return [{"sweep": sweep, "checkpoint": checkpoint, "step": step, "dataset": evaluation,
+             "metric": key, "value": r.value, "ci_low": r.ci_low, "ci_high": r.ci_high,
+             "num_samples": num_samples, "world_size": world_size,
+             "higher_is_better": higher_is_better[key], "replicates": r.replicates,
+             "matrix": r.matrix, "bootstrap": bootstrap_key if r.replicates is not None else None}
+            for key, r in results.items()]
 
 
 class ResultStore:

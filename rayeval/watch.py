@@ -2,9 +2,9 @@
 
 Every ``interval`` seconds the sweep's globs are expanded again. A checkpoint is ready once its
 fingerprint (sizes and modification times of its files) has not changed for ``settle`` seconds;
-names still being written (hidden, ``.tmp``, ``.partial``, ...) are not even looked at. Ready
-checkpoints the store does not hold are evaluated in one ``TorchTrainer.fit()`` per poll, on a Ray
-that stays up between polls. A checkpoint that fails is not tried again until it changes.
+names still being written (hidden, ``.tmp``, ``.partial``, ...) are not even looked at. The cells
+of ready checkpoints (x every evaluation) the store does not hold are evaluated in one
+``TorchTrainer.fit()`` per poll, on a Ray that stays up between polls. A checkpoint that fails is not tried again until it changes.
 """
 
 from __future__ import annotations
@@ -17,11 +17,9 @@ from typing import Callable
 
 from . import driver
 from .checkpoints import CheckpointRef, expand_checkpoints
-from .data import inspect_dataset
+from .config import Sweep
 from .errors import RunError
-from .model import build_model
-from .plan import Cell, Plan, cell_key, checkpoint_fingerprint
-from .spec import Sweep
+from .plan import checkpoint_fingerprint, make_plan
 from .store import ResultStore
 
 
@@ -58,9 +56,9 @@ def watch(sweep: Sweep, *, interval_s: float, settle_s: float, address: str | No
           verbose: bool = False, display_for: Callable = lambda: None,
           say: Callable[[str], None] = print, stop: threading.Event | None = None) -> WatchState:
     """Poll until ``stop`` is set or Ctrl-C (KeyboardInterrupt; SIGTERM is treated alike)."""
-    info = inspect_dataset(sweep.dataset, sweep.task)
-    build_model(sweep.model, sweep.base_dir, "meta")
+    evaluations = driver.inspect_evaluations(sweep)
     store = ResultStore(sweep.output)
+    store.check()
     settling = Settling(settle_s)
     state = WatchState()
     stop = stop or threading.Event()
@@ -71,42 +69,33 @@ def watch(sweep: Sweep, *, interval_s: float, settle_s: float, address: str | No
     try:
         while True:
             refs = expand_checkpoints(sweep.checkpoints, allow_empty=True)
-            pending = []
-            for ref, fp in settling.ready(refs, time.monotonic()):
-                cell = Cell(ref, cell_key(sweep, info, ref, fp), fp)
-                if cell.key in state.failed or cell.key in state.known:
-                    continue
-                if store.has(cell.key):
-                    state.known.add(cell.key)
-                    continue
-                pending.append(cell)
-            if pending:
+            ready = settling.ready(refs, time.monotonic())
+            plan = make_plan(sweep, evaluations, store, ready=ready,
+                             skip=state.failed | state.known)
+            state.known.update(c.key for c in plan.cached)
+            if plan.cells:
                 if not started:
-                    started = driver._ensure_ray(sweep, address, verbose)
-                plan = Plan(sweep=sweep, dataset=info, cells=tuple(pending), cached=())
-                say(f"[rayeval] {len(pending)} new checkpoint(s): "
-                    + ", ".join(c.checkpoint.name for c in pending))
+                    started = driver.start_ray(sweep, address, verbose)
+                names = dict.fromkeys(c.checkpoint.name for c in plan.cells)
+                say(f"[rayeval] {len(names)} new checkpoint(s): " + ", ".join(names))
                 try:
-                    outcomes, _ = driver._fit(plan, display_for())
+                    outcomes = driver.evaluate(plan, display_for()).outcomes
                 except RunError as e:      # workers lost beyond the restart budget: next poll
                     say(f"[rayeval] run failed: {e.message}; trying again at the next poll")
                     outcomes = []
                 finally:
-                    store.discard_partial(c.key for c in pending)
-                by_location = {o["checkpoint"]: o for o in outcomes}
-                for cell in pending:
-                    o = by_location.get(cell.checkpoint.location)
-                    if o is None:
-                        continue
-                    if o["ok"]:
-                        state.known.add(cell.key)
+                    store.discard_partial(c.key for c in plan.cells)
+                for o in outcomes:
+                    name = o.checkpoint.rstrip("/").rsplit("/", 1)[-1]
+                    if o.ok:
+                        state.known.add(o.key)
                         state.evaluated += 1
-                        values = ", ".join(f"{k} {v:.4f}" for k, v in o["values"].items()
+                        values = ", ".join(f"{k} {v:.4f}" for k, v in o.values
                                            if isinstance(v, float))
-                        say(f"[rayeval] {cell.checkpoint.name} (step {o['step']}): {values}")
+                        say(f"[rayeval] {name} (step {o.step}) on {o.evaluation}: {values}")
                     else:
-                        state.failed.add(cell.key)
-                        say(f"[rayeval] failed: {o['error']}")
+                        state.failed.add(o.key)
+                        say(f"[rayeval] failed: {o.error}")
             if stop.wait(interval_s):
                 return state
     finally:

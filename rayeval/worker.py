@@ -1,10 +1,16 @@
-"""The Ray Train worker: every pending checkpoint of a plan, evaluated over this worker's shard.
+"""The Ray Train worker: every pending cell of a plan, checkpoint by checkpoint.
 
-For each checkpoint: load it (any failure is that cell's, agreed on by all ranks), one pass over
-the shard adding into metric states (no collective per batch), ONE all-reduce of the states,
-then rank 0 checks the row count against the data set and publishes the cell. After the first
-pass each worker keeps its decoded shard in memory (when every worker's fits) so later
-checkpoints skip Ray Data entirely; otherwise every checkpoint streams the shard again.
+Each checkpoint is loaded ONCE per worker and evaluated on every evaluation that still needs it
+before the next load. Its steps:
+
+    load and agree    any rank's load failure fails all of the checkpoint's cells, on every rank
+    pass              per evaluation, one pass over this worker's shard adding into metric states
+    reduce            ONE all-reduce of the states per cell (no collective per batch)
+    publish           rank 0 checks the row count against the data set and writes the cell
+
+Each evaluation's data set is its own Ray Data set, split exactly once over the workers. After
+a first pass a worker keeps its decoded shard of an evaluation in memory when every worker's
+fits (one memory budget shared by the evaluations); otherwise it streams the shard again.
 """
 
 from __future__ import annotations
@@ -18,27 +24,30 @@ import ray.train.torch
 import torch
 from ray.train import DataConfig
 
-from . import dist
+from . import dist, tasks
 from .checkpoints import fetch
-from .loading import DTYPES, LeanLoader
-from . import stats
-from .data import batch_tensors, row_ids
 from .errors import CheckpointError, GroupError, RayevalError, RunError
-from .evaluate import ROWS, Pass, finalize, output_size
+from .evaluate import ROWS, Decoder, Pass, finalize
+from .loading import DTYPES, LeanLoader
+from .metrics import build_all
 from .model import import_callable
-from .plan import Plan
+from .plan import Cell, CellOutcome, Evaluation, Plan
 from .progress import WorkerProgress
-from .store import ResultStore
+from .store import ResultStore, cell_rows
 
-DATASET = "eval"
 _FAILED = "_failed"            # extra entries in the reduced vector: any rank failed the cell,
 _CACHE_OVERFLOW = "_overflow"  # any rank's shard was too big to keep
+
+
+def dataset_name(index: int) -> str:
+    """The Ray Train data set name of the plan's ``index``-th evaluation."""
+    return f"eval{index}"
 
 
 class ExactlyOnceSplit(DataConfig):
     """Ray Train's default split (``equal=True``) drops rows to even out shards. Evaluation must
     see every row exactly once, so shards are split with ``equal=False`` (uneven, nothing
-    dropped); the one all-reduce per checkpoint does not care how uneven they are."""
+    dropped); the one all-reduce per cell does not care how uneven they are."""
 
     def configure(self, datasets, world_size, worker_handles, worker_node_ids, **kwargs):
         out = [{} for _ in range(world_size)]
@@ -53,8 +62,9 @@ class ExactlyOnceSplit(DataConfig):
 
 
 def cache_budget_bytes() -> int:
-    """How much decoded shard a worker may keep: RAYEVAL_SHARD_CACHE_BYTES, else a quarter of
-    this node's available memory shared by the workers on it."""
+    """How much decoded shard a worker may keep, over all evaluations:
+    RAYEVAL_SHARD_CACHE_BYTES, else a quarter of this node's available memory shared by the
+    workers on it."""
     if "RAYEVAL_SHARD_CACHE_BYTES" in os.environ:
         return int(os.environ["RAYEVAL_SHARD_CACHE_BYTES"])
     import psutil
@@ -63,21 +73,34 @@ def cache_budget_bytes() -> int:
     return int(psutil.virtual_memory().available / 4 / local)
 
 
-class Shard:
-    """This worker's rows as tensor batches (inputs, targets, row buckets): streamed on the
-    first pass, kept if small."""
+class Budget:
+    """Bytes of decoded shards this worker may still keep."""
 
-    def __init__(self, iterator, plan: Plan):
+    def __init__(self, total: int):
+        self.left = total
+
+    def take(self, n: int) -> bool:
+        if n > self.left:
+            return False
+        self.left -= n
+        return True
+
+    def give(self, n: int) -> None:
+        self.left += n
+
+
+class Shard:
+    """This worker's rows of one evaluation as tensor batches (inputs, targets, row buckets):
+    streamed on the first pass, kept if they fit the budget and every worker's fit."""
+
+    def __init__(self, iterator, decoder: Decoder, batch_size: int, budget: Budget):
         self.iterator = iterator
-        self.spec = plan.sweep.dataset
-        self.task = plan.sweep.task
-        self.bootstrap = plan.sweep.bootstrap
-        self.shape = plan.dataset.input_shape
-        self.batch_size = plan.sweep.batch_size
-        self.budget = cache_budget_bytes()
+        self.decode = decoder
+        self.batch_size = batch_size
+        self.budget = budget
         self.passes = 0
         self.cache: list | None = []
-        self.cached_bytes = 0
+        self.kept = 0
         self.use_cache = False
 
     def __iter__(self):
@@ -90,19 +113,20 @@ class Shard:
                                                 batch_format="pyarrow", prefetch_batches=2):
             if table.num_rows == 0:
                 continue
-            x, y = batch_tensors(table, self.spec, self.task, self.shape)
-            if self.bootstrap.enabled:
-                ids = row_ids(table, self.spec, x, y, self.task)
-                buckets = stats.buckets_of(ids, self.bootstrap.seed, self.bootstrap.k)
-            else:
-                buckets = torch.zeros(x.shape[0], dtype=torch.int64)
+            batch = self.decode(table)
             if first and self.cache is not None:
-                self.cached_bytes += x.nbytes + y.nbytes + buckets.nbytes
-                if self.cached_bytes <= self.budget:
-                    self.cache.append((x, y, buckets))
+                size = tasks.nbytes(batch[0]) + batch[1].nbytes + batch[2].nbytes
+                if self.budget.take(size):
+                    self.kept += size
+                    self.cache.append(batch)
                 else:
-                    self.cache = None
-            yield x, y, buckets
+                    self._drop()
+            yield batch
+
+    def _drop(self) -> None:
+        self.budget.give(self.kept)
+        self.kept = 0
+        self.cache = None
 
     @property
     def overflowed(self) -> bool:
@@ -112,11 +136,11 @@ class Shard:
         """After the first pass: keep the cache only if every worker could keep its own."""
         if self.passes == 1 and not any_overflow and self.cache is not None:
             self.use_cache = True
-        elif not self.use_cache:
-            self.cache = None
+        elif not self.use_cache and self.cache is not None:
+            self._drop()
 
 
-def evaluate_plan(config: dict) -> list[dict]:
+def train_loop(config: dict) -> list[CellOutcome]:
     """The train_loop_per_worker of the evaluation TorchTrainer; rank 0 returns the outcomes.
 
     A restarted group (a worker died or stalled) asks the tracker which cells are finished and
@@ -129,8 +153,8 @@ def evaluate_plan(config: dict) -> list[dict]:
     if fatal is not None:
         return []          # an earlier attempt met bad input: a restart would meet it again
     try:
-        return _evaluate_cells(plan, [c for c in plan.cells if c.key not in done], progress,
-                               attempt)
+        worker = Worker(plan, progress, attempt)
+        return worker.run([c for c in plan.cells if c.key not in done])
     except GroupError as e:
         progress.problem(e.message)
         raise
@@ -142,111 +166,161 @@ def evaluate_plan(config: dict) -> list[dict]:
         raise
 
 
-def _evaluate_cells(plan: Plan, cells: list, progress: WorkerProgress,
-                    attempt: int) -> list[dict]:
-    sweep = plan.sweep
-    timeout = sweep.recovery.stall_timeout_s
-    rank = ray.train.get_context().get_world_rank()
-    world = ray.train.get_context().get_world_size()
-    most, neg_least = dist.all_reduce_max([len(cells), -len(cells)], "the start", timeout)
-    if most != -neg_least:
-        raise RunError(f"workers disagree on the cells left ({int(-neg_least)} to {int(most)}); "
-                       "please report this bug")
-    device = ray.train.torch.get_device()
-    baseline = _peak_rss()
-    factory = import_callable(sweep.model.factory, sweep.base_dir)
-    loader = LeanLoader(lambda: factory(**sweep.model.kwargs).eval(), device,
-                        DTYPES.get(sweep.model.dtype), sweep.checkpoint)
-    metrics = [(m.key, m.build()) for m in sweep.metrics]
-    shard = Shard(ray.train.get_dataset_shard(DATASET), plan)
-    store = ResultStore(sweep.output) if rank == 0 else None
-    cache_dir = os.path.join(tempfile.gettempdir(), "rayeval-checkpoints")
-    index_of = {c.key: i for i, c in enumerate(plan.cells)}
-    size = None
-    outcomes = []
+class Worker:
+    """One rank's state for a run: the model loader, the shards, the store (rank 0)."""
 
-    def finish(cell, outcome):
-        outcomes.append(outcome)
-        if rank == 0:
-            progress.finish(cell.key, outcome)
+    def __init__(self, plan: Plan, progress: WorkerProgress, attempt: int):
+        sweep = plan.sweep
+        ctx = ray.train.get_context()
+        self.plan = plan
+        self.progress = progress
+        self.attempt = attempt
+        self.rank = ctx.get_world_rank()
+        self.world = ctx.get_world_size()
+        self.timeout = sweep.recovery.stall_timeout_s
+        self.device = ray.train.torch.get_device()
+        self.baseline = peak_rss()
+        factory = import_callable(sweep.model.factory, sweep.base_dir)
+        self.loader = LeanLoader(lambda: factory(**sweep.model.kwargs).eval(), self.device,
+                                 DTYPES.get(sweep.model.dtype), sweep.checkpoint)
+        budget = Budget(cache_budget_bytes())
+        self.shards = {}
+        self.metrics = {}
+        for i, ev in enumerate(plan.evaluations):
+            self.shards[ev.name] = Shard(ray.train.get_dataset_shard(dataset_name(i)),
+                                         Decoder(ev.spec, ev.data, sweep.base_dir),
+                                         ev.spec.batch_size, budget)
+            self.metrics[ev.name] = build_all(ev.spec.metrics)
+        self.store = ResultStore(sweep.output) if self.rank == 0 else None
+        self.cache_dir = os.path.join(tempfile.gettempdir(), "rayeval-checkpoints")
+        self.index_of = {c.key: i for i, c in enumerate(plan.cells)}
+        self.outcomes: list[CellOutcome] = []
 
-    for cell in cells:
-        start = time.perf_counter()
-        ref = cell.checkpoint
-        index = index_of[cell.key]
-        error = None
-        model = None          # the previous checkpoint's weights are freed before the next load
-        progress.rows(index, 0, force=True)
+    def run(self, cells: list[Cell]) -> list[CellOutcome]:
+        most, neg_least = dist.all_reduce_max([len(cells), -len(cells)], "the start",
+                                              self.timeout)
+        if most != -neg_least:
+            raise RunError(f"workers disagree on the cells left ({int(-neg_least)} to "
+                           f"{int(most)}); please report this bug")
+        todo = {c.key for c in cells}
+        for ref, fingerprint, group in self.plan.by_checkpoint():
+            group = [c for c in group if c.key in todo]
+            if not group:
+                continue
+            start = time.perf_counter()
+            self.progress.rows(self.index_of[group[0].key], 0, force=True)
+            model, raw, error = self.load_and_agree(ref, fingerprint)
+            if model is None:
+                for cell in group:
+                    self.finish(self.failure(cell, ref.step, error))
+                continue
+            step = raw.step if raw.step is not None else ref.step   # Lightning's global_step
+            for cell in group:
+                outcome = self.evaluate_cell(model, cell, step, raw.layout, start)
+                if outcome is not None:
+                    self.finish(outcome)
+                start = time.perf_counter()
+            del model            # freed before the next load
+        return self.outcomes
+
+    def load_and_agree(self, ref, fingerprint: str):
+        """(model, raw, None) on every rank, or (None, None, why) on every rank when any
+        rank failed to load the checkpoint."""
+        error = model = raw = None
         try:
-            model, raw = loader.load(fetch(ref.location, cache_dir, cell.fingerprint))
+            model, raw = self.loader.load(fetch(ref.location, self.cache_dir, fingerprint))
+            self.progress.loaded(ref.location)
         except CheckpointError as e:
             error = e.message
-        dist.sync(f"the load of {ref.location}", timeout)
-        (any_failed,) = dist.all_reduce_max([1.0 if error else 0.0], f"the load of {ref.location}",
-                                            timeout)
+        where = f"the load of {ref.location}"
+        dist.sync(where, self.timeout)
+        (any_failed,) = dist.all_reduce_max([1.0 if error else 0.0], where, self.timeout)
         if any_failed:
-            finish(cell, _failure(ref, error or f"{ref.location}: could not be loaded on "
-                                                "another worker; see the worker logs"))
-            continue
+            return None, None, error or (f"{ref.location}: could not be loaded on another "
+                                         "worker; see the worker logs")
+        return model, raw, None
 
-        step = raw.step if raw.step is not None else ref.step   # Lightning's global_step
-        if size is None:   # the same on every rank: same model, same zeros input
-            size = output_size(model, sweep.task, plan.dataset.input_shape, device)
-        p = Pass(model, metrics, size, device, sweep.task, sweep.bootstrap.k)
-        rows = 0
-        for x, y, buckets in shard:
+    def evaluate_cell(self, model, cell: Cell, step, layout, start: float
+                      ) -> CellOutcome | None:
+        """Pass, reduce and publish one cell; rank 0 returns its outcome."""
+        ev = self.plan.evaluation(cell.evaluation)
+        states, error = self.one_pass(model, cell, ev)
+        shard = self.shards[ev.name]
+        if error:
+            self.progress.cell_error(cell.key, error)     # before the reduce: rank 0 reads it
+        states[_FAILED] = torch.tensor(1 if error else 0, dtype=torch.int64)
+        states[_CACHE_OVERFLOW] = torch.tensor(int(shard.overflowed), dtype=torch.int64)
+        where = f"the end of the pass over {cell.checkpoint.location} on {ev.name}"
+        dist.sync(where, self.timeout)
+        merged = dist.all_reduce_states(states, where, self.timeout)   # the one state reduce
+        shard.agree(bool(merged[_CACHE_OVERFLOW]))
+        if merged[_FAILED]:
+            if self.rank != 0:
+                return None
+            return self.failure(cell, step, error or self.progress.error_of(cell.key) or (
+                f"{cell.checkpoint.location}: evaluating {ev.name} failed on another worker; "
+                "see the worker logs"))
+        if self.rank != 0:
+            return None
+        return self.publish(cell, ev, merged, step, layout, start)
+
+    def one_pass(self, model, cell: Cell, ev: Evaluation):
+        """This worker's states for one cell, and the error that stopped it (the pass still
+        drains the shard: every rank must finish every pass over its split)."""
+        p = Pass(model, self.metrics[ev.name], ev.output_size, self.device,
+                 ev.spec.task, ev.spec.bootstrap.k, ev.spec.dataset)
+        index = self.index_of[cell.key]
+        rows, error = 0, None
+        for x, y, buckets in self.shards[ev.name]:
             if error:
-                continue          # finish the pass: every rank must drain its split
+                continue
             try:
                 p.update(x, y, buckets)
             except CheckpointError as e:
-                error = f"{ref.location}: {e.message}"
+                error = f"{cell.checkpoint.location}: {ev.name}: {e.message}"
+            except RayevalError as e:        # bad data in this evaluation: its cells only
+                error = f"{ev.name}: {e.message}"
+            except Exception as e:           # noqa: BLE001 - the user's model on these rows
+                error = (f"{cell.checkpoint.location}: {ev.name}: the model failed on a batch: "
+                         f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
             rows += len(buckets)
-            progress.rows(index, rows)
-        progress.rows(index, rows, force=True)
-        states = dict(p.states)
-        states[_FAILED] = torch.tensor(1 if error else 0, dtype=torch.int64)
-        states[_CACHE_OVERFLOW] = torch.tensor(int(shard.overflowed), dtype=torch.int64)
-        where = f"the end of the pass over {ref.location}"
-        dist.sync(where, timeout)
-        merged = dist.all_reduce_states(states, where, timeout)   # the one state all-reduce
-        shard.agree(bool(merged[_CACHE_OVERFLOW]))
-        if merged[_FAILED]:
-            finish(cell, _failure(ref, error or f"{ref.location}: failed on another worker; "
-                                                "see the worker logs"))
-            continue
-        if rank != 0:
-            continue
+            self.progress.rows(index, rows)
+        self.progress.rows(index, rows, force=True)
+        return dict(p.states), error
+
+    def publish(self, cell: Cell, ev: Evaluation, merged, step, layout, start) -> CellOutcome:
         counted = int(merged[ROWS])
-        if counted != plan.dataset.num_rows:
-            finish(cell, _failure(ref, f"{ref.location}: counted {counted} rows but the data "
-                                       f"set has {plan.dataset.num_rows}; not published "
-                                       "(a sharding bug: please report it)"))
-            continue
-        results = finalize(metrics, merged, size, sweep.bootstrap)
-        higher = {key: bool(getattr(m, "higher_is_better", True)) for key, m in metrics}
-        store.write_cell(cell.key, [
-            {"sweep": sweep.name, "checkpoint": ref.location, "step": step,
-             "dataset": sweep.dataset.name, "metric": key, "value": r.value,
-             "ci_low": r.ci_low, "ci_high": r.ci_high, "num_samples": counted,
-             "world_size": world, "higher_is_better": higher[key],
-             "replicates": r.replicates, "matrix": r.matrix,
-             "bootstrap": sweep.bootstrap.key if r.replicates is not None else None}
-            for key, r in results.items()])
-        finish(cell, {"checkpoint": ref.location, "step": step, "ok": True,
-                      "values": {k: r.value for k, r in results.items()}, "rows": counted,
-                      "seconds": time.perf_counter() - start, "layout": raw.layout,
-                      "peak_rss_bytes": _peak_rss(), "baseline_rss_bytes": baseline,
-                      "attempt": attempt})
-    return outcomes
+        if counted != ev.data.num_rows:
+            return self.failure(cell, step, f"{cell.checkpoint.location}: {ev.name}: counted "
+                                            f"{counted} rows but the data set has "
+                                            f"{ev.data.num_rows}; not published (a sharding "
+                                            "bug: please report it)")
+        metrics = self.metrics[ev.name]
+        results = finalize(metrics, merged, ev.output_size, ev.spec.bootstrap)
+        self.store.write_cell(cell.key, cell_rows(
+            sweep=self.plan.sweep.name, checkpoint=cell.checkpoint.location, step=step,
+            evaluation=ev.name, results=results,
+            higher_is_better={k: bool(getattr(m, "higher_is_better", True)) for k, m in metrics},
+            num_samples=counted, world_size=self.world, bootstrap_key=ev.spec.bootstrap.key))
+        return CellOutcome(
+            key=cell.key, checkpoint=cell.checkpoint.location, evaluation=ev.name, step=step,
+            values=tuple((k, r.value) for k, r in results.items()), rows=counted,
+            seconds=time.perf_counter() - start, layout=layout, attempt=self.attempt,
+            peak_rss_bytes=peak_rss(), baseline_rss_bytes=self.baseline)
+
+    def failure(self, cell: Cell, step, message: str) -> CellOutcome:
+        return CellOutcome(key=cell.key, checkpoint=cell.checkpoint.location,
+                           evaluation=cell.evaluation, step=step, error=message,
+                           attempt=self.attempt)
+
+    def finish(self, outcome: CellOutcome) -> None:
+        self.outcomes.append(outcome)
+        if self.rank == 0:
+            self.progress.finish(outcome.key, outcome)
 
 
-def _peak_rss() -> int:
+def peak_rss() -> int:
     """This process's peak resident memory so far, in bytes."""
     import resource
 
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-
-
-def _failure(ref, message: str) -> dict:
-    return {"checkpoint": ref.location, "step": ref.step, "ok": False, "error": message}

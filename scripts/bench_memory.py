@@ -77,9 +77,9 @@ bootstrap: {{replicates: 0}}
             size = os.path.getsize(os.path.join(root, "ckpts", name))
             report = run_sweep(load_sweep(os.path.join(root, f"{name}.yaml")), force=True)
             o = report.outcomes[0]
-            assert o["ok"], o
-            above = o["peak_rss_bytes"] - o["baseline_rss_bytes"]
-            figures.append({"checkpoint": name, "layout": o["layout"], "bytes": size,
+            assert o.ok, o
+            above = o.peak_rss_bytes - o.baseline_rss_bytes
+            figures.append({"checkpoint": name, "layout": o.layout, "bytes": size,
                             "peak_above_baseline_bytes": above, "ratio": round(above / size, 3)})
             print(f"{name:22s} {o['layout']:12s} checkpoint {size / 2**20:7.1f} MiB, worker peak "
                   f"RSS above baseline {above / 2**20:7.1f} MiB, ratio {above / size:.2f}x "

@@ -84,17 +84,17 @@ def run(sweep_path: str, *, use_gpu: bool, workers: int, output: str) -> dict:
 
     from rayeval.driver import run_sweep
     from rayeval.leaderboard import latest_rows
-    from rayeval.spec import load_sweep
+    from rayeval.spec import load_sweep, with_overrides
     from rayeval.store import ResultStore
 
-    sweep = load_sweep(sweep_path).with_overrides(workers=workers, output=output)
+    sweep = with_overrides(load_sweep(sweep_path), workers=workers, output=output)
     sweep = dataclasses.replace(sweep, use_gpu=use_gpu)
     began = time.perf_counter()
     report = run_sweep(sweep, force=True)
     seconds = time.perf_counter() - began
     if ray.is_initialized():
         ray.shutdown()
-    failures = [f["error"] for f in report.failures]
+    failures = [f.error for f in report.failures]
     rows = {(os.path.basename(r["checkpoint"]), r["metric"]): r
             for r in latest_rows(ResultStore(output).read())}
     return {"seconds": round(seconds, 2), "failures": failures, "rows": rows,

@@ -8,13 +8,14 @@ import pytest
 import torch
 
 from rayeval import stats
-from rayeval.evaluate import Accumulator, Bootstrap, finalize
-from rayeval.metrics import parse_metric
+from rayeval.config import Bootstrap
+from rayeval.evaluate import Accumulator, finalize
+from rayeval.metrics import build, parse_metric
 
 
 def interval(task, name, outputs, targets, boot, ids, size=2):
     spec = parse_metric(name, task)
-    metrics = [(spec.key, spec.build())]
+    metrics = [(spec.key, build(spec))]
     acc = Accumulator(metrics, size, boot.k)
     acc.add(outputs, targets, stats.buckets_of(ids, boot.seed, boot.k))
     r = finalize(metrics, acc.states, size, boot)[spec.key]
@@ -62,7 +63,7 @@ def test_mae_interval_covers_the_truth_95_percent():
 def test_replicates_do_not_depend_on_sharding():
     boot = Bootstrap(replicates=200, buckets=64, seed=3)
     spec = parse_metric("nll", "classification")
-    metrics = [(spec.key, spec.build())]
+    metrics = [(spec.key, build(spec))]
     rng = np.random.default_rng(0)
     out = torch.tensor(rng.normal(size=(999, 3)))
     y = torch.tensor(rng.integers(0, 3, 999))

@@ -8,8 +8,9 @@ import torch
 import torch.distributed.checkpoint as dcp
 from safetensors.torch import save_file
 
-from rayeval.checkpoints import (CheckpointRef, detect_format, expand_checkpoints, load_into,
-                                 parse_step, strip_prefixes)
+from rayeval.checkpoints import CheckpointRef, expand_checkpoints, parse_step
+from rayeval.layouts import detect_format
+from rayeval.loading import load_into, strip_prefixes
 from rayeval.errors import CheckpointError, SpecError
 from support import build_model
 

@@ -6,14 +6,27 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from rayeval.data import inspect_dataset, read_all, to_tensors
+from rayeval import tasks
+from rayeval.config import DatasetSpec, EvalSpec
+from rayeval.data import inspect_dataset as inspect, number_tensor, target_tensor
 from rayeval.errors import DataError
-from rayeval.spec import DatasetSpec
+from rayeval.evaluate import decoded_batches
 from support import make_data, write_parquet
+
+CLASSIFICATION = tasks.get("classification")
 
 
 def spec(path, inputs="x", target="y", id=None):
-    return DatasetSpec(path=str(path), inputs=inputs, target=target, id=id, name="d")
+    return DatasetSpec(path=str(path), inputs=(inputs,), target=target, id=id)
+
+
+def inspect_dataset(spec):
+    return inspect(spec, CLASSIFICATION)
+
+
+def to_tensors(table, inputs, target, shape):
+    return (number_tensor(table, inputs, shape, "dataset.inputs"),
+            target_tensor(table, target, "dataset.target"))
 
 
 @pytest.mark.parametrize("list_type", ["fixed", "variable"])
@@ -21,8 +34,10 @@ def test_inspect_counts_rows_and_reads_back_every_row(tmp_path, list_type):
     x, y = make_data(1001)
     write_parquet(str(tmp_path / "d.parquet"), x, y, row_group_size=100, list_type=list_type)
     info = inspect_dataset(spec(tmp_path / "d.parquet"))
-    assert info.num_rows == 1001 and info.input_shape == (8,)
-    batches = list(read_all(info, spec(tmp_path / "d.parquet"), 64))
+    assert info.num_rows == 1001 and info.shapes == {"x": (8,)}
+    ev = EvalSpec(name="d", task="classification", dataset=spec(tmp_path / "d.parquet"),
+                  metrics=(), batch_size=64)
+    batches = list(decoded_batches(ev, info))
     xs = torch.cat([b[0] for b in batches])
     ys = torch.cat([b[1] for b in batches])
     assert torch.equal(xs, torch.from_numpy(x)) and torch.equal(ys, torch.from_numpy(y))

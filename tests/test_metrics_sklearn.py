@@ -9,7 +9,7 @@ import torch
 from sklearn import metrics as sk
 
 from rayeval.evaluate import compute, evaluate
-from rayeval.metrics import IGNORE, REGISTRY, parse_metric
+from rayeval.metrics import IGNORE, REGISTRY, build, parse_metric
 
 C = 4
 
@@ -17,7 +17,7 @@ C = 4
 def run(task, names, outputs, targets, size=C):
     """rayeval's values for (outputs, targets) fed through an identity 'model'."""
     specs = [parse_metric(n, task) for n in names]
-    metrics = [(s.key, s.build()) for s in specs]
+    metrics = [(s.key, build(s)) for s in specs]
     model = torch.nn.Identity()
     batches = [(outputs[i:i + 37], targets[i:i + 37]) for i in range(0, len(targets), 37)]
     states = evaluate(model, batches, metrics, size, task=task)
@@ -85,7 +85,7 @@ def test_classification_against_sklearn(case):
 def test_confusion_matrix_against_sklearn():
     logits, y = cases()["empty_class"]
     specs = [parse_metric("confusion_matrix", "classification")]
-    metrics = [(s.key, s.build()) for s in specs]
+    metrics = [(s.key, build(s)) for s in specs]
     states = evaluate(torch.nn.Identity(), [(torch.tensor(logits, dtype=torch.float32),
                                              torch.tensor(y))], metrics, C)
     from rayeval.evaluate import finalize

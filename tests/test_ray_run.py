@@ -10,7 +10,7 @@ import torch
 import torch.distributed.checkpoint as dcp
 from safetensors.torch import save_file
 
-from rayeval.driver import _fit, prepare, run_sweep
+from rayeval.driver import evaluate, prepare, run_sweep
 from rayeval.errors import DataError
 from rayeval.leaderboard import latest_rows
 from rayeval.spec import load_sweep
@@ -51,7 +51,7 @@ def assert_matches_reference(sweep, x, y, seeds, workers):
 def test_fewer_rows_than_workers(ray_cluster, tmp_path):
     sweep, x, y = setup_sweep(tmp_path, 2, seeds=(1,), workers=3)
     report = run_sweep(sweep)
-    assert report.outcomes[0]["ok"], report.outcomes
+    assert report.outcomes[0].ok, report.outcomes
     assert_matches_reference(sweep, x, y, (1,), 3)
 
 
@@ -97,8 +97,8 @@ def test_every_layout_through_run(ray_cluster, tmp_path):
     sweep = dataclasses.replace(sweep, checkpoints=sweep.checkpoints + (
         f"file://{tmp_path}/remote/step_*.pt",))
     report = run_sweep(sweep)
-    assert all(o["ok"] for o in report.outcomes), report.failures
-    assert {o["layout"] for o in report.outcomes} == {
+    assert all(o.ok for o in report.outcomes), report.failures
+    assert {o.layout for o in report.outcomes} == {
         "torch", "safetensors", "dcp", "lightning", "safetensors-sharded", "torch-sharded"}
     got = stored(sweep)
     names = {1: "step_1.pt", 2: "step_2.pt", 3: "step_3.pt", 4: "step_4.pt",
@@ -152,7 +152,7 @@ def test_evaluation_dtype_bfloat16(ray_cluster, tmp_path):
                               model={"factory": "tiny_models:build", "dtype": "bfloat16"},
                               bootstrap={"replicates": 0})
     report = run_sweep(sweep)
-    assert report.outcomes[0]["ok"], report.outcomes
+    assert report.outcomes[0].ok, report.outcomes
     ref = reference_metrics(build_model(seed=1), x, y)
     got = stored(sweep)
     assert got[("step_1.pt", "nll")]["value"] == pytest.approx(ref["nll"], rel=2e-2)
@@ -163,28 +163,29 @@ def test_a_bad_checkpoint_fails_only_its_cell(ray_cluster, tmp_path):
     sweep, x, y = setup_sweep(tmp_path, 500, seeds=(1, 3), workers=2)
     (tmp_path / "ckpts" / "step_2.pt").write_bytes(b"garbage, not a checkpoint")
     report = run_sweep(sweep)
-    assert [o["ok"] for o in report.outcomes] == [True, False, True]
-    assert "step_2.pt: not a checkpoint" in report.failures[0]["error"]
+    assert [o.ok for o in report.outcomes] == [True, False, True]
+    assert "step_2.pt: not a checkpoint" in report.failures[0].error
     assert {k[0] for k in stored(sweep)} == {"step_1.pt", "step_3.pt"}
 
 
 def test_rerun_uses_the_store_and_force_replaces_without_duplicates(ray_cluster, tmp_path):
     sweep, x, y = setup_sweep(tmp_path, 300, seeds=(1,), workers=2)
-    assert run_sweep(sweep).outcomes[0]["ok"]
+    assert run_sweep(sweep).outcomes[0].ok
     again = run_sweep(sweep)
     assert again.outcomes == [] and len(again.plan.cached) == 1
     forced = run_sweep(sweep, force=True)
-    assert forced.outcomes[0]["ok"]
+    assert forced.outcomes[0].ok
     assert ResultStore(sweep.output).read().num_rows == 3          # 3 metrics, one cell
 
 
 def test_row_count_mismatch_is_an_error_not_a_number(ray_cluster, tmp_path):
     sweep, x, y = setup_sweep(tmp_path, 300, seeds=(1,), workers=2)
     plan = prepare(sweep)
-    wrong = dataclasses.replace(plan, dataset=dataclasses.replace(plan.dataset, num_rows=301))
-    outcomes, _ = _fit(wrong)
-    assert not outcomes[0]["ok"]
-    assert "counted 300 rows but the data set has 301; not published" in outcomes[0]["error"]
+    ev = plan.evaluations[0]
+    wrong_ev = dataclasses.replace(ev, data=dataclasses.replace(ev.data, num_rows=301))
+    outcomes = evaluate(dataclasses.replace(plan, evaluations=(wrong_ev,))).outcomes
+    assert not outcomes[0].ok
+    assert "counted 300 rows but the data set has 301; not published" in outcomes[0].error
     assert ResultStore(sweep.output).read().num_rows == 0
 
 
@@ -224,7 +225,7 @@ def test_every_row_once_and_identical_results_for_1_2_3_workers(ray_cluster, tmp
                                        model={"factory": "tiny_models:build_relu"},
                                        bootstrap={"replicates": 300, "buckets": 256}))
         report = run_sweep(sweep)
-        assert report.outcomes[0]["ok"] and report.outcomes[0]["rows"] == 10_007
+        assert report.outcomes[0].ok and report.outcomes[0].rows == 10_007
         stores.append({r["metric"]: r for r in ResultStore(sweep.output).read().to_pylist()})
     for metric, value in reference.items():
         assert stores[0][metric]["value"] == pytest.approx(value, rel=1e-12), metric
@@ -295,7 +296,7 @@ def test_language_modeling_and_regression_runs(ray_cluster, tmp_path):
         dataset={"path": "reg.parquet", "inputs": "x", "target": "y"}, workers=2,
         output="out_reg", metrics=["mse", "mae", "r2", "pearson"], batch_size=32))
     for sweep in (lm_sweep, reg_sweep):
-        assert run_sweep(sweep).outcomes[0]["ok"]
+        assert run_sweep(sweep).outcomes[0].ok
     total, tokens, hits = 0.0, 0, 0
     with torch.no_grad():
         for s in seqs:                       # one sequence at a time: no padding at all

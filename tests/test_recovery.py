@@ -56,8 +56,8 @@ def test_a_worker_killed_mid_sweep_is_replaced_and_nothing_is_counted_twice(ray_
     armer.join(1)
 
     assert (tmp_path / "trap.fired").exists(), "the trap fired: a worker was killed"
-    assert [o["ok"] for o in report.outcomes] == [True] * 4, report.outcomes
-    attempts = [o["attempt"] for o in report.outcomes]
+    assert [o.ok for o in report.outcomes] == [True] * 4, report.outcomes
+    attempts = [o.attempt for o in report.outcomes]
     assert attempts[0] == 1 and attempts[-1] == 2 and attempts == sorted(attempts), \
         "finished checkpoints were kept; the restarted group evaluated the rest"
     got = stored(sweep)

@@ -12,7 +12,7 @@ import pytest
 from rayeval import paths
 from rayeval.driver import run_sweep
 from rayeval.leaderboard import latest_rows
-from rayeval.spec import load_sweep
+from rayeval.spec import load_sweep, with_overrides
 from rayeval.store import ResultStore
 from s3server import CREDENTIALS, FlakyProxy, MotoServer
 from support import rayeval_cli
@@ -60,16 +60,16 @@ def s3_sweep(tmp_path, output="s3://rayeval-example/evals", **extra):
 def test_data_checkpoints_and_results_in_s3(s3, ray_cluster, tmp_path):
     sweep = load_sweep(s3_sweep(tmp_path))
     report = run_sweep(sweep)
-    assert [o["ok"] for o in report.outcomes] == [True] * 4, report.failures
+    assert [o.ok for o in report.outcomes] == [True] * 4, report.failures
     got = {(os.path.basename(r["checkpoint"]), r["metric"]): r
            for r in latest_rows(ResultStore(sweep.output).read())}
     assert len(got) == 12 and all(r["checkpoint"].startswith("s3://") for r in got.values())
 
     # The same sweep on local files gives the same numbers.
     local = shutil.copytree(DIGITS, tmp_path / "local", ignore=shutil.ignore_patterns("out"))
-    local_sweep = load_sweep(str(local / "sweep.yaml")).with_overrides(
+    local_sweep = with_overrides(load_sweep(str(local / "sweep.yaml")), 
         output=str(tmp_path / "local-out"))
-    assert all(o["ok"] for o in run_sweep(local_sweep).outcomes)
+    assert all(o.ok for o in run_sweep(local_sweep).outcomes)
     ref = {(os.path.basename(r["checkpoint"]), r["metric"]): r
            for r in latest_rows(ResultStore(local_sweep.output).read())}
     assert set(ref) == set(got)

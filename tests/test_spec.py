@@ -6,7 +6,7 @@ import pytest
 import yaml
 
 from rayeval.errors import SpecError
-from rayeval.spec import load_sweep
+from rayeval.spec import load_sweep, with_overrides
 
 VALID = {
     "name": "digits",
@@ -52,10 +52,12 @@ def test_valid_sweep_is_typed_and_paths_resolve_from_its_folder(tmp_path):
     assert sweep.name == "digits"
     assert sweep.model.factory == "my_models:build_mlp" and sweep.model.kwargs == {"hidden": 32}
     assert sweep.checkpoints == (os.path.join(tmp_path, "ckpts/step_*"),)
-    assert sweep.dataset.path == os.path.join(tmp_path, "data/eval.parquet")
-    assert sweep.dataset.id == "row" and sweep.dataset.name == "eval"
-    assert [m.key for m in sweep.metrics] == ["accuracy", "macro_f1", "nll"]
-    assert (sweep.batch_size, sweep.workers, sweep.use_gpu) == (64, 2, False)
+    (ev,) = sweep.evals            # the single form: one evaluation named after the data set
+    assert ev.name == "eval" and ev.task == "classification"
+    assert ev.dataset.path == os.path.join(tmp_path, "data/eval.parquet")
+    assert ev.dataset.id == "row" and ev.dataset.inputs == ("pixels",)
+    assert [m.key for m in ev.metrics] == ["accuracy", "macro_f1", "nll"]
+    assert (ev.batch_size, sweep.workers, sweep.use_gpu) == (64, 2, False)
     assert sweep.output == os.path.join(tmp_path, "out")
     assert sweep.base_dir == str(tmp_path)
 
@@ -69,7 +71,7 @@ def test_defaults_and_uri_locations_kept(tmp_path):
     sweep = load_sweep(write(tmp_path, data))
     assert sweep.output == "s3://bucket/evals"
     assert sweep.checkpoints == ("/abs/ckpts/*.pt",)
-    assert (sweep.batch_size, sweep.workers, sweep.use_gpu) == (256, 1, False)
+    assert (sweep.evals[0].batch_size, sweep.workers, sweep.use_gpu) == (256, 1, False)
 
 
 @pytest.mark.parametrize("path,value,expected", [
@@ -121,7 +123,84 @@ def test_missing_sweep_file(tmp_path):
 def test_cli_overrides(tmp_path, monkeypatch):
     sweep = load_sweep(write(tmp_path, VALID))
     monkeypatch.chdir(tmp_path)
-    changed = sweep.with_overrides(workers=3, output="elsewhere")
+    changed = with_overrides(sweep, workers=3, output="elsewhere")
     assert changed.workers == 3 and changed.output == os.path.join(tmp_path, "elsewhere")
     with pytest.raises(SpecError, match="--workers: must be at least 1"):
-        sweep.with_overrides(workers=0)
+        with_overrides(sweep, workers=0)
+
+
+SUITE = {
+    **{k: v for k, v in VALID.items() if k not in ("dataset", "task", "metrics")},
+    "bootstrap": {"replicates": 200, "seed": 3},
+    "evals": [
+        {"name": "clean", "task": "classification", "metrics": ["accuracy", "nll"],
+         "dataset": {"path": "data/clean.parquet", "inputs": "pixels", "target": "label"}},
+        {"name": "noisy", "task": "classification", "metrics": ["accuracy"], "batch_size": 16,
+         "bootstrap": {"replicates": 50},
+         "dataset": {"path": "data/noisy.parquet", "inputs": ["pixels", "mask"],
+                     "target": "label", "id": "row"}},
+        {"name": "photos", "task": "classification", "metrics": ["accuracy"],
+         "dataset": {"path": "photos.parquet", "transform": "decode:to_inputs",
+                     "target": "label"}},
+    ],
+}
+
+
+def test_suite_of_evaluations_with_overrides(tmp_path):
+    sweep = load_sweep(write(tmp_path, SUITE))
+    clean, noisy, photos = sweep.evals
+    assert [e.name for e in sweep.evals] == ["clean", "noisy", "photos"]
+    assert (clean.batch_size, noisy.batch_size) == (64, 16)
+    assert (clean.bootstrap.replicates, clean.bootstrap.seed) == (200, 3)
+    assert (noisy.bootstrap.replicates, noisy.bootstrap.seed) == (50, 3), "keys left out inherit"
+    assert noisy.dataset.inputs == ("pixels", "mask") and noisy.dataset.id == "row"
+    assert noisy.dataset.columns == ["pixels", "mask", "label", "row"]
+    assert photos.dataset.transform == "decode:to_inputs" and photos.dataset.inputs == ()
+    assert photos.dataset.columns is None, "a transform without inputs sees every column"
+    assert noisy.dataset.key_path == "evals[1].dataset"
+
+
+def suite_with(index, path, value):
+    import copy
+
+    data = copy.deepcopy(SUITE)
+    node = data["evals"][index]
+    keys = path.split(".")
+    for k in keys[:-1]:
+        node = node[k]
+    if value is DELETE:
+        del node[keys[-1]]
+    else:
+        node[keys[-1]] = value
+    return data
+
+
+@pytest.mark.parametrize("index,path,value,expected", [
+    (2, "dataset.target", DELETE, r"evals\[2\]\.dataset\.target: missing required key"),
+    (1, "name", "clean", r"evals\[1\]\.name: 'clean' is used twice \(also evals\[0\]\.name\)"),
+    (0, "name", DELETE, r"evals\[0\]\.name: missing required key"),
+    (0, "name", "a/b", r"evals\[0\]\.name: 'a/b' cannot name an evaluation"),
+    (1, "metrics", ["accuracy", "rmse"], r"evals\[1\]\.metrics\[1\]: metric 'rmse' is for task"),
+    (1, "bootstrap", {"confidence": 2}, r"evals\[1\]\.bootstrap\.confidence: expected a number"),
+    (1, "batch_size", 0, r"evals\[1\]\.batch_size: must be at least 1"),
+    (0, "task", "ranking", r"evals\[0\]\.task: unknown task 'ranking'"),
+    (0, "dataset.inputs", [], r"evals\[0\]\.dataset\.inputs: expected a column name or a list"),
+    (0, "dataset.inputs", DELETE, r"evals\[0\]\.dataset\.inputs: missing required key"),
+    (2, "dataset.transform", "decode", r"evals\[2\]\.dataset\.transform: expected 'module:callable'"),
+    (0, "dataset.name", "x", r"evals\[0\]\.dataset\.name: unknown key"),
+    (0, "extra", 1, r"evals\[0\]\.extra: unknown key"),
+])
+def test_suite_errors_name_the_key_path(tmp_path, index, path, value, expected):
+    source = write(tmp_path, suite_with(index, path, value))
+    with pytest.raises(SpecError, match=r"^" + __import__("re").escape(source) + ": " + expected):
+        load_sweep(source)
+
+
+def test_suite_and_single_form_are_exclusive(tmp_path):
+    with pytest.raises(SpecError, match=r"task: give the evaluations either as evals: or"):
+        load_sweep(write(tmp_path, {**SUITE, "task": "classification"}))
+    with pytest.raises(SpecError, match=r"evals: expected a non-empty list"):
+        load_sweep(write(tmp_path, {**SUITE, "evals": []}))
+    no_task = {k: v for k, v in VALID.items() if k != "task"}
+    with pytest.raises(SpecError, match=r"task: missing required key \(or list the"):
+        load_sweep(write(tmp_path, no_task))

@@ -92,13 +92,21 @@ def test_board_ranks_per_metric_direction():
         build_board(data, "f1")
 
 
-def test_board_ranks_within_each_dataset():
+def test_board_of_several_datasets_has_one_row_per_checkpoint():
+    # A store with several data sets (evaluations) is one row per checkpoint, one column per
+    # data set and metric, and an aggregate over data sets (ranked first when some
+    # checkpoint has every data set).
     data = rows("/a.pt", 1, {"accuracy": 0.5}, dataset="x") + \
         rows("/b.pt", 2, {"accuracy": 0.6}, dataset="x") + \
         rows("/a.pt", 1, {"accuracy": 0.9}, dataset="y")
     board = build_board(data)
-    assert [(e.dataset, e.rank, e.best) for e in board.entries] == [
-        ("x", 1, True), ("x", 2, False), ("y", 1, True)]
+    assert board.metrics == ["aggregate", "x/accuracy", "y/accuracy"]
+    assert board.rank_by == "aggregate"
+    assert [(e.checkpoint, e.rank, e.best) for e in board.entries] == [
+        ("/a.pt", 1, True), ("/b.pt", 2, False)]
+    a, b = board.entries
+    assert a.value("aggregate") == pytest.approx(0.7) and b.value("aggregate") is None
+    assert (a.marks, b.marks) == ({"aggregate": "*", "y/accuracy": "*"}, {"x/accuracy": "*"})
 
 
 def test_json_rows_have_the_store_fields(tmp_path):

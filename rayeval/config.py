@@ -1,0 +1,131 @@
+"""The sweep's types: frozen, validated values and nothing else.
+
+A leaf module: it imports nothing of rayeval's and neither torch nor Ray, so every other module
+(and a user's tooling) can hold a sweep without pulling in checkpoint readers or a cluster.
+``spec.load_sweep`` builds these from YAML; raw dicts go no further than that loader.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+DTYPE_NAMES = ("float32", "float16", "bfloat16", "float64")
+TASK_NAMES = ("classification", "regression", "language_modeling")
+
+
+@dataclass(frozen=True)
+class Bootstrap:
+    replicates: int = 1000
+    confidence: float = 0.95
+    seed: int = 0
+    buckets: int = 1024
+
+    @property
+    def enabled(self) -> bool:
+        return self.replicates > 0
+
+    @property
+    def k(self) -> int:
+        """Row buckets kept per state: 1 when the bootstrap is off."""
+        return self.buckets if self.enabled else 1
+
+    @property
+    def key(self) -> str:
+        """How replicates were drawn; cells pair when all but the confidence agree."""
+        return (f"seed={self.seed};buckets={self.buckets};replicates={self.replicates};"
+                f"confidence={self.confidence}")
+
+
+OFF = Bootstrap(replicates=0)
+
+
+@dataclass(frozen=True)
+class CheckpointSpec:
+    """The sweep's ``checkpoint:`` section."""
+    key: str | None = None            # dotted path to the state dict inside the checkpoint
+    strip_prefix: str | None = None   # a prefix to remove from every key
+    trust_pickle: bool = False        # allow full pickles (runs their code), with a warning
+
+
+@dataclass(frozen=True)
+class MetricSpec:
+    """A metric as the sweep names it: a registry name or a custom ``module:Class``, plus
+    validated parameters. ``metrics.build`` turns it into a Metric."""
+    name: str
+    task: str
+    params: tuple[tuple[str, Any], ...] = ()
+    base_dir: str = ""                      # where a custom metric's module is found
+    key: str = ""                           # the name results are stored under
+
+    @property
+    def custom(self) -> bool:
+        return ":" in self.name
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    factory: str                         # "module:callable"
+    kwargs: dict = field(default_factory=dict)
+    dtype: str | None = None             # evaluation dtype; None: the model's own
+
+
+@dataclass(frozen=True)
+class DatasetSpec:
+    path: str                            # resolved location: file, folder or glob
+    inputs: tuple[str, ...] = ()         # columns fed to the model (several: as keywords)
+    target: str | None = None
+    id: str | None = None
+    transform: str | None = None         # "module:callable": pyarrow batch -> model inputs
+    ignore_index: int = -100             # language modeling: target ids that are not scored
+    pad_id: int = 0                      # language modeling: fills short input sequences
+    key_path: str = "dataset"            # where it is in the sweep file, for messages
+
+    @property
+    def columns(self) -> list[str] | None:
+        """The columns a batch is read with, in a stable order; None (all of them) for a
+        transform that names no inputs."""
+        if self.transform and not self.inputs:
+            return None
+        return list(dict.fromkeys(c for c in (*self.inputs, self.target, self.id) if c))
+
+
+@dataclass(frozen=True)
+class EvalSpec:
+    """One evaluation of a suite: a data set, a task and its metrics."""
+    name: str
+    task: str
+    dataset: DatasetSpec
+    metrics: tuple[MetricSpec, ...]
+    batch_size: int = 256
+    bootstrap: Bootstrap = Bootstrap()
+    key_path: str = "evals[0]"
+
+
+@dataclass(frozen=True)
+class Recovery:
+    max_restarts: int = 3                # worker-group restarts after a worker dies or stalls
+    stall_timeout_s: int = 600           # a rank this late to a sync point fails the group
+
+
+@dataclass(frozen=True)
+class Sweep:
+    name: str
+    model: ModelSpec
+    checkpoints: tuple[str, ...]         # resolved locations or globs
+    evals: tuple[EvalSpec, ...]          # the suite: at least one
+    workers: int
+    use_gpu: bool
+    output: str                          # resolved location of the result store
+    base_dir: str                        # the sweep file's folder: model modules are found here
+    source: str = ""                     # the sweep file, for messages
+    checkpoint: CheckpointSpec = CheckpointSpec()
+    recovery: Recovery = Recovery()
+    resources_per_worker: tuple[tuple[str, float], ...] = ()   # Ray resources each worker holds
+
+    def evaluation(self, name: str) -> EvalSpec:
+        return next(e for e in self.evals if e.name == name)
+
+    def replace(self, **changes: Any) -> "Sweep":
+        return dataclasses.replace(self, **changes)

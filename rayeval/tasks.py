@@ -1,0 +1,360 @@
+"""Tasks as types: what a kind of evaluation needs from its data and its model.
+
+A task owns everything that used to be tested by string across the code base: the columns it
+needs and their checks, turning a pyarrow batch into tensors, row ids for the bootstrap, the
+model's output size, aligning outputs with targets, the metrics it allows, and its fields in the
+content key. Adding a task is adding one class here and registering it in ``TASKS``.
+
+Plain torch and pyarrow: the driver uses tasks to check data and probe the model before Ray
+starts, the workers to evaluate.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar, Mapping
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.dataset as pads
+import torch
+
+from . import data, stats
+from .config import DatasetSpec
+from .errors import DataError, ModelError
+from .metrics import IGNORE, REGISTRY
+
+Inputs = Any      # a tensor, or a mapping of keyword name -> tensor
+
+
+class Task:
+    """Base class; subclasses set ``name`` and override what differs."""
+
+    name: ClassVar[str] = ""
+    needs: ClassVar[str] = ""            # what the model must return, for messages
+
+    @property
+    def metrics(self) -> dict:
+        """The built-in metrics this task allows, by name."""
+        return REGISTRY[self.name]
+
+    # --- the data set, on the driver -----------------------------------------------------
+
+    def check_schema(self, spec: DatasetSpec, schema: pa.Schema) -> None:
+        """Column types; raises DataError naming the key."""
+
+    def input_shapes(self, ds: pads.Dataset, spec: DatasetSpec) -> dict[str, tuple[int, ...]]:
+        """One row's shape per input column (none with a transform: it decides)."""
+        if spec.transform:
+            return {}
+        return {c: data.input_shape(ds, c, f"{spec.key_path}.inputs") for c in spec.inputs}
+
+    def check_values(self, ds: pads.Dataset, spec: DatasetSpec, size: int) -> None:
+        """Cheap checks of the data against the model's output size, before any worker."""
+
+    # --- a batch ---------------------------------------------------------------------------
+
+    def targets(self, table, spec: DatasetSpec) -> torch.Tensor:
+        raise NotImplementedError
+
+    def inputs(self, table, spec: DatasetSpec, shapes: Mapping[str, tuple[int, ...]],
+               transform=None) -> Inputs:
+        """The model's inputs: the transform's output, one column's tensor, or keywords."""
+        if transform is not None:
+            return _transformed(transform, table, spec)
+        if len(spec.inputs) == 1:
+            c = spec.inputs[0]
+            return data.number_tensor(table, c, shapes[c], f"{spec.key_path}.inputs")
+        return {c: data.number_tensor(table, c, shapes[c], f"{spec.key_path}.inputs")
+                for c in spec.inputs}
+
+    def row_ids(self, table, spec: DatasetSpec, x: Inputs, y: torch.Tensor) -> torch.Tensor:
+        """Each row's id for the bootstrap: the id column, else a hash of the row's content."""
+        if spec.id is not None:
+            return data.id_values(table, spec.id, f"{spec.key_path}.id")
+        return stats.content_ids(_words(x), y)
+
+    # --- the model -------------------------------------------------------------------------
+
+    def probe_inputs(self, shapes: Mapping[str, tuple[int, ...]], spec: DatasetSpec,
+                     dtype: torch.dtype) -> Inputs:
+        """Zeros the model can take, when no real rows are at hand."""
+        x = {c: torch.zeros((2, *s), dtype=dtype) for c, s in shapes.items()}
+        return next(iter(x.values())) if len(x) == 1 else x
+
+    def output_size(self, out: torch.Tensor) -> int:
+        """Classes, vocabulary or 1, from one output; ModelError if it does not fit."""
+        raise NotImplementedError
+
+    def wrong_output(self, out) -> ModelError:
+        shape = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
+        return ModelError(f"model.factory: the model returns {shape}; task {self.name} needs "
+                          f"{self.needs}")
+
+    def check_targets(self, y: torch.Tensor, size: int, spec: DatasetSpec) -> None:
+        """Per batch, on the worker: targets the model's output can score."""
+
+    def align(self, out: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Outputs and targets in the shapes the task's metrics take."""
+        return out.float(), y
+
+    def key_fields(self, spec: DatasetSpec) -> dict:
+        """What, beyond columns and metrics, changes this task's numbers."""
+        return {}
+
+
+class Classification(Task):
+    name = "classification"
+    needs = "logits of shape (batch, classes)"
+
+    def check_schema(self, spec, schema):
+        typ = schema.field(spec.target).type
+        if not pa.types.is_integer(typ):
+            raise DataError(f"{spec.key_path}.target: column {spec.target!r} has type {typ}; "
+                            "expected integer class indices (cast it to int64)")
+
+    def check_values(self, ds, spec, size):
+        lo, hi = _min_max(ds, spec.target)
+        if lo is not None and (lo < 0 or hi >= size):
+            bad = lo if lo < 0 else hi
+            raise DataError(f"{spec.key_path}.target: class index {bad} is outside the model's "
+                            f"{size} classes [0, {size}); fix the labels or the model's output "
+                            "size")
+
+    def targets(self, table, spec):
+        return data.target_tensor(table, spec.target, f"{spec.key_path}.target")
+
+    def output_size(self, out):
+        if isinstance(out, torch.Tensor) and out.dim() == 2:
+            return int(out.shape[1])
+        raise self.wrong_output(out)
+
+    def check_targets(self, y, size, spec):
+        lo, hi = int(y.min()), int(y.max())
+        if lo < 0 or hi >= size:
+            bad = lo if lo < 0 else hi
+            raise DataError(f"{spec.key_path}.target: class index {bad} is outside the model's "
+                            f"{size} classes [0, {size}); fix the labels or the model's output "
+                            "size")
+
+
+class Regression(Task):
+    name = "regression"
+    needs = "one prediction per row, shape (batch,) or (batch, 1)"
+
+    def check_schema(self, spec, schema):
+        typ = schema.field(spec.target).type
+        if not (pa.types.is_integer(typ) or pa.types.is_floating(typ)):
+            raise DataError(f"{spec.key_path}.target: column {spec.target!r} has type {typ}; "
+                            "regression needs a numeric target")
+
+    def targets(self, table, spec):
+        return data.target_tensor(table, spec.target, f"{spec.key_path}.target", np.float64)
+
+    def output_size(self, out):
+        if isinstance(out, torch.Tensor) and out.dim() >= 1 and out.numel() == out.shape[0]:
+            return 1
+        raise self.wrong_output(out)
+
+    def check_targets(self, y, size, spec):
+        if not bool(torch.isfinite(y).all()):
+            raise DataError(f"{spec.key_path}.target: NaN or infinite target values; drop or "
+                            "fill those rows")
+
+    def align(self, out, y):
+        return out.reshape(-1), y
+
+
+class LanguageModeling(Task):
+    """Next-token prediction over token-id sequences, right-padded in a batch."""
+    name = "language_modeling"
+    needs = "logits of shape (batch, positions, vocab)"
+
+    def check_schema(self, spec, schema):
+        for key, column in ((f"{spec.key_path}.inputs", spec.inputs[0]),
+                            (f"{spec.key_path}.target", spec.target)):
+            if column is None:
+                continue
+            leaf, depth = data.leaf_type(schema.field(column).type)
+            if depth != 1 or not pa.types.is_integer(leaf):
+                raise DataError(f"{key}: column {column!r} has type {schema.field(column).type};"
+                                " language modeling needs lists of integer token ids")
+
+    def input_shapes(self, ds, spec):
+        return {}
+
+    def inputs(self, table, spec, shapes, transform=None):
+        return self._tokens(table, spec)[0]
+
+    def targets(self, table, spec):
+        return self._tokens(table, spec)[1]
+
+    def _tokens(self, table, spec: DatasetSpec) -> tuple[torch.Tensor, torch.Tensor]:
+        """(inputs (rows, T) int64 right-padded with pad_id, targets (rows, T) int64 with
+        IGNORE at padding and at dataset.ignore_index). Without a target column the targets
+        are the inputs themselves (the model predicts the next token)."""
+        column = spec.inputs[0]
+        tokens = data.column_array(table, column)
+        labels = data.column_array(table, spec.target) if spec.target else tokens
+        for name, arr in ((column, tokens), (spec.target, labels)):
+            if arr.null_count or arr.flatten().null_count:
+                raise DataError(f"{spec.key_path}: column {name!r} has null values; fill or "
+                                "drop those rows")
+        lengths = pc.list_value_length(tokens).to_numpy(zero_copy_only=False).astype(np.int64)
+        if spec.target:
+            other = pc.list_value_length(labels).to_numpy(zero_copy_only=False)
+            if (other != lengths).any():
+                raise DataError(f"{spec.key_path}.target: {spec.target!r} sequences differ in "
+                                f"length from {column!r}; give one label per input token")
+        n, t = len(lengths), int(lengths.max()) if len(lengths) else 0
+        positions = np.arange(t).reshape(1, -1) < lengths.reshape(-1, 1)
+        x = np.full((n, t), spec.pad_id, dtype=np.int64)
+        y = np.full((n, t), IGNORE, dtype=np.int64)
+        x[positions] = tokens.flatten().to_numpy(zero_copy_only=False).astype(np.int64)
+        y[positions] = labels.flatten().to_numpy(zero_copy_only=False).astype(np.int64)
+        y[y == spec.ignore_index] = IGNORE
+        return torch.from_numpy(x), torch.from_numpy(y)
+
+    def row_ids(self, table, spec, x, y):
+        """Of the tokens only, so padding (which depends on the batch) does not change it."""
+        if spec.id is not None:
+            return super().row_ids(table, spec, x, y)
+        lengths = pc.list_value_length(data.column_array(table, spec.inputs[0]))
+        lengths = torch.from_numpy(lengths.to_numpy(zero_copy_only=False).astype(np.int64))
+        return stats.content_ids(x, lengths.view(-1, 1), valid=lengths)
+
+    def probe_inputs(self, shapes, spec, dtype):
+        return torch.zeros((2, 2), dtype=torch.int64)
+
+    def output_size(self, out):
+        if isinstance(out, torch.Tensor) and out.dim() == 3:
+            return int(out.shape[2])
+        raise self.wrong_output(out)
+
+    def check_targets(self, y, size, spec):
+        real = y[y != IGNORE]
+        if real.numel() and (int(real.min()) < 0 or int(real.max()) >= size):
+            bad = int(real.min()) if int(real.min()) < 0 else int(real.max())
+            raise DataError(f"{spec.key_path}: token id {bad} is outside the model's vocabulary "
+                            f"of {size}; check the tokenizer or {spec.key_path}.ignore_index")
+
+    def align(self, out, y):
+        return out[:, :-1].float(), y[:, 1:]     # position t predicts token t + 1
+
+    def key_fields(self, spec):
+        return {"tokens": [spec.ignore_index, spec.pad_id]}
+
+
+TASKS: dict[str, Task] = {t.name: t for t in (Classification(), Regression(), LanguageModeling())}
+
+
+def get(name: str) -> Task:
+    return TASKS[name]
+
+
+def logits_of(out: Any) -> Any:
+    """A model's scores: a tensor as it is; ``.logits`` of a Hugging Face ``ModelOutput`` or a
+    mapping; anything else unchanged (the task then says what it needed)."""
+    if isinstance(out, torch.Tensor):
+        return out
+    logits = getattr(out, "logits", None)
+    if logits is None and isinstance(out, Mapping):
+        logits = out.get("logits")
+    return logits if isinstance(logits, torch.Tensor) else out
+
+
+def call_model(model: torch.nn.Module, x: Inputs) -> Any:
+    """Inputs as one positional tensor, or as keyword arguments."""
+    if isinstance(x, Mapping):
+        return logits_of(model(**x))
+    return logits_of(model(x))
+
+
+def move(x: Inputs, device: torch.device, float_dtype: torch.dtype) -> Inputs:
+    """To the device; floating tensors to the model's dtype, integer ones (ids, masks) as
+    they are."""
+    def one(t):
+        t = torch.as_tensor(t)
+        if t.is_floating_point():
+            return t.to(device, float_dtype, non_blocking=True)
+        return t.to(device, non_blocking=True)
+
+    if isinstance(x, Mapping):
+        return {k: one(v) for k, v in x.items()}
+    return one(x)
+
+
+def rows_of(x: Inputs) -> int:
+    return int(next(iter(x.values())).shape[0]) if isinstance(x, Mapping) else int(x.shape[0])
+
+
+def nbytes(x: Inputs) -> int:
+    return sum(int(t.nbytes) for t in x.values()) if isinstance(x, Mapping) else int(x.nbytes)
+
+
+def repeat(x: Inputs) -> Inputs:
+    """Each tensor twice along the batch (see ``evaluate.Pass.update``)."""
+    if isinstance(x, Mapping):
+        return {k: torch.cat([v, v]) for k, v in x.items()}
+    return torch.cat([x, x])
+
+
+def _words(x: Inputs) -> torch.Tensor:
+    """All of a row's input values as int64 words, for content ids."""
+    if isinstance(x, Mapping):
+        n = rows_of(x)
+        return torch.cat([stats.as_int64_words(x[k].reshape(n, -1)) for k in sorted(x)], dim=1)
+    return x
+
+
+def _transformed(transform, table, spec: DatasetSpec) -> Inputs:
+    key = f"{spec.key_path}.transform"
+    try:
+        out = transform(table if isinstance(table, pa.Table) else pa.Table.from_batches([table]))
+    except DataError:
+        raise
+    except Exception as e:
+        raise DataError(f"{key}: {spec.transform} raised {type(e).__name__}: {e}") from None
+    n = table.num_rows
+
+    def tensor(name, value):
+        try:
+            t = torch.as_tensor(value)
+        except Exception:
+            raise DataError(f"{key}: {spec.transform} returned {type(value).__name__}"
+                            f"{' for ' + repr(name) if name else ''}; return a tensor or a "
+                            "mapping of keyword name to tensor") from None
+        if t.dim() == 0 or t.shape[0] != n:
+            raise DataError(f"{key}: {spec.transform} returned shape {tuple(t.shape)}"
+                            f"{' for ' + repr(name) if name else ''} for a batch of {n} rows; "
+                            "the first dimension must be the batch")
+        return t
+
+    if isinstance(out, Mapping):
+        if not out or not all(isinstance(k, str) for k in out):
+            raise DataError(f"{key}: {spec.transform} returned an empty mapping or non-string "
+                            "keys; return keyword name -> tensor")
+        return {k: tensor(k, v) for k, v in out.items()}
+    return tensor(None, out)
+
+
+def _min_max(ds: pads.Dataset, column: str) -> tuple[int | None, int | None]:
+    """A column's min and max: from the parquet statistics when every row group has them,
+    else from one scan of that column."""
+    lo = hi = None
+    try:
+        for fragment in ds.get_fragments():
+            meta = fragment.metadata
+            leaves = [meta.schema.column(i).path for i in range(meta.num_columns)]
+            index = leaves.index(column)             # ValueError: not a flat column
+            for g in range(meta.num_row_groups):
+                st = meta.row_group(g).column(index).statistics
+                if st is None or not st.has_min_max:
+                    raise LookupError
+                lo = st.min if lo is None else min(lo, st.min)
+                hi = st.max if hi is None else max(hi, st.max)
+        return lo, hi
+    except (LookupError, ValueError, AttributeError, pa.ArrowInvalid, OSError):
+        pass
+    found = pc.min_max(ds.to_table(columns=[column]).column(column))
+    return found["min"].as_py(), found["max"].as_py()
