@@ -18,13 +18,13 @@ from .errors import SpecError
 from .metrics import parse_metric
 
 
-_COMMON_KEYS = {
+SWEEP_KEYS = {
     "name", "model", "checkpoints", "batch_size", "workers", "use_gpu", "output", "bootstrap",
     "checkpoint", "recovery", "resources_per_worker",
 }
-_SINGLE_KEYS = {"dataset", "task", "metrics"}      # the one-evaluation form
-_EVAL_KEYS = {"name", "task", "dataset", "metrics", "batch_size", "bootstrap"}
-_DATASET_KEYS = {"path", "inputs", "target", "id", "transform", "ignore_index", "pad_id"}
+SINGLE_FORM_KEYS = {"dataset", "task", "metrics"}      # the one-evaluation form
+EVAL_KEYS = {"name", "task", "dataset", "metrics", "batch_size", "bootstrap"}
+DATASET_KEYS = {"path", "inputs", "target", "id", "transform", "ignore_index", "pad_id"}
 
 
 def with_overrides(sweep: Sweep, *, workers: int | None = None,
@@ -66,11 +66,11 @@ def load_sweep(path: str) -> Sweep:
 def parse_sweep(raw: Any, *, base_dir: str, source: str = "<sweep>") -> Sweep:
     """Validate an already-parsed sweep mapping (what ``load_sweep`` reads from YAML)."""
     r = _Reader(source)
-    top = r.mapping(raw, "", _COMMON_KEYS | _SINGLE_KEYS | {"evals"})
+    top = r.mapping(raw, "", SWEEP_KEYS | SINGLE_FORM_KEYS | {"evals"})
     batch_size = r.integer(top, "batch_size", default=256, minimum=1)
     bootstrap = _bootstrap(r, r.get(top, "bootstrap", default={}), "bootstrap", Bootstrap())
     if "evals" in top:
-        both = sorted(k for k in _SINGLE_KEYS if k in top)
+        both = sorted(k for k in SINGLE_FORM_KEYS if k in top)
         if both:
             r.fail(both[0], "give the evaluations either as evals: or as one top-level "
                             "dataset/task/metrics, not both; move it into an entry of evals")
@@ -79,7 +79,7 @@ def parse_sweep(raw: Any, *, base_dir: str, source: str = "<sweep>") -> Sweep:
         missing = [k for k in ("dataset", "task", "metrics") if top.get(k) is None]
         if missing:
             r.fail(missing[0], "missing required key (or list the evaluations under evals:)")
-        ds_raw = r.mapping(top["dataset"], "dataset", _DATASET_KEYS | {"name"})
+        ds_raw = r.mapping(top["dataset"], "dataset", DATASET_KEYS | {"name"})
         name = r.string(ds_raw, "name", path="dataset.name")
         if name is None:
             name = _stem(paths.resolve(r.string(ds_raw, "path", path="dataset.path",
@@ -105,7 +105,7 @@ def _evals(r: "_Reader", raw: Any, base_dir: str, batch_size: int,
     seen: dict[str, int] = {}
     for i, item in enumerate(raw):
         path = f"evals[{i}]"
-        m = r.mapping(item, path, _EVAL_KEYS)
+        m = r.mapping(item, path, EVAL_KEYS)
         name = r.string(m, "name", path=f"{path}.name", required=True)
         if "/" in name or name == "aggregate":
             r.fail(f"{path}.name", f"{name!r} cannot name an evaluation ('/' separates the "
@@ -156,7 +156,7 @@ def _evaluation(r: "_Reader", m: dict, path: str, base_dir: str, batch_size: int
 
 def _dataset(r: "_Reader", raw: Any, path: str, task: str, base_dir: str,
              extra: frozenset | set) -> DatasetSpec:
-    m = r.mapping(raw, path, _DATASET_KEYS | set(extra))
+    m = r.mapping(raw, path, DATASET_KEYS | set(extra))
     location = paths.resolve(r.string(m, "path", path=f"{path}.path", required=True), base_dir)
     transform = r.string(m, "transform", path=f"{path}.transform")
     if transform is not None:

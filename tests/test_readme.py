@@ -26,15 +26,16 @@ def test_ci_runs_the_readme_test_command():
 
 
 def test_every_sweep_key_is_documented():
-    from rayeval.spec import _TOP_KEYS
+    from rayeval.spec import DATASET_KEYS, EVAL_KEYS, SWEEP_KEYS
 
     text = open(os.path.join(REPO, "README.md"), encoding="utf-8").read()
-    for key in sorted(_TOP_KEYS - {"model", "dataset", "bootstrap", "checkpoint", "recovery"}) + ["model.factory", "model.kwargs", "dataset.path",
-                                    "dataset.inputs", "dataset.target", "dataset.id",
-                                    "dataset.name", "dataset.ignore_index", "dataset.pad_id",
-                                    "model.dtype", "checkpoint.key", "checkpoint.strip_prefix",
-                                    "checkpoint.trust_pickle", "bootstrap.replicates",
-                                    "bootstrap.confidence", "bootstrap.seed",
-                                    "bootstrap.buckets", "recovery.max_restarts",
-                                    "recovery.stall_timeout_s", "resources_per_worker"]:
+    sections = {"model", "bootstrap", "checkpoint", "recovery"}
+    keys = sorted(SWEEP_KEYS - sections) + ["evals", "dataset.name"]
+    keys += [f"evals[i].{k}" for k in sorted(EVAL_KEYS - {"dataset"})]
+    keys += [f"evals[i].dataset.{k}" for k in sorted(DATASET_KEYS)]
+    keys += ["model.factory", "model.kwargs", "model.dtype", "checkpoint.key",
+             "checkpoint.strip_prefix", "checkpoint.trust_pickle", "bootstrap.replicates",
+             "bootstrap.confidence", "bootstrap.seed", "bootstrap.buckets",
+             "recovery.max_restarts", "recovery.stall_timeout_s"]
+    for key in keys:
         assert f"| `{key}` |" in text, key
