@@ -1,7 +1,18 @@
-"""Make the shipped example in configs/digits: noisy 8x8 digit glyphs, an MLP trained on them,
-and checkpoints in several layouts. Deterministic; run it again to rebuild the files.
+"""Make the shipped example in configs/digits: two evaluation sets of 8x8 digit glyphs (clean
+and noisy), an MLP trained on noisy glyphs, and its checkpoints in several layouts.
+Deterministic; run it again to rebuild the files.
 
-    python scripts/make_example.py [--out configs/digits]
+    python scripts/make_example.py [--out configs/digits] [--data-only]
+
+Files (the sweep files next to them name these paths):
+    data/clean.parquet   1,009 glyphs with light noise (sigma 0.1), pixels at 1/64 steps  -> clean
+    data/eval.parquet    2,003 glyphs with heavy noise (sigma 0.45)                        -> noisy
+    ckpts/               steps 20 and 60 (torch.save), 200 (safetensors), 600 (DCP folder)
+
+The same seeds give the same data files byte for byte on any machine (numpy's generator is
+portable). Training is deterministic on one machine, but CPU kernels round differently from one
+machine to the next (weights differ by ~1e-7), so rebuilt checkpoints need not match committed
+ones bit for bit: ``--data-only`` rebuilds the data sets and keeps the checkpoints.
 """
 
 from __future__ import annotations
@@ -48,6 +59,13 @@ def make_digits(n: int, seed: int, noise: float = 0.45) -> tuple[np.ndarray, np.
     return images.reshape(n, 64), labels.astype(np.int64)
 
 
+def make_clean_digits(n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """n lightly noisy glyphs: sigma 0.1, pixel values rounded to multiples of 1/64 (an image's
+    integer levels), which also keeps the file small (parquet dictionary-encodes them)."""
+    x, y = make_digits(n, seed=seed, noise=0.1)
+    return (np.round(x * 64) / 64).astype(np.float32), y
+
+
 def write_parquet(path: str, x: np.ndarray, y: np.ndarray) -> None:
     pixels = pa.FixedSizeListArray.from_arrays(pa.array(x.reshape(-1), pa.float32()), 64)
     table = pa.table({"row": pa.array(np.arange(len(y)), pa.int64()), "pixels": pixels,
@@ -55,25 +73,44 @@ def write_parquet(path: str, x: np.ndarray, y: np.ndarray) -> None:
     pq.write_table(table, path, compression="zstd")
 
 
+SHIPPED = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "configs", "digits")
+HAND_WRITTEN = ("my_models.py", "my_metrics.py", "sweep.yaml", "sweep_metrics.yaml",
+                "sweep_s3.yaml")
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "..",
-                                                      "configs", "digits"))
-    parser.add_argument("--rows", type=int, default=2003, help="evaluation rows (prime on purpose)")
+    parser.add_argument("--out", default=SHIPPED,
+                        help="the example's folder; the shipped sweep files and modules are "
+                             "copied there when it lacks them")
+    parser.add_argument("--rows", type=int, default=2003,
+                        help="noisy evaluation rows (prime on purpose: no worker count divides it)")
+    parser.add_argument("--clean-rows", type=int, default=1009, help="clean evaluation rows")
+    parser.add_argument("--data-only", action="store_true",
+                        help="rebuild the data sets only and keep the checkpoints")
     args = parser.parse_args(argv)
-    sys.path.insert(0, args.out)
-    from my_models import build_mlp
+    os.makedirs(os.path.join(args.out, "data"), exist_ok=True)
+    for name in HAND_WRITTEN:
+        if not os.path.exists(os.path.join(args.out, name)):
+            shutil.copy(os.path.join(SHIPPED, name), args.out)
 
     torch.manual_seed(0)
-    os.makedirs(os.path.join(args.out, "data"), exist_ok=True)
+    ex, ey = make_digits(args.rows, seed=1)
+    write_parquet(os.path.join(args.out, "data", "eval.parquet"), ex, ey)
+    cx, cy = make_clean_digits(args.clean_rows, seed=3)
+    write_parquet(os.path.join(args.out, "data", "clean.parquet"), cx, cy)
+    if args.data_only:
+        print(f"wrote {args.clean_rows} clean and {args.rows} noisy rows under {args.out}")
+        return 0
+
     ckpt_dir = os.path.join(args.out, "ckpts")
     shutil.rmtree(ckpt_dir, ignore_errors=True)
     os.makedirs(ckpt_dir)
-
-    ex, ey = make_digits(args.rows, seed=1)
-    write_parquet(os.path.join(args.out, "data", "eval.parquet"), ex, ey)
     tx, ty = make_digits(4096, seed=2)
     tx, ty = torch.from_numpy(tx), torch.from_numpy(ty)
+
+    sys.path.insert(0, args.out)
+    from my_models import build_mlp
 
     model = build_mlp(hidden=32)
     opt = torch.optim.Adam(model.parameters(), lr=3e-3)
@@ -86,7 +123,8 @@ def main(argv=None) -> int:
         opt.step()
         if step in saves:
             save(model, opt, step, saves[step], ckpt_dir)
-    print(f"wrote {args.rows} rows and {len(saves)} checkpoints under {args.out}")
+    print(f"wrote {args.clean_rows} clean and {args.rows} noisy rows and {len(saves)} "
+          f"checkpoints under {args.out}")
     return 0
 
 

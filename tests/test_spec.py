@@ -28,12 +28,13 @@ def write(tmp_path, data) -> str:
     return str(path)
 
 
-def with_change(path: str, value):
-    """VALID with the value at a dotted path replaced (or removed when value is DELETE)."""
+def with_change(path: str, value, base=None):
+    """VALID (or ``base``) with the value at a dotted path replaced (or removed when value is
+    DELETE); a number in the path indexes a list."""
     import copy
 
-    data = copy.deepcopy(VALID)
-    keys = path.split(".")
+    data = copy.deepcopy(VALID if base is None else base)
+    keys = [int(k) if k.isdigit() else k for k in path.split(".")]
     node = data
     for k in keys[:-1]:
         node = node[k]
@@ -161,18 +162,7 @@ def test_suite_of_evaluations_with_overrides(tmp_path):
 
 
 def suite_with(index, path, value):
-    import copy
-
-    data = copy.deepcopy(SUITE)
-    node = data["evals"][index]
-    keys = path.split(".")
-    for k in keys[:-1]:
-        node = node[k]
-    if value is DELETE:
-        del node[keys[-1]]
-    else:
-        node[keys[-1]] = value
-    return data
+    return with_change(f"evals.{index}.{path}", value, SUITE)
 
 
 @pytest.mark.parametrize("index,path,value,expected", [
