@@ -122,6 +122,11 @@ def _parser() -> argparse.ArgumentParser:
                     help="its path, file name, unique suffix, file stem or step")
     cm.add_argument("--dataset", metavar="NAME", help="only this evaluation (data set)")
     cm.add_argument("--sweep", metavar="NAME", help="only this sweep")
+    for command in sub.choices.values():
+        command.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                             help="on an error, also show the full traceback of the user code "
+                                  "behind it (factory, forward, transform, custom metric)")
+    p.add_argument("--debug", action="store_true", help=argparse.SUPPRESS)
     return p
 
 
@@ -158,6 +163,8 @@ def main(argv: list[str] | None = None) -> int:
         return _leaderboard(args, out)
     except RayevalError as e:
         err.print(f"[bold red]error:[/] {escape(e.message)}", markup=True, soft_wrap=True)
+        if args.debug and e.detail:
+            err.print(e.detail, markup=False, highlight=False, soft_wrap=True)
         return EXIT_BAD_INPUT
     except KeyboardInterrupt:
         err.print("[red]interrupted[/]")
@@ -203,6 +210,8 @@ def _run(args, out: Console, err: Console) -> int:
               + (f"; results in {sweep.output}" if rows else ""))
     for f in report.failures:
         err.print(f"[bold red]failed:[/] {escape(f.error)}", soft_wrap=True)
+        if args.debug and f.detail:
+            err.print(f.detail, markup=False, highlight=False, soft_wrap=True)
     return EXIT_CELLS_FAILED if report.failures else EXIT_OK
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import re
+import time
 from datetime import timedelta
 
 import torch
@@ -60,23 +61,34 @@ def sync(what: str, timeout_s: float) -> None:
 
 @contextlib.contextmanager
 def _named(what: str, timeout_s: float):
-    """Turn a failed collective into a GroupError that says which rank and where."""
+    """Turn a failed collective into a GroupError that says which rank, where, and how long
+    this rank really waited."""
+    began = time.monotonic()
     try:
         yield
     except RuntimeError as e:          # DistBackendError and gloo's errors are RuntimeErrors
-        raise GroupError(explain(str(e), what, timeout_s, rank())) from None
+        raise GroupError(explain(str(e), what, timeout_s, rank(),
+                                 time.monotonic() - began)) from None
 
 
-def explain(message: str, what: str, timeout_s: float, me: int) -> str:
-    """A one-line account of a failed barrier or collective, from torch's message."""
+def explain(message: str, what: str, timeout_s: float, me: int,
+            waited_s: float | None = None) -> str:
+    """A one-line account of a failed barrier or collective, from torch's message. It says the
+    time waited, which is the limit only when the peer stalled (a dead peer fails it sooner),
+    and never names this rank as the one it waited for."""
+    waited = timeout_s if waited_s is None else waited_s
+    stalled = waited >= 0.9 * timeout_s
+    why = ("stalled; recovery.stall_timeout_s sets the limit" if stalled
+           else "it stopped or died before getting there; see the worker logs")
     late = re.search(r"Ranks? ([\d, ]+) failed to pass monitoredBarrier", message)
     if late:
-        ranks = ", ".join(r.strip() for r in late.group(1).split(",") if r.strip())
-        return (f"worker rank {ranks} did not reach {what} within {timeout_s:g} s of the others "
-                "(stalled or died; recovery.stall_timeout_s sets the limit)")
-    if "from rank 0" in message:
-        return (f"worker rank 0 did not reach {what} within {timeout_s:g} s of worker rank {me} "
-                "(stalled, died or failed; recovery.stall_timeout_s sets the limit)")
+        ranks = [r.strip() for r in late.group(1).split(",") if r.strip() and r.strip() != str(me)]
+        if ranks:
+            return (f"worker rank {', '.join(ranks)} did not reach {what}; the others waited "
+                    f"{waited:.0f} s ({why})")
+    if "from rank 0" in message and me != 0:
+        return (f"worker rank 0 did not reach {what}; worker rank {me} waited {waited:.0f} s "
+                f"({why})")
     if "closed by peer" in message or "Connection reset" in message:
         return f"worker rank {me} lost a peer at {what}: another worker died"
     first = next((ln.strip() for ln in message.splitlines() if ln.strip()), message)

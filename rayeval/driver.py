@@ -7,17 +7,19 @@ Ray), ``start_ray``, ``evaluate`` (one fit over a plan) and ``run_sweep`` (all t
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import time
 import uuid
 from dataclasses import dataclass, field
 
-from . import tasks
+from . import paths, tasks
 from .config import EvalSpec, Sweep
 from .data import inspect_dataset, open_dataset
 from .errors import GroupError, RayevalError, RunError
 from .evaluate import Decoder, output_size
+from .loading import fit_error
 from .model import build_model
 from .plan import CellOutcome, Evaluation, Plan, make_plan
 from .store import ResultStore
@@ -37,7 +39,8 @@ class RunReport:
 
     @property
     def cell_keys(self) -> set[str]:
-        return {c.key for c in self.plan.cells + self.plan.cached}
+        return {c.key for c in self.plan.cells + self.plan.cached} | \
+            {o.key for o in self.plan.failed}
 
 
 @dataclass
@@ -80,8 +83,29 @@ def prepare(sweep: Sweep, force: bool = False) -> Plan:
     """Everything that can fail on bad input, before any cluster starts."""
     evaluations = inspect_evaluations(sweep)
     store = ResultStore(sweep.output)
-    store.check()
-    return make_plan(sweep, evaluations, store, force=force)
+    store.check(write=True)
+    return plan_cells(sweep, evaluations, store, force=force)
+
+
+def plan_cells(sweep: Sweep, evaluations, store: ResultStore, *, force: bool = False,
+               ready=None, skip: set[str] = frozenset()) -> Plan:
+    """The plan, with the cells of local checkpoints that do not fit the model (keys and
+    shapes read from their headers, against the model on the meta device) failed here, before
+    any worker would load them."""
+    plan = make_plan(sweep, evaluations, store, force=force, ready=ready, skip=skip)
+    if not plan.cells:
+        return plan
+    meta = build_model(sweep.model, sweep.base_dir, "meta")
+    failed, pending = [], []
+    for ref, _, cells in plan.by_checkpoint():
+        why = None if paths.is_uri(ref.location) else fit_error(ref.location, meta,
+                                                                sweep.checkpoint)
+        if why is None:
+            pending += cells
+        else:
+            failed += [CellOutcome(key=c.key, checkpoint=ref.location, evaluation=c.evaluation,
+                                   step=ref.step, error=why) for c in cells]
+    return dataclasses.replace(plan, cells=tuple(pending), failed=tuple(failed))
 
 
 def run_sweep(sweep: Sweep, *, address: str | None = None, force: bool = False,
@@ -92,12 +116,13 @@ def run_sweep(sweep: Sweep, *, address: str | None = None, force: bool = False,
     plan = prepare(sweep, force=force)
     if on_plan is not None:
         on_plan(plan)
-    report = RunReport(plan)
+    report = RunReport(plan, outcomes=list(plan.failed))
     if plan.cells:
         started = start_ray(sweep, address, verbose)
         try:
             done = evaluate(plan, display)
-            report.outcomes, report.nodes, report.loads = done.outcomes, done.nodes, done.loads
+            report.outcomes += done.outcomes
+            report.nodes, report.loads = done.nodes, done.loads
         finally:
             if started:
                 import ray
@@ -176,8 +201,6 @@ def _read_dataset(evaluation: Evaluation, workers: int):
     import math
 
     import ray.data
-
-    from . import paths
 
     info = evaluation.data
     ctx = ray.data.DataContext.get_current()

@@ -17,14 +17,16 @@ from __future__ import annotations
 
 
 class RayevalError(Exception):
-    """Base of every error rayeval raises on purpose."""
+    """Base of every error rayeval raises on purpose. ``detail``: the traceback of the user's
+    code (factory, forward, transform, custom metric) that caused it, shown with ``--debug``."""
 
-    def __init__(self, message: str):
+    def __init__(self, message: str, detail: str | None = None):
         super().__init__(message)
         self.message = message
+        self.detail = detail
 
     def __reduce__(self):
-        return (self.__class__, (self.message,))
+        return (self.__class__, (self.message, self.detail))
 
     def __str__(self) -> str:
         return self.message
@@ -56,3 +58,10 @@ class RunError(RayevalError):
 
 class GroupError(RunError):
     """A rank of the worker group died or stalled; the group is restarted, budget permitting."""
+
+
+def traceback_of(error: BaseException) -> str:
+    """The full traceback of a caught exception, as text (for ``RayevalError.detail``)."""
+    import traceback
+
+    return "".join(traceback.format_exception(type(error), error, error.__traceback__))

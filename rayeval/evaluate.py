@@ -17,7 +17,7 @@ import torch
 from . import stats, tasks
 from .config import OFF, Bootstrap, EvalSpec
 from .data import DatasetInfo
-from .errors import CheckpointError, DataError, ModelError
+from .errors import CheckpointError, ModelError, traceback_of
 from .metrics import Indexed, Metric
 from .model import import_callable
 
@@ -58,8 +58,8 @@ def output_size(model: torch.nn.Module, task: tasks.Task, x: tasks.Inputs,
             out = tasks.call_model(model, tasks.move(x, torch.device(device), float_dtype(model)))
     except Exception as e:
         raise ModelError(f"model.factory: the model cannot take {describe_inputs(x)}: "
-                         f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
-                         ) from None
+                         f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}",
+                         traceback_of(e)) from None
     return task.output_size(out)
 
 
@@ -233,21 +233,13 @@ class Pass:
             out = tasks.call_model(self.model, x)
         if not isinstance(out, torch.Tensor):
             raise self.task.wrong_output(out)
-        if not bool(torch.isfinite(out).all()):
-            if not _finite(x):
-                raise DataError(f"{self.spec.key_path}.inputs: NaN or infinite input values; "
-                                "drop or fill those rows")
+        if not bool(torch.isfinite(out).all()):     # inputs are checked finite when decoded
             raise CheckpointError("the model produced NaN or infinite outputs with this "
                                   "checkpoint")
         out, y = self.task.align(out, y)
         if buckets is None:
             buckets = torch.zeros(y.shape[0], dtype=torch.int64)
         self.acc.add(out, y, buckets)
-
-
-def _finite(x: tasks.Inputs) -> bool:
-    values = x.values() if isinstance(x, dict) else [x]
-    return all(bool(torch.isfinite(v).all()) for v in values if v.is_floating_point())
 
 
 def compute(metrics, states, size: int, bootstrap: Bootstrap = OFF) -> dict[str, float]:

@@ -153,6 +153,20 @@ def model_state(raw: layouts.Raw, model: torch.nn.Module, spec: CheckpointSpec =
     return {mk: tensors[ck] for ck, mk in selected.items()}
 
 
+def fit_error(path: str, model: torch.nn.Module, spec: CheckpointSpec = CheckpointSpec()
+              ) -> str | None:
+    """Why the checkpoint at a local path cannot load into ``model`` (built on the meta device:
+    only names and shapes are compared, from the checkpoint's headers or memory-mapped
+    tensors), or None when it fits."""
+    try:
+        raw = layouts.read(path, spec.trust_pickle)
+        m = match(raw.shapes, model.state_dict(), spec)
+        check_fit(raw.path, {mk: raw.shapes[ck][0] for ck, mk in m.mapping.items()}, model)
+    except CheckpointError as e:
+        return e.message if e.message.startswith(path) else f"{path}: {e.message}"
+    return None
+
+
 def load_into(model: torch.nn.Module, path: str, spec: CheckpointSpec = CheckpointSpec()) -> str:
     """Copy the checkpoint at a local path into an existing model (strictly); its layout."""
     raw = layouts.read(path, spec.trust_pickle)

@@ -8,7 +8,7 @@ from typing import Callable
 
 import torch
 
-from .errors import ModelError
+from .errors import ModelError, traceback_of
 from .config import ModelSpec
 
 
@@ -24,10 +24,11 @@ def import_callable(ref: str, base_dir: str, what: str = "model.factory") -> Cal
             raise ModelError(
                 f"{what}: cannot import module {module_name!r}: put {module_name}.py next to the "
                 f"sweep file ({base_dir}) or on PYTHONPATH") from None
-        raise ModelError(f"{what}: importing {module_name!r} failed: {e}") from None
+        raise ModelError(f"{what}: importing {module_name!r} failed: {e}",
+                         traceback_of(e)) from None
     except Exception as e:  # the user's module raised while being imported
         raise ModelError(f"{what}: importing {module_name!r} raised "
-                         f"{type(e).__name__}: {e}") from None
+                         f"{type(e).__name__}: {e}", traceback_of(e)) from None
     obj = module
     for part in attr.split("."):
         if not hasattr(obj, part):
@@ -48,10 +49,10 @@ def build_model(spec: ModelSpec, base_dir: str, device: torch.device | str = "cp
             model = factory(**spec.kwargs)
     except TypeError as e:
         raise ModelError(f"model.factory: calling {spec.factory} with model.kwargs "
-                         f"{spec.kwargs} failed: {e}") from None
+                         f"{spec.kwargs} failed: {e}", traceback_of(e)) from None
     except Exception as e:
         raise ModelError(f"model.factory: {spec.factory}(**{spec.kwargs}) raised "
-                         f"{type(e).__name__}: {e}") from None
+                         f"{type(e).__name__}: {e}", traceback_of(e)) from None
     if not isinstance(model, torch.nn.Module):
         raise ModelError(f"model.factory: {spec.factory} returned {type(model).__name__}, "
                          "not a torch.nn.Module")

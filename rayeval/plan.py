@@ -49,6 +49,7 @@ class CellOutcome:
     evaluation: str
     step: int | None
     error: str | None = None     # None: published
+    detail: str | None = None    # the traceback of the user's code behind the error (--debug)
     values: tuple[tuple[str, float], ...] = ()
     rows: int = 0
     seconds: float = 0.0
@@ -68,6 +69,7 @@ class Plan:
     evaluations: tuple[Evaluation, ...]
     cells: tuple[Cell, ...]      # pending: to evaluate in this run, checkpoint by checkpoint
     cached: tuple[Cell, ...]     # already in the store
+    failed: tuple[CellOutcome, ...] = ()   # failed before any worker (a checkpoint not fitting)
 
     def evaluation(self, name: str) -> Evaluation:
         return next(e for e in self.evaluations if e.name == name)

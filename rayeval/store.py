@@ -66,9 +66,10 @@ class ResultStore:
             raise StoreError(f"output: cannot open result store {location!r}: {e}") from None
         self.dir = root.rstrip("/") + "/results"
 
-    def check(self, what: str = "output") -> None:
+    def check(self, what: str = "output", write: bool = False) -> None:
         """Fail early, with one line, on a store that cannot be reached (a missing bucket,
-        denied access)."""
+        denied access) or, with ``write``, written: a hidden probe file is written and removed,
+        so a store that is a file or on a read-only filesystem fails before any evaluation."""
         why = paths.missing_bucket(self.location)
         if why:
             raise StoreError(f"{what}: {why}")
@@ -76,6 +77,18 @@ class ResultStore:
             self.fs.get_file_info(self.dir)
         except OSError as e:
             raise StoreError(f"{what}: {paths.explain(e, self.location)}") from None
+        if not write:
+            return
+        probe = f"{self.dir}/.probe-{uuid.uuid4().hex}"
+        try:
+            self.fs.create_dir(self.dir, recursive=True)
+            with self.fs.open_output_stream(probe) as f:
+                f.write(b"rayeval")
+            self.fs.delete_file(probe)
+        except (OSError, pa.ArrowInvalid) as e:
+            raise StoreError(f"{what}: cannot write to the result store {self.location!r}: "
+                             f"{paths.explain(e, self.location)}; choose a folder (or bucket) "
+                             "you can write to") from None
 
     def _file(self, cell: str) -> str:
         return f"{self.dir}/{cell}.parquet"

@@ -21,7 +21,7 @@ import torch
 
 from . import data, stats
 from .config import DatasetSpec
-from .errors import DataError, ModelError
+from .errors import DataError, ModelError, traceback_of
 from .metrics import IGNORE, REGISTRY
 
 Inputs = Any      # a tensor, or a mapping of keyword name -> tensor
@@ -61,12 +61,15 @@ class Task:
                transform=None) -> Inputs:
         """The model's inputs: the transform's output, one column's tensor, or keywords."""
         if transform is not None:
-            return _transformed(transform, table, spec)
-        if len(spec.inputs) == 1:
+            x = _transformed(transform, table, spec)
+        elif len(spec.inputs) == 1:
             c = spec.inputs[0]
-            return data.number_tensor(table, c, shapes[c], f"{spec.key_path}.inputs")
-        return {c: data.number_tensor(table, c, shapes[c], f"{spec.key_path}.inputs")
-                for c in spec.inputs}
+            x = data.number_tensor(table, c, shapes[c], f"{spec.key_path}.inputs")
+        else:
+            x = {c: data.number_tensor(table, c, shapes[c], f"{spec.key_path}.inputs")
+                 for c in spec.inputs}
+        _check_finite(x, table, spec)
+        return x
 
     def row_ids(self, table, spec: DatasetSpec, x: Inputs, y: torch.Tensor) -> torch.Tensor:
         """Each row's id for the bootstrap: the id column, else a hash of the row's content."""
@@ -307,6 +310,29 @@ def _words(x: Inputs) -> torch.Tensor:
     return x
 
 
+def _check_finite(x: Inputs, table, spec: DatasetSpec) -> None:
+    """NaN or infinite inputs are the data's fault, not the checkpoint's: name the row and the
+    column (or the transform's output) before the model sees them."""
+    named = x.items() if isinstance(x, Mapping) else [(None, x)]
+    for name, t in named:
+        if not t.is_floating_point():
+            continue
+        bad = ~torch.isfinite(t.reshape(t.shape[0], -1)).all(dim=1)
+        if bool(bad.any()):
+            i = int(bad.nonzero()[0])
+            if spec.id is not None:
+                row = f"the row with {spec.id} = {data.column_array(table, spec.id)[i].as_py()!r}"
+            else:
+                row = f"a row (set {spec.key_path}.id to name it)"
+            if spec.transform:
+                what = f"{spec.key_path}.transform: {spec.transform} returned"
+                what += f" {name!r} with" if name else ""
+            else:
+                column = name or spec.inputs[0]
+                what = f"{spec.key_path}.inputs: column {column!r} has"
+            raise DataError(f"{what} NaN or infinite values in {row}; drop or fill such rows")
+
+
 def _transformed(transform, table, spec: DatasetSpec) -> Inputs:
     key = f"{spec.key_path}.transform"
     try:
@@ -314,7 +340,8 @@ def _transformed(transform, table, spec: DatasetSpec) -> Inputs:
     except DataError:
         raise
     except Exception as e:
-        raise DataError(f"{key}: {spec.transform} raised {type(e).__name__}: {e}") from None
+        raise DataError(f"{key}: {spec.transform} raised {type(e).__name__}: {e}",
+                        traceback_of(e)) from None
     n = table.num_rows
 
     def tensor(name, value):

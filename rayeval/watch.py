@@ -19,7 +19,7 @@ from . import driver
 from .checkpoints import CheckpointRef, expand_checkpoints
 from .config import Sweep
 from .errors import RunError
-from .plan import checkpoint_fingerprint, make_plan
+from .plan import checkpoint_fingerprint
 from .store import ResultStore
 
 
@@ -58,7 +58,7 @@ def watch(sweep: Sweep, *, interval_s: float, settle_s: float, address: str | No
     """Poll until ``stop`` is set or Ctrl-C (KeyboardInterrupt; SIGTERM is treated alike)."""
     evaluations = driver.inspect_evaluations(sweep)
     store = ResultStore(sweep.output)
-    store.check()
+    store.check(write=True)
     settling = Settling(settle_s)
     state = WatchState()
     stop = stop or threading.Event()
@@ -70,9 +70,12 @@ def watch(sweep: Sweep, *, interval_s: float, settle_s: float, address: str | No
         while True:
             refs = expand_checkpoints(sweep.checkpoints, allow_empty=True)
             ready = settling.ready(refs, time.monotonic())
-            plan = make_plan(sweep, evaluations, store, ready=ready,
-                             skip=state.failed | state.known)
+            plan = driver.plan_cells(sweep, evaluations, store, ready=ready,
+                                     skip=state.failed | state.known)
             state.known.update(c.key for c in plan.cached)
+            for o in plan.failed:
+                state.failed.add(o.key)
+                say(f"[rayeval] failed: {o.error}")
             if plan.cells:
                 if not started:
                     started = driver.start_ray(sweep, address, verbose)

@@ -26,7 +26,7 @@ from ray.train import DataConfig
 
 from . import dist, tasks
 from .checkpoints import fetch
-from .errors import CheckpointError, GroupError, RayevalError, RunError
+from .errors import CheckpointError, GroupError, RayevalError, RunError, traceback_of
 from .evaluate import ROWS, Decoder, Pass, finalize
 from .loading import DTYPES, LeanLoader
 from .metrics import build_all
@@ -195,6 +195,7 @@ class Worker:
         self.cache_dir = os.path.join(tempfile.gettempdir(), "rayeval-checkpoints")
         self.index_of = {c.key: i for i, c in enumerate(plan.cells)}
         self.outcomes: list[CellOutcome] = []
+        self.details: dict[str, str | None] = {}     # cell key -> this rank's user traceback
 
     def run(self, cells: list[Cell]) -> list[CellOutcome]:
         most, neg_least = dist.all_reduce_max([len(cells), -len(cells)], "the start",
@@ -280,9 +281,11 @@ class Worker:
                 error = f"{cell.checkpoint.location}: {ev.name}: {e.message}"
             except RayevalError as e:        # bad data in this evaluation: its cells only
                 error = f"{ev.name}: {e.message}"
+                self.details[cell.key] = e.detail
             except Exception as e:           # noqa: BLE001 - the user's model on these rows
                 error = (f"{cell.checkpoint.location}: {ev.name}: the model failed on a batch: "
                          f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
+                self.details[cell.key] = traceback_of(e)
             rows += len(buckets)
             self.progress.rows(index, rows)
         self.progress.rows(index, rows, force=True)
@@ -311,7 +314,7 @@ class Worker:
     def failure(self, cell: Cell, step, message: str) -> CellOutcome:
         return CellOutcome(key=cell.key, checkpoint=cell.checkpoint.location,
                            evaluation=cell.evaluation, step=step, error=message,
-                           attempt=self.attempt)
+                           detail=self.details.get(cell.key), attempt=self.attempt)
 
     def finish(self, outcome: CellOutcome) -> None:
         self.outcomes.append(outcome)

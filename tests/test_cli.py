@@ -157,9 +157,9 @@ def test_bad_checkpoints_fail_their_own_cells_through_the_cli(project):
     assert "step_4.pt: not a checkpoint" in text
     assert "step_5.pt: does not fit the model" in text and "0.weight [32, 8] vs model [16, 8]" in text
     assert "step_7.pt: refused: this pickle needs more than weights_only=True" in text
-    assert "step_8.pt: the model produced NaN or infinite outputs" in text
+    assert "step_8.pt: data: the model produced NaN or infinite outputs" in text
     assert not marker.exists()
-    assert "2 checkpoint(s) evaluated, 0 already in the store, 6 failed" in proc.stdout
+    assert "2 cell(s) evaluated, 0 already in the store, 6 failed" in proc.stdout
     assert "step_1.pt" in proc.stdout and "step_6.pt" in proc.stdout
     lb = rayeval_cli("leaderboard", str(project / "out"), "--format", "json")
     rows = json.loads(lb.stdout)

@@ -104,3 +104,16 @@ def test_ragged_lists_and_nulls_are_errors():
     t = pa.table({"x": pa.array([[1.0, 2.0], [1.0, 2.0]]), "y": pa.array([0, None])})
     with pytest.raises(DataError, match=r"dataset\.target: .* null values"):
         to_tensors(t, "x", "y", (2,))
+
+
+def test_nan_inputs_name_the_row_and_column(tmp_path):
+    x, y = make_data(50)
+    x[37, 2] = np.nan
+    write_parquet(str(tmp_path / "d.parquet"), x, y)
+    ev = EvalSpec(name="d", task="classification", metrics=(), batch_size=16,
+                  dataset=DatasetSpec(path=str(tmp_path / "d.parquet"), inputs=("x",),
+                                      target="y", id="row", key_path="evals[0].dataset"))
+    info = inspect_dataset(ev.dataset)
+    with pytest.raises(DataError, match=r"^evals\[0\]\.dataset\.inputs: column 'x' has NaN or "
+                                        r"infinite values in the row with row = 37; drop or fill"):
+        list(decoded_batches(ev, info))

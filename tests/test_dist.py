@@ -55,3 +55,17 @@ def test_without_a_process_group_it_is_the_identity():
     assert torch.equal(merged["a"], states["a"]) and merged["b"].item() == 0.5
     assert dist.all_reduce_max([0.0, 1.0]) == [0.0, 1.0]
     assert (dist.rank(), dist.world_size()) == (0, 1)
+
+
+def test_a_failed_sync_says_who_and_how_long_and_never_blames_the_waiter():
+    from rayeval.dist import explain
+
+    barrier = "Ranks 1 failed to pass monitoredBarrier in 5000 ms"
+    text = explain(barrier, "the load of a.pt", 5, me=0, waited_s=5.2)
+    assert text.startswith("worker rank 1 did not reach the load of a.pt; the others waited 5 s")
+    assert "stalled; recovery.stall_timeout_s" in text
+    early = explain("[gloo] Connection closed by peer from rank 0", "the load of a.pt", 600,
+                    me=1, waited_s=2.0)
+    assert "waited 2 s" in early and "600" not in early and "stopped or died" in early
+    self_named = explain("... from rank 0 ...", "the load of a.pt", 600, me=0, waited_s=1.0)
+    assert "worker rank 0 did not reach" not in self_named

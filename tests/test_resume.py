@@ -64,7 +64,7 @@ def test_a_killed_driver_is_resumed_by_running_the_same_command(tmp_path):
 
     again = rayeval_cli("run", sweep, cwd=str(tmp_path))
     assert again.returncode == 0, (again.stdout, again.stderr)
-    assert (f"{len(SEEDS)} checkpoint(s), {len(kept)} already in the store (cached), "
+    assert (f"{len(SEEDS)} cell(s), {len(kept)} already in the store, "
             f"{len(SEEDS) - len(kept)} to evaluate") in again.stderr
     after = results(tmp_path)
     assert len(after) == len(SEEDS)

@@ -136,7 +136,8 @@ def test_bad_data_in_one_evaluation_fails_only_its_cells(ray_cluster, tmp_path):
     assert all(o.ok for o in by_eval["a"] + by_eval["c"]), report.failures
     assert [o.ok for o in by_eval["b"]] == [False, False]
     for o in by_eval["b"]:
-        assert "evals[1].dataset.inputs: NaN or infinite input values" in o.error, o.error
+        assert "evals[1].dataset.inputs: column 'x' has NaN or infinite values in a row " \
+               "(set evals[1].dataset.id to name it)" in o.error, o.error
     got = stored(sweep)
     assert {k[1] for k in got} == {"a", "c"}, "nothing published for the failed evaluation"
     again = run_sweep(sweep)                   # the good cells are cached, the failed retried
