@@ -73,7 +73,8 @@ def write_parquet(path: str, x: np.ndarray, y: np.ndarray) -> None:
     pq.write_table(table, path, compression="zstd")
 
 
-SHIPPED = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "configs", "digits")
+SHIPPED = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "configs",
+                                        "digits"))
 HAND_WRITTEN = ("my_models.py", "my_metrics.py", "sweep.yaml", "sweep_metrics.yaml",
                 "sweep_s3.yaml")
 
