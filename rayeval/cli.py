@@ -4,12 +4,14 @@ checkpoints failed prints their errors and exits 1; tracebacks are for bugs only
 from __future__ import annotations
 
 import argparse
+import os
+import signal
 import sys
 
 from rich.console import Console
 from rich.markup import escape
 
-from . import __version__
+from . import __version__, signals
 from .errors import RayevalError
 
 EXIT_OK, EXIT_CELLS_FAILED, EXIT_BAD_INPUT = 0, 1, 2
@@ -130,7 +132,20 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+def console_main() -> None:
+    """The ``rayeval`` command. After SIGINT or SIGTERM, Ray is already shut down; the
+    process then ends at once, so no thread still inside Ray's client can crash the
+    interpreter's teardown."""
+    code = main()
+    if code in (128 + signal.SIGINT, 128 + signal.SIGTERM):
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    sys.exit(code)
+
+
 def main(argv: list[str] | None = None) -> int:
+    signals.install()
     args = _parser().parse_args(argv)
     # Not a terminal (CI, a pipe, Ray Job logs): wide enough that tables do not wrap.
     width = None if sys.stdout.isatty() else 200
@@ -166,9 +181,14 @@ def main(argv: list[str] | None = None) -> int:
         if args.debug and e.detail:
             err.print(e.detail, markup=False, highlight=False, soft_wrap=True)
         return EXIT_BAD_INPUT
-    except KeyboardInterrupt:
-        err.print("[red]interrupted[/]")
-        return 130
+    except KeyboardInterrupt as e:
+        stopped = "stopped following the job; it goes on" if args.command == "submit" else \
+            "stopped; every result written so far is complete, and running the same command " \
+            "again evaluates the rest"
+        name = getattr(e, "name", "SIGINT")
+        err.print(f"[rayeval] interrupted ({name}): {stopped}", markup=False, highlight=False,
+                  soft_wrap=True)
+        return signals.exit_code(e)
 
 
 def _say_plan(err: Console):
@@ -234,9 +254,10 @@ def _watch(args, out: Console, err: Console) -> int:
                       settle_s=args.interval if args.settle is None else args.settle,
                       address=args.address, verbose=args.verbose,
                       display_for=lambda: make_display(mode, err), say=say)
-    except KeyboardInterrupt:
-        say("[rayeval] watch stopped; every result written so far is complete")
-        return 130
+    except KeyboardInterrupt as e:
+        say(f"[rayeval] watch stopped ({getattr(e, 'name', 'SIGINT')}); every result written "
+            "so far is complete")
+        return signals.exit_code(e)
     return EXIT_OK if not state.failed else EXIT_CELLS_FAILED
 
 
@@ -253,11 +274,11 @@ def _submit(args, err: Console) -> int:
               markup=False, highlight=False, soft_wrap=True)
     try:
         status = jobs.follow(client, job_id)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as e:
         err.print(f"[rayeval] stopped following; job {job_id} goes on: `rayeval jobs status "
                   f"{job_id}` or `rayeval jobs stop {job_id}`", markup=False, highlight=False,
                   soft_wrap=True)
-        return 130
+        return signals.exit_code(e)
     code = jobs.exit_code(client, job_id)
     err.print(f"[rayeval] job {job_id}: {status.rsplit('.', 1)[-1]}"
               + (f" (exit status {code})" if code else ""), markup=False, highlight=False)

@@ -14,7 +14,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 
-from . import paths, tasks
+from . import paths, signals, tasks
 from .config import EvalSpec, Sweep
 from .data import inspect_dataset, open_dataset
 from .errors import GroupError, RayevalError, RunError
@@ -123,6 +123,11 @@ def run_sweep(sweep: Sweep, *, address: str | None = None, force: bool = False,
             done = evaluate(plan, display)
             report.outcomes += done.outcomes
             report.nodes, report.loads = done.nodes, done.loads
+        except KeyboardInterrupt as e:
+            # A thread still inside Ray's client must not see it shut down under it (a crash,
+            # not a clean exit): then Ray goes down with this process instead.
+            started = started and getattr(e, "group_stopped", True)
+            raise
         finally:
             if started:
                 import ray
@@ -153,12 +158,14 @@ def start_ray(sweep: Sweep, address: str | None, verbose: bool) -> bool:
             raise RunError(f"--address: cannot connect to Ray at {address!r}: "
                            f"{str(e).splitlines()[0]}; if the cluster uses token auth, put "
                            "its token in RAY_AUTH_TOKEN or ~/.ray/auth_token") from None
+        signals.install()
         return True
     num_cpus = max(os.cpu_count() or 1, sweep.workers + 2)
     # Train, its controller and Ray Data start a dozen processes at once; without a higher
     # start-up concurrency the raylet warns about it on every run of a small machine.
     ray.init(num_cpus=num_cpus, include_dashboard=False,
              _system_config={"worker_maximum_startup_concurrency": max(8, num_cpus)}, **kwargs)
+    signals.install()               # Ray's native SIGTERM handler would print a stack and die
     if sweep.use_gpu:
         gpus = int(ray.cluster_resources().get("GPU", 0))
         if gpus < sweep.workers:
@@ -266,9 +273,12 @@ def evaluate(plan: Plan, display=None) -> Evaluated:
             thread.start()
             finished_fit = False
             while not finished_fit:
-                thread.join(0.5)
-                finished_fit = not thread.is_alive()
-                snap = ray.get(tracker.snapshot.remote())
+                try:
+                    thread.join(0.5)
+                    finished_fit = not thread.is_alive()
+                    snap = ray.get(tracker.snapshot.remote())
+                except KeyboardInterrupt as e:
+                    raise _wind_down(e, tracker, thread) from None
                 display.update(rate.status(snap, time.monotonic()), time.monotonic() - began,
                                final=finished_fit)
 
@@ -287,7 +297,33 @@ def evaluate(plan: Plan, display=None) -> Evaluated:
                          nodes=ray.get(tracker.node_count.remote()),
                          loads=ray.get(tracker.load_counts.remote()))
     finally:
-        ray.kill(tracker)         # also after a failure: `watch` keeps Ray up between polls
+        try:
+            ray.kill(tracker)     # also after a failure: `watch` keeps Ray up between polls
+        except Exception:         # noqa: BLE001 - Ray may be going down (a signal)
+            pass
+
+
+STOP_GRACE_S = 30.0
+
+
+def _wind_down(interrupt: KeyboardInterrupt, tracker, thread) -> KeyboardInterrupt:
+    """After SIGINT/SIGTERM: ask the workers to stop (they agree at their next sync point,
+    publishing nothing half-done) and wait for the fit to return, so Ray is shut down with no
+    thread inside it. ``group_stopped`` says whether that happened in time; a second signal
+    while waiting gives up at once."""
+    import ray
+
+    stopped = False
+    try:
+        ray.get(tracker.stop.remote(), timeout=5)
+        thread.join(STOP_GRACE_S)
+        stopped = not thread.is_alive()
+    except KeyboardInterrupt:
+        pass
+    except Exception:           # noqa: BLE001 - Ray itself may be going down
+        pass
+    interrupt.group_stopped = stopped
+    return interrupt
 
 
 def _worker_error(e, restarts: int) -> RayevalError:

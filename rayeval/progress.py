@@ -26,6 +26,7 @@ class Tracker:
         self.loads: dict[tuple[int, str], int] = {}   # (rank, checkpoint) -> loads
         self.in_flight: dict[int, tuple[int, int]] = {}   # rank -> (cell index, rows done)
         self.attempts = 0
+        self.stop_requested = False               # the driver was interrupted: wind down
         self.problems: list[str] = []             # what failed the earlier attempts
         self.fatal_error: Exception | None = None  # bad input: a restart would fail again
         self.nodes: dict[int, str] = {}           # rank -> node id, the latest attempt's
@@ -47,8 +48,16 @@ class Tracker:
     def done_keys(self) -> list[str]:
         return list(self.outcomes)
 
-    def rows(self, rank: int, index: int, rows: int) -> None:
+    def rows(self, rank: int, index: int, rows: int) -> bool:
+        """Rows done by a rank in the cell in flight; answers whether to stop."""
         self.in_flight[rank] = (index, rows)
+        return self.stop_requested
+
+    def stop(self) -> None:
+        self.stop_requested = True
+
+    def should_stop(self) -> bool:
+        return self.stop_requested
 
     def cell_error(self, key: str, message: str) -> None:
         self.errors.setdefault(key, message)
@@ -108,6 +117,8 @@ class WorkerProgress:
         self.tracker = tracker
         self.rank = rank
         self._last = 0.0
+        self._answer = None          # the tracker's reply to the last rows report
+        self._stop = False
 
     def _get(self, ref, timeout: float = 30.0):
         import ray
@@ -130,10 +141,28 @@ class WorkerProgress:
                 self._get(self.tracker.get_fatal.remote()))
 
     def rows(self, index: int, rows: int, force: bool = False) -> None:
+        """Report rows done (throttled); the answer of the previous report says whether the
+        driver asked the group to stop (read by ``stopping``)."""
         now = time.monotonic()
         if self.tracker is not None and (force or now - self._last >= self.INTERVAL_S):
             self._last = now
-            self.tracker.rows.remote(self.rank, index, rows)
+            if self._answer is not None:
+                self._take_answer()
+            self._answer = self.tracker.rows.remote(self.rank, index, rows)
+
+    def _take_answer(self) -> None:
+        import ray
+
+        ready, _ = ray.wait([self._answer], timeout=0)
+        if ready:
+            self._stop = self._stop or bool(ray.get(ready[0]))
+            self._answer = None
+
+    def stopping(self) -> bool:
+        """Whether the driver asked the group to stop (SIGINT/SIGTERM): never blocks."""
+        if self.tracker is not None and self._answer is not None:
+            self._take_answer()
+        return self._stop
 
     def finish(self, key: str, outcome) -> None:
         if self.tracker is not None:

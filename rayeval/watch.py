@@ -9,13 +9,12 @@ of ready checkpoints (x every evaluation) the store does not hold are evaluated 
 
 from __future__ import annotations
 
-import signal
 import threading
 import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-from . import driver
+from . import driver, signals
 from .checkpoints import CheckpointRef, expand_checkpoints
 from .config import Sweep
 from .errors import RunError
@@ -63,7 +62,7 @@ def watch(sweep: Sweep, *, interval_s: float, settle_s: float, address: str | No
     state = WatchState()
     stop = stop or threading.Event()
     started = False
-    previous = _term_as_interrupt()
+    signals.install()
     say(f"[rayeval] watching {', '.join(sweep.checkpoints)} every {interval_s:g} s "
         f"(ready when unchanged for {settle_s:g} s); Ctrl-C stops")
     try:
@@ -102,20 +101,7 @@ def watch(sweep: Sweep, *, interval_s: float, settle_s: float, address: str | No
             if stop.wait(interval_s):
                 return state
     finally:
-        if previous is not None:
-            signal.signal(signal.SIGTERM, previous)
         if started:
             import ray
 
             ray.shutdown()
-
-
-def _term_as_interrupt():
-    """SIGTERM (a pod or a supervisor stopping the watch) ends it like Ctrl-C."""
-    if threading.current_thread() is not threading.main_thread():
-        return None
-
-    def handler(signum, frame):
-        raise KeyboardInterrupt
-
-    return signal.signal(signal.SIGTERM, handler)

@@ -36,7 +36,12 @@ from .progress import WorkerProgress
 from .store import ResultStore, cell_rows
 
 _FAILED = "_failed"            # extra entries in the reduced vector: any rank failed the cell,
-_CACHE_OVERFLOW = "_overflow"  # any rank's shard was too big to keep
+_CACHE_OVERFLOW = "_overflow"  # any rank's shard was too big to keep,
+_STOP = "_stop"                # any rank was told to stop (the driver got SIGINT or SIGTERM)
+
+
+class Stop(Exception):
+    """Every rank agreed to stop: the run was interrupted; finished cells are published."""
 
 
 def dataset_name(index: int) -> str:
@@ -204,6 +209,13 @@ class Worker:
             raise RunError(f"workers disagree on the cells left ({int(-neg_least)} to "
                            f"{int(most)}); please report this bug")
         todo = {c.key for c in cells}
+        try:
+            self.run_checkpoints(todo)
+        except Stop:
+            pass
+        return self.outcomes
+
+    def run_checkpoints(self, todo: set[str]) -> None:
         for ref, fingerprint, group in self.plan.by_checkpoint():
             group = [c for c in group if c.key in todo]
             if not group:
@@ -222,7 +234,6 @@ class Worker:
                     self.finish(outcome)
                 start = time.perf_counter()
             del model            # freed before the next load
-        return self.outcomes
 
     def load_and_agree(self, ref, fingerprint: str):
         """(model, raw, None) on every rank, or (None, None, why) on every rank when any
@@ -235,7 +246,11 @@ class Worker:
             error = e.message
         where = f"the load of {ref.location}"
         dist.sync(where, self.timeout)
-        (any_failed,) = dist.all_reduce_max([1.0 if error else 0.0], where, self.timeout)
+        any_failed, stop = dist.all_reduce_max([1.0 if error else 0.0,
+                                                1.0 if self.progress.stopping() else 0.0],
+                                               where, self.timeout)
+        if stop:
+            raise Stop
         if any_failed:
             return None, None, error or (f"{ref.location}: could not be loaded on another "
                                          "worker; see the worker logs")
@@ -245,15 +260,18 @@ class Worker:
                       ) -> CellOutcome | None:
         """Pass, reduce and publish one cell; rank 0 returns its outcome."""
         ev = self.plan.evaluation(cell.evaluation)
-        states, error = self.one_pass(model, cell, ev)
+        states, error, stopped = self.one_pass(model, cell, ev)
         shard = self.shards[ev.name]
         if error:
             self.progress.cell_error(cell.key, error)     # before the reduce: rank 0 reads it
         states[_FAILED] = torch.tensor(1 if error else 0, dtype=torch.int64)
         states[_CACHE_OVERFLOW] = torch.tensor(int(shard.overflowed), dtype=torch.int64)
+        states[_STOP] = torch.tensor(int(stopped or self.progress.stopping()), dtype=torch.int64)
         where = f"the end of the pass over {cell.checkpoint.location} on {ev.name}"
         dist.sync(where, self.timeout)
         merged = dist.all_reduce_states(states, where, self.timeout)   # the one state reduce
+        if merged[_STOP]:
+            raise Stop
         shard.agree(bool(merged[_CACHE_OVERFLOW]))
         if merged[_FAILED]:
             if self.rank != 0:
@@ -266,13 +284,17 @@ class Worker:
         return self.publish(cell, ev, merged, step, layout, start)
 
     def one_pass(self, model, cell: Cell, ev: Evaluation):
-        """This worker's states for one cell, and the error that stopped it (the pass still
-        drains the shard: every rank must finish every pass over its split)."""
+        """This worker's states for one cell, the error that stopped it (the pass still drains
+        the shard: every rank must finish every pass over its split), and whether the driver
+        asked to stop (then the pass ends at once: the group is winding down)."""
         p = Pass(model, self.metrics[ev.name], ev.output_size, self.device,
                  ev.spec.task, ev.spec.bootstrap.k, ev.spec.dataset)
         index = self.index_of[cell.key]
-        rows, error = 0, None
+        rows, error, stopped = 0, None, False
         for x, y, buckets in self.shards[ev.name]:
+            if self.progress.stopping():
+                stopped = True
+                break
             if error:
                 continue
             try:
@@ -289,7 +311,7 @@ class Worker:
             rows += len(buckets)
             self.progress.rows(index, rows)
         self.progress.rows(index, rows, force=True)
-        return dict(p.states), error
+        return dict(p.states), error, stopped
 
     def publish(self, cell: Cell, ev: Evaluation, merged, step, layout, start) -> CellOutcome:
         counted = int(merged[ROWS])

@@ -95,7 +95,7 @@ def run(sweep_path: str, *, use_gpu: bool, workers: int, output: str) -> dict:
     if ray.is_initialized():
         ray.shutdown()
     failures = [f.error for f in report.failures]
-    rows = {(os.path.basename(r["checkpoint"]), r["metric"]): r
+    rows = {(os.path.basename(r["checkpoint"]), r["dataset"], r["metric"]): r
             for r in latest_rows(ResultStore(output).read())}
     return {"seconds": round(seconds, 2), "failures": failures, "rows": rows,
             "world_size": workers, "use_gpu": use_gpu}
@@ -108,7 +108,7 @@ def compare(a: dict, b: dict, num_rows: int) -> dict:
         va, vb = a["rows"][key]["value"], b["rows"][key]["value"]
         if va is None or vb is None:
             continue
-        if key[1] in ("accuracy", "macro_f1", "ece"):
+        if key[2] in ("accuracy", "macro_f1", "ece"):
             worst_count = max(worst_count, abs(va - vb) * num_rows)
         else:
             worst_float = max(worst_float, abs(va - vb) / max(abs(vb), 1e-12))

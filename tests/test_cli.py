@@ -175,24 +175,29 @@ def test_quickstart_example_end_to_end(tmp_path):
     assert proc.returncode == 0, (proc.stdout, proc.stderr)
     for name in ("step_000020.pt", "step_000060.pt", "step_000200.safetensors", "step_000600"):
         assert name in proc.stdout
-    assert "4 checkpoint(s) evaluated" in proc.stdout
+    assert "8 cell(s) evaluated, 0 already in the store, 0 failed" in proc.stdout
+    assert "aggregate" in proc.stdout
     # Not a terminal: progress is plain lines on stderr, ending with everything done.
     progress = [ln for ln in proc.stderr.splitlines() if ln.startswith("[rayeval] ")]
-    assert progress[0] == ("[rayeval] digits: 4 checkpoint(s), 0 already in the store (cached), "
-                           "4 to evaluate on 2003 rows")
-    assert progress[-1].startswith("[rayeval] 4/4 checkpoints, 100% of rows, ")
+    assert progress[0] == ("[rayeval] digits: 4 checkpoint(s) x 2 evaluation(s) [clean (1009 "
+                           "rows), noisy (2003 rows)]: 8 cell(s), 0 already in the store, 8 to "
+                           "evaluate")
+    assert progress[-1].startswith("[rayeval] 8/8 cells, 100% of rows, ")
     assert "rows/s" in progress[-1] and "left ~0:00" in progress[-1]
     rows = json.loads(rayeval_cli("leaderboard", str(example / "out"), "--format",
                                   "json").stdout)
-    assert len(rows) == 12
-    assert {r["num_samples"] for r in rows} == {2003} and {r["world_size"] for r in rows} == {2}
+    stored = [r for r in rows if r["metric"] != "aggregate"]
+    assert len(stored) == 24 and len(rows) == 28, "4 checkpoints x 2 evaluations x 3, + 4"
+    assert {(r["dataset"], r["num_samples"]) for r in stored} == {("clean", 1009),
+                                                                   ("noisy", 2003)}
+    assert {r["world_size"] for r in stored} == {2}
     md = rayeval_cli("leaderboard", str(example / "out"), "--format", "markdown", "--metric",
-                     "nll")
-    assert md.returncode == 0 and md.stdout.splitlines()[2].startswith("| 1 * | digits | eval |")
+                     "noisy/nll")
+    assert md.returncode == 0 and md.stdout.splitlines()[2].startswith("| 1 * | digits |")
     again = rayeval_cli("run", str(example / "sweep.yaml"), cwd=str(tmp_path))
-    assert again.returncode == 0 and "0 checkpoint(s) evaluated, 4 already in the store" in \
-        again.stdout
-    assert "4 already in the store (cached), 0 to evaluate" in again.stderr
+    assert again.returncode == 0 and "0 cell(s) evaluated, 8 already in the store" in \
+        again.stdout and "nothing to run" in again.stdout
+    assert "8 cell(s), 8 already in the store, 0 to evaluate" in again.stderr
     quiet = rayeval_cli("run", str(example / "sweep.yaml"), "--quiet", cwd=str(tmp_path))
     assert quiet.returncode == 0 and quiet.stderr == ""
 

@@ -121,7 +121,8 @@ def digits(tmp_path, **settings):
 
 def stored(store) -> dict:
     rows = json.loads(rayeval_cli("leaderboard", str(store), "--format", "json").stdout)
-    return {(os.path.basename(r["checkpoint"]), r["metric"]): r for r in rows}
+    return {(os.path.basename(r["checkpoint"]), r["dataset"], r["metric"]): r for r in rows
+            if r["metric"] != "aggregate"}
 
 
 def test_multi_node_submit_equals_a_one_node_run(cluster, tmp_path):
@@ -140,7 +141,7 @@ def test_multi_node_submit_equals_a_one_node_run(cluster, tmp_path):
     assert "2 worker(s) on 2 node(s)" in sub.stdout          # the job's own log, streamed
     assert "SUCCEEDED" in sub.stderr
     a, b = stored(tmp_path / "one-store"), stored(tmp_path / "two-store")
-    assert set(a) == set(b) and len(a) == 12
+    assert set(a) == set(b) and len(a) == 24    # 4 checkpoints x 2 evaluations x 3
     for key, row in a.items():
         assert b[key]["world_size"] == 2 and row["world_size"] == 1
         assert b[key]["num_samples"] == row["num_samples"] == 2003
@@ -225,7 +226,7 @@ def test_submit_to_a_cluster_without_authentication(tmp_path):
                           str(tmp_path / "store"), env=user_env(RAY_AUTH_TOKEN=uuid.uuid4().hex),
                           timeout=600)
         assert sub.returncode == 0, (sub.stdout, sub.stderr)
-        assert len(stored(tmp_path / "store")) == 12
+        assert len(stored(tmp_path / "store")) == 24
     finally:
         head.stop()
         shutil.rmtree(temp, ignore_errors=True)

@@ -1,0 +1,81 @@
+"""End to end: SIGTERM to rayeval, and SIGINT to its whole process group (a terminal's Ctrl-C),
+stop a real run cleanly: one line, exit 128 + signal, complete cells kept, nothing
+half-written, and no Ray process of the run left behind."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+from support import build_model, make_data, write_model_module, write_parquet, write_sweep
+
+pytestmark = pytest.mark.ray
+
+
+def ray_processes() -> set[int]:
+    """Pids of Ray's own daemons and workers on this machine."""
+    out = subprocess.run(["ps", "-eo", "pid=,args="], capture_output=True, text=True).stdout
+    pids = set()
+    for line in out.splitlines():
+        pid, _, args = line.strip().partition(" ")
+        if "gcs_server" in args or "/raylet" in args or args.startswith("ray::") \
+                or "default_worker.py" in args:
+            pids.add(int(pid))
+    return pids
+
+
+def results(folder) -> list:
+    d = folder / "out" / "results"
+    return sorted(p.name for p in d.iterdir()) if d.is_dir() else []
+
+
+@pytest.mark.parametrize("signum,group", [(signal.SIGTERM, False), (signal.SIGINT, True)])
+def test_a_signal_stops_the_run_cleanly(tmp_path, signum, group):
+    write_model_module(str(tmp_path))
+    x, y = make_data(3000, seed=1)
+    write_parquet(str(tmp_path / "data.parquet"), x, y)
+    (tmp_path / "ckpts").mkdir()
+    for s in range(1, 7):
+        torch.save(build_model(seed=s).state_dict(), tmp_path / "ckpts" / f"step_{s}.pt")
+    model = {"factory": "tiny_models:Trap",        # a slow model: the run is still going
+             "kwargs": {"trap": str(tmp_path / "never"), "delay": 0.15}}
+    sweep = write_sweep(str(tmp_path), model=model, workers=2, batch_size=100)
+    before = ray_processes()
+    proc = subprocess.Popen([sys.executable, "-m", "rayeval", "run", sweep], cwd=str(tmp_path),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        deadline = time.monotonic() + 240
+        while not [n for n in results(tmp_path) if not n.startswith(".")]:
+            assert proc.poll() is None, proc.communicate()
+            assert time.monotonic() < deadline, "no cell was finished in time"
+            time.sleep(0.2)
+        if group:
+            os.killpg(proc.pid, signum)
+        else:
+            proc.send_signal(signum)
+        stdout, stderr = proc.communicate(timeout=90)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == 128 + signum, (proc.returncode, stderr[-2000:])
+    name = signal.Signals(signum).name
+    assert stderr.rstrip().splitlines()[-1].startswith(f"[rayeval] interrupted ({name}): "
+                                                       "stopped; every result written so far")
+    assert "Traceback" not in stderr and "SIGTERM received" not in stderr, stderr[-2000:]
+    assert "Segmentation fault" not in stderr
+    kept = results(tmp_path)
+    assert 1 <= len(kept) < 6, "interrupted mid-sweep"
+    assert not [n for n in kept if n.startswith(".")], "no temporary file left"
+    for n in kept:                                   # every kept cell is complete
+        assert pq.read_table(tmp_path / "out" / "results" / n).num_rows == 3
+    deadline = time.monotonic() + 30                 # Ray's daemons exit a moment after
+    while (ray_processes() - before) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not ray_processes() - before, "no Ray process of the run is left"
