@@ -80,15 +80,31 @@ class ResultStore:
         if not write:
             return
         probe = f"{self.dir}/.probe-{uuid.uuid4().hex}"
+        created = self._missing_folders()
         try:
             self.fs.create_dir(self.dir, recursive=True)
             with self.fs.open_output_stream(probe) as f:
                 f.write(b"rayeval")
             self.fs.delete_file(probe)
+            for folder in created:          # leave nothing behind if a later check fails
+                self.fs.delete_dir(folder)
         except (OSError, pa.ArrowInvalid) as e:
             raise StoreError(f"{what}: cannot write to the result store {self.location!r}: "
                              f"{paths.explain(e, self.location)}; choose a folder (or bucket) "
                              "you can write to") from None
+
+    def _missing_folders(self) -> list[str]:
+        """The local folders of the store that do not exist yet, deepest first."""
+        if not isinstance(self.fs, pafs.LocalFileSystem):
+            return []
+        out, folder = [], self.dir
+        while folder and not os.path.exists(folder):
+            out.append(folder)
+            parent = os.path.dirname(folder)
+            if parent == folder:
+                break
+            folder = parent
+        return out
 
     def _file(self, cell: str) -> str:
         return f"{self.dir}/{cell}.parquet"

@@ -30,6 +30,10 @@ MODEL_MODULE = textwrap.dedent('''
     def broken(**kwargs):
         raise RuntimeError("factory exploded")
 
+    def flat_output(features=8, classes=4):
+        """Returns one flat vector for a batch: not the logits a classifier needs."""
+        return torch.nn.Sequential(torch.nn.Linear(features, classes), torch.nn.Flatten(0))
+
     def not_a_module(**kwargs):
         return 42
 

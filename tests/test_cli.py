@@ -90,6 +90,24 @@ BAD_SWEEPS = {
     "factory_bad_kwargs": (lambda p: write_sweep(str(p), model={"factory": "tiny_models:build",
                                                                "kwargs": {"depth": 3}}),
                            ["model.kwargs", "depth"]),
+    # Found before Ray starts since the suites release (they used to cost a worker group):
+    "output_is_a_file": (lambda p: ((p / "taken").write_text("x"),
+                                    write_sweep(str(p), output="taken"))[1],
+                         ["output: cannot write to the result store", "taken"]),
+    "label_outside_classes": (lambda p: (write_parquet(str(p / "labels.parquet"),
+                                                       make_data(20)[0],
+                                                       make_data(20)[1] + 3),
+                                         write_sweep(str(p), dataset={
+                                             "path": "labels.parquet", "inputs": "x",
+                                             "target": "y"}))[1],
+                              ["dataset.target: class index 6 is outside the model's 4 classes"]),
+    "inputs_of_the_wrong_shape": (lambda p: write_sweep(str(p), model={
+        "factory": "tiny_models:build", "kwargs": {"features": 5}}),
+        ["model.factory: the model cannot take inputs of shape (4, 8)"]),
+    "wrong_kind_of_output": (lambda p: write_sweep(str(p), model={
+        "factory": "tiny_models:flat_output"}),
+        ["model.factory: the model returns (16,); task classification needs logits of shape "
+         "(batch, classes)"]),
 }
 
 
@@ -113,6 +131,26 @@ def test_bad_input_is_one_clear_line(project, case, capsys, monkeypatch):
     assert_one_line_error(subprocess.CompletedProcess([], code, captured.out, captured.err),
                           *fragments)
     assert not (project / "out").exists(), "nothing half-written"
+    import ray
+
+    assert not ray.is_initialized(), "found before Ray starts"
+
+
+def test_a_checkpoint_of_another_architecture_fails_before_ray(project, capsys, monkeypatch):
+    import ray
+
+    from rayeval.cli import main
+
+    wide = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.Tanh(), torch.nn.Linear(32, 4))
+    torch.save(wide.state_dict(), project / "ckpts" / "step_1.pt")
+    monkeypatch.chdir(project)
+    code = main(["run", write_sweep(str(project))])
+    err = capsys.readouterr().err
+    assert code == 1 and not ray.is_initialized(), err
+    failed = [ln for ln in err.splitlines() if ln.startswith("failed: ")]
+    assert len(failed) == 1 and "step_1.pt: does not fit the model" in failed[0]
+    assert "0.weight [32, 8] vs model [16, 8]" in failed[0]
+    assert not (project / "out").exists(), "nothing written"
 
 
 def test_missing_sweep_file_and_store(tmp_path):
