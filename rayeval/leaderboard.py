@@ -269,6 +269,7 @@ class Board:
     entries: list[Entry]          # in rank order
     evaluations: list[str]        # by name
     averaged: list[Column] = field(default_factory=list)   # what the aggregate averages
+    notes: list[str] = field(default_factory=list)          # warnings shown with the board
 
     @property
     def metrics(self) -> list[str]:
@@ -305,7 +306,22 @@ def build_board(rows: list[dict], metric: str | None = None) -> Board:
     averaged = [c for c in columns
                 if len(evaluations) > 1 and firsts.get(c.evaluation) == c.metric]
     return Board(columns=columns, rank_by=rank_by.name, higher_is_better=rank_by.higher_is_better,
-                 entries=ranked, evaluations=evaluations, averaged=averaged)
+                 entries=ranked, evaluations=evaluations, averaged=averaged,
+                 notes=small_data_notes(rows))
+
+
+SMALL_DATA_ROWS = 30
+
+
+def small_data_notes(rows: list[dict]) -> list[str]:
+    """A warning per evaluation with fewer than SMALL_DATA_ROWS rows: its intervals (and any
+    ranking on it) say little."""
+    sizes: dict[str, int] = {}
+    for r in rows:
+        sizes[r["dataset"]] = min(sizes.get(r["dataset"], r["num_samples"]), r["num_samples"])
+    return [f"warning: {name} has only {n} row(s); with fewer than {SMALL_DATA_ROWS} the "
+            "intervals and the ranking on it mean little" for name, n in sorted(sizes.items())
+            if n < SMALL_DATA_ROWS]
 
 
 def _default_rank(columns: list[Column], entries: dict[tuple, Entry]) -> Column:
@@ -323,22 +339,30 @@ def _rank(entries: list[Entry], column: Column) -> list[Entry]:
         return (v is None, 0.0 if v is None else sign * v, e.step or 0, e.checkpoint, e.sweep)
 
     ranked = sorted(entries, key=order)
+    top = ranked[0].value(column.name) if ranked else None
+    tied = sum(1 for e in ranked if top is not None and e.value(column.name) == top)
     for i, e in enumerate(ranked, 1):
         e.rank = i
-        e.best = i == 1 and e.value(column.name) is not None
+        e.best = i == 1 and top is not None and tied == 1    # a tie crowns nobody
     return ranked
 
 
 def _mark(entries: list[Entry], column: str, higher: bool) -> None:
     """'*' on the best value of a column, '~' on those whose paired interval of the difference
-    to the best contains zero (not distinguishable from it)."""
+    to the best contains zero (not distinguishable from it). When several share the best value
+    exactly, none is marked best: all are '~'."""
     group = [e for e in entries if e.value(column) is not None]
     if not group:
         return
     best = max(group, key=lambda e: e.value(column) if higher else -e.value(column))
-    best.marks[column] = "*"
+    ties = [e for e in group if e.value(column) == best.value(column)]
+    if len(ties) > 1:             # equal values: none is the best, none is distinguishable
+        for e in ties:
+            e.marks[column] = "~"
+    else:
+        best.marks[column] = "*"
     for e in group:
-        if e is best:
+        if e in ties:
             continue
         p = paired(best.rows[column], e.rows[column], confidence_of(best.rows[column]))
         if p is not None and p.ci_low <= 0 <= p.ci_high:

@@ -229,13 +229,16 @@ class Rate:
             self.samples.pop(0)
         (t0, r0), (t1, r1) = (self.samples[0], self.samples[-1]) if self.samples else \
             ((now, 0), (now, 0))
-        rate = None
+        rate, measured = None, False
         if t1 > t0 and r1 > r0:
-            rate = (r1 - r0) / (t1 - t0)
+            rate, measured = (r1 - r0) / (t1 - t0), True
         elif self.began is not None and now > self.began and processed:
             rate = processed / (now - self.began)
         left = total_rows - processed
-        eta = 0.0 if left == 0 else (left / rate if rate else None)
+        # The time left only from a rate measured between two snapshots: the average since the
+        # workers began still holds their start-up (Ray Data's first block, the first load)
+        # and once promised ~52 hours for a minute's work.
+        eta = 0.0 if left == 0 else (left / rate if rate and measured else None)
         return Status(total=snap["total"], done=snap["done"], failed=snap["failed"],
                       current=snap["current"], rows_per_s=rate, eta_s=eta,
                       fraction=processed / total_rows if total_rows else 1.0,

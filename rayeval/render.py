@@ -87,7 +87,9 @@ def render_rich(board: Board, console, title: str | None = None) -> None:
     """A rich table that fits ``console.width`` without cropping a number: with intervals if
     everything fits, else without, else without whole metric columns from the right (never
     the ranking column), which the caption names. Sweep and data set columns only when they
-    vary (else in the title)."""
+    vary (else in the title). The board's notes (too little data) follow it."""
+    from rich.text import Text
+
     shown, hidden = list(board.columns), []
     for intervals in (True, False):
         table = _rich_table(board, shown, hidden, intervals, title)
@@ -100,6 +102,8 @@ def render_rich(board: Board, console, title: str | None = None) -> None:
         hidden.insert(0, gone)
         table = _rich_table(board, shown, hidden, False, title)
     console.print(table)
+    for note in board.notes:
+        console.print(Text(note, style="yellow"))
 
 
 def _fits(console, table) -> bool:

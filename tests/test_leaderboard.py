@@ -450,3 +450,32 @@ def test_plot_keeps_one_colour_per_sweep_and_the_title_clear_of_the_panels():
         import matplotlib.pyplot as plt
 
         plt.close(fig)
+
+
+def test_tiny_data_warns_and_identical_values_crown_nobody():
+    """A 1-row data set gives [1, 1] intervals to every checkpoint that gets the row right:
+    no best mark on a tie, and a warning that says why the numbers mean little."""
+    from rich.console import Console
+    import io
+
+    from rayeval.leaderboard import build_board
+    from rayeval.render import render_rich
+
+    def row(ckpt, step, value):
+        return {"sweep": "s", "checkpoint": f"/c/{ckpt}", "step": step, "dataset": "one",
+                "metric": "accuracy", "value": value, "ci_low": value, "ci_high": value,
+                "num_samples": 1, "world_size": 1, "created_at": None,
+                "higher_is_better": True, "cell": ckpt, "bootstrap": None,
+                "replicates": None, "matrix": None}
+
+    board = build_board([row("a.pt", 1, 1.0), row("b.pt", 2, 1.0), row("c.pt", 3, 0.0)])
+    assert not any(e.best for e in board.entries)
+    assert [e.marks.get("accuracy") for e in board.entries] == ["~", "~", None]
+    assert board.notes == ["warning: one has only 1 row(s); with fewer than 30 the intervals "
+                           "and the ranking on it mean little"]
+    out = io.StringIO()
+    render_rich(board, Console(file=out, width=120, force_terminal=False))
+    text = out.getvalue()
+    assert "warning: one has only 1 row(s)" in text and "1 *" not in text
+    unique = build_board([row("a.pt", 1, 1.0), row("c.pt", 3, 0.0)])
+    assert unique.entries[0].best and unique.entries[0].marks["accuracy"] == "*"

@@ -57,6 +57,7 @@ def test_rate_and_time_left_from_snapshots():
     assert s.rows_per_s is None and s.eta_s is None
     s = r.status(status(4, rows_in_flight=500), now=10.0)
     assert s.rows_per_s == 250.0, "one sample with rows: the average since the workers began"
+    assert s.eta_s is None, "but no time left from it: it holds the start-up"
     s = r.status(status(4, done=1, rows_in_flight=500), now=11.0)
     assert s.rows_per_s == 1000.0, "then the rate over the window"
     assert s.eta_s == 2.5 and s.fraction == 1500 / 4000
