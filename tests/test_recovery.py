@@ -26,7 +26,9 @@ def arm_after_first_result(tmp_path, sweep) -> threading.Thread:
     results = os.path.join(sweep.output, "results")
 
     def arm():
-        deadline = time.monotonic() + 120
+        # Bounded, and long enough for a loaded machine's start-up (which alone has taken
+        # over 100 s here); the thread is a daemon and ends with the test in any case.
+        deadline = time.monotonic() + 600
         while time.monotonic() < deadline:
             if os.path.isdir(results) and any(n.endswith(".parquet") and not n.startswith(".")
                                               for n in os.listdir(results)):
@@ -74,11 +76,14 @@ def test_a_hung_worker_fails_the_run_in_bounded_time_naming_it(ray_cluster, tmp_
                               model=trap_model(tmp_path, "hang"),
                               recovery={"max_restarts": 0, "stall_timeout_s": 5})
     armer = arm_after_first_result(tmp_path, sweep)
-    began = time.monotonic()
     with pytest.raises(GroupError) as e:
         run_sweep(sweep)
+    failed_at = time.time()
     armer.join(1)
-    assert time.monotonic() - began < 90
+    # Bounded from the moment the worker hung, not from the start: start-up time depends on
+    # the machine's load, the stall limit (5 s) and shutdown do not much.
+    fired_at = os.path.getmtime(tmp_path / "trap.fired")
+    assert failed_at - fired_at < 60, failed_at - fired_at
     hung = (tmp_path / "trap.fired").read_text()
     found = re.search(r"worker rank (\d) did not reach the end of the pass over \S+/step_(\d)\.pt "
                       r"on \S+; the others waited [5-9] s \(stalled;", e.value.message)

@@ -72,7 +72,7 @@ def test_watch_evaluates_checkpoints_as_they_are_written(tmp_path):
             raise
     text = log.read_text()
     assert proc.returncode == 130, text
-    assert "watch stopped; every result written so far is complete" in text
+    assert "watch stopped (SIGINT); every result written so far is complete" in text
     assert "failed" not in text and "Traceback" not in text, text
     assert "1 new checkpoint(s): step_3.pt" in text
     got = stored()
