@@ -1,4 +1,4 @@
-"""Checkpoints: found from globs (with the step from their names), and fetched from object
+"""Checkpoints: found from globs (with the step and epoch from their names), and fetched from object
 storage into a node-local cache once per node.
 
 What a checkpoint holds is read by ``layouts``; fitting it to the model is ``loading``.
@@ -14,6 +14,7 @@ from . import paths
 from .errors import CheckpointError, SpecError
 
 _STEP_WORD = re.compile(r"(?:^|[^a-z])(?:global_step|step|iter|iteration)[=_-]?(\d+)", re.I)
+_EPOCH_WORD = re.compile(r"(?:^|[^a-z])epoch[=_-]?(\d+)", re.I)
 _DIGITS = re.compile(r"\d+")
 
 
@@ -21,22 +22,40 @@ _DIGITS = re.compile(r"\d+")
 class CheckpointRef:
     location: str           # as expanded from the glob (absolute path or URI)
     step: int | None
+    epoch: int | None = None
 
     @property
     def name(self) -> str:
         return self.location.rstrip("/").rsplit("/", 1)[-1]
 
 
+def _stem(location: str) -> str:
+    name = location.rstrip("/").rsplit("/", 1)[-1]
+    return re.sub(r"\.(pt|pth|bin|ckpt|safetensors)$", "", name, flags=re.I)
+
+
 def parse_step(location: str) -> int | None:
     """The training step in a checkpoint's name: ``step=N``/``step_N``/``iter-N`` first, else
-    the last number in the name (``checkpoint-500`` -> 500); None when there is none."""
-    name = location.rstrip("/").rsplit("/", 1)[-1]
-    stem = re.sub(r"\.(pt|pth|bin|ckpt|safetensors)$", "", name, flags=re.I)
+    the last number in the name (``checkpoint-500`` -> 500); None when there is none.
+
+    A name with an epoch (``epoch=3``, ``epoch_3``) and no step word has no step: its numbers
+    are the epoch and things like a run number (``run2_epoch5``), and an epoch plotted or
+    sorted as a step would put epoch 8 before step 10."""
+    stem = _stem(location)
     m = _STEP_WORD.search(stem)
     if m:
         return int(m.group(1))
+    if _EPOCH_WORD.search(stem):
+        return None
     numbers = _DIGITS.findall(stem)
     return int(numbers[-1]) if numbers else None
+
+
+def parse_epoch(location: str) -> int | None:
+    """The epoch in a checkpoint's name (``epoch=3``, ``epoch_3``, ``epoch-3``, ``epoch3``,
+    as in Lightning's ``epoch=3-step=1200.ckpt``); None when the name has none."""
+    m = _EPOCH_WORD.search(_stem(location))
+    return int(m.group(1)) if m else None
 
 
 IN_PROGRESS = (".tmp", ".part", ".partial", ".incomplete", ".lock")
@@ -50,7 +69,8 @@ def in_progress(location: str) -> bool:
 
 def expand_checkpoints(patterns: tuple[str, ...], keys: tuple[str, ...] | None = None,
                        allow_empty: bool = False) -> list[CheckpointRef]:
-    """Every checkpoint the patterns match, once each, ordered by step then location. Globs
+    """Every checkpoint the patterns match, once each, ordered by step, then epoch (names with
+    an epoch and no step: ``epoch_8`` before ``epoch_10``), then location. Globs
     skip names still being written (``in_progress``).
 
     A pattern that matches nothing is a SpecError naming it (``checkpoints[i]``), unless
@@ -71,8 +91,10 @@ def expand_checkpoints(patterns: tuple[str, ...], keys: tuple[str, ...] | None =
             raise SpecError(f"{key}: {kind} {pattern!r} matches no file or folder; "
                             "check the path (relative paths start at the sweep file's folder)")
         for location in found:
-            seen.setdefault(location, CheckpointRef(location, parse_step(location)))
-    return sorted(seen.values(), key=lambda c: (c.step is None, c.step or 0, c.location))
+            seen.setdefault(location, CheckpointRef(location, parse_step(location),
+                                                    parse_epoch(location)))
+    return sorted(seen.values(), key=lambda c: (c.step is None, c.step or 0,
+                                                c.epoch is None, c.epoch or 0, c.location))
 
 
 def _download(fs, src: str, dest: str) -> None:

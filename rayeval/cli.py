@@ -441,7 +441,7 @@ def _inspect(args, out: Console) -> int:
     from rich.table import Table
 
     from .errors import CheckpointError
-    from .loading import CheckpointSpec, describe
+    from .loading import CheckpointSpec, describe, prefix_label
 
     path = os.path.abspath(args.path)
     if not os.path.exists(path):
@@ -461,16 +461,23 @@ def _inspect(args, out: Console) -> int:
     table.add_column("", style="bold")
     table.add_column("")
     step = "-" if info["step"] is None else f"{info['step']} (from the {info['step_from']})"
+    # a file's own name (its path relative to itself would be "."); a folder's files inside it
+    files = [os.path.relpath(f, path) if os.path.isdir(path) else os.path.basename(f)
+             for f in info["files"]]
     rows = [("layout", info["layout"]),
-            ("files", "\n".join(os.path.relpath(f, path) if f.startswith(path) else f
-                                for f in info["files"]) or "-"),
+            ("files", "\n".join(files) or "-"),
             ("tensors", f"{info['tensors']:,}"),
             ("parameters", f"{info['parameters']:,} ({info['bytes'] / 2**20:.1f} MiB)"),
             ("dtypes", ", ".join(f"{k}: {v:,}" for k, v in info["dtypes"].items())),
-            ("step", step),
-            ("key groups", ", ".join(f"{k} ({v})" for k, v in info["key_groups"].items())),
-            ("prefixes stripped", ", ".join(info.get("prefixes_stripped") or []) or "none")]
-    rows.insert(6, ("state dict under", info["wrapper"] or "(top level)"))
+            ("step", step)]
+    if info["epoch"] is not None:
+        rows.append(("epoch", f"{info['epoch']} (from the name)"))
+    # the same rows with and without --sweep: with it, what was stripped to fit the model;
+    # without, what the fixed rules (DDP, torch.compile) would strip to reach plain keys
+    rows += [("state dict under", info["wrapper"] or "(top level)"),
+             ("key groups", ", ".join(f"{k} ({v})" for k, v in info["key_groups"].items())),
+             ("prefixes", ", ".join(prefix_label(p, spec) for p in info["prefixes_stripped"])
+              or "none")]
     if model is not None:
         fits = "[green]yes[/]" if info["fits"] else "[red]no[/]: " + "; ".join(info["problems"])
         rows.append((f"fits {args.sweep}", fits))

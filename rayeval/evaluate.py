@@ -18,8 +18,9 @@ from . import stats, tasks
 from .config import OFF, Bootstrap, EvalSpec
 from .data import DatasetInfo
 from .errors import CheckpointError, ModelError, traceback_of
-from .metrics import Indexed, Metric
+from .metrics import IGNORE, Indexed, Metric
 from .model import import_callable
+from .tasks import TOKENS
 
 ROWS = "_rows"   # the row count every cell keeps, checked against the data set before publishing
 
@@ -78,13 +79,15 @@ class Accumulator:
     """Bucketed, exact metric states for one checkpoint on one worker."""
 
     def __init__(self, metrics: list[tuple[str, Metric]], size: int, buckets: int = 1,
-                 device: torch.device = torch.device("cpu")):
+                 device: torch.device = torch.device("cpu"), count_tokens: bool = False):
         self.metrics = metrics
         self.size = size
         self.k = buckets
         self.device = device
         self.states: dict[str, torch.Tensor] = {ROWS: torch.zeros((), dtype=torch.int64,
                                                                   device=device)}
+        if count_tokens:    # in states, so the one all-reduce of a cell sums it with the rest
+            self.states[TOKENS] = torch.zeros((), dtype=torch.int64, device=device)
         self.floats: set[str] = set()
         self.templates: dict[str, torch.Tensor] = {}
         for key, m in metrics:
@@ -110,6 +113,8 @@ class Accumulator:
             for name, c in contributions.items():
                 self._scatter(f"{key}/{name}", c, b)
         self.states[ROWS] += targets.shape[0]
+        if TOKENS in self.states:
+            self.states[TOKENS] += (targets != IGNORE).sum()
 
     def _scatter(self, name: str, c, buckets: torch.Tensor) -> None:
         state = self.states[name]
@@ -209,7 +214,7 @@ class Pass:
         self.size = size
         self.device = device
         self.dtype = float_dtype(model)
-        self.acc = Accumulator(metrics, size, buckets, device)
+        self.acc = Accumulator(metrics, size, buckets, device, self.task.counts_tokens)
 
     @property
     def states(self) -> dict[str, torch.Tensor]:

@@ -20,12 +20,14 @@ from typing import Callable, Mapping
 import torch
 
 from . import layouts
-from .checkpoints import parse_step
+from .checkpoints import parse_epoch, parse_step
 from .config import CheckpointSpec
 from .errors import CheckpointError
 
 WRAPPER_KEYS = ("model", "state_dict", "model_state_dict", "module", "ema")
 _PREFIXES = ("module.", "_orig_mod.")
+_WRAPPED = "module./_orig_mod."      # in Match.stripped: strip_wrappers was applied
+PREFIX_SOURCES = {"module.": "DDP", "_orig_mod.": "torch.compile"}
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
           "float64": torch.float64}
 
@@ -37,16 +39,32 @@ class Match:
     stripped: list[str] = field(default_factory=list)   # prefixes removed
 
 
-def strip_wrappers(key: str) -> str:
-    """Drop DDP's ``module.`` and torch.compile's ``_orig_mod.`` wrappers from a key."""
+def _unwrap(key: str) -> tuple[str, set[str]]:
+    """A key without DDP's ``module.`` and torch.compile's ``_orig_mod.`` wrappers, and which
+    of them it had."""
+    found = set()
     changed = True
     while changed:
         changed = False
         for prefix in _PREFIXES:
             if key.startswith(prefix):
                 key = key[len(prefix):]
+                found.add(prefix)
                 changed = True
-    return key.replace("._orig_mod.", ".")
+    if "._orig_mod." in key:          # a compiled submodule
+        found.add("_orig_mod.")
+    return key.replace("._orig_mod.", "."), found
+
+
+def strip_wrappers(key: str) -> str:
+    """Drop DDP's ``module.`` and torch.compile's ``_orig_mod.`` wrappers from a key."""
+    return _unwrap(key)[0]
+
+
+def wrappers_in(keys) -> list[str]:
+    """The wrappers ``strip_wrappers`` would remove from these keys, in ``_PREFIXES`` order."""
+    found = set().union(*(_unwrap(k)[1] for k in keys))
+    return [p for p in _PREFIXES if p in found]
 
 
 strip_prefixes = strip_wrappers     # the name earlier versions exported
@@ -95,13 +113,13 @@ def _transforms(keys: list[str], spec: CheckpointSpec):
     for base, removed in list(out):
         wrapped = [strip_wrappers(k) for k in base]
         if wrapped != base:
-            out.append((wrapped, removed + ["module./_orig_mod."]))
+            out.append((wrapped, removed + [_WRAPPED]))
     for base, removed in list(out):
         first = _common_first(base)
         if first:
             out.append(([k[len(first):] for k in base], removed + [first]))
             again = [strip_wrappers(k[len(first):]) for k in base]
-            out.append((again, removed + [first, "module./_orig_mod."]))
+            out.append((again, removed + [first, _WRAPPED]))
     return out
 
 
@@ -225,13 +243,70 @@ class LeanLoader:
         return model.to(self.device).eval(), raw
 
 
+def prefix_label(prefix: str, spec: CheckpointSpec = CheckpointSpec()) -> str:
+    """A stripped prefix with where it comes from: ``module. (DDP)``."""
+    if prefix in PREFIX_SOURCES:
+        why = PREFIX_SOURCES[prefix]
+    elif prefix == spec.strip_prefix:
+        why = "checkpoint.strip_prefix"
+    else:
+        why = "shared by every key, e.g. a LightningModule attribute"
+    return f"{prefix} ({why})"
+
+
+def _replay(keys: list[str], stripped: list[str]) -> list[str]:
+    """``Match.stripped`` with its wrapper step named by the wrappers the keys really had (none
+    when it changed nothing), by applying the steps to the keys in order."""
+    out = []
+    for step in stripped:
+        if step == _WRAPPED:
+            out += wrappers_in(keys)
+            keys = [strip_wrappers(k) for k in keys]
+        else:
+            out.append(step)
+            keys = [k[len(step):] if k.startswith(step) else k for k in keys]
+    return list(dict.fromkeys(out))
+
+
+def _ddp_wrapper(wrapper: str | None, keys, spec: CheckpointSpec) -> bool:
+    """Whether the state dict "under module" is DDP's ``module.`` prefix: flattened keys cannot
+    tell ``{"module": sd}`` from a DDP model's own state dict, and ``match`` prefers the wrapper
+    (fewer prefixes). Reported as the prefix when it holds every tensor and the user did not
+    name it (checkpoint.key), so inspect says the same with and without a model."""
+    return wrapper == "module" and not spec.key and all(k.startswith("module.") for k in keys)
+
+
+def _prefixes(raw: layouts.Raw, model: torch.nn.Module | None, spec: CheckpointSpec
+              ) -> tuple[str | None, list[str], Match | None]:
+    """(the key the state dict is under, the prefixes stripped to reach the model's keys, the
+    match). Without a model: the wrapper found by name, and what ``match``'s fixed rules (DDP's
+    ``module.``, torch.compile's ``_orig_mod.``) would strip; a shared first part such as a
+    LightningModule attribute is stripped only when a model's keys show it is not part of the
+    model."""
+    keys = list(raw.shapes)
+    m = None
+    if model is None:
+        groups = {k.split(".", 1)[0] for k in keys if "." in k}
+        wrapper = spec.key or next((w for w in WRAPPER_KEYS if w in groups), None)
+        stripped = [_WRAPPED]
+    else:
+        m = match(raw.shapes, model.state_dict(), spec)
+        wrapper, stripped = m.wrapper or None, m.stripped
+    if _ddp_wrapper(wrapper, keys, spec):
+        wrapper, stripped = None, ["module."] + stripped
+    if wrapper:
+        cut = wrapper.strip(".") + "."
+        keys = [k[len(cut):] for k in keys if k.startswith(cut)]
+    return wrapper, _replay(keys, stripped), m
+
+
 def describe(path: str, model: torch.nn.Module | None = None,
              spec: CheckpointSpec = CheckpointSpec()) -> dict:
-    """What ``rayeval inspect`` shows: the layout, tensors, parameters, dtypes, the step, and
-    with a model, how its keys map and whether it fits."""
+    """What ``rayeval inspect`` shows: the layout, tensors, parameters, dtypes, the step and
+    epoch, where the state dict is and the prefixes stripped from its keys (see ``_prefixes``),
+    and with a model, how its keys map and whether it fits."""
     import math
     from collections import Counter
-
 
     raw = layouts.read(path, spec.trust_pickle)
     dtypes = Counter()
@@ -243,27 +318,23 @@ def describe(path: str, model: torch.nn.Module | None = None,
         params += n
         size += n * torch.empty((), dtype=dtype).element_size()
     groups = Counter(k.split(".", 1)[0] if "." in k else "(top level)" for k in raw.shapes)
+    wrapper, prefixes, m = _prefixes(raw, model, spec)
     info = {
         "path": path, "layout": raw.layout, "files": list(raw.files), "tensors": len(raw.shapes),
         "parameters": params, "bytes": size, "dtypes": dict(dtypes),
         "step": raw.step if raw.step is not None else parse_step(path),
         "step_from": "file" if raw.step is not None else "name",
+        "epoch": parse_epoch(path),
         "key_groups": dict(groups.most_common(8)),
+        "wrapper": wrapper, "prefixes_stripped": prefixes,
     }
     if model is None:
-        wrapper = spec.key or next((w for w in WRAPPER_KEYS if w in groups), None)
-        info["wrapper"] = wrapper
-        info["prefixes_stripped"] = [p for p in _PREFIXES
-                                     if any(p in k.split(".", 1)[-1] or k.startswith(p)
-                                            for k in raw.shapes)]
         return info
     expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
-    m = match(raw.shapes, expected, spec)
     mapped = {mk: raw.shapes[ck][0] for ck, mk in m.mapping.items()}
     problems = fit_problems(mapped, expected)
     info.update({
-        "wrapper": m.wrapper or None, "prefixes_stripped": m.stripped, "fits": not problems,
-        "problems": problems,
+        "fits": not problems, "problems": problems,
         "missing": sorted(set(expected) - set(mapped)),
         "unexpected": sorted(set(mapped) - set(expected)),
         "mismatched": sorted(k for k in set(expected) & set(mapped)

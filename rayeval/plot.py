@@ -1,5 +1,6 @@
 """``rayeval leaderboard --plot FILE.png``: one panel per board column (``EVAL/METRIC``, or the
-aggregate), each value against the training step, one line per sweep with its bootstrap interval
+aggregate), each value against the training step (or, in a panel where the checkpoints' names
+give epochs but no steps, against the epoch), one line per sweep with its bootstrap interval
 as a band. A sweep keeps one colour in every panel."""
 
 from __future__ import annotations
@@ -21,22 +22,44 @@ class MatplotlibMissing(RayevalError):
         super().__init__(_HINT)
 
 
-Point = tuple       # (step, value, ci_low, ci_high)
+Point = tuple       # (step or epoch, value, ci_low, ci_high)
+STEP, EPOCH = "step", "epoch"
+LABELS = {STEP: "training step", EPOCH: "epoch"}
+
+
+def epoch_of(entry) -> int | None:
+    """A checkpoint's epoch, from any of its stored rows (the aggregate row has none)."""
+    return next((r["epoch"] for r in entry.rows.values() if r.get("epoch") is not None), None)
+
+
+def axis_of(board: Board, column: Column) -> str:
+    """What a panel's x-axis counts: steps when every point has one, else epochs when every
+    point has one; when neither covers every point, steps if any point has one (as before
+    epochs were stored), else epochs. Never both: a step and an epoch share no scale. The
+    points without the chosen one are left out."""
+    shown = [e for e in board.entries if e.value(column.name) is not None]
+    if all(e.step is not None for e in shown):
+        return STEP
+    if all(epoch_of(e) is not None for e in shown) or all(e.step is None for e in shown):
+        return EPOCH
+    return STEP
 
 
 def series(board: Board, columns: list[Column]) -> dict[str, dict[str, list[Point]]]:
-    """column name -> sweep -> [(step, value, ci_low, ci_high)] sorted by step; checkpoints
-    without a step, and missing values, are left out."""
+    """column name -> sweep -> [(x, value, ci_low, ci_high)] sorted by x, where x is the step or
+    the epoch as ``axis_of`` chooses for the column; checkpoints without one, and missing
+    values, are left out."""
     out: dict[str, dict[str, list[Point]]] = {c.name: {} for c in columns}
-    for e in board.entries:
-        if e.step is None:
-            continue
-        for c in columns:
+    for c in columns:
+        axis = axis_of(board, c)
+        for e in board.entries:
+            x = e.step if axis == STEP else epoch_of(e)
             v = e.value(c.name)
-            if v is not None:
-                row = e.rows[c.name]
-                out[c.name].setdefault(e.sweep, []).append(
-                    (e.step, v, row.get("ci_low"), row.get("ci_high")))
+            if x is None or v is None:
+                continue
+            row = e.rows[c.name]
+            out[c.name].setdefault(e.sweep, []).append(
+                (x, v, row.get("ci_low"), row.get("ci_high")))
     for by_sweep in out.values():
         for points in by_sweep.values():
             points.sort(key=lambda p: p[0])
@@ -67,7 +90,7 @@ def figure(board: Board, columns: list[Column], title: str | None = None):
             _draw_series(ax, sweep, points, styles[sweep])
         ax.set_title(f"{column.name} ({'higher' if column.higher_is_better else 'lower'} "
                      "is better)")
-        ax.set_xlabel("training step")
+        ax.set_xlabel(LABELS[axis_of(board, column)])
         ax.grid(True, alpha=0.3)
     for ax in list(axes.flat)[len(columns):]:
         ax.set_visible(False)
@@ -106,9 +129,9 @@ def plot(board: Board, columns: list[Column], path: str, title: str | None = Non
     drawn = sum(len(p) for by_sweep in series(board, columns).values()
                 for p in by_sweep.values())
     if not drawn:
-        raise StoreError("--plot: no stored result has a training step to plot against; steps "
-                         "come from checkpoint names (step_1000.pt, epoch=3-step=1000.ckpt) or "
-                         "Lightning's global_step")
+        raise StoreError("--plot: no stored result has a training step or epoch to plot "
+                         "against; they come from checkpoint names (step_1000.pt, epoch_3.pt, "
+                         "epoch=3-step=1000.ckpt) or Lightning's global_step")
     folder = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(folder):
         raise RayevalError(f"--plot: folder {folder!r} does not exist; create it or choose "

@@ -27,12 +27,14 @@ SCHEMA = pa.schema([
     pa.field("sweep", pa.string(), nullable=False),
     pa.field("checkpoint", pa.string(), nullable=False),
     pa.field("step", pa.int64()),
+    pa.field("epoch", pa.int64()),                       # from the checkpoint's name
     pa.field("dataset", pa.string(), nullable=False),
     pa.field("metric", pa.string(), nullable=False),
     pa.field("value", pa.float64()),
     pa.field("ci_low", pa.float64()),
     pa.field("ci_high", pa.float64()),
     pa.field("num_samples", pa.int64(), nullable=False),
+    pa.field("num_tokens", pa.int64()),                  # scored target tokens (language modeling)
     pa.field("world_size", pa.int64(), nullable=False),
     pa.field("created_at", pa.timestamp("us", tz="UTC"), nullable=False),
     pa.field("higher_is_better", pa.bool_(), nullable=False),
@@ -45,13 +47,16 @@ SCHEMA = pa.schema([
 
 def cell_rows(*, sweep: str, checkpoint: str, step: int | None, evaluation: str, results: dict,
               higher_is_better: dict[str, bool], num_samples: int, world_size: int,
-              bootstrap_key: str) -> list[dict]:
+              bootstrap_key: str, epoch: int | None = None, num_tokens: int | None = None
+              ) -> list[dict]:
     """A cell's stored rows, one per metric in the sweep's order (the leaderboard takes an
     evaluation's first row as its headline metric). ``results``: metric key -> an object with
-    value, ci_low, ci_high, replicates and matrix (``evaluate.MetricResult``)."""
-    return [{"sweep": sweep, "checkpoint": checkpoint, "step": step, "dataset": evaluation,
-             "metric": key, "value": r.value, "ci_low": r.ci_low, "ci_high": r.ci_high,
-             "num_samples": num_samples, "world_size": world_size,
+    value, ci_low, ci_high, replicates and matrix (``evaluate.MetricResult``). ``num_tokens``:
+    the scored target tokens, for tasks that score tokens rather than rows (None otherwise)."""
+    return [{"sweep": sweep, "checkpoint": checkpoint, "step": step, "epoch": epoch,
+             "dataset": evaluation, "metric": key, "value": r.value, "ci_low": r.ci_low,
+             "ci_high": r.ci_high, "num_samples": num_samples, "num_tokens": num_tokens,
+             "world_size": world_size,
              "higher_is_better": higher_is_better[key], "replicates": r.replicates,
              "matrix": r.matrix, "bootstrap": bootstrap_key if r.replicates is not None else None}
             for key, r in results.items()]
@@ -160,7 +165,9 @@ class ResultStore:
         return removed
 
     def read(self) -> pa.Table:
-        """Every stored row; an empty table when the store holds nothing yet."""
+        """Every stored row; an empty table when the store holds nothing yet. Files written
+        before a nullable column was added (``epoch``, ``num_tokens``) read with nulls there:
+        the dataset is read with SCHEMA, and pyarrow fills the columns a file lacks."""
         try:
             info = self.fs.get_file_info(self.dir)
             if info.type == pafs.FileType.NotFound:

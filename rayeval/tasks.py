@@ -25,6 +25,7 @@ from .errors import DataError, ModelError, traceback_of
 from .metrics import IGNORE, REGISTRY
 
 Inputs = Any      # a tensor, or a mapping of keyword name -> tensor
+TOKENS = "_tokens"  # the state of scored target tokens that an LM pass keeps (evaluate.Accumulator)
 
 
 class Task:
@@ -32,6 +33,7 @@ class Task:
 
     name: ClassVar[str] = ""
     needs: ClassVar[str] = ""            # what the model must return, for messages
+    counts_tokens: ClassVar[bool] = False  # a pass keeps the TOKENS state (see scored_units)
 
     @property
     def metrics(self) -> dict:
@@ -105,6 +107,11 @@ class Task:
         """What, beyond columns and metrics, changes this task's numbers."""
         return {}
 
+    def scored_units(self, states: Mapping[str, torch.Tensor]) -> int | None:
+        """How many units were scored, from a cell's merged states, when that is not the row
+        count (language modeling: unmasked target tokens); None when the rows are the units."""
+        return None
+
 
 class Classification(Task):
     name = "classification"
@@ -172,6 +179,9 @@ class LanguageModeling(Task):
     """Next-token prediction over token-id sequences, right-padded in a batch."""
     name = "language_modeling"
     needs = "logits of shape (batch, positions, vocab)"
+    # Rows are sequences, so num_samples says little about a perplexity's support; the count
+    # is kept apart from the metrics' own "tokens" states, which exist only for chosen metrics.
+    counts_tokens = True
 
     def check_schema(self, spec, schema):
         for key, column in ((f"{spec.key_path}.inputs", spec.inputs[0]),
@@ -246,6 +256,9 @@ class LanguageModeling(Task):
 
     def key_fields(self, spec):
         return {"tokens": [spec.ignore_index, spec.pad_id]}
+
+    def scored_units(self, states):
+        return int(states[TOKENS])
 
 
 TASKS: dict[str, Task] = {t.name: t for t in (Classification(), Regression(), LanguageModeling())}

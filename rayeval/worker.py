@@ -324,9 +324,10 @@ class Worker:
         results = finalize(metrics, merged, ev.output_size, ev.spec.bootstrap)
         self.store.write_cell(cell.key, cell_rows(
             sweep=self.plan.sweep.name, checkpoint=cell.checkpoint.location, step=step,
-            evaluation=ev.name, results=results,
+            epoch=cell.checkpoint.epoch, evaluation=ev.name, results=results,
             higher_is_better={k: bool(getattr(m, "higher_is_better", True)) for k, m in metrics},
-            num_samples=counted, world_size=self.world, bootstrap_key=ev.spec.bootstrap.key))
+            num_samples=counted, num_tokens=tasks.get(ev.spec.task).scored_units(merged),
+            world_size=self.world, bootstrap_key=ev.spec.bootstrap.key))
         return CellOutcome(
             key=cell.key, checkpoint=cell.checkpoint.location, evaluation=ev.name, step=step,
             values=tuple((k, r.value) for k, r in results.items()), rows=counted,

@@ -8,7 +8,7 @@ import torch
 import torch.distributed.checkpoint as dcp
 from safetensors.torch import save_file
 
-from rayeval.checkpoints import CheckpointRef, expand_checkpoints, parse_step
+from rayeval.checkpoints import CheckpointRef, expand_checkpoints, parse_epoch, parse_step
 from rayeval.layouts import detect_format
 from rayeval.loading import load_into, strip_prefixes
 from rayeval.errors import CheckpointError, SpecError
@@ -20,13 +20,18 @@ def same_weights(a: torch.nn.Module, b: torch.nn.Module) -> bool:
     return sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
 
 
-@pytest.mark.parametrize("name,step", [
-    ("step_000100.pt", 100), ("checkpoint-500", 500), ("epoch=3-step=1200.ckpt", 1200),
-    ("model_iter_42.safetensors", 42), ("global_step7", 7), ("final.pt", None),
-    ("run2_epoch5.pt", 5),
+@pytest.mark.parametrize("name,step,epoch", [
+    ("step_000100.pt", 100, None), ("step_000600", 600, None), ("checkpoint-500", 500, None),
+    ("epoch=3-step=1200.ckpt", 1200, 3), ("model_iter_42.safetensors", 42, None),
+    ("global_step7", 7, None), ("final.pt", None, None), ("ckpt_1000.pt", 1000, None),
+    # an epoch is not a step: a name with an epoch and no step word has no step
+    ("run2_epoch5.pt", None, 5), ("epoch_8.pt", None, 8), ("epoch=8.ckpt", None, 8),
+    ("epoch-3", None, 3), ("epoch3.pth", None, 3), ("EPOCH_12.bin", None, 12),
+    ("step=40-epoch=1.ckpt", 40, 1), ("epochs.pt", None, None),
 ])
-def test_parse_step(name, step):
+def test_parse_step_and_epoch(name, step, epoch):
     assert parse_step(f"/x/{name}") == step
+    assert parse_epoch(f"/x/{name}") == epoch
 
 
 def test_strip_prefixes():
@@ -43,6 +48,15 @@ def test_expand_sorts_by_step_and_dedups(tmp_path):
     assert [os.path.basename(r.location) for r in refs] == [
         "step_2.pt", "step_5", "step_10.pt", "step_100.safetensors"]
     assert refs[0] == CheckpointRef(str(tmp_path / "step_2.pt"), 2)
+
+
+def test_expand_gives_epochs_and_orders_epoch_only_names_by_epoch(tmp_path):
+    for name in ["epoch_10.pt", "epoch_8.pt", "epoch=2-step=50.ckpt", "last.pt"]:
+        (tmp_path / name).write_bytes(b"x")
+    refs = expand_checkpoints((str(tmp_path / "*"),))
+    assert [(os.path.basename(r.location), r.step, r.epoch) for r in refs] == [
+        ("epoch=2-step=50.ckpt", 50, 2), ("epoch_8.pt", None, 8), ("epoch_10.pt", None, 10),
+        ("last.pt", None, None)]
 
 
 def test_glob_matching_nothing_is_named(tmp_path):

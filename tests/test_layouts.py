@@ -202,3 +202,89 @@ def test_describe_and_inspect_command(tmp_path):
         in table.stdout
     missing = rayeval_cli("inspect", str(tmp_path / "nothing.pt"))
     assert missing.returncode == 2 and missing.stderr.startswith("error: PATH: no checkpoint")
+
+
+def inspect_in_process(monkeypatch, capsys, *args):
+    """`rayeval inspect` through the console script's main(), in this process: it starts no
+    Ray, and a subprocess would only add interpreter start-up."""
+    import sys
+
+    from rayeval.cli import main
+
+    monkeypatch.setattr(sys, "path", list(sys.path))          # the factory's folder is added
+    sys.modules.pop("tiny_models", None)
+    code = main(["inspect", *args])
+    return code, capsys.readouterr().out
+
+
+def table_row(out: str, name: str) -> str:
+    """The value of one row of inspect's table (the first line of it)."""
+    for line in out.splitlines():
+        cells = [c.strip() for c in line.strip("│ ").split("│")]
+        if cells and cells[0] == name:
+            return cells[1]
+    raise AssertionError(f"no row {name!r} in:\n{out}")
+
+
+@pytest.mark.parametrize("wrap,prefixes", [
+    (lambda sd: {f"module.{k}": v for k, v in sd.items()}, ["module."]),
+    (lambda sd: {f"module._orig_mod.{k}": v for k, v in sd.items()}, ["module.", "_orig_mod."]),
+    (lambda sd: {"model": {f"_orig_mod.{k}": v for k, v in sd.items()}, "step": 3},
+     ["_orig_mod."]),
+    (lambda sd: sd, []),
+])
+def test_inspect_reports_the_same_prefixes_with_and_without_a_model(
+        tmp_path, monkeypatch, capsys, wrap, prefixes):
+    write_model_module(str(tmp_path))
+    (tmp_path / "ckpts").mkdir()
+    torch.save(wrap(build_model(seed=1).state_dict()), tmp_path / "ckpts" / "step_3.pt")
+    path = str(tmp_path / "ckpts" / "step_3.pt")
+    sweep = write_sweep(str(tmp_path))
+    plain = describe(path)
+    fitted = describe(path, build_model(), CheckpointSpec())
+    assert plain["prefixes_stripped"] == fitted["prefixes_stripped"] == prefixes
+    assert plain["wrapper"] == fitted["wrapper"] and fitted["fits"]
+    code, alone = inspect_in_process(monkeypatch, capsys, path)
+    assert code == 0
+    code, with_model = inspect_in_process(monkeypatch, capsys, path, "--sweep", sweep)
+    assert code == 0, with_model
+    labels = {"module.": "module. (DDP)", "_orig_mod.": "_orig_mod. (torch.compile)"}
+    shown = ", ".join(labels[p] for p in prefixes) or "none"
+    assert table_row(alone, "prefixes") == table_row(with_model, "prefixes") == shown
+    assert table_row(alone, "state dict under") == table_row(with_model, "state dict under")
+
+
+def test_inspect_lists_a_files_own_name_and_a_folders_files_inside_it(
+        tmp_path, monkeypatch, capsys):
+    sd = build_model(seed=1).state_dict()
+    save_file({k: v.contiguous() for k, v in sd.items()}, tmp_path / "epoch=3.safetensors")
+    code, out = inspect_in_process(monkeypatch, capsys, str(tmp_path / "epoch=3.safetensors"))
+    assert code == 0
+    assert table_row(out, "files") == "epoch=3.safetensors"
+    assert table_row(out, "step") == "-" and table_row(out, "epoch") == "3 (from the name)"
+    folder = tmp_path / "ray_checkpoint"
+    folder.mkdir()
+    torch.save(sd, folder / "epoch=2-step=1200.pt")
+    code, out = inspect_in_process(monkeypatch, capsys, str(folder))
+    assert code == 0 and table_row(out, "files") == "epoch=2-step=1200.pt"
+    info = describe(str(folder / "epoch=2-step=1200.pt"))
+    assert (info["step"], info["epoch"]) == (1200, 2)
+    code, out = inspect_in_process(monkeypatch, capsys, str(tmp_path / "epoch=3.safetensors"),
+                                   "--format", "json")
+    assert code == 0 and json.loads(out)["epoch"] == 3
+
+
+def test_inspect_labels_the_lightning_attribute_it_strips(tmp_path, monkeypatch, capsys):
+    write_model_module(str(tmp_path))
+    (tmp_path / "ckpts").mkdir()
+    lightning_ckpt(tmp_path / "ckpts" / "epoch=2-step=99.ckpt", build_model(seed=1).state_dict())
+    path = str(tmp_path / "ckpts" / "epoch=2-step=99.ckpt")
+    code, out = inspect_in_process(monkeypatch, capsys, path, "--sweep",
+                                   write_sweep(str(tmp_path)))
+    assert code == 0
+    assert table_row(out, "prefixes").startswith("model. (shared by every key")
+    assert table_row(out, "state dict under") == "state_dict"
+    code, out = inspect_in_process(monkeypatch, capsys, path)      # no model: it cannot know
+    assert table_row(out, "prefixes") == "none"
+    assert table_row(out, "step") == "1234 (from the file)"
+    assert table_row(out, "epoch") == "2 (from the name)"

@@ -145,3 +145,53 @@ def test_num_classes_probe_and_bad_model_output():
         output_size(torch.nn.Flatten(0), cls, torch.zeros(3, 8))
     with pytest.raises(ModelError, match="one prediction per row"):
         output_size(build_model(), reg, torch.zeros(3, 8))
+
+
+class TinyLM(torch.nn.Module):
+    def __init__(self, vocab=13, dim=6):
+        super().__init__()
+        self.emb = torch.nn.Embedding(vocab, dim)
+        self.out = torch.nn.Linear(dim, vocab)
+
+    def forward(self, ids):
+        return self.out(self.emb(ids))
+
+
+@pytest.mark.parametrize("names", [[], ["nll"], ["token_accuracy", "perplexity"]])
+def test_language_modeling_counts_scored_tokens_whatever_the_metrics(names):
+    import pyarrow as pa
+
+    from rayeval.config import DatasetSpec
+    from rayeval.metrics import build, parse_metric
+
+    rng = np.random.default_rng(4)
+    ignore = 3                       # dataset.ignore_index: a real id that is not scored
+    seqs = [rng.integers(0, 13, rng.integers(1, 10)).tolist() for _ in range(41)]
+    spec = DatasetSpec(path="", inputs=("tokens",), ignore_index=ignore, pad_id=0)
+    table = pa.table({"tokens": pa.array(seqs, pa.list_(pa.int64()))})
+    task = tasks.get("language_modeling")
+    # right-padded per batch of 8 (IGNORE at padding, and where a token is `ignore`)
+    data = [(task.inputs(b, spec, {}), task.targets(b, spec))
+            for b in (table.slice(i, 8) for i in range(0, len(seqs), 8))]
+    # position t predicts token t + 1: a sequence scores its tokens after the first
+    expected = sum(sum(1 for t in s[1:] if t != ignore) for s in seqs)
+    torch.manual_seed(0)
+    model = TinyLM().eval()
+    metrics = [(m.key, build(m)) for m in (parse_metric(n, task.name) for n in names)]
+    states = evaluate(model, data, metrics, 13, task=task)
+    assert int(states[ROWS]) == len(seqs)
+    assert task.scored_units(states) == expected
+    if "nll" in names:
+        assert int(states["nll/tokens"].sum()) == expected
+    halves = [evaluate(model, part, metrics, 13, task=task) for part in (data[:2], data[2:])]
+    merged = {k: halves[0][k] + halves[1][k] for k in halves[0]}     # as the all-reduce sums
+    assert task.scored_units(merged) == expected
+
+
+def test_classification_and_regression_keep_no_token_count():
+    model = build_model(seed=3).eval()
+    x, y = make_data(10)
+    states = evaluate(model, batches(x, y, 4), METRICS, 4)
+    assert set(states) == {ROWS} | {f"{k}/{n}" for k, m in METRICS for n in m.init_state(4)}
+    for name in ("classification", "regression"):
+        assert tasks.get(name).scored_units(states) is None

@@ -311,6 +311,7 @@ def test_language_modeling_and_regression_runs(ray_cluster, tmp_path):
     assert got["perplexity"]["value"] == pytest.approx(math.exp(total / tokens), rel=1e-6)
     assert got["token_accuracy"]["value"] == pytest.approx(hits / tokens, rel=1e-12)
     assert got["nll"]["ci_low"] < got["nll"]["value"] < got["nll"]["ci_high"]
+    assert {r["num_tokens"] for r in got.values()} == {tokens}     # stored with every metric
     from sklearn import metrics as sk
 
     with torch.no_grad():

@@ -147,3 +147,96 @@ def test_best_and_not_distinguishable_marks_use_paired_replicates():
     assert p.ci_low == pytest.approx(0.1) and p.ci_high == pytest.approx(0.1)
     other = dict(data[2], bootstrap="seed=1;buckets=1024;replicates=200;confidence=0.95")
     assert paired(data[0], other) is None          # different resamples: no pairing
+
+
+def test_files_written_before_epoch_and_num_tokens_read_with_nulls(tmp_path):
+    # A store written by an earlier rayeval has neither column: read together with a new
+    # file, its rows get nulls there (the dataset is read with SCHEMA).
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from rayeval.evaluate import MetricResult
+    from rayeval.store import cell_rows
+
+    old_schema = pa.schema([f for f in SCHEMA if f.name not in ("epoch", "num_tokens")])
+    now = datetime(2026, 1, 1, tzinfo=timezone.utc)
+    old = [{**r, "cell": "old", "created_at": now}
+           for r in rows("/c/step_1.pt", 1, {"accuracy": 0.5})]
+    (tmp_path / "results").mkdir()
+    pq.write_table(pa.Table.from_pylist(old, schema=old_schema),
+                   tmp_path / "results" / "old.parquet")
+    store = ResultStore(str(tmp_path))
+    store.write_cell("new", cell_rows(
+        sweep="s", checkpoint="/c/epoch=3-step=9.ckpt", step=9, epoch=3, evaluation="d",
+        results={"nll": MetricResult(2.0)}, higher_is_better={"nll": False}, num_samples=4,
+        num_tokens=57, world_size=1, bootstrap_key="x"))
+    table = store.read()
+    assert table.schema == SCHEMA
+    got = {r["cell"]: (r["step"], r["epoch"], r["num_samples"], r["num_tokens"])
+           for r in table.to_pylist()}
+    assert got == {"old": (1, None, 10, None), "new": (9, 3, 4, 57)}
+    out = json.loads(to_json(latest_rows(table)))
+    assert {r["checkpoint"]: r["num_tokens"] for r in out} == {
+        "/c/step_1.pt": None, "/c/epoch=3-step=9.ckpt": 57}
+
+
+def epoch_rows(checkpoint, step, epoch, value, sweep="s"):
+    return [{**r, "epoch": epoch} for r in rows(checkpoint, step, {"accuracy": value}, sweep)]
+
+
+@pytest.mark.parametrize("names,axis,xs", [
+    # every point has a step: steps, as before epochs were stored
+    ([("step_20.pt", 20, None), ("epoch=1-step=10.ckpt", 10, 1)], "step", [10, 20]),
+    # no step anywhere, every point an epoch: the epoch
+    ([("epoch_8.pt", None, 8), ("epoch_10.pt", None, 10)], "epoch", [8, 10]),
+    # every point has an epoch, only some a step: the epoch shows them all
+    ([("epoch_8.pt", None, 8), ("epoch=9-step=90.ckpt", 90, 9)], "epoch", [8, 9]),
+    # mixed (one has only a step, one only an epoch): steps only, as before
+    ([("step_20.pt", 20, None), ("epoch_8.pt", None, 8)], "step", [20]),
+    # no step anywhere, not every point an epoch: what has an epoch
+    ([("last.pt", None, None), ("epoch_8.pt", None, 8)], "epoch", [8]),
+])
+def test_plot_draws_against_the_epoch_when_no_point_has_a_step(names, axis, xs):
+    from rayeval.plot import LABELS, axis_of, series
+
+    data = []
+    for i, (name, step, epoch) in enumerate(names):
+        data += epoch_rows(f"/c/{name}", step, epoch, 0.5 + i / 10)
+    board = build_board(data)
+    column = board.column("accuracy")
+    assert axis_of(board, column) == axis
+    assert [p[0] for p in series(board, [column])["accuracy"]["s"]] == xs
+    assert LABELS[axis] == {"step": "training step", "epoch": "epoch"}[axis]
+
+
+def test_plot_of_several_evaluations_takes_the_epoch_from_the_rows_under_the_aggregate():
+    from rayeval.plot import axis_of, series
+
+    data = []
+    for epoch in (1, 2, 3):
+        for dataset in ("val", "ood"):
+            data += [{**r, "dataset": dataset, "epoch": epoch}
+                     for r in rows(f"/c/epoch_{epoch}.pt", None, {"accuracy": epoch / 10})]
+    board = build_board(data)
+    assert [axis_of(board, c) for c in board.columns] == ["epoch"] * 3
+    got = series(board, board.columns)
+    assert [p[0] for p in got["aggregate"]["s"]] == [1, 2, 3]
+    assert [p[1] for p in got["val/accuracy"]["s"]] == pytest.approx([0.1, 0.2, 0.3])
+
+
+def test_plot_labels_an_epoch_axis(tmp_path):
+    pytest.importorskip("matplotlib")
+    import matplotlib.pyplot as plt
+
+    from rayeval.plot import figure, plot
+
+    data = epoch_rows("/c/epoch_8.pt", None, 8, 0.5) + epoch_rows("/c/epoch_9.pt", None, 9, 0.6)
+    board = build_board(data)
+    fig = figure(board, board.columns)
+    try:
+        (ax,) = [a for a in fig.axes if a.get_visible() and a.get_title()]
+        assert ax.get_xlabel() == "epoch"
+        assert list(ax.get_lines()[0].get_xdata()) == [8, 9]
+    finally:
+        plt.close(fig)
+    assert plot(board, board.columns, str(tmp_path / "p.png")) == 2
