@@ -457,7 +457,7 @@ def _inspect(args, out: Console) -> int:
     if args.format == "json":
         sys.stdout.write(json.dumps(info, indent=2) + "\n")
         return EXIT_OK if info.get("fits", True) else EXIT_CELLS_FAILED
-    table = Table(title=path, show_header=False)
+    table = Table(show_header=False)       # the path on its own line: a title would fold it
     table.add_column("", style="bold")
     table.add_column("")
     step = "-" if info["step"] is None else f"{info['step']} (from the {info['step_from']})"
@@ -483,5 +483,6 @@ def _inspect(args, out: Console) -> int:
         rows.append((f"fits {args.sweep}", fits))
     for k, v in rows:
         table.add_row(k, v)
+    out.print(path, markup=False, highlight=False, soft_wrap=True)
     out.print(table)
     return EXIT_OK if info.get("fits", True) else EXIT_CELLS_FAILED
