@@ -307,10 +307,20 @@ def build_board(rows: list[dict], metric: str | None = None) -> Board:
                 if len(evaluations) > 1 and firsts.get(c.evaluation) == c.metric]
     return Board(columns=columns, rank_by=rank_by.name, higher_is_better=rank_by.higher_is_better,
                  entries=ranked, evaluations=evaluations, averaged=averaged,
-                 notes=small_data_notes(rows))
+                 notes=small_data_notes(rows) + token_notes(rows))
 
 
 SMALL_DATA_ROWS = 30
+
+
+def token_notes(rows: list[dict]) -> list[str]:
+    """For language modeling, what was scored: sequences (rows) and target tokens."""
+    seen: dict[str, tuple[int, int]] = {}
+    for r in rows:
+        if r.get("num_tokens") is not None:
+            seen.setdefault(r["dataset"], (r["num_samples"], r["num_tokens"]))
+    return [f"{name}: {n:,} sequence(s), {t:,} scored token(s)"
+            for name, (n, t) in sorted(seen.items())]
 
 
 def small_data_notes(rows: list[dict]) -> list[str]:

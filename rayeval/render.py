@@ -103,7 +103,7 @@ def render_rich(board: Board, console, title: str | None = None) -> None:
         table = _rich_table(board, shown, hidden, False, title)
     console.print(table)
     for note in board.notes:
-        console.print(Text(note, style="yellow"))
+        console.print(Text(note, style="yellow" if note.startswith("warning:") else "dim"))
 
 
 def _fits(console, table) -> bool:

@@ -479,3 +479,14 @@ def test_tiny_data_warns_and_identical_values_crown_nobody():
     assert "warning: one has only 1 row(s)" in text and "1 *" not in text
     unique = build_board([row("a.pt", 1, 1.0), row("c.pt", 3, 0.0)])
     assert unique.entries[0].best and unique.entries[0].marks["accuracy"] == "*"
+
+
+def test_language_modeling_boards_say_how_many_tokens_were_scored():
+    from rayeval.leaderboard import build_board
+
+    row = {"sweep": "s", "checkpoint": "/c/a.pt", "step": 1, "dataset": "docs",
+           "metric": "perplexity", "value": 12.5, "ci_low": None, "ci_high": None,
+           "num_samples": 120, "num_tokens": 3456, "world_size": 1, "created_at": None,
+           "higher_is_better": False, "cell": "k", "bootstrap": None, "replicates": None,
+           "matrix": None}
+    assert build_board([row]).notes == ["docs: 120 sequence(s), 3,456 scored token(s)"]
