@@ -193,13 +193,15 @@ def main(argv: list[str] | None = None) -> int:
 
 def _say_plan(err: Console):
     def say(plan) -> None:
-        checkpoints = len({c.checkpoint.location for c in plan.cells + plan.cached})
+        checkpoints = len({c.checkpoint.location for c in plan.cells + plan.cached}
+                          | {o.checkpoint for o in plan.failed})
         evals = ", ".join(f"{e.name} ({e.data.num_rows} rows)" for e in plan.evaluations)
+        total = len(plan.cells) + len(plan.cached) + len(plan.failed)
+        failed = f", {len(plan.failed)} failed before any worker" if plan.failed else ""
         err.print(f"[rayeval] {plan.sweep.name}: {checkpoints} checkpoint(s) x "
-                  f"{len(plan.evaluations)} evaluation(s) [{evals}]: "
-                  f"{len(plan.cells) + len(plan.cached)} cell(s), {len(plan.cached)} already in "
-                  f"the store, {len(plan.cells)} to evaluate",
-                  markup=False, highlight=False, soft_wrap=True)
+                  f"{len(plan.evaluations)} evaluation(s) [{evals}]: {total} cell(s), "
+                  f"{len(plan.cached)} already in the store{failed}, {len(plan.cells)} to "
+                  "evaluate", markup=False, highlight=False, soft_wrap=True)
     return say
 
 
@@ -219,7 +221,7 @@ def _run(args, out: Console, err: Console) -> int:
     rows = [r for r in latest_rows(ResultStore(sweep.output).read()) if r["cell"] in keys]
     if rows:
         render_rich(build_board(rows), out, title=sweep.name)
-    done = len(plan.cells) - len(report.failures)
+    done = sum(1 for o in report.outcomes if o.ok)
     if plan.cells:
         ran = (f"{sweep.workers} worker(s)" + (f" on {report.nodes} node(s)" if report.nodes
                                                 else "") + f", {report.seconds:.1f} s")

@@ -12,7 +12,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 DTYPE_NAMES = ("float32", "float16", "bfloat16", "float64")
-TASK_NAMES = ("classification", "regression", "language_modeling")
 
 
 @dataclass(frozen=True)

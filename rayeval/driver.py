@@ -31,7 +31,7 @@ class RunReport:
     outcomes: list[CellOutcome] = field(default_factory=list)   # pending cells, plan order
     seconds: float = 0.0
     nodes: int = 0                # Ray nodes the workers ran on (of the last attempt)
-    loads: dict = field(default_factory=dict)   # (rank, checkpoint) -> loads, last attempt's
+    loads: dict = field(default_factory=dict)   # (rank, checkpoint) -> loads, all attempts
 
     @property
     def failures(self) -> list[CellOutcome]:
@@ -62,14 +62,16 @@ def inspect_evaluations(sweep: Sweep) -> tuple[Evaluation, ...]:
         task = tasks.get(spec.task)
         info = inspect_dataset(spec.dataset, task)
         size = _probe_output_size(sweep, spec, info, meta)
-        task.check_values(open_dataset(info.files), spec.dataset, size)
+        task.check_values(open_dataset(info.files, f"{spec.dataset.key_path}.path"),
+                          spec.dataset, size)
         out.append(Evaluation(spec=spec, data=info, output_size=size))
     return tuple(out)
 
 
 def _probe_output_size(sweep: Sweep, spec: EvalSpec, info, meta) -> int:
     decoder = Decoder(spec, info, sweep.base_dir)
-    head = open_dataset(info.files).head(4, columns=spec.dataset.columns)
+    head = open_dataset(info.files, f"{spec.dataset.key_path}.path").head(
+        4, columns=spec.dataset.columns)
     x, _, _ = decoder(head)
     task = tasks.get(spec.task)
     try:
@@ -79,11 +81,18 @@ def _probe_output_size(sweep: Sweep, spec: EvalSpec, info, meta) -> int:
     return output_size(build_model(sweep.model, sweep.base_dir, "cpu"), task, x, "cpu")
 
 
-def prepare(sweep: Sweep, force: bool = False) -> Plan:
-    """Everything that can fail on bad input, before any cluster starts."""
+def check_inputs(sweep: Sweep) -> tuple[tuple[Evaluation, ...], ResultStore]:
+    """The evaluations, inspected and probed, and the store, probe-written: what `run` and
+    `watch` check before any cluster starts."""
     evaluations = inspect_evaluations(sweep)
     store = ResultStore(sweep.output)
     store.check(write=True)
+    return evaluations, store
+
+
+def prepare(sweep: Sweep, force: bool = False) -> Plan:
+    """Everything that can fail on bad input, before any cluster starts, and the plan."""
+    evaluations, store = check_inputs(sweep)
     return plan_cells(sweep, evaluations, store, force=force)
 
 
@@ -126,14 +135,15 @@ def run_sweep(sweep: Sweep, *, address: str | None = None, force: bool = False,
         except KeyboardInterrupt as e:
             # A thread still inside Ray's client must not see it shut down under it (a crash,
             # not a clean exit): then Ray goes down with this process instead.
-            started = started and getattr(e, "group_stopped", True)
+            started = started and getattr(e, "group_stopped", False)
             raise
         finally:
-            if started:
-                import ray
+            with signals.held():                # a second Ctrl-C must not cut the teardown
+                if started:
+                    import ray
 
-                ray.shutdown()
-            ResultStore(sweep.output).discard_partial(c.key for c in plan.cells)
+                    ray.shutdown()
+                ResultStore(sweep.output).discard_partial(c.key for c in plan.cells)
     report.seconds = time.perf_counter() - start
     return report
 
@@ -269,18 +279,18 @@ def evaluate(plan: Plan, display=None) -> Evaluated:
     rate = Rate()
     began = time.monotonic()
     try:
-        with display:
-            thread.start()
-            finished_fit = False
-            while not finished_fit:
-                try:
+        try:
+            with display:
+                thread.start()
+                finished_fit = False
+                while not finished_fit:
                     thread.join(0.5)
                     finished_fit = not thread.is_alive()
                     snap = ray.get(tracker.snapshot.remote())
-                except KeyboardInterrupt as e:
-                    raise _wind_down(e, tracker, thread) from None
-                display.update(rate.status(snap, time.monotonic()), time.monotonic() - began,
-                               final=finished_fit)
+                    display.update(rate.status(snap, time.monotonic()),
+                                   time.monotonic() - began, final=finished_fit)
+        except KeyboardInterrupt as e:
+            raise _wind_down(e, tracker, thread) from None
 
         fatal = ray.get(tracker.get_fatal.remote())
         if fatal is not None:
@@ -313,7 +323,7 @@ def _wind_down(interrupt: KeyboardInterrupt, tracker, thread) -> KeyboardInterru
     while waiting gives up at once."""
     import ray
 
-    stopped = False
+    stopped = not thread.is_alive()
     try:
         ray.get(tracker.stop.remote(), timeout=5)
         thread.join(STOP_GRACE_S)

@@ -4,6 +4,7 @@
     ├── SpecError                the sweep file: YAML, unknown/missing/mistyped keys, bad values
     ├── DataError                the evaluation data set: missing, empty, bad columns or values
     ├── ModelError               the model factory: cannot be imported, called, or returns no Module
+    ├── MetricError              a (custom) metric's code failed on a batch or on its states
     ├── CheckpointError          one checkpoint: missing, corrupt, unsafe, or not fitting the model
     ├── StoreError               the result store: cannot be read or written
     └── RunError                 the run itself: cluster start-up, worker failure, row-count mismatch
@@ -42,6 +43,10 @@ class DataError(RayevalError):
 
 class ModelError(RayevalError):
     """The model factory cannot produce a torch.nn.Module."""
+
+
+class MetricError(RayevalError):
+    """A metric's own code raised (a custom metric's update, rows or compute)."""
 
 
 class CheckpointError(RayevalError):

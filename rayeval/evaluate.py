@@ -9,6 +9,8 @@ fixed-point limbs. Everything merges by addition, exactly.
 
 from __future__ import annotations
 
+import contextlib
+
 from dataclasses import dataclass
 from typing import Iterable
 
@@ -17,7 +19,7 @@ import torch
 from . import stats, tasks
 from .config import OFF, Bootstrap, EvalSpec
 from .data import DatasetInfo
-from .errors import CheckpointError, ModelError, traceback_of
+from .errors import CheckpointError, MetricError, ModelError, traceback_of
 from .metrics import IGNORE, Indexed, Metric
 from .model import import_callable
 from .tasks import TOKENS
@@ -39,8 +41,7 @@ class Decoder:
                                              what=f"{self.spec.key_path}.transform")
 
     def __call__(self, table) -> tuple[tasks.Inputs, torch.Tensor, torch.Tensor]:
-        x = self.task.inputs(table, self.spec, self.shapes, self.transform)
-        y = self.task.targets(table, self.spec)
+        x, y = self.task.decode(table, self.spec, self.shapes, self.transform)
         if self.bootstrap.enabled:
             ids = self.task.row_ids(table, self.spec, x, y)
             buckets = stats.buckets_of(ids, self.bootstrap.seed, self.bootstrap.k)
@@ -104,14 +105,15 @@ class Accumulator:
     def add(self, outputs: torch.Tensor, targets: torch.Tensor, buckets: torch.Tensor) -> None:
         buckets = buckets.to(self.device)
         for key, m in self.metrics:
-            rows_fn = getattr(m, "rows", None)
-            contributions = rows_fn(outputs, targets) if rows_fn else None
-            b = buckets if m.scalar else torch.zeros_like(buckets)
-            if contributions is None:
-                self._add_grouped(key, m, outputs, targets, b)
-                continue
-            for name, c in contributions.items():
-                self._scatter(f"{key}/{name}", c, b)
+            with metric_errors(key, "on a batch"):
+                rows_fn = getattr(m, "rows", None)
+                contributions = rows_fn(outputs, targets) if rows_fn else None
+                b = buckets if m.scalar else torch.zeros_like(buckets)
+                if contributions is None:
+                    self._add_grouped(key, m, outputs, targets, b)
+                    continue
+                for name, c in contributions.items():
+                    self._scatter(f"{key}/{name}", c, b)
         self.states[ROWS] += targets.shape[0]
         if TOKENS in self.states:
             self.states[TOKENS] += (targets != IGNORE).sum()
@@ -164,34 +166,47 @@ class MetricResult:
 def finalize(metrics: list[tuple[str, Metric]], states: dict[str, torch.Tensor], size: int,
              bootstrap: Bootstrap = OFF) -> dict[str, MetricResult]:
     """Metric values (and bootstrap intervals) from merged states."""
-    weights = None
     out = {}
     for key, m in metrics:
-        templates = m.init_state(size)
-        local = {n: states[f"{key}/{n}"].cpu() for n in templates}
-        floats = {n for n, t in templates.items() if t.dtype.is_floating_point}
-        total = {n: _value(t.sum(0), n in floats) for n, t in local.items()}
-        value = m.compute(total)
-        if not m.scalar:
-            out[key] = MetricResult(float("nan"), matrix=torch.as_tensor(value).tolist())
-            continue
-        result = MetricResult(float(value))
-        if bootstrap.enabled:
-            if weights is None:
-                weights = stats.poisson_weights(bootstrap.seed, bootstrap.k, bootstrap.replicates)
-            rep = {n: _value(stats.weighted_sum(weights, t), n in floats)
-                   for n, t in local.items()}
-            if getattr(m, "batched_compute", False):
-                values = torch.as_tensor(m.compute(rep), dtype=torch.float64).reshape(-1)
-            else:
-                values = torch.tensor([float(m.compute({n: t[b] for n, t in rep.items()}))
-                                       for b in range(bootstrap.replicates)],
-                                      dtype=torch.float64)
-            result.ci_low, result.ci_high = stats.percentile_interval(values,
-                                                                      bootstrap.confidence)
-            result.replicates = values.tolist()
-        out[key] = result
+        with metric_errors(key, "computing its value"):
+            out[key] = _finalize_one(key, m, states, size, bootstrap)
     return out
+
+
+@contextlib.contextmanager
+def metric_errors(key: str, when: str):
+    """A metric's own code failing is the metric's fault: a MetricError naming it (with the
+    traceback for --debug), not the model's and not a crash of the worker group."""
+    try:
+        yield
+    except Exception as e:
+        raise MetricError(f"metric {key!r} failed {when}: {type(e).__name__}: "
+                          f"{str(e).splitlines()[0] if str(e) else ''}", traceback_of(e)) from None
+
+
+def _finalize_one(key: str, m: Metric, states, size: int, bootstrap: Bootstrap) -> MetricResult:
+    templates = m.init_state(size)
+    local = {n: states[f"{key}/{n}"].cpu() for n in templates}
+    floats = {n for n, t in templates.items() if t.dtype.is_floating_point}
+    total = {n: _value(t.sum(0), n in floats) for n, t in local.items()}
+    value = m.compute(total)
+    if not m.scalar:
+        return MetricResult(float("nan"), matrix=torch.as_tensor(value).tolist())
+    result = MetricResult(float(value))
+    if bootstrap.enabled:
+        weights = stats.poisson_weights(bootstrap.seed, bootstrap.k, bootstrap.replicates)
+        rep = {n: _value(stats.weighted_sum(weights, t), n in floats)
+               for n, t in local.items()}
+        if getattr(m, "batched_compute", False):
+            values = torch.as_tensor(m.compute(rep), dtype=torch.float64).reshape(-1)
+        else:
+            values = torch.tensor([float(m.compute({n: t[b] for n, t in rep.items()}))
+                                   for b in range(bootstrap.replicates)],
+                                  dtype=torch.float64)
+        result.ci_low, result.ci_high = stats.percentile_interval(values,
+                                                                  bootstrap.confidence)
+        result.replicates = values.tolist()
+    return result
 
 
 def _value(t: torch.Tensor, is_float: bool) -> torch.Tensor:

@@ -144,8 +144,8 @@ def aggregate_row(parts: list[dict | None], evaluations: list[str],
     resample for every checkpoint of an evaluation, so the averaged replicates of two
     checkpoints pair exactly like a stored metric's do (``paired``).
 
-    Missing (value NaN, no interval) when a part is missing or the parts' replicate counts
-    differ; no interval (value kept) when no part has replicates.
+    Missing (value NaN, no interval) when a part is missing; no interval (value kept) when a
+    part has no replicates or the parts' replicate counts differ.
     """
     present = [p for p in parts if p is not None]
     first = present[0] if present else like
@@ -165,9 +165,9 @@ def aggregate_row(parts: list[dict | None], evaluations: list[str],
     signs = [1.0 if p["higher_is_better"] else -1.0 for p in parts]
     values = [math.nan if p["value"] is None else p["value"] for p in parts]
     reps = [p.get("replicates") or [] for p in parts]
-    if len({len(r) for r in reps}) > 1:                       # some without, or other counts
-        return row
     row["value"] = sum(s * v for s, v in zip(signs, values)) / len(parts)
+    if len({len(r) for r in reps}) > 1:      # some without replicates, or other counts:
+        return row                           # the value stands, without an interval
     if reps[0]:
         import torch
 

@@ -28,7 +28,7 @@ from typing import Any, ClassVar, NamedTuple
 
 import torch
 
-from .config import TASK_NAMES as TASKS, MetricSpec
+from .config import MetricSpec
 from .errors import ModelError, SpecError
 from .model import import_callable
 
@@ -416,12 +416,12 @@ class TokenAccuracy(_LanguageModel):
         return _ratio(s["correct"], s["tokens"])
 
 
-REGISTRY: dict[str, dict[str, type[Metric]]] = {task: {} for task in TASKS}
+REGISTRY: dict[str, dict[str, type[Metric]]] = {}     # task -> name -> class
 for _cls in [Accuracy, TopKAccuracy, NLL, BalancedAccuracy, ConfusionMatrix, ECE, Brier, AUROC,
              AUPRC, MSE, RMSE, MAE, R2, Pearson, TokenNLL, Perplexity, TokenAccuracy] + [
         _per_class(score, avg) for score in ("precision", "recall", "f1")
         for avg in ("macro", "micro", "weighted")]:
-    REGISTRY[_cls.task][_cls.name] = _cls
+    REGISTRY.setdefault(_cls.task, {})[_cls.name] = _cls
 ALIASES = {"top5_accuracy": ("top_k_accuracy", {"k": 5}),
            "top1_accuracy": ("top_k_accuracy", {"k": 1})}
 

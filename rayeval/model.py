@@ -57,3 +57,18 @@ def build_model(spec: ModelSpec, base_dir: str, device: torch.device | str = "cp
         raise ModelError(f"model.factory: {spec.factory} returned {type(model).__name__}, "
                          "not a torch.nn.Module")
     return model.eval()
+
+
+def source_digest(ref: str, base_dir: str) -> str:
+    """A digest of the source file of the module a ``module:callable`` lives in, so a cell's
+    content key changes when the user's factory, transform or metric code does. Empty for a
+    module without a source file (a built-in or an installed extension)."""
+    import hashlib
+
+    obj = import_callable(ref, base_dir)
+    module = sys.modules.get(getattr(obj, "__module__", "") or ref.partition(":")[0])
+    path = getattr(module, "__file__", None)
+    if not path or not path.endswith(".py"):
+        return ""
+    with open(path, "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()[:16]

@@ -18,6 +18,7 @@ from .checkpoints import CheckpointRef, expand_checkpoints
 from .config import EvalSpec, Sweep
 from .data import DatasetInfo
 from .metrics import VERSION as METRICS_VERSION
+from .model import source_digest
 from .store import ResultStore
 
 
@@ -82,10 +83,6 @@ class Plan:
                 .append(c)
         return list(groups.values())
 
-    @property
-    def rows_to_evaluate(self) -> int:
-        return sum(self.evaluation(c.evaluation).data.num_rows for c in self.cells)
-
 
 def checkpoint_fingerprint(location: str) -> str:
     """Cheap identity of a checkpoint's bytes: sizes and modification times, not contents."""
@@ -120,11 +117,22 @@ def cell_key(sweep: Sweep, evaluation: Evaluation, checkpoint: CheckpointRef,
         "task_fields": tasks.get(spec.task).key_fields(ds),
         "model": [sweep.model.factory, sweep.model.kwargs, sweep.model.dtype],
         "metrics": [[m.key, m.name, m.params] for m in spec.metrics],
+        "code": _code_digests(sweep, spec),
         "metrics_version": METRICS_VERSION,
         "bootstrap": boot.key if boot.enabled else None,
     }
     blob = json.dumps(ident, sort_keys=True, default=str).encode()
     return hashlib.sha256(blob).hexdigest()[:24]
+
+
+def _code_digests(sweep: Sweep, spec: EvalSpec) -> list[str]:
+    """The user's code the numbers come from: the factory's, the transform's and each custom
+    metric's module source, so editing it is a new cell, not a stale cached number."""
+    refs = [(sweep.model.factory, sweep.base_dir)]
+    if spec.dataset.transform:
+        refs.append((spec.dataset.transform, sweep.base_dir))
+    refs += [(m.name, m.base_dir) for m in spec.metrics if m.custom]
+    return [source_digest(ref, base) for ref, base in refs]
 
 
 def make_plan(sweep: Sweep, evaluations: tuple[Evaluation, ...], store: ResultStore | None,

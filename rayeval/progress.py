@@ -56,9 +56,6 @@ class Tracker:
     def stop(self) -> None:
         self.stop_requested = True
 
-    def should_stop(self) -> bool:
-        return self.stop_requested
-
     def cell_error(self, key: str, message: str) -> None:
         self.errors.setdefault(key, message)
 

@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from .leaderboard import Board, Column, Entry
 
 _NAMES = ("sweep", "dataset", "checkpoint")           # left-aligned text; may fold if need be
+_NAME_WIDTH = 32
 _LEGEND = "*: best; ~: not distinguishable from the best"
 
 
@@ -134,7 +135,9 @@ def _rich_table(board: Board, columns: list[Column], hidden: list[Column], inter
     for i in keep:
         h = header[i]
         if i < fixed and h in _NAMES:
-            table.add_column(h, justify="left", overflow="fold")
+            # Names may fold (numbers may not): measured at most this wide, so a long path
+            # never pushes a number column off the table.
+            table.add_column(h, justify="left", overflow="fold", max_width=_NAME_WIDTH)
         else:   # a number: never shrunk below its widest cell, never wrapped
             width = max([cell_len(h)] + [cell_len(r[i]) for r in rows])
             table.add_column(h, justify="right", no_wrap=True, min_width=width,

@@ -9,6 +9,7 @@ and exits 128 + the signal number.
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import threading
 
@@ -36,6 +37,24 @@ def install() -> None:
     if threading.current_thread() is threading.main_thread():
         for signum in (signal.SIGINT, signal.SIGTERM):
             signal.signal(signum, _raise)
+
+
+@contextlib.contextmanager
+def held():
+    """SIGINT and SIGTERM wait until the block (a teardown) is done, then take effect."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    received: list[int] = []
+    previous = {s: signal.signal(s, lambda signum, frame: received.append(signum))
+                for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+    if received:
+        raise Interrupted(received[0])
 
 
 def exit_code(error: KeyboardInterrupt) -> int:

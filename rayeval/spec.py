@@ -12,10 +12,11 @@ from typing import Any
 import yaml
 
 from . import paths
-from .config import (DTYPE_NAMES, TASK_NAMES, Bootstrap, CheckpointSpec, DatasetSpec, EvalSpec,
+from .config import (DTYPE_NAMES, Bootstrap, CheckpointSpec, DatasetSpec, EvalSpec,
                      ModelSpec, Recovery, Sweep)
 from .errors import SpecError
 from .metrics import parse_metric
+from .tasks import TASKS
 
 
 SWEEP_KEYS = {
@@ -81,6 +82,10 @@ def parse_sweep(raw: Any, *, base_dir: str, source: str = "<sweep>") -> Sweep:
             r.fail(missing[0], "missing required key (or list the evaluations under evals:)")
         ds_raw = r.mapping(top["dataset"], "dataset", DATASET_KEYS | {"name"})
         name = r.string(ds_raw, "name", path="dataset.name")
+        if name is not None and ("/" in name or name == "aggregate"):
+            r.fail("dataset.name", f"{name!r} cannot name an evaluation ('/' separates the "
+                                   "evaluation from the metric, 'aggregate' is the suite's "
+                                   "mean); choose another name")
         if name is None:
             name = _stem(paths.resolve(r.string(ds_raw, "path", path="dataset.path",
                                                 required=True), base_dir))
@@ -124,8 +129,8 @@ def _evaluation(r: "_Reader", m: dict, path: str, base_dir: str, batch_size: int
     """One evaluation; ``path`` is its key path ("" for the top-level single form)."""
     at = (lambda key: f"{path}.{key}" if path else key)
     task = r.string(m, "task", path=at("task"), required=True)
-    if task not in TASK_NAMES:
-        r.fail(at("task"), f"unknown task {task!r}; choose one of: {', '.join(TASK_NAMES)}")
+    if task not in TASKS:
+        r.fail(at("task"), f"unknown task {task!r}; choose one of: {', '.join(TASKS)}")
     dataset = _dataset(r, r.get(m, "dataset", path=at("dataset"), required=True), at("dataset"),
                        task, base_dir, dataset_extra)
     metrics_raw = r.get(m, "metrics", path=at("metrics"), required=True)
@@ -175,18 +180,18 @@ def _dataset(r: "_Reader", raw: Any, path: str, task: str, base_dir: str,
         if len(set(inputs_raw)) != len(inputs_raw):
             r.fail(f"{path}.inputs", f"a column is listed twice in {inputs_raw}")
         inputs = tuple(inputs_raw)
-    if task == "language_modeling" and (len(inputs) != 1 or transform):
-        r.fail(f"{path}.inputs", "language_modeling takes one column of token ids and no "
-                                 "transform")
-    return DatasetSpec(
+    spec = DatasetSpec(
         path=location, inputs=inputs,
-        target=r.string(m, "target", path=f"{path}.target",
-                        required=task != "language_modeling"),
+        target=r.string(m, "target", path=f"{path}.target", required=TASKS[task].needs_target),
         id=r.string(m, "id", path=f"{path}.id"), transform=transform,
         ignore_index=r.integer(m, "ignore_index", default=-100, minimum=None,
                                path=f"{path}.ignore_index"),
         pad_id=r.integer(m, "pad_id", default=0, minimum=0, path=f"{path}.pad_id"),
         key_path=path)
+    problem = TASKS[task].spec_problem(spec)
+    if problem:
+        r.fail(f"{path}.{problem[0]}", problem[1])
+    return spec
 
 
 def _model(r: "_Reader", top: dict) -> ModelSpec:

@@ -3,7 +3,8 @@
 A task owns everything that used to be tested by string across the code base: the columns it
 needs and their checks, turning a pyarrow batch into tensors, row ids for the bootstrap, the
 model's output size, aligning outputs with targets, the metrics it allows, and its fields in the
-content key. Adding a task is adding one class here and registering it in ``TASKS``.
+content key, and what its data set needs in the sweep file. Adding a task is adding one class
+here (listed in ``TASKS``), with metric classes that name it as their ``task``.
 
 Plain torch and pyarrow: the driver uses tasks to check data and probe the model before Ray
 starts, the workers to evaluate.
@@ -34,11 +35,16 @@ class Task:
     name: ClassVar[str] = ""
     needs: ClassVar[str] = ""            # what the model must return, for messages
     counts_tokens: ClassVar[bool] = False  # a pass keeps the TOKENS state (see scored_units)
+    needs_target: ClassVar[bool] = True  # dataset.target is required
 
     @property
     def metrics(self) -> dict:
         """The built-in metrics this task allows, by name."""
-        return REGISTRY[self.name]
+        return REGISTRY.get(self.name, {})
+
+    def spec_problem(self, spec: DatasetSpec) -> tuple[str, str] | None:
+        """(key, problem) when the sweep's dataset keys do not suit the task."""
+        return None
 
     # --- the data set, on the driver -----------------------------------------------------
 
@@ -55,6 +61,11 @@ class Task:
         """Cheap checks of the data against the model's output size, before any worker."""
 
     # --- a batch ---------------------------------------------------------------------------
+
+    def decode(self, table, spec: DatasetSpec, shapes: Mapping[str, tuple[int, ...]],
+               transform=None) -> tuple[Inputs, torch.Tensor]:
+        """One batch as the model's inputs and the targets."""
+        return self.inputs(table, spec, shapes, transform), self.targets(table, spec)
 
     def targets(self, table, spec: DatasetSpec) -> torch.Tensor:
         raise NotImplementedError
@@ -80,12 +91,6 @@ class Task:
         return stats.content_ids(_words(x), y)
 
     # --- the model -------------------------------------------------------------------------
-
-    def probe_inputs(self, shapes: Mapping[str, tuple[int, ...]], spec: DatasetSpec,
-                     dtype: torch.dtype) -> Inputs:
-        """Zeros the model can take, when no real rows are at hand."""
-        x = {c: torch.zeros((2, *s), dtype=dtype) for c, s in shapes.items()}
-        return next(iter(x.values())) if len(x) == 1 else x
 
     def output_size(self, out: torch.Tensor) -> int:
         """Classes, vocabulary or 1, from one output; ModelError if it does not fit."""
@@ -125,11 +130,8 @@ class Classification(Task):
 
     def check_values(self, ds, spec, size):
         lo, hi = _min_max(ds, spec.target)
-        if lo is not None and (lo < 0 or hi >= size):
-            bad = lo if lo < 0 else hi
-            raise DataError(f"{spec.key_path}.target: class index {bad} is outside the model's "
-                            f"{size} classes [0, {size}); fix the labels or the model's output "
-                            "size")
+        if lo is not None:
+            self._check_range(lo, hi, size, spec)
 
     def targets(self, table, spec):
         return data.target_tensor(table, spec.target, f"{spec.key_path}.target")
@@ -140,7 +142,10 @@ class Classification(Task):
         raise self.wrong_output(out)
 
     def check_targets(self, y, size, spec):
-        lo, hi = int(y.min()), int(y.max())
+        self._check_range(int(y.min()), int(y.max()), size, spec)
+
+    @staticmethod
+    def _check_range(lo: int, hi: int, size: int, spec) -> None:
         if lo < 0 or hi >= size:
             bad = lo if lo < 0 else hi
             raise DataError(f"{spec.key_path}.target: class index {bad} is outside the model's "
@@ -179,6 +184,12 @@ class LanguageModeling(Task):
     """Next-token prediction over token-id sequences, right-padded in a batch."""
     name = "language_modeling"
     needs = "logits of shape (batch, positions, vocab)"
+    needs_target = False                 # without one, the inputs are the labels
+
+    def spec_problem(self, spec):
+        if len(spec.inputs) != 1 or spec.transform:
+            return "inputs", "language_modeling takes one column of token ids and no transform"
+        return None
     # Rows are sequences, so num_samples says little about a perplexity's support; the count
     # is kept apart from the metrics' own "tokens" states, which exist only for chosen metrics.
     counts_tokens = True
@@ -196,11 +207,8 @@ class LanguageModeling(Task):
     def input_shapes(self, ds, spec):
         return {}
 
-    def inputs(self, table, spec, shapes, transform=None):
-        return self._tokens(table, spec)[0]
-
-    def targets(self, table, spec):
-        return self._tokens(table, spec)[1]
+    def decode(self, table, spec, shapes, transform=None):
+        return self._tokens(table, spec)
 
     def _tokens(self, table, spec: DatasetSpec) -> tuple[torch.Tensor, torch.Tensor]:
         """(inputs (rows, T) int64 right-padded with pad_id, targets (rows, T) int64 with
@@ -235,9 +243,6 @@ class LanguageModeling(Task):
         lengths = pc.list_value_length(data.column_array(table, spec.inputs[0]))
         lengths = torch.from_numpy(lengths.to_numpy(zero_copy_only=False).astype(np.int64))
         return stats.content_ids(x, lengths.view(-1, 1), valid=lengths)
-
-    def probe_inputs(self, shapes, spec, dtype):
-        return torch.zeros((2, 2), dtype=torch.int64)
 
     def output_size(self, out):
         if isinstance(out, torch.Tensor) and out.dim() == 3:

@@ -19,7 +19,6 @@ from .checkpoints import CheckpointRef, expand_checkpoints
 from .config import Sweep
 from .errors import RunError
 from .plan import checkpoint_fingerprint
-from .store import ResultStore
 
 
 class Settling:
@@ -55,9 +54,7 @@ def watch(sweep: Sweep, *, interval_s: float, settle_s: float, address: str | No
           verbose: bool = False, display_for: Callable = lambda: None,
           say: Callable[[str], None] = print, stop: threading.Event | None = None) -> WatchState:
     """Poll until ``stop`` is set or Ctrl-C (KeyboardInterrupt; SIGTERM is treated alike)."""
-    evaluations = driver.inspect_evaluations(sweep)
-    store = ResultStore(sweep.output)
-    store.check(write=True)
+    evaluations, store = driver.check_inputs(sweep)
     settling = Settling(settle_s)
     state = WatchState()
     stop = stop or threading.Event()
@@ -82,6 +79,10 @@ def watch(sweep: Sweep, *, interval_s: float, settle_s: float, address: str | No
                 say(f"[rayeval] {len(names)} new checkpoint(s): " + ", ".join(names))
                 try:
                     outcomes = driver.evaluate(plan, display_for()).outcomes
+                except KeyboardInterrupt as e:
+                    # Ray is shut down only when no thread is left inside it (see run_sweep).
+                    started = started and getattr(e, "group_stopped", False)
+                    raise
                 except RunError as e:      # workers lost beyond the restart budget: next poll
                     say(f"[rayeval] run failed: {e.message}; trying again at the next poll")
                     outcomes = []
@@ -101,7 +102,8 @@ def watch(sweep: Sweep, *, interval_s: float, settle_s: float, address: str | No
             if stop.wait(interval_s):
                 return state
     finally:
-        if started:
-            import ray
+        with signals.held():
+            if started:
+                import ray
 
-            ray.shutdown()
+                ray.shutdown()

@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 import tempfile
 import time
+from typing import NamedTuple
 
 import ray.train
 import ray.train.torch
@@ -26,7 +27,8 @@ from ray.train import DataConfig
 
 from . import dist, tasks
 from .checkpoints import fetch
-from .errors import CheckpointError, GroupError, RayevalError, RunError, traceback_of
+from .errors import (CheckpointError, DataError, GroupError, RayevalError, RunError,
+                     traceback_of)
 from .evaluate import ROWS, Decoder, Pass, finalize
 from .loading import DTYPES, LeanLoader
 from .metrics import build_all
@@ -94,9 +96,17 @@ class Budget:
         self.left += n
 
 
+class BadBatch(NamedTuple):
+    """A batch that could not be decoded (bad data in this evaluation): the pass records the
+    error and goes on draining its split, so only this evaluation's cells fail."""
+    error: RayevalError
+    rows: int
+
+
 class Shard:
     """This worker's rows of one evaluation as tensor batches (inputs, targets, row buckets):
-    streamed on the first pass, kept if they fit the budget and every worker's fit."""
+    streamed on the first pass, kept if they fit the budget and every worker's fit. A batch
+    that cannot be decoded comes as a BadBatch (and the shard is not kept)."""
 
     def __init__(self, iterator, decoder: Decoder, batch_size: int, budget: Budget):
         self.iterator = iterator
@@ -118,7 +128,18 @@ class Shard:
                                                 batch_format="pyarrow", prefetch_batches=2):
             if table.num_rows == 0:
                 continue
-            batch = self.decode(table)
+            try:
+                batch = self.decode(table)
+            except RayevalError as e:
+                self._drop()
+                yield BadBatch(e, table.num_rows)
+                continue
+            except Exception as e:      # noqa: BLE001 - pyarrow or torch on the user's data
+                self._drop()
+                yield BadBatch(DataError(f"{self.decode.spec.key_path}: a batch could not be "
+                                         f"read: {type(e).__name__}: {e}", traceback_of(e)),
+                               table.num_rows)
+                continue
             if first and self.cache is not None:
                 size = tasks.nbytes(batch[0]) + batch[1].nbytes + batch[2].nbytes
                 if self.budget.take(size):
@@ -129,7 +150,8 @@ class Shard:
             yield batch
 
     def _drop(self) -> None:
-        self.budget.give(self.kept)
+        if self.cache is not None:
+            self.budget.give(self.kept)
         self.kept = 0
         self.cache = None
 
@@ -244,6 +266,7 @@ class Worker:
             self.progress.loaded(ref.location)
         except CheckpointError as e:
             error = e.message
+            self.progress.cell_error(ref.location, error)   # before the reduce: rank 0 reads it
         where = f"the load of {ref.location}"
         dist.sync(where, self.timeout)
         any_failed, stop = dist.all_reduce_max([1.0 if error else 0.0,
@@ -252,8 +275,8 @@ class Worker:
         if stop:
             raise Stop
         if any_failed:
-            return None, None, error or (f"{ref.location}: could not be loaded on another "
-                                         "worker; see the worker logs")
+            return None, None, error or self.progress.error_of(ref.location) or (
+                f"{ref.location}: could not be loaded on another worker; see the worker logs")
         return model, raw, None
 
     def evaluate_cell(self, model, cell: Cell, step, layout, start: float
@@ -291,10 +314,17 @@ class Worker:
                  ev.spec.task, ev.spec.bootstrap.k, ev.spec.dataset)
         index = self.index_of[cell.key]
         rows, error, stopped = 0, None, False
-        for x, y, buckets in self.shards[ev.name]:
+        for batch in self.shards[ev.name]:
             if self.progress.stopping():
                 stopped = True
                 break
+            if isinstance(batch, BadBatch):
+                if not error:
+                    error = f"{ev.name}: {batch.error.message}"
+                    self.details[cell.key] = batch.error.detail
+                rows += batch.rows
+                continue
+            x, y, buckets = batch
             if error:
                 continue
             try:
@@ -321,7 +351,11 @@ class Worker:
                                             f"{ev.data.num_rows}; not published (a sharding "
                                             "bug: please report it)")
         metrics = self.metrics[ev.name]
-        results = finalize(metrics, merged, ev.output_size, ev.spec.bootstrap)
+        try:
+            results = finalize(metrics, merged, ev.output_size, ev.spec.bootstrap)
+        except RayevalError as e:          # a custom metric's compute: this cell only
+            self.details[cell.key] = e.detail
+            return self.failure(cell, step, f"{ev.name}: {e.message}")
         self.store.write_cell(cell.key, cell_rows(
             sweep=self.plan.sweep.name, checkpoint=cell.checkpoint.location, step=step,
             epoch=cell.checkpoint.epoch, evaluation=ev.name, results=results,

@@ -140,7 +140,7 @@ def test_aggregate_value_and_interval_match_a_direct_computation():
         assert agg["evaluations"] == ["ood", "val"] and agg["metrics"] == ["nll", "accuracy"]
 
 
-def test_aggregate_is_missing_without_every_evaluation_or_equal_replicate_counts():
+def test_aggregate_is_missing_without_every_evaluation_and_has_no_interval_without_replicates():
     rows = suite(CKPTS, SUITE)
     # step 20 lacks ood; step 200's ood/nll has fewer replicates than its val/accuracy.
     rows = [r for r in rows if not (r["step"] == 20 and r["dataset"] == "ood")]
@@ -149,10 +149,12 @@ def test_aggregate_is_missing_without_every_evaluation_or_equal_replicate_counts
             r["replicates"] = r["replicates"][:100]
     board = build_board(rows)
     values = {e.step: e.value("aggregate") for e in board.entries}
-    assert values[20] is None and values[200] is None and values[600] is not None
-    assert [e.step for e in board.entries] == [600, 20, 200]     # missing last, by step
+    assert values[20] is None and values[200] is not None and values[600] is not None
+    uneven = board.entries[[e.step for e in board.entries].index(200)].rows["aggregate"]
+    assert uneven["ci_low"] is None and uneven["ci_high"] is None, "a value, no interval"
+    assert [e.step for e in board.entries][-1] == 20              # missing last
     text = to_markdown(board)
-    assert "| 2 | s | step_000020.pt | 20 | - |" in text
+    assert "| 3 | s | step_000020.pt | 20 | - |" in text
     # Neither headline metric (val/accuracy, ood/nll): still one aggregate row, missing.
     only_tails = [r for r in suite(CKPTS, SUITE) if r["step"] != 20
                   or (r["dataset"], r["metric"]) in (("val", "nll"), ("ood", "accuracy"))]

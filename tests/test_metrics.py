@@ -171,7 +171,7 @@ def test_language_modeling_counts_scored_tokens_whatever_the_metrics(names):
     table = pa.table({"tokens": pa.array(seqs, pa.list_(pa.int64()))})
     task = tasks.get("language_modeling")
     # right-padded per batch of 8 (IGNORE at padding, and where a token is `ignore`)
-    data = [(task.inputs(b, spec, {}), task.targets(b, spec))
+    data = [task.decode(b, spec, {})
             for b in (table.slice(i, 8) for i in range(0, len(seqs), 8))]
     # position t predicts token t + 1: a sequence scores its tokens after the first
     expected = sum(sum(1 for t in s[1:] if t != ignore) for s in seqs)
@@ -195,3 +195,31 @@ def test_classification_and_regression_keep_no_token_count():
     assert set(states) == {ROWS} | {f"{k}/{n}" for k, m in METRICS for n in m.init_state(4)}
     for name in ("classification", "regression"):
         assert tasks.get(name).scored_units(states) is None
+
+
+def test_a_metric_that_raises_is_named_as_the_culprit():
+    """A custom metric's own bug is a MetricError naming it (with the traceback for --debug),
+    neither the model's fault nor a crash of the worker group."""
+    from rayeval.errors import MetricError
+    from rayeval.evaluate import finalize
+
+    class Broken:
+        name = "broken"
+
+        def init_state(self, c):
+            return {"n": torch.zeros((), dtype=torch.int64)}
+
+        def update(self, state, outputs, targets):
+            state["n"] += targets.shape[0]
+
+        def compute(self, state):
+            raise ZeroDivisionError("no rows")
+
+    from rayeval.metrics import CustomMetric
+
+    metrics = [("broken", CustomMetric(Broken()))]
+    states = evaluate(build_model().eval(), batches(*make_data(10), 4), metrics, 4)
+    with pytest.raises(MetricError, match=r"^metric 'broken' failed computing its value: "
+                                          r"ZeroDivisionError: no rows") as e:
+        finalize(metrics, states, 4)
+    assert "raise ZeroDivisionError" in e.value.detail

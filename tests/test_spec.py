@@ -194,3 +194,27 @@ def test_suite_and_single_form_are_exclusive(tmp_path):
     no_task = {k: v for k, v in VALID.items() if k != "task"}
     with pytest.raises(SpecError, match=r"task: missing required key \(or list the"):
         load_sweep(write(tmp_path, no_task))
+
+
+def test_editing_the_users_code_is_a_new_cell(tmp_path):
+    """The content key covers the source of the factory's (and transform's) module: a fixed
+    factory never serves the stale cached number of the old one."""
+    import importlib
+    import sys
+
+    from rayeval.checkpoints import CheckpointRef
+    from rayeval.data import DatasetInfo
+    from rayeval.plan import Evaluation, cell_key
+
+    (tmp_path / "my_models_k.py").write_text("def build_mlp(hidden=32):\n    return None\n")
+    data = {**VALID, "model": {"factory": "my_models_k:build_mlp"}}
+    sweep = load_sweep(write(tmp_path, data))
+    ev = Evaluation(sweep.evals[0], DatasetInfo(files=(), num_rows=1, input_shapes=(),
+                                                fingerprint="f"), 4)
+    ref = CheckpointRef(str(tmp_path / "c.pt"), 1)
+    before = cell_key(sweep, ev, ref, "fp")
+    assert cell_key(sweep, ev, ref, "fp") == before
+    (tmp_path / "my_models_k.py").write_text("def build_mlp(hidden=32):\n    return 1\n")
+    sys.modules.pop("my_models_k", None)
+    importlib.invalidate_caches()
+    assert cell_key(sweep, ev, ref, "fp") != before

@@ -97,9 +97,13 @@ def test_three_evaluations_on_1_2_3_workers_equal_references_and_each_other(ray_
         for workers in (1, 3):
             other = runs[workers][key]
             assert other["world_size"] == workers and row["world_size"] == 2
-            assert other["replicates"] == row["replicates"], key
-            assert (other["ci_low"], other["ci_high"]) == (row["ci_low"], row["ci_high"]), key
-            assert other["value"] == pytest.approx(row["value"], rel=1e-9), key
+            # Counts are exact whatever the sharding; float32 logits may differ in the last
+            # bits between batch compositions on some CPUs, so float metrics agree to 1e-6.
+            tol = dict(rel=0, abs=0) if key[2] == "accuracy" else dict(rel=1e-6, abs=1e-12)
+            assert other["replicates"] == pytest.approx(row["replicates"], **tol), key
+            assert (other["ci_low"], other["ci_high"]) == \
+                pytest.approx((row["ci_low"], row["ci_high"]), **tol), key
+            assert other["value"] == pytest.approx(row["value"], **tol), key
     b = runs[2][("step_1.pt", "b", "accuracy")]
     assert "seed=5" in b["bootstrap"] and "replicates=200" in b["bootstrap"], \
         "an evaluation's bootstrap keys override the sweep's"
