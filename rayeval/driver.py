@@ -144,6 +144,7 @@ def run_sweep(sweep: Sweep, *, address: str | None = None, force: bool = False,
 
                     ray.shutdown()
                 ResultStore(sweep.output).discard_partial(c.key for c in plan.cells)
+    report.outcomes = plan.in_order(report.outcomes)
     report.seconds = time.perf_counter() - start
     return report
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import pyarrow.fs as pafs
 
 from . import paths, tasks
-from .checkpoints import CheckpointRef, expand_checkpoints
+from .checkpoints import CheckpointRef, expand_checkpoints, parse_epoch
 from .config import EvalSpec, Sweep
 from .data import DatasetInfo
 from .metrics import VERSION as METRICS_VERSION
@@ -71,6 +71,14 @@ class Plan:
     cells: tuple[Cell, ...]      # pending: to evaluate in this run, checkpoint by checkpoint
     cached: tuple[Cell, ...]     # already in the store
     failed: tuple[CellOutcome, ...] = ()   # failed before any worker (a checkpoint not fitting)
+
+    def in_order(self, outcomes) -> list[CellOutcome]:
+        """Outcomes in the sweep's checkpoint order (``expand_checkpoints``'), then the
+        suite's order of evaluations."""
+        evals = {e.name: i for i, e in enumerate(self.evaluations)}
+        return sorted(outcomes, key=lambda o: (
+            o.step is None, o.step or 0, parse_epoch(o.checkpoint) or 0, o.checkpoint,
+            evals.get(o.evaluation, 0)))
 
     def evaluation(self, name: str) -> Evaluation:
         return next(e for e in self.evaluations if e.name == name)

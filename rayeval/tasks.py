@@ -58,7 +58,9 @@ class Task:
         return {c: data.input_shape(ds, c, f"{spec.key_path}.inputs") for c in spec.inputs}
 
     def check_values(self, ds: pads.Dataset, spec: DatasetSpec, size: int) -> None:
-        """Cheap checks of the data against the model's output size, before any worker."""
+        """Cheap checks of the data before any worker: float inputs that are NaN or infinite
+        (one scan of the input columns, when they are small enough to scan in seconds)."""
+        check_finite_inputs(ds, spec)
 
     # --- a batch ---------------------------------------------------------------------------
 
@@ -129,6 +131,7 @@ class Classification(Task):
                             "expected integer class indices (cast it to int64)")
 
     def check_values(self, ds, spec, size):
+        super().check_values(ds, spec, size)
         lo, hi = _min_max(ds, spec.target)
         if lo is not None:
             self._check_range(lo, hi, size, spec)
@@ -381,6 +384,54 @@ def _transformed(transform, table, spec: DatasetSpec) -> Inputs:
                             "keys; return keyword name -> tensor")
         return {k: tensor(k, v) for k, v in out.items()}
     return tensor(None, out)
+
+
+SCAN_LIMIT_BYTES = 512 << 20     # input columns up to this size are scanned on the driver
+
+
+def check_finite_inputs(ds: pads.Dataset, spec: DatasetSpec) -> None:
+    """NaN or infinite values in float input columns, named by row and column before Ray
+    starts. Skipped for a transform's inputs (it decides what they mean) and for columns too
+    large to scan in seconds: the workers still check every batch."""
+    if spec.transform or not spec.inputs:
+        return
+    floats = [c for c in spec.inputs
+              if pa.types.is_floating(data.leaf_type(ds.schema.field(c).type)[0])]
+    if not floats or _column_bytes(ds, floats) > SCAN_LIMIT_BYTES:
+        return
+    columns = floats + ([spec.id] if spec.id else [])
+    for batch in ds.to_batches(columns=columns, batch_size=65536):
+        for c in floats:
+            arr = data.column_array(batch, c)
+            values = arr
+            while not pa.types.is_floating(values.type):
+                values = values.flatten()
+            if pc.all(pc.is_finite(values)).as_py() is not False:
+                continue
+            t = torch.from_numpy(np.array(values.to_numpy(zero_copy_only=False),
+                                          copy=True)).reshape(batch.num_rows, -1)
+            i = int((~torch.isfinite(t).all(dim=1)).nonzero()[0])
+            row = (f"the row with {spec.id} = {data.column_array(batch, spec.id)[i].as_py()!r}"
+                   if spec.id else f"a row (set {spec.key_path}.id to name it)")
+            raise DataError(f"{spec.key_path}.inputs: column {c!r} has NaN or infinite values "
+                            f"in {row}; drop or fill such rows")
+
+
+def _column_bytes(ds: pads.Dataset, columns: list[str]) -> int:
+    """The uncompressed size of some columns, from the parquet metadata (no data read)."""
+    total = 0
+    try:
+        for fragment in ds.get_fragments():
+            meta = fragment.metadata
+            for g in range(meta.num_row_groups):
+                group = meta.row_group(g)
+                for i in range(group.num_columns):
+                    col = group.column(i)
+                    if col.path_in_schema.split(".")[0] in columns:
+                        total += col.total_uncompressed_size
+    except (AttributeError, pa.ArrowInvalid, OSError):
+        return SCAN_LIMIT_BYTES + 1          # unknown: do not scan
+    return total
 
 
 def _min_max(ds: pads.Dataset, column: str) -> tuple[int | None, int | None]:

@@ -41,6 +41,12 @@ def write_raw(folder, text):
     return str(path)
 
 
+def _with_nan(data):
+    x, y = data
+    x[23, 4] = float("nan")
+    return x, y
+
+
 BAD_SWEEPS = {
     "yaml": (lambda p: write_raw(p, "name: [x\n"), ["not valid YAML at line"]),
     "unknown_key": (lambda p: write_sweep(str(p), wokers=2), ["wokers: unknown key",
@@ -91,6 +97,11 @@ BAD_SWEEPS = {
                                                                "kwargs": {"depth": 3}}),
                            ["model.kwargs", "depth"]),
     # Found before Ray starts since the suites release (they used to cost a worker group):
+    "nan_inputs": (lambda p: (write_parquet(str(p / "nan.parquet"), *_with_nan(make_data(40))),
+                              write_sweep(str(p), dataset={"path": "nan.parquet", "inputs": "x",
+                                                           "target": "y", "id": "row"}))[1],
+                   ["dataset.inputs: column 'x' has NaN or infinite values in the row with "
+                    "row = 23"]),
     "output_is_a_file": (lambda p: ((p / "taken").write_text("x"),
                                     write_sweep(str(p), output="taken"))[1],
                          ["output: cannot write to the result store", "taken"]),

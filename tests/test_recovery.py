@@ -86,7 +86,8 @@ def test_a_hung_worker_fails_the_run_in_bounded_time_naming_it(ray_cluster, tmp_
     assert failed_at - fired_at < 60, failed_at - fired_at
     hung = (tmp_path / "trap.fired").read_text()
     found = re.search(r"worker rank (\d) did not reach the end of the pass over \S+/step_(\d)\.pt "
-                      r"on \S+; the others waited [5-9] s \(stalled;", e.value.message)
+                      r"on \S+; (?:the others|worker rank \d) waited [5-9] s \(stalled;",
+                      e.value.message)
     assert found, e.value.message
     assert found.group(1) == hung, "the message names the worker that hung"
     assert "recovery.max_restarts is 0" in e.value.message
