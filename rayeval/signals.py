@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import signal
+import sys
 import threading
 
 
@@ -45,6 +46,7 @@ def held():
     if threading.current_thread() is not threading.main_thread():
         yield
         return
+    unwinding = sys.exc_info()[0] is not None    # already stopping: the first reason stands
     received: list[int] = []
     previous = {s: signal.signal(s, lambda signum, frame: received.append(signum))
                 for s in (signal.SIGINT, signal.SIGTERM)}
@@ -53,7 +55,7 @@ def held():
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
-    if received:
+    if received and not unwinding:
         raise Interrupted(received[0])
 
 
