@@ -338,20 +338,24 @@ def _check_finite(x: Inputs, table, spec: DatasetSpec) -> None:
     for name, t in named:
         if not t.is_floating_point():
             continue
-        bad = ~torch.isfinite(t.reshape(t.shape[0], -1)).all(dim=1)
-        if bool(bad.any()):
-            i = int(bad.nonzero()[0])
-            if spec.id is not None:
-                row = f"the row with {spec.id} = {data.column_array(table, spec.id)[i].as_py()!r}"
-            else:
-                row = f"a row (set {spec.key_path}.id to name it)"
-            if spec.transform:
-                what = f"{spec.key_path}.transform: {spec.transform} returned"
-                what += f" {name!r} with" if name else ""
-            else:
-                column = name or spec.inputs[0]
-                what = f"{spec.key_path}.inputs: column {column!r} has"
-            raise DataError(f"{what} NaN or infinite values in {row}; drop or fill such rows")
+        if spec.transform:
+            what = f"{spec.key_path}.transform: {spec.transform} returned"
+            what += f" {name!r} with" if name else ""
+        else:
+            what = f"{spec.key_path}.inputs: column {name or spec.inputs[0]!r} has"
+        _raise_if_not_finite(t, table, spec, what)
+
+
+def _raise_if_not_finite(t: torch.Tensor, table, spec: DatasetSpec, what: str) -> None:
+    """One DataError naming the first row (by its id) whose values are NaN or infinite."""
+    bad = ~torch.isfinite(t.reshape(t.shape[0], -1)).all(dim=1)
+    if bool(bad.any()):
+        i = int(bad.nonzero()[0])
+        if spec.id is not None:
+            row = f"the row with {spec.id} = {data.column_array(table, spec.id)[i].as_py()!r}"
+        else:
+            row = f"a row (set {spec.key_path}.id to name it)"
+        raise DataError(f"{what} NaN or infinite values in {row}; drop or fill such rows")
 
 
 def _transformed(transform, table, spec: DatasetSpec) -> Inputs:
@@ -410,11 +414,7 @@ def check_finite_inputs(ds: pads.Dataset, spec: DatasetSpec) -> None:
                 continue
             t = torch.from_numpy(np.array(values.to_numpy(zero_copy_only=False),
                                           copy=True)).reshape(batch.num_rows, -1)
-            i = int((~torch.isfinite(t).all(dim=1)).nonzero()[0])
-            row = (f"the row with {spec.id} = {data.column_array(batch, spec.id)[i].as_py()!r}"
-                   if spec.id else f"a row (set {spec.key_path}.id to name it)")
-            raise DataError(f"{spec.key_path}.inputs: column {c!r} has NaN or infinite values "
-                            f"in {row}; drop or fill such rows")
+            _raise_if_not_finite(t, batch, spec, f"{spec.key_path}.inputs: column {c!r} has")
 
 
 def _column_bytes(ds: pads.Dataset, columns: list[str]) -> int:
