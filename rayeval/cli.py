@@ -448,14 +448,22 @@ def _inspect(args, out: Console) -> int:
     path = os.path.abspath(args.path)
     if not os.path.exists(path):
         raise CheckpointError(f"PATH: no checkpoint at {args.path!r}")
-    model, spec = None, CheckpointSpec()
+    from . import hf
+    from .model import ModelSource
+
+    model, spec, against = None, CheckpointSpec(), args.sweep
+    folder = hf.describe(path) if os.path.isdir(path) and hf.is_folder(path) else None
     if args.sweep:
-        from .model import build_model
         from .spec import load_sweep
 
         sweep = load_sweep(args.sweep)
-        model, spec = build_model(sweep.model, sweep.base_dir, "meta"), sweep.checkpoint
+        model = ModelSource(sweep.model, sweep.base_dir).meta(path)
+        spec = sweep.checkpoint
+    elif folder is not None and hf.available():
+        model, against = hf.Builder().meta(path), "its config.json"   # the model it describes
     info = describe(path, model, spec)
+    if folder is not None:
+        info["hugging_face"] = folder
     if args.format == "json":
         sys.stdout.write(json.dumps(info, indent=2) + "\n")
         return EXIT_OK if info.get("fits", True) else EXIT_CELLS_FAILED
@@ -480,9 +488,15 @@ def _inspect(args, out: Console) -> int:
              ("key groups", ", ".join(f"{k} ({v})" for k, v in info["key_groups"].items())),
              ("prefixes", ", ".join(prefix_label(p, spec) for p in info["prefixes_stripped"])
               or "none")]
+    if folder is not None:
+        rows += [("model", f"{folder['model_type']} ({', '.join(folder['architectures'])})"),
+                 ("vocabulary", f"{folder['vocab_size']:,}" if folder["vocab_size"] else "-"),
+                 ("context", f"{folder['context']:,} tokens" if folder["context"] else "-"),
+                 ("tokenizer", ", ".join(folder["tokenizer_files"]) or
+                  "[red]none[/]: text tasks need model.tokenizer")]
     if model is not None:
         fits = "[green]yes[/]" if info["fits"] else "[red]no[/]: " + "; ".join(info["problems"])
-        rows.append((f"fits {args.sweep}", fits))
+        rows.append((f"fits {against}", fits))
     for k, v in rows:
         table.add_row(k, v)
     out.print(path, markup=False, highlight=False, soft_wrap=True)

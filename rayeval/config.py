@@ -65,9 +65,17 @@ class MetricSpec:
 
 @dataclass(frozen=True)
 class ModelSpec:
-    factory: str                         # "module:callable"
+    """The sweep's ``model:`` section. Without a factory the checkpoints are Hugging Face
+    folders: the model is built from each folder's config.json, its tokenizer read beside it."""
+    factory: str | None = None           # "module:callable"; None: Hugging Face folders
     kwargs: dict = field(default_factory=dict)
     dtype: str | None = None             # evaluation dtype; None: the model's own
+    tokenizer: str | None = None         # resolved location of a tokenizer folder (text tasks)
+    max_length: int | None = None        # text tasks: the context; None: from the config
+
+    @property
+    def hugging_face(self) -> bool:
+        return self.factory is None
 
 
 @dataclass(frozen=True)
@@ -79,6 +87,10 @@ class DatasetSpec:
     transform: str | None = None         # "module:callable": pyarrow batch -> model inputs
     ignore_index: int = -100             # language modeling: target ids that are not scored
     pad_id: int = 0                      # language modeling: fills short input sequences
+    prompt: str | None = None            # text tasks: the column of prompts (strings)
+    choices: str | None = None           # multiple choice: the column of lists of choices
+    text: str | None = None              # text perplexity: the column of documents
+    delimiter: str = " "                 # multiple choice: put between prompt and choice
     key_path: str = "dataset"            # where it is in the sweep file, for messages
 
     @property
@@ -87,7 +99,15 @@ class DatasetSpec:
         transform that names no inputs."""
         if self.transform and not self.inputs:
             return None
-        return list(dict.fromkeys(c for c in (*self.inputs, self.target, self.id) if c))
+        return list(dict.fromkeys(c for c in (*self.inputs, self.prompt, self.choices,
+                                              self.text, self.target, self.id) if c))
+
+
+@dataclass(frozen=True)
+class Generation:
+    """How a generation task decodes: greedily, until a stop string or a token budget."""
+    until: tuple[str, ...] = ()          # stop strings; the end-of-sequence token always stops
+    max_new_tokens: int = 256
 
 
 @dataclass(frozen=True)
@@ -99,6 +119,7 @@ class EvalSpec:
     metrics: tuple[MetricSpec, ...]
     batch_size: int = 256
     bootstrap: Bootstrap = Bootstrap()
+    generation: Generation = Generation()
     key_path: str = "evals[0]"
 
 

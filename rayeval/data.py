@@ -73,7 +73,8 @@ def inspect_dataset(spec: DatasetSpec, task) -> DatasetInfo:
     schema = ds.schema
     names = schema.names
     named = [(f"{key}.inputs", c) for c in spec.inputs]
-    named += [(f"{key}.target", spec.target), (f"{key}.id", spec.id)]
+    named += [(f"{key}.{k}", getattr(spec, k)) for k in ("prompt", "choices", "text", "target",
+                                                         "id")]
     for where, column in named:
         if column is not None and column not in names:
             raise DataError(f"{where}: no column {column!r} in {spec.path!r}; its columns are: "

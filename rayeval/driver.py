@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import tempfile
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -17,10 +18,11 @@ from dataclasses import dataclass, field
 from . import paths, signals, tasks
 from .config import EvalSpec, Sweep
 from .data import inspect_dataset, open_dataset
-from .errors import GroupError, RayevalError, RunError
+from .checkpoints import expand_checkpoints
+from .errors import DataError, GroupError, RayevalError, RunError, SpecError
 from .evaluate import Decoder, output_size
 from .loading import fit_error
-from .model import build_model
+from .model import ModelSource
 from .plan import CellOutcome, Evaluation, Plan, make_plan
 from .store import ResultStore
 
@@ -54,31 +56,61 @@ class Evaluated:
 def inspect_evaluations(sweep: Sweep) -> tuple[Evaluation, ...]:
     """Every evaluation's data set checked and counted, and the model probed on a few of its
     real rows: on the meta device (no memory), else once on the CPU. Bad columns, inputs the
-    model cannot take, outputs that do not fit the task and labels outside the model's classes
-    all fail here, in seconds, before any cluster starts."""
-    meta = build_model(sweep.model, sweep.base_dir, "meta")   # imports and calls the factory
+    model cannot take, outputs that do not fit the task, labels outside the model's classes
+    and a missing tokenizer all fail here, in seconds, before any cluster starts."""
+    source = ModelSource(sweep.model, sweep.base_dir)
+    text = any(tasks.get(e.task).uses_text for e in sweep.evals)
+    first = _first_folder(sweep) if sweep.model.hugging_face else None
+    meta = source.meta(first)              # imports and calls the factory, or reads config.json
+    tokenizer = source.tokenizer(first, meta) if text else None
     out = []
     for spec in sweep.evals:
         task = tasks.get(spec.task)
         info = inspect_dataset(spec.dataset, task)
-        size = _probe_output_size(sweep, spec, info, meta)
+        size = _probe_output_size(sweep, spec, info, source, meta, tokenizer)
         task.check_values(open_dataset(info.files, f"{spec.dataset.key_path}.path"),
                           spec.dataset, size)
         out.append(Evaluation(spec=spec, data=info, output_size=size))
     return tuple(out)
 
 
-def _probe_output_size(sweep: Sweep, spec: EvalSpec, info, meta) -> int:
+def _first_folder(sweep: Sweep) -> str:
+    """A local folder with the first checkpoint's config (and tokenizer): without a factory,
+    the model is built from it."""
+    from . import hf
+
+    hf.require()
+    refs = expand_checkpoints(sweep.checkpoints)
+    location = refs[0].location
+    if not hf.is_folder(location):
+        raise SpecError(f"checkpoints: {location} is not a Hugging Face folder (no config.json)"
+                        "; set model.factory to evaluate other checkpoints")
+    return hf.small_files(location, os.path.join(tempfile.gettempdir(), "rayeval-checkpoints"))
+
+
+def _probe_output_size(sweep: Sweep, spec: EvalSpec, info, source: ModelSource, meta,
+                       tokenizer) -> int:
     decoder = Decoder(spec, info, sweep.base_dir)
+    decoder.use(tokenizer)
     head = open_dataset(info.files, f"{spec.dataset.key_path}.path").head(
         4, columns=spec.dataset.columns)
     x, _, _ = decoder(head)
     task = tasks.get(spec.task)
     try:
-        return output_size(meta, task, x, "meta")
+        size = output_size(meta, task, x, "meta")
     except RayevalError:
-        pass              # some models cannot run on the meta device: once for real, on CPU
-    return output_size(build_model(sweep.model, sweep.base_dir, "cpu"), task, x, "cpu")
+        real = source.real()          # some models cannot run on the meta device
+        if real is not None:
+            size = output_size(real, task, x, "cpu")
+        else:                         # a Hugging Face model: its output layer says
+            size = int(meta.get_output_embeddings().weight.shape[0])
+    if tokenizer is not None:
+        top = max(task.probe_input(x).reshape(-1).tolist())
+        if top >= size:
+            raise DataError(f"{spec.key_path}: the tokenizer gives token id {top}, outside the "
+                            f"model's vocabulary of {size}; the tokenizer does not match the "
+                            "model (see model.tokenizer)")
+    return size
 
 
 def check_inputs(sweep: Sweep) -> tuple[tuple[Evaluation, ...], ResultStore]:
@@ -104,17 +136,32 @@ def plan_cells(sweep: Sweep, evaluations, store: ResultStore, *, force: bool = F
     plan = make_plan(sweep, evaluations, store, force=force, ready=ready, skip=skip)
     if not plan.cells:
         return plan
-    meta = build_model(sweep.model, sweep.base_dir, "meta")
+    source = ModelSource(sweep.model, sweep.base_dir)
+    text = any(tasks.get(e.spec.task).uses_text for e in evaluations)
     failed, pending = [], []
     for ref, _, cells in plan.by_checkpoint():
-        why = None if paths.is_uri(ref.location) else fit_error(ref.location, meta,
-                                                                sweep.checkpoint)
+        why = None if paths.is_uri(ref.location) else _local_problem(
+            ref.location, source, sweep, text)
         if why is None:
             pending += cells
         else:
             failed += [CellOutcome(key=c.key, checkpoint=ref.location, evaluation=c.evaluation,
                                    step=ref.step, error=why) for c in cells]
     return dataclasses.replace(plan, cells=tuple(pending), failed=tuple(failed))
+
+
+def _local_problem(location: str, source: ModelSource, sweep: Sweep, text: bool) -> str | None:
+    """Why a local checkpoint cannot be evaluated, from its headers and small files."""
+    from . import hf
+
+    try:
+        meta = source.meta(location)
+    except RayevalError as e:
+        return e.message if e.message.startswith(location) else f"{location}: {e.message}"
+    if text and sweep.model.tokenizer is None and not hf.has_tokenizer(location):
+        return (f"{location}: no tokenizer files beside the model; save the tokenizer with the "
+                "checkpoint or set model.tokenizer")
+    return fit_error(location, meta, sweep.checkpoint)
 
 
 def run_sweep(sweep: Sweep, *, address: str | None = None, force: bool = False,

@@ -17,9 +17,9 @@ from typing import Iterable
 import torch
 
 from . import stats, tasks
-from .config import OFF, Bootstrap, EvalSpec
+from .config import OFF, Bootstrap, EvalSpec, Generation
 from .data import DatasetInfo
-from .errors import CheckpointError, MetricError, ModelError, traceback_of
+from .errors import MetricError, ModelError, traceback_of
 from .metrics import IGNORE, Indexed, Metric
 from .model import import_callable
 from .tasks import TOKENS
@@ -36,12 +36,22 @@ class Decoder:
         self.bootstrap = evaluation.bootstrap
         self.shapes = info.shapes
         self.transform = None
+        self.text = None                 # the tokenizer's context: set per checkpoint (text tasks)
+        self.generation = evaluation.generation
         if self.spec.transform:
             self.transform = import_callable(self.spec.transform, base_dir,
                                              what=f"{self.spec.key_path}.transform")
 
+    def use(self, text) -> bool:
+        """Decode with this tokenizer context from now on; whether that changes the decoded
+        batches (a cached shard decoded with another tokenizer must go)."""
+        same = (self.text is None and text is None) or (
+            self.text is not None and text is not None and self.text.key == text.key)
+        self.text = text
+        return not same
+
     def __call__(self, table) -> tuple[tasks.Inputs, torch.Tensor, torch.Tensor]:
-        x, y = self.task.decode(table, self.spec, self.shapes, self.transform)
+        x, y = self.task.decode(table, self.spec, self.shapes, self.transform, self)
         if self.bootstrap.enabled:
             ids = self.task.row_ids(table, self.spec, x, y)
             buckets = stats.buckets_of(ids, self.bootstrap.seed, self.bootstrap.k)
@@ -55,6 +65,7 @@ def output_size(model: torch.nn.Module, task: tasks.Task, x: tasks.Inputs,
     """Classes (classification), vocabulary size (language modeling) or 1 (regression), from
     one forward pass of ``x``; a model that cannot take them, or whose output does not fit the
     task, is a ModelError."""
+    x = task.probe_input(x)
     try:
         with torch.inference_mode():
             out = tasks.call_model(model, tasks.move(x, torch.device(device), float_dtype(model)))
@@ -102,7 +113,8 @@ class Accumulator:
                 self.states[full] = torch.zeros((kb, *t.shape, *extra), dtype=torch.int64,
                                                 device=device)
 
-    def add(self, outputs: torch.Tensor, targets: torch.Tensor, buckets: torch.Tensor) -> None:
+    def add(self, outputs: torch.Tensor, targets: torch.Tensor, buckets: torch.Tensor,
+            tokens: torch.Tensor | int | None = None) -> None:
         buckets = buckets.to(self.device)
         for key, m in self.metrics:
             with metric_errors(key, "on a batch"):
@@ -116,7 +128,7 @@ class Accumulator:
                     self._scatter(f"{key}/{name}", c, b)
         self.states[ROWS] += targets.shape[0]
         if TOKENS in self.states:
-            self.states[TOKENS] += (targets != IGNORE).sum()
+            self.states[TOKENS] += tokens if tokens is not None else (targets != IGNORE).sum()
 
     def _scatter(self, name: str, c, buckets: torch.Tensor) -> None:
         state = self.states[name]
@@ -220,12 +232,16 @@ class Pass:
 
     def __init__(self, model: torch.nn.Module, metrics: list[tuple[str, Metric]], size: int,
                  device: torch.device, task: tasks.Task | str = "classification",
-                 buckets: int = 1, spec=None):
+                 buckets: int = 1, spec=None, text=None, generation: Generation = Generation(),
+                 batch: int = 256):
         from .config import DatasetSpec
 
         self.model = model
         self.task = tasks.get(task) if isinstance(task, str) else task
         self.spec = spec or DatasetSpec(path="")
+        self.text = text                   # the hf.Tokenizer (text tasks)
+        self.generation = generation
+        self.batch = batch                 # sequences per forward pass (text tasks)
         self.size = size
         self.device = device
         self.dtype = float_dtype(model)
@@ -240,26 +256,11 @@ class Pass:
                ) -> None:
         if y.shape[0] == 0:
             return
-        self.task.check_targets(y, self.size, self.spec)
-        x = tasks.move(x, self.device, self.dtype)
-        y = y.to(self.device, non_blocking=True)
-        if y.shape[0] == 1:
-            # A one-row batch takes a matrix-vector kernel whose rounding differs from the
-            # matrix-matrix one; run two copies so a row's outputs do not depend on where the
-            # shard boundaries fell (and published numbers on the world size).
-            out = tasks.call_model(self.model, tasks.repeat(x))
-            out = out[:1] if isinstance(out, torch.Tensor) else out
-        else:
-            out = tasks.call_model(self.model, x)
-        if not isinstance(out, torch.Tensor):
-            raise self.task.wrong_output(out)
-        if not bool(torch.isfinite(out).all()):     # inputs are checked finite when decoded
-            raise CheckpointError("the model produced NaN or infinite outputs with this "
-                                  "checkpoint")
-        out, y = self.task.align(out, y)
+        out, y = self.task.score(self.model, x, y, self)
         if buckets is None:
             buckets = torch.zeros(y.shape[0], dtype=torch.int64)
-        self.acc.add(out, y, buckets)
+        tokens = self.task.scored_tokens(out, y) if self.task.counts_tokens else None
+        self.acc.add(out, y, buckets, tokens)
 
 
 def compute(metrics, states, size: int, bootstrap: Bootstrap = OFF) -> dict[str, float]:

@@ -314,12 +314,13 @@ SMALL_DATA_ROWS = 30
 
 
 def token_notes(rows: list[dict]) -> list[str]:
-    """For language modeling, what was scored: sequences (rows) and target tokens."""
+    """For language modeling and text perplexity, what was scored: rows (sequences or
+    documents) and tokens."""
     seen: dict[str, tuple[int, int]] = {}
     for r in rows:
         if r.get("num_tokens") is not None:
             seen.setdefault(r["dataset"], (r["num_samples"], r["num_tokens"]))
-    return [f"{name}: {n:,} sequence(s), {t:,} scored token(s)"
+    return [f"{name}: {n:,} row(s), {t:,} scored token(s)"
             for name, (n, t) in sorted(seen.items())]
 
 

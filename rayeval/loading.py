@@ -123,9 +123,30 @@ def _transforms(keys: list[str], spec: CheckpointSpec):
     return out
 
 
-def fit_problems(shapes: Mapping[str, tuple], expected: Mapping[str, tuple]) -> list[str]:
-    """What keeps a checkpoint from fitting: missing, unexpected, mis-shaped keys."""
-    missing = sorted(set(expected) - set(shapes))
+def aliases(model: torch.nn.Module) -> dict[str, str]:
+    """State-dict keys that are one tensor under several names (tied weights: a language
+    model's output layer is its input embedding), each mapped to the first name of its group.
+    Checkpoints often hold only one of the names (Hugging Face's save_pretrained does)."""
+    groups: dict[int, list[str]] = {}
+    for key, t in model.state_dict(keep_vars=True).items():
+        groups.setdefault(id(t), []).append(key)
+    return {k: names[0] for names in groups.values() if len(names) > 1 for k in names}
+
+
+def _satisfied(missing: set[str], present: set[str], tied: Mapping[str, str]) -> set[str]:
+    """The missing keys a tied name that is present stands in for."""
+    groups: dict[str, set[str]] = {}
+    for k, root in tied.items():
+        groups.setdefault(root, set()).add(k)
+    return {k for k in missing if k in tied and groups[tied[k]] & present}
+
+
+def fit_problems(shapes: Mapping[str, tuple], expected: Mapping[str, tuple],
+                 tied: Mapping[str, str] = {}) -> list[str]:
+    """What keeps a checkpoint from fitting: missing, unexpected, mis-shaped keys (a missing
+    tied name is not missing when another name of its tensor is there)."""
+    missing = set(expected) - set(shapes)
+    missing = sorted(missing - _satisfied(missing, set(shapes), tied))
     unexpected = sorted(set(shapes) - set(expected))
     mismatched = sorted(k for k in set(expected) & set(shapes)
                         if tuple(shapes[k]) != tuple(expected[k]))
@@ -143,7 +164,7 @@ def fit_problems(shapes: Mapping[str, tuple], expected: Mapping[str, tuple]) -> 
 def check_fit(path: str, shapes: Mapping[str, tuple], model: torch.nn.Module) -> None:
     """Raise a CheckpointError naming every missing, unexpected and mis-shaped key."""
     expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
-    parts = fit_problems(shapes, expected)
+    parts = fit_problems(shapes, expected, aliases(model))
     if parts:
         raise CheckpointError(f"{path}: does not fit the model: " + "; ".join(parts)
                               + "; check model.factory and model.kwargs")
@@ -198,20 +219,28 @@ def load_into(model: torch.nn.Module, path: str, spec: CheckpointSpec = Checkpoi
 
 
 class LeanLoader:
-    """Builds the model once per checkpoint on the meta device and assigns the checkpoint's
-    tensors to it, so weights are never held twice."""
+    """Builds the model once per checkpoint with its parameters on the meta device and assigns
+    the checkpoint's tensors to it, so weights are never held twice.
 
-    def __init__(self, factory: Callable[[], torch.nn.Module], device: torch.device,
-                 dtype: torch.dtype | None = None, spec: CheckpointSpec = CheckpointSpec()):
+    ``factory()`` builds the sweep's model (called under the meta device; buffers outside the
+    state dict get the values of one real build); ``builder(path)`` instead builds the model
+    of one checkpoint with its parameters already on the meta device (Hugging Face folders:
+    each has its own config)."""
+
+    def __init__(self, factory: Callable[[], torch.nn.Module] | None, device: torch.device,
+                 dtype: torch.dtype | None = None, spec: CheckpointSpec = CheckpointSpec(),
+                 builder: Callable[[str], torch.nn.Module] | None = None):
         self.factory = factory
+        self.builder = builder
         self.device = device
         self.dtype = dtype
         self.spec = spec
+        self.extra_buffers = {}
+        if builder is not None:
+            return
         with torch.device("meta"):
             meta = factory()
         persistent = set(meta.state_dict())
-        self.param_dtypes = {n: t.dtype for n, t in meta.state_dict().items()}
-        self.extra_buffers = {}
         if any(n not in persistent for n, _ in meta.named_buffers()):
             # Buffers outside the state dict (non-persistent) are not in checkpoints: keep the
             # values the factory gives them, from one real build.
@@ -220,27 +249,60 @@ class LeanLoader:
                                   if n not in persistent}
             del real
 
+    def meta(self, path: str) -> torch.nn.Module:
+        if self.builder is not None:
+            return self.builder(path)
+        with torch.device("meta"):
+            return self.factory()
+
     def load(self, path: str) -> tuple[torch.nn.Module, layouts.Raw]:
         raw = layouts.read(path, self.spec.trust_pickle)
-        with torch.device("meta"):
-            model = self.factory()
+        model = self.meta(path)
+        dtypes = {n: t.dtype for n, t in model.state_dict().items()}
+        tied = aliases(model)
         state = model_state(raw, model, self.spec)
         for k, t in state.items():
-            want = self.param_dtypes[k]
+            want = dtypes[k]
             if t.is_floating_point() and self.dtype is not None:
                 want = self.dtype
             if t.dtype != want:
                 state[k] = t.to(want)
         try:
-            model.load_state_dict(state, strict=True, assign=True)
+            missing = model.load_state_dict(state, strict=False, assign=True).missing_keys
         except RuntimeError as e:
             raise CheckpointError(f"{path}: cannot load into the model: "
                                   f"{str(e).splitlines()[0]}") from None
+        _tie(model, tied, set(state))
+        if set(missing) - _satisfied(set(missing), set(state), tied):   # fit checked: a bug
+            raise CheckpointError(f"{path}: keys left unloaded: {_few(sorted(missing))}")
         for name, value in self.extra_buffers.items():
             module_name, _, buffer_name = name.rpartition(".")
             module = model.get_submodule(module_name) if module_name else model
             module.register_buffer(buffer_name, value.clone(), persistent=False)
         return model.to(self.device).eval(), raw
+
+
+def _tie(model: torch.nn.Module, tied: Mapping[str, str], loaded: set[str]) -> None:
+    """Point every name of a tied tensor at the one that was loaded: assigning replaced the
+    loaded name's parameter, and the tie must hold again."""
+    groups: dict[str, list[str]] = {}
+    for k, root in tied.items():
+        groups.setdefault(root, []).append(k)
+    for names in groups.values():
+        source = next((n for n in names if n in loaded), None)
+        if source is None:
+            continue
+        value = model.get_parameter(source) if _is_parameter(model, source) else \
+            model.get_buffer(source)
+        for n in names:
+            if n != source:
+                module_name, _, attr = n.rpartition(".")
+                setattr(model.get_submodule(module_name) if module_name else model, attr, value)
+
+
+def _is_parameter(model: torch.nn.Module, name: str) -> bool:
+    module_name, _, attr = name.rpartition(".")
+    return attr in (model.get_submodule(module_name) if module_name else model)._parameters
 
 
 def prefix_label(prefix: str, spec: CheckpointSpec = CheckpointSpec()) -> str:
@@ -332,10 +394,12 @@ def describe(path: str, model: torch.nn.Module | None = None,
         return info
     expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
     mapped = {mk: raw.shapes[ck][0] for ck, mk in m.mapping.items()}
-    problems = fit_problems(mapped, expected)
+    tied = aliases(model)
+    problems = fit_problems(mapped, expected, tied)
+    missing = set(expected) - set(mapped)
     info.update({
         "fits": not problems, "problems": problems,
-        "missing": sorted(set(expected) - set(mapped)),
+        "missing": sorted(missing - _satisfied(missing, set(mapped), tied)),
         "unexpected": sorted(set(mapped) - set(expected)),
         "mismatched": sorted(k for k in set(expected) & set(mapped)
                              if tuple(mapped[k]) != expected[k]),

@@ -72,3 +72,65 @@ def source_digest(ref: str, base_dir: str) -> str:
         return ""
     with open(path, "rb") as f:
         return hashlib.sha256(f.read()).hexdigest()[:16]
+
+
+class ModelSource:
+    """Where a sweep's model comes from: its ``model.factory``, or (without one) each
+    checkpoint's Hugging Face folder; and, for text tasks, its tokenizer."""
+
+    def __init__(self, spec: ModelSpec, base_dir: str):
+        self.spec = spec
+        self.base_dir = base_dir
+        self._meta: torch.nn.Module | None = None
+        self._hf = None
+        if spec.hugging_face:
+            from . import hf
+
+            self._hf = hf.Builder()
+        self._tokenizers: dict[str, object] = {}
+
+    def meta(self, checkpoint: str | None = None) -> torch.nn.Module:
+        """The model with its parameters on the meta device: the factory's (built once), or
+        the one of the Hugging Face folder at the local path ``checkpoint``."""
+        if self._hf is not None:
+            if checkpoint is None:
+                raise ModelError("a Hugging Face model needs its checkpoint folder")
+            return self._hf.meta(checkpoint)
+        if self._meta is None:
+            self._meta = build_model(self.spec, self.base_dir, "meta")
+        return self._meta
+
+    def real(self) -> torch.nn.Module | None:
+        """A real CPU build for a probe the meta device cannot run; None for Hugging Face
+        folders (their output is known from the config: no build of random weights)."""
+        return None if self._hf is not None else build_model(self.spec, self.base_dir, "cpu")
+
+    def loader(self, device: torch.device, checkpoint_spec):
+        from .loading import DTYPES, LeanLoader
+
+        dtype = DTYPES.get(self.spec.dtype)
+        if self._hf is not None:
+            return LeanLoader(None, device, dtype, checkpoint_spec, builder=self._hf.meta)
+        factory = import_callable(self.spec.factory, self.base_dir)
+        kwargs = self.spec.kwargs
+        return LeanLoader(lambda: factory(**kwargs).eval(), device, dtype, checkpoint_spec)
+
+    def tokenizer(self, checkpoint: str | None, model: torch.nn.Module | None = None):
+        """The ``hf.Tokenizer`` for a checkpoint (a local path): ``model.tokenizer``, else the
+        checkpoint's folder; loaded once per folder and model length."""
+        from . import hf
+
+        folder = self.spec.tokenizer or checkpoint
+        what = "model.tokenizer" if self.spec.tokenizer else "checkpoint"
+        if folder is None:
+            raise ModelError("text tasks need a tokenizer: set model.tokenizer")
+        cache_key = f"{folder}|{hf.max_length(model, None, self.spec.max_length)}"
+        if cache_key not in self._tokenizers:
+            self._tokenizers[cache_key] = hf.load_tokenizer(
+                folder, what=what, model=model, configured_max=self.spec.max_length)
+        return self._tokenizers[cache_key]
+
+    def code_digest(self) -> str:
+        """The factory module's source digest (part of cell keys); empty for folders, whose
+        config is part of the checkpoint's own fingerprint."""
+        return "" if self._hf is not None else source_digest(self.spec.factory, self.base_dir)

@@ -129,6 +129,13 @@ def cell_key(sweep: Sweep, evaluation: Evaluation, checkpoint: CheckpointRef,
         "metrics_version": METRICS_VERSION,
         "bootstrap": boot.key if boot.enabled else None,
     }
+    if tasks.get(spec.task).uses_text:
+        # The tokenizer's own files are in the checkpoint's fingerprint, or in this one's.
+        tokenizer = sweep.model.tokenizer
+        ident["text"] = {"tokenizer": tokenizer, "max_length": sweep.model.max_length,
+                         "tokenizer_fingerprint": tokenizer and checkpoint_fingerprint(tokenizer),
+                         "generation": [list(spec.generation.until),
+                                        spec.generation.max_new_tokens]}
     blob = json.dumps(ident, sort_keys=True, default=str).encode()
     return hashlib.sha256(blob).hexdigest()[:24]
 
@@ -136,7 +143,7 @@ def cell_key(sweep: Sweep, evaluation: Evaluation, checkpoint: CheckpointRef,
 def _code_digests(sweep: Sweep, spec: EvalSpec) -> list[str]:
     """The user's code the numbers come from: the factory's, the transform's and each custom
     metric's module source, so editing it is a new cell, not a stale cached number."""
-    refs = [(sweep.model.factory, sweep.base_dir)]
+    refs = [(sweep.model.factory, sweep.base_dir)] if sweep.model.factory else []
     if spec.dataset.transform:
         refs.append((spec.dataset.transform, sweep.base_dir))
     refs += [(m.name, m.base_dir) for m in spec.metrics if m.custom]

@@ -13,7 +13,7 @@ import yaml
 
 from . import paths
 from .config import (DTYPE_NAMES, Bootstrap, CheckpointSpec, DatasetSpec, EvalSpec,
-                     ModelSpec, Recovery, Sweep)
+                     Generation, ModelSpec, Recovery, Sweep)
 from .errors import SpecError
 from .metrics import parse_metric
 from .tasks import TASKS
@@ -23,9 +23,12 @@ SWEEP_KEYS = {
     "name", "model", "checkpoints", "batch_size", "workers", "use_gpu", "output", "bootstrap",
     "checkpoint", "recovery", "resources_per_worker",
 }
-SINGLE_FORM_KEYS = {"dataset", "task", "metrics"}      # the one-evaluation form
-EVAL_KEYS = {"name", "task", "dataset", "metrics", "batch_size", "bootstrap"}
-DATASET_KEYS = {"path", "inputs", "target", "id", "transform", "ignore_index", "pad_id"}
+SINGLE_FORM_KEYS = {"dataset", "task", "metrics", "generation"}   # the one-evaluation form
+EVAL_KEYS = {"name", "task", "dataset", "metrics", "batch_size", "bootstrap", "generation"}
+DATASET_KEYS = {"path", "inputs", "target", "id", "transform", "ignore_index", "pad_id",
+                "prompt", "choices", "text", "delimiter"}
+MODEL_KEYS = {"factory", "kwargs", "dtype", "tokenizer", "max_length"}
+GENERATION_KEYS = {"until", "max_new_tokens"}
 
 
 def with_overrides(sweep: Sweep, *, workers: int | None = None,
@@ -91,9 +94,15 @@ def parse_sweep(raw: Any, *, base_dir: str, source: str = "<sweep>") -> Sweep:
                                                 required=True), base_dir))
         evals = (_evaluation(r, {**top, "name": name}, "", base_dir, batch_size, bootstrap,
                              dataset_extra={"name"}),)
+    model = _model(r, top, base_dir)
+    text = [e for e in evals if TASKS[e.task].uses_text]
+    if text and not model.hugging_face and model.tokenizer is None:
+        r.fail("model.tokenizer", f"task {text[0].task} ({text[0].key_path}) needs a tokenizer:"
+                                  " set model.tokenizer to a folder holding one, or drop "
+                                  "model.factory to read Hugging Face folders")
     return Sweep(
         name=r.string(top, "name", required=True),
-        model=_model(r, top), checkpoints=_checkpoints(r, top, base_dir), evals=evals,
+        model=model, checkpoints=_checkpoints(r, top, base_dir), evals=evals,
         workers=r.integer(top, "workers", default=1, minimum=1),
         use_gpu=(use_gpu := r.boolean(top, "use_gpu", default=False)),
         output=paths.resolve(r.string(top, "output", required=True), base_dir),
@@ -156,7 +165,26 @@ def _evaluation(r: "_Reader", m: dict, path: str, base_dir: str, batch_size: int
         name=m["name"], task=task, dataset=dataset, metrics=tuple(metrics),
         batch_size=r.integer(m, "batch_size", default=batch_size, minimum=1,
                              path=at("batch_size")) if path else batch_size,
-        bootstrap=own_bootstrap, key_path=path or "(top level)")
+        bootstrap=own_bootstrap, generation=_generation(r, m, at("generation"), task),
+        key_path=path or "(top level)")
+
+
+def _generation(r: "_Reader", m: dict, path: str, task: str) -> Generation:
+    raw = r.get(m, "generation", path=path)
+    if raw is None:
+        return Generation()
+    if not TASKS[task].generates:
+        r.fail(path, f"only a generation task decodes; task {task} takes no generation: key")
+    g = r.mapping(raw, path, GENERATION_KEYS)
+    until = r.get(g, "until", path=f"{path}.until", default=[])
+    if isinstance(until, str):
+        until = [until]
+    if not isinstance(until, list) or not all(isinstance(u, str) and u for u in until):
+        r.fail(f"{path}.until", f"expected a list of non-empty stop strings, got {_show(until)}")
+    return Generation(until=tuple(until),
+                      max_new_tokens=r.integer(g, "max_new_tokens",
+                                               default=Generation.max_new_tokens, minimum=1,
+                                               path=f"{path}.max_new_tokens"))
 
 
 def _dataset(r: "_Reader", raw: Any, path: str, task: str, base_dir: str,
@@ -168,7 +196,8 @@ def _dataset(r: "_Reader", raw: Any, path: str, task: str, base_dir: str,
         module, _, attr = transform.partition(":")
         if not module or not attr:
             r.fail(f"{path}.transform", f"expected 'module:callable', got {transform!r}")
-    inputs_raw = r.get(m, "inputs", path=f"{path}.inputs", required=transform is None)
+    inputs_raw = r.get(m, "inputs", path=f"{path}.inputs",
+                       required=transform is None and TASKS[task].needs_inputs)
     if isinstance(inputs_raw, str):
         inputs_raw = [inputs_raw]
     inputs: tuple[str, ...] = ()
@@ -187,6 +216,10 @@ def _dataset(r: "_Reader", raw: Any, path: str, task: str, base_dir: str,
         ignore_index=r.integer(m, "ignore_index", default=-100, minimum=None,
                                path=f"{path}.ignore_index"),
         pad_id=r.integer(m, "pad_id", default=0, minimum=0, path=f"{path}.pad_id"),
+        prompt=r.string(m, "prompt", path=f"{path}.prompt"),
+        choices=r.string(m, "choices", path=f"{path}.choices"),
+        text=r.string(m, "text", path=f"{path}.text"),
+        delimiter=_delimiter(r, m, f"{path}.delimiter"),
         key_path=path)
     problem = TASKS[task].spec_problem(spec)
     if problem:
@@ -194,19 +227,38 @@ def _dataset(r: "_Reader", raw: Any, path: str, task: str, base_dir: str,
     return spec
 
 
-def _model(r: "_Reader", top: dict) -> ModelSpec:
-    m = r.mapping(r.get(top, "model", required=True), "model", {"factory", "kwargs", "dtype"})
+def _delimiter(r: "_Reader", m: dict, path: str) -> str:
+    value = r.get(m, "delimiter", path=path, default=" ")
+    if not isinstance(value, str):
+        r.fail(path, f"expected a string (\" \" by default, \"\" for none), got {_show(value)}")
+    return value
+
+
+def _model(r: "_Reader", top: dict, base_dir: str) -> ModelSpec:
+    """Without ``model:`` (or without ``model.factory``) the checkpoints are Hugging Face
+    folders."""
+    m = r.mapping(r.get(top, "model", default={}), "model", MODEL_KEYS)
     dtype = r.string(m, "dtype", path="model.dtype")
     if dtype is not None and dtype not in DTYPE_NAMES:
         r.fail("model.dtype", f"unknown dtype {dtype!r}; choose one of: {', '.join(DTYPE_NAMES)}")
-    factory = r.string(m, "factory", path="model.factory", required=True)
-    module, _, attr = factory.partition(":")
-    if not module or not attr:
-        r.fail("model.factory", f"expected 'module:callable', got {factory!r}")
+    factory = r.string(m, "factory", path="model.factory")
+    if factory is not None:
+        module, _, attr = factory.partition(":")
+        if not module or not attr:
+            r.fail("model.factory", f"expected 'module:callable', got {factory!r}")
     kwargs = r.get(m, "kwargs", default={})
     if not isinstance(kwargs, dict) or not all(isinstance(k, str) for k in kwargs):
         r.fail("model.kwargs", f"expected a mapping of keyword arguments, got {_show(kwargs)}")
-    return ModelSpec(factory=factory, kwargs=dict(kwargs), dtype=dtype)
+    if factory is None and kwargs:
+        r.fail("model.kwargs", "kwargs are for model.factory; a Hugging Face folder's model "
+                               "comes from its config.json (or set model.factory)")
+    tokenizer = r.string(m, "tokenizer", path="model.tokenizer")
+    max_length = r.get(m, "max_length", path="model.max_length")
+    if max_length is not None:
+        max_length = r.integer(m, "max_length", default=0, minimum=2, path="model.max_length")
+    return ModelSpec(factory=factory, kwargs=dict(kwargs), dtype=dtype,
+                     tokenizer=paths.resolve(tokenizer, base_dir) if tokenizer else None,
+                     max_length=max_length)
 
 
 def _checkpoints(r: "_Reader", top: dict, base_dir: str) -> tuple[str, ...]:
@@ -268,6 +320,9 @@ def written_locations(raw: dict) -> list[tuple[str, str]]:
     ckpts = raw.get("checkpoints")
     out += [(f"checkpoints[{i}]", c)
             for i, c in enumerate([ckpts] if isinstance(ckpts, str) else (ckpts or []))]
+    model = raw.get("model")
+    if isinstance(model, dict):
+        out.append(("model.tokenizer", model.get("tokenizer")))
     out.append(("output", raw.get("output")))
     return [(key, value) for key, value in out if isinstance(value, str)]
 

@@ -28,11 +28,10 @@ from ray.train import DataConfig
 from . import dist, tasks
 from .checkpoints import fetch
 from .errors import (CheckpointError, DataError, GroupError, RayevalError, RunError,
-                     traceback_of)
+                     SpecError, traceback_of)
 from .evaluate import ROWS, Decoder, Pass, finalize
-from .loading import DTYPES, LeanLoader
 from .metrics import build_all
-from .model import import_callable
+from .model import ModelSource
 from .plan import Cell, CellOutcome, Evaluation, Plan
 from .progress import WorkerProgress
 from .store import ResultStore, cell_rows
@@ -149,6 +148,11 @@ class Shard:
                     self._drop()
             yield batch
 
+    def reset(self) -> None:
+        """Forget the kept shard: the next pass streams and decodes again."""
+        self._drop()
+        self.cache, self.passes, self.use_cache = [], 0, False
+
     def _drop(self) -> None:
         if self.cache is not None:
             self.budget.give(self.kept)
@@ -207,9 +211,9 @@ class Worker:
         self.timeout = sweep.recovery.stall_timeout_s
         self.device = ray.train.torch.get_device()
         self.baseline = peak_rss()
-        factory = import_callable(sweep.model.factory, sweep.base_dir)
-        self.loader = LeanLoader(lambda: factory(**sweep.model.kwargs).eval(), self.device,
-                                 DTYPES.get(sweep.model.dtype), sweep.checkpoint)
+        self.source = ModelSource(sweep.model, sweep.base_dir)
+        self.loader = self.source.loader(self.device, sweep.checkpoint)
+        self.uses_text = any(tasks.get(ev.spec.task).uses_text for ev in plan.evaluations)
         budget = Budget(cache_budget_bytes())
         self.shards = {}
         self.metrics = {}
@@ -221,6 +225,7 @@ class Worker:
         self.store = ResultStore(sweep.output) if self.rank == 0 else None
         self.cache_dir = os.path.join(tempfile.gettempdir(), "rayeval-checkpoints")
         self.index_of = {c.key: i for i, c in enumerate(plan.cells)}
+        self.tokenizer = None
         self.outcomes: list[CellOutcome] = []
         self.details: dict[str, str | None] = {}     # cell key -> this rank's user traceback
 
@@ -262,9 +267,12 @@ class Worker:
         rank failed to load the checkpoint."""
         error = model = raw = None
         try:
-            model, raw = self.loader.load(fetch(ref.location, self.cache_dir, fingerprint))
+            local = fetch(ref.location, self.cache_dir, fingerprint)
+            model, raw = self.loader.load(local)
+            if self.uses_text:
+                self.use_tokenizer(self.source.tokenizer(local, model))
             self.progress.loaded(ref.location)
-        except CheckpointError as e:
+        except (CheckpointError, SpecError) as e:
             error = e.message
             self.progress.cell_error(ref.location, error)   # before the reduce: rank 0 reads it
         where = f"the load of {ref.location}"
@@ -278,6 +286,16 @@ class Worker:
             return None, None, error or self.progress.error_of(ref.location) or (
                 f"{ref.location}: could not be loaded on another worker; see the worker logs")
         return model, raw, None
+
+    def use_tokenizer(self, tokenizer) -> None:
+        """Decode the text evaluations with this checkpoint's tokenizer; a shard kept from
+        another tokenizer is decoded again (checkpoints that share one share the shard)."""
+        self.tokenizer = tokenizer
+        for ev in self.plan.evaluations:
+            if tasks.get(ev.spec.task).uses_text:
+                shard = self.shards[ev.name]
+                if shard.decode.use(tokenizer):
+                    shard.reset()
 
     def evaluate_cell(self, model, cell: Cell, step, layout, start: float
                       ) -> CellOutcome | None:
@@ -311,7 +329,8 @@ class Worker:
         the shard: every rank must finish every pass over its split), and whether the driver
         asked to stop (then the pass ends at once: the group is winding down)."""
         p = Pass(model, self.metrics[ev.name], ev.output_size, self.device,
-                 ev.spec.task, ev.spec.bootstrap.k, ev.spec.dataset)
+                 ev.spec.task, ev.spec.bootstrap.k, ev.spec.dataset, text=self.tokenizer,
+                 generation=ev.spec.generation, batch=ev.spec.batch_size)
         index = self.index_of[cell.key]
         rows, error, stopped = 0, None, False
         for batch in self.shards[ev.name]:

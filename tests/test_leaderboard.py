@@ -491,4 +491,4 @@ def test_language_modeling_boards_say_how_many_tokens_were_scored():
            "num_samples": 120, "num_tokens": 3456, "world_size": 1, "created_at": None,
            "higher_is_better": False, "cell": "k", "bootstrap": None, "replicates": None,
            "matrix": None}
-    assert build_board([row]).notes == ["docs: 120 sequence(s), 3,456 scored token(s)"]
+    assert build_board([row]).notes == ["docs: 120 row(s), 3,456 scored token(s)"]

@@ -2,6 +2,7 @@
 formula), on data with ties, empty classes and a single class."""
 
 import math
+import os
 
 import numpy as np
 import pytest
@@ -193,6 +194,9 @@ def test_every_registered_metric_is_tested_here():
     import inspect
 
     source = inspect.getsource(inspect.getmodule(test_every_registered_metric_is_tested_here))
+    # The text tasks' metrics have their reference in lm-evaluation-harness, not here.
+    with open(os.path.join(os.path.dirname(__file__), "test_text_tasks.py")) as f:
+        source += f.read()
     for task, registry in REGISTRY.items():
         for name in registry:
             assert f'"{name}"' in source, (task, name)

@@ -1,4 +1,5 @@
-"""Tasks as types: what a kind of evaluation needs from its data and its model.
+"""The task base class and the tasks whose rows are tensors: classification, regression and
+language modeling over token ids.
 
 A task owns everything that used to be tested by string across the code base: the columns it
 needs and their checks, turning a pyarrow batch into tensors, row ids for the bootstrap, the
@@ -20,10 +21,10 @@ import pyarrow.compute as pc
 import pyarrow.dataset as pads
 import torch
 
-from . import data, stats
-from .config import DatasetSpec
-from .errors import DataError, ModelError, traceback_of
-from .metrics import IGNORE, REGISTRY
+from .. import data, stats
+from ..config import DatasetSpec
+from ..errors import CheckpointError, DataError, ModelError, traceback_of
+from ..metrics import IGNORE, REGISTRY
 
 Inputs = Any      # a tensor, or a mapping of keyword name -> tensor
 TOKENS = "_tokens"  # the state of scored target tokens that an LM pass keeps (evaluate.Accumulator)
@@ -36,6 +37,9 @@ class Task:
     needs: ClassVar[str] = ""            # what the model must return, for messages
     counts_tokens: ClassVar[bool] = False  # a pass keeps the TOKENS state (see scored_units)
     needs_target: ClassVar[bool] = True  # dataset.target is required
+    needs_inputs: ClassVar[bool] = True  # dataset.inputs is required (without a transform)
+    uses_text: ClassVar[bool] = False    # rows are text: a tokenizer turns them into tokens
+    generates: ClassVar[bool] = False    # the evaluation's generation: key applies
 
     @property
     def metrics(self) -> dict:
@@ -65,8 +69,9 @@ class Task:
     # --- a batch ---------------------------------------------------------------------------
 
     def decode(self, table, spec: DatasetSpec, shapes: Mapping[str, tuple[int, ...]],
-               transform=None) -> tuple[Inputs, torch.Tensor]:
-        """One batch as the model's inputs and the targets."""
+               transform=None, decoder=None) -> tuple[Inputs, torch.Tensor]:
+        """One batch as the model's inputs and the targets (``decoder``: the
+        ``evaluate.Decoder`` calling, whose tokenizer the text tasks use)."""
         return self.inputs(table, spec, shapes, transform), self.targets(table, spec)
 
     def targets(self, table, spec: DatasetSpec) -> torch.Tensor:
@@ -93,6 +98,36 @@ class Task:
         return stats.content_ids(_words(x), y)
 
     # --- the model -------------------------------------------------------------------------
+
+    def score(self, model: torch.nn.Module, x: Inputs, y: torch.Tensor, run
+              ) -> tuple[torch.Tensor, torch.Tensor]:
+        """One batch through the model: (outputs, targets) in the shapes the task's metrics
+        take. ``run`` is the pass (``evaluate.Pass``): device, dtype, output size, spec."""
+        self.check_targets(y, run.size, run.spec)
+        x = move(x, run.device, run.dtype)
+        y = y.to(run.device, non_blocking=True)
+        if y.shape[0] == 1:
+            # A one-row batch takes a matrix-vector kernel whose rounding differs from the
+            # matrix-matrix one; run two copies so a row's outputs do not depend on where the
+            # shard boundaries fell (and published numbers on the world size).
+            out = call_model(model, repeat(x))
+            out = out[:1] if isinstance(out, torch.Tensor) else out
+        else:
+            out = call_model(model, x)
+        if not isinstance(out, torch.Tensor):
+            raise self.wrong_output(out)
+        if not bool(torch.isfinite(out).all()):     # inputs are checked finite when decoded
+            raise CheckpointError("the model produced NaN or infinite outputs with this "
+                                  "checkpoint")
+        return self.align(out, y)
+
+    def probe_input(self, x: Inputs) -> Inputs:
+        """What the driver's probe feeds the model, from a decoded batch of a few rows."""
+        return x
+
+    def scored_tokens(self, outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """The tokens a batch scored (tasks that count them, ``counts_tokens``)."""
+        return (targets != IGNORE).sum()
 
     def output_size(self, out: torch.Tensor) -> int:
         """Classes, vocabulary or 1, from one output; ModelError if it does not fit."""
@@ -210,7 +245,7 @@ class LanguageModeling(Task):
     def input_shapes(self, ds, spec):
         return {}
 
-    def decode(self, table, spec, shapes, transform=None):
+    def decode(self, table, spec, shapes, transform=None, decoder=None):
         return self._tokens(table, spec)
 
     def _tokens(self, table, spec: DatasetSpec) -> tuple[torch.Tensor, torch.Tensor]:
@@ -267,13 +302,6 @@ class LanguageModeling(Task):
 
     def scored_units(self, states):
         return int(states[TOKENS])
-
-
-TASKS: dict[str, Task] = {t.name: t for t in (Classification(), Regression(), LanguageModeling())}
-
-
-def get(name: str) -> Task:
-    return TASKS[name]
 
 
 def logits_of(out: Any) -> Any:
