@@ -246,19 +246,41 @@ class Pass:
         self.device = device
         self.dtype = float_dtype(model)
         self.acc = Accumulator(metrics, size, buckets, device, self.task.counts_tokens)
+        self.pending: list = []            # batches a task that batches by length holds back
+        self.pending_rows = 0
 
     @property
     def states(self) -> dict[str, torch.Tensor]:
+        """The states of the rows scored so far (``finish`` scores any held back)."""
         return self.acc.states
 
-    @torch.inference_mode()
     def update(self, x: tasks.Inputs, y: torch.Tensor, buckets: torch.Tensor | None = None
                ) -> None:
         if y.shape[0] == 0:
             return
-        out, y = self.task.score(self.model, x, y, self)
         if buckets is None:
             buckets = torch.zeros(y.shape[0], dtype=torch.int64)
+        if self.task.group_rows:
+            # Text tasks score many batches' requests together, sorted by length: fewer
+            # forward passes padded to a common length.
+            self.pending.append((x, y, buckets))
+            self.pending_rows += y.shape[0]
+            if self.pending_rows >= self.task.group_rows:
+                self.finish()
+            return
+        self._score(x, y, buckets)
+
+    def finish(self) -> None:
+        """Score every batch held back; call it once the pass has seen its last batch."""
+        if not self.pending:
+            return
+        held, self.pending, self.pending_rows = self.pending, [], 0
+        self._score(self.task.join([h[0] for h in held]), torch.cat([h[1] for h in held]),
+                    torch.cat([h[2] for h in held]))
+
+    @torch.inference_mode()
+    def _score(self, x, y, buckets) -> None:
+        out, y = self.task.score(self.model, x, y, self)
         tokens = self.task.scored_tokens(out, y) if self.task.counts_tokens else None
         self.acc.add(out, y, buckets, tokens)
 
@@ -277,6 +299,7 @@ def evaluate(model: torch.nn.Module, batches: Iterable, metrics: list[tuple[str,
     p = Pass(model, metrics, size, device, task, buckets)
     for batch in batches:
         p.update(*batch)
+    p.finish()
     return p.states
 
 

@@ -346,21 +346,29 @@ class Worker:
             x, y, buckets = batch
             if error:
                 continue
-            try:
-                p.update(x, y, buckets)
-            except CheckpointError as e:
-                error = f"{cell.checkpoint.location}: {ev.name}: {e.message}"
-            except RayevalError as e:        # bad data in this evaluation: its cells only
-                error = f"{ev.name}: {e.message}"
-                self.details[cell.key] = e.detail
-            except Exception as e:           # noqa: BLE001 - the user's model on these rows
-                error = (f"{cell.checkpoint.location}: {ev.name}: the model failed on a batch: "
-                         f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
-                self.details[cell.key] = traceback_of(e)
+            error = self.scored(p.update, (x, y, buckets), cell, ev)
             rows += len(buckets)
             self.progress.rows(index, rows)
+        if not error and not stopped:
+            error = self.scored(p.finish, (), cell, ev)
         self.progress.rows(index, rows, force=True)
         return dict(p.states), error, stopped
+
+    def scored(self, step, args, cell: Cell, ev: Evaluation) -> str | None:
+        """Run one scoring step of a pass; the message of the error that fails the cell (with
+        the user's traceback kept for --debug), or None."""
+        try:
+            step(*args)
+        except CheckpointError as e:
+            return f"{cell.checkpoint.location}: {ev.name}: {e.message}"
+        except RayevalError as e:            # bad data in this evaluation: its cells only
+            self.details[cell.key] = e.detail
+            return f"{ev.name}: {e.message}"
+        except Exception as e:               # noqa: BLE001 - the user's model on these rows
+            self.details[cell.key] = traceback_of(e)
+            return (f"{cell.checkpoint.location}: {ev.name}: the model failed on a batch: "
+                    f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
+        return None
 
     def publish(self, cell: Cell, ev: Evaluation, merged, step, layout, start) -> CellOutcome:
         counted = int(merged[ROWS])

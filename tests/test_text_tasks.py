@@ -28,7 +28,7 @@ from support import rayeval_cli  # noqa: E402
 from rayeval import driver  # noqa: E402
 from rayeval.data import read_batches  # noqa: E402
 from rayeval.evaluate import Decoder, Pass, finalize  # noqa: E402
-from rayeval.leaderboard import latest_rows  # noqa: E402
+from rayeval.boards import latest_rows  # noqa: E402
 from rayeval.metrics import build_all  # noqa: E402
 from rayeval.model import ModelSource  # noqa: E402
 from rayeval.spec import load_sweep  # noqa: E402
@@ -92,6 +92,7 @@ def reference(sweep_path: str) -> dict:
                 for i, row_id in enumerate(table.column("id").to_pylist()):
                     items[row_id] = scored[i]
                 p.update(x, y, buckets)
+            p.finish()
             results = finalize(metrics, p.states, ev.output_size, ev.spec.bootstrap)
             out[ref.location][ev.name] = (items, results, int(p.states["_tokens"])
                                           if "_tokens" in p.states else None)

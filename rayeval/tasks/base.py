@@ -40,6 +40,7 @@ class Task:
     needs_inputs: ClassVar[bool] = True  # dataset.inputs is required (without a transform)
     uses_text: ClassVar[bool] = False    # rows are text: a tokenizer turns them into tokens
     generates: ClassVar[bool] = False    # the evaluation's generation: key applies
+    group_rows: ClassVar[int] = 0        # >0: a pass scores up to this many rows at once
 
     @property
     def metrics(self) -> dict:
@@ -120,6 +121,10 @@ class Task:
             raise CheckpointError("the model produced NaN or infinite outputs with this "
                                   "checkpoint")
         return self.align(out, y)
+
+    def join(self, xs: list) -> Inputs:
+        """Several decoded batches' inputs as one (tasks with ``group_rows``)."""
+        raise NotImplementedError
 
     def probe_input(self, x: Inputs) -> Inputs:
         """What the driver's probe feeds the model, from a decoded batch of a few rows."""

@@ -64,6 +64,7 @@ class _TextTask(Task):
     needs = "logits of shape (batch, positions, vocab): a causal language model"
     needs_inputs = False
     uses_text = True
+    group_rows = 1024        # items scored together: their requests are batched by length
     reads: ClassVar[tuple[str, ...]] = ()      # the dataset keys of its text columns
 
     def spec_problem(self, spec: DatasetSpec):
@@ -112,6 +113,10 @@ class _TextTask(Task):
         columns = [getattr(spec, k) for k in self.reads] + ([spec.target] if spec.target else [])
         values = [data.column_array(table, c).to_pylist() for c in columns]
         return torch.tensor([_content_id(row) for row in zip(*values)], dtype=torch.int64)
+
+    def join(self, xs: list[TextBatch]) -> TextBatch:
+        return TextBatch([r for x in xs for r in x.rows], [e for x in xs for e in x.extra],
+                         sum(x.nbytes for x in xs))
 
     def probe_input(self, x: TextBatch) -> torch.Tensor:
         return torch.tensor([self.first_tokens(x)[:16]], dtype=torch.int64)
