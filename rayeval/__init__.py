@@ -1,3 +1,44 @@
-"""rayeval: evaluate many PyTorch checkpoints on a Ray cluster and rank them."""
+"""rayeval: evaluate many PyTorch checkpoints on a Ray cluster and rank them.
+
+The public API (see the README's *Python API*)::
+
+    import rayeval
+
+    report = rayeval.run("sweep.yaml")          # evaluate a sweep -> RunReport
+    rayeval.results("out").to_pandas()          # newest row per cell -> pyarrow.Table
+    rayeval.leaderboard("out").entries          # ranked -> Board
+
+``import rayeval`` is cheap: it imports neither torch nor Ray. ``RunReport`` and ``Board`` are
+loaded on first use (``RunReport`` lives with the driver, which imports torch).
+"""
 
 __version__ = "0.1.0"
+
+from .api import leaderboard, load_sweep, results, run
+from .config import Sweep
+from .errors import (CheckpointError, DataError, GroupError, MetricError, ModelError,
+                     RayevalError, RunError, SpecError, StoreError)
+
+__all__ = [
+    "__version__",
+    "run", "load_sweep", "results", "leaderboard",
+    "RunReport", "Board", "Sweep",
+    "RayevalError", "SpecError", "DataError", "ModelError", "MetricError", "CheckpointError",
+    "StoreError", "RunError", "GroupError",
+]
+
+_LAZY = {"RunReport": "driver", "Board": "boards"}     # name -> rayeval module holding it
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        import importlib
+
+        value = getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'rayeval' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))

@@ -191,32 +191,16 @@ def main(argv: list[str] | None = None) -> int:
         return signals.exit_code(e)
 
 
-def _say_plan(err: Console):
-    def say(plan) -> None:
-        checkpoints = len({c.checkpoint.location for c in plan.cells + plan.cached}
-                          | {o.checkpoint for o in plan.failed})
-        evals = ", ".join(f"{e.name} ({e.data.num_rows} rows)" for e in plan.evaluations)
-        total = len(plan.cells) + len(plan.cached) + len(plan.failed)
-        failed = f", {len(plan.failed)} failed before any worker" if plan.failed else ""
-        err.print(f"[rayeval] {plan.sweep.name}: {checkpoints} checkpoint(s) x "
-                  f"{len(plan.evaluations)} evaluation(s) [{evals}]: {total} cell(s), "
-                  f"{len(plan.cached)} already in the store{failed}, {len(plan.cells)} to "
-                  "evaluate", markup=False, highlight=False, soft_wrap=True)
-    return say
-
-
 def _run(args, out: Console, err: Console) -> int:
-    from .driver import run_sweep
-    from .progress import make_display
-    from .leaderboard import build_board, latest_rows, render_rich
-    from .spec import load_sweep, with_overrides
+    from . import api
+    from .boards import build_board, latest_rows, render_rich
     from .store import ResultStore
 
-    sweep = with_overrides(load_sweep(args.sweep), workers=args.workers, output=args.output)
-    display = make_display("quiet" if args.quiet else "auto", err)
-    report = run_sweep(sweep, address=args.address, force=args.force, verbose=args.verbose,
-                       display=display, on_plan=None if args.quiet else _say_plan(err))
+    report = api.run(args.sweep, workers=args.workers, output=args.output,
+                     address=args.address, force=args.force, verbose=args.verbose,
+                     progress=False if args.quiet else err)
     plan = report.plan
+    sweep = plan.sweep                      # with --workers / --output applied
     keys = report.cell_keys
     rows = [r for r in latest_rows(ResultStore(sweep.output).read()) if r["cell"] in keys]
     if rows:
@@ -316,31 +300,17 @@ def _jobs(args, out: Console, err: Console) -> int:
 
 
 def _stored_rows(args) -> list[dict]:
-    """The newest stored rows of a STORE argument, filtered by --sweep / --dataset."""
-    import os
+    """The newest stored rows of a STORE argument, filtered by --sweep / --dataset
+    (``rayeval.results``, as dicts)."""
+    from . import api
 
-    from . import paths
-    from .errors import StoreError
-    from .leaderboard import latest_rows
-    from .store import ResultStore
-
-    location = paths.resolve(args.store, os.getcwd())
-    store = ResultStore(location)
-    if paths.is_uri(location):
-        store.check("STORE")
-    if not paths.is_uri(location) and not os.path.isdir(location):
-        raise StoreError(f"STORE: no result store at {args.store!r}; give the output folder of "
-                         "a sweep")
-    rows = latest_rows(store.read())
-    if getattr(args, "sweep", None):
-        rows = [r for r in rows if r["sweep"] == args.sweep]
-    if getattr(args, "dataset", None):
-        rows = [r for r in rows if r["dataset"] == args.dataset]
-    return rows
+    return api._latest(args.store, sweep=getattr(args, "sweep", None) or None,
+                       evaluation=getattr(args, "dataset", None) or None,
+                       what="STORE").to_pylist()
 
 
 def _leaderboard(args, out: Console) -> int:
-    from .leaderboard import (AGGREGATE, aggregates, build_board, columns_of, render_rich,
+    from .boards import (AGGREGATE, aggregates, build_board, columns_of, render_rich,
                               resolve_metric, to_csv, to_html, to_json, to_markdown)
 
     rows = _stored_rows(args)
@@ -380,7 +350,7 @@ def _compare(args, out: Console) -> int:
     from rich.text import Text
 
     from .errors import StoreError
-    from .leaderboard import AGGREGATE, compare, find_checkpoint
+    from .boards import AGGREGATE, compare, find_checkpoint
     from .render import format_value
 
     rows = _stored_rows(args)
@@ -415,7 +385,7 @@ def _confusion(args, out: Console) -> int:
     from rich.text import Text
 
     from .errors import StoreError
-    from .leaderboard import find_checkpoint
+    from .boards import find_checkpoint
 
     rows = [r for r in find_checkpoint(_stored_rows(args), args.checkpoint, "CHECKPOINT")
             if r["matrix"]]

@@ -10,7 +10,7 @@ import os
 import tempfile
 
 from .errors import RayevalError, StoreError
-from .leaderboard import Board, Column
+from .boards import Board, Column
 
 _HINT = "--plot needs matplotlib: pip install matplotlib (or pip install 'rayeval[plot]')"
 

@@ -21,7 +21,7 @@ from PIL import Image
 
 from rayeval.driver import prepare, run_sweep
 from rayeval.errors import RayevalError
-from rayeval.leaderboard import latest_rows
+from rayeval.boards import latest_rows
 from rayeval.spec import load_sweep
 from rayeval.store import ResultStore
 

@@ -12,7 +12,7 @@ from safetensors.torch import save_file
 
 from rayeval.driver import evaluate, prepare, run_sweep
 from rayeval.errors import DataError
-from rayeval.leaderboard import latest_rows
+from rayeval.boards import latest_rows
 from rayeval.spec import load_sweep
 from rayeval.store import ResultStore
 from support import (build_model, make_data, reference_metrics, write_model_module,

@@ -11,7 +11,7 @@ import pytest
 
 from rayeval import paths
 from rayeval.driver import run_sweep
-from rayeval.leaderboard import latest_rows
+from rayeval.boards import latest_rows
 from rayeval.spec import load_sweep, with_overrides
 from rayeval.store import ResultStore
 from s3server import CREDENTIALS, FlakyProxy, MotoServer

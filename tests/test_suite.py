@@ -12,7 +12,7 @@ import yaml
 
 from rayeval.cli import main
 from rayeval.driver import run_sweep
-from rayeval.leaderboard import latest_rows
+from rayeval.boards import latest_rows
 from rayeval.spec import load_sweep
 from rayeval.store import ResultStore
 from support import build_model, make_data, reference_metrics, write_model_module, write_parquet

@@ -1,0 +1,234 @@
+"""rayeval's public Python API: what ``rayeval run`` and ``rayeval leaderboard`` do, as calls.
+
+    import rayeval
+
+    report = rayeval.run("configs/digits/sweep.yaml", workers=2)   # -> RunReport
+    table = rayeval.results(report.plan.sweep.output)               # -> pyarrow.Table
+    board = rayeval.leaderboard(report.plan.sweep.output)           # -> Board
+
+Bad input raises a :class:`rayeval.RayevalError` subclass (``SpecError``, ``DataError``,
+``ModelError``, ``StoreError``, ...; the tree is drawn in ``rayeval.errors``) and prints nothing;
+the command line prints the same error as its one ``error:`` line.
+
+This module is imported by ``import rayeval``: it imports neither torch nor Ray (nor pyarrow) at
+import time; each function imports what it needs when called.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING
+
+from .config import Sweep
+
+if TYPE_CHECKING:                               # types only: importing these pulls in torch
+    import pyarrow as pa
+    from rich.console import Console
+
+    from .driver import RunReport
+    from .boards import Board
+    from .plan import Plan
+
+__all__ = ["run", "load_sweep", "results", "leaderboard"]
+
+
+def load_sweep(path: str | os.PathLike) -> Sweep:
+    """Read and validate a sweep file (YAML).
+
+    Returns the frozen, typed :class:`rayeval.Sweep`; relative paths in the file are resolved
+    from the file's own folder. Raises :class:`rayeval.SpecError` naming the file and the key
+    path at fault (a missing file, invalid YAML, an unknown, missing or mistyped key, a bad
+    value). Nothing is evaluated, no data is read and no Ray is started.
+    """
+    from .spec import load_sweep as _load
+
+    return _load(os.fspath(path))
+
+
+def run(sweep: Sweep | str | os.PathLike, *, workers: int | None = None,
+        output: str | os.PathLike | None = None, address: str | None = None,
+        force: bool = False, verbose: bool = False,
+        progress: bool | Console = False) -> RunReport:
+    """Evaluate every cell (checkpoint x evaluation) of a sweep that its result store does not
+    hold yet, in one Ray Train run: what ``rayeval run`` does, without printing the board.
+
+    ``sweep``: a :class:`rayeval.Sweep` or the path of a sweep file (read with
+    :func:`load_sweep`). ``workers`` and ``output`` override the sweep's (a relative ``output``
+    is taken from the current folder, as ``--output`` is). ``address``: a running Ray cluster
+    (``"auto"``, ``"HOST:6379"``); without it, Ray is started in this process with more logical
+    CPUs than workers and shut down when the run ends. If this process is already connected to
+    Ray (``ray.init()`` was called), that Ray is used and left running. ``force``: evaluate
+    again the cells the store already holds. ``verbose``: show Ray's and the workers' logs.
+    ``progress``: False (default) shows nothing; True shows, on stderr, the plan line and the
+    progress display of ``rayeval run`` (a live bar on a terminal, a line every 10 s
+    otherwise); a ``rich.console.Console`` takes the plan line, and the bar when it is a
+    terminal (otherwise the progress lines go to stderr).
+
+    Returns a ``RunReport``: ``outcomes`` (one ``CellOutcome`` per cell evaluated or failed in
+    this run, in checkpoint order: ``.ok``, ``.checkpoint``, ``.evaluation``, ``.step``,
+    ``.values``, ``.error``), ``failures`` (the outcomes that failed), ``seconds``, ``nodes``
+    (Ray nodes the workers ran on) and ``plan`` (``.sweep`` as run, ``.cells`` evaluated,
+    ``.cached`` already in the store). Read the numbers with :func:`results` or
+    :func:`leaderboard` on ``report.plan.sweep.output``.
+
+    A checkpoint that cannot be loaded is not an exception: its cells fail on their own and are
+    listed in ``report.failures``; the other cells are evaluated and stored.
+
+    Raises (never prints): :class:`rayeval.SpecError` for a bad sweep file or override,
+    ``DataError``, ``ModelError``, ``MetricError``, ``StoreError`` for data, a model factory,
+    a metric or a result store that cannot be used (all found before Ray starts), and
+    ``RunError`` when the run fails as a whole (Ray cannot be reached, the worker group's
+    restarts are spent); all are :class:`rayeval.RayevalError`. ``TypeError`` when ``sweep`` is
+    neither a Sweep nor a path. SIGINT (Ctrl-C) or SIGTERM during the run stops the workers at
+    their next sync point, shuts down the Ray this call started and raises
+    ``KeyboardInterrupt``; every cell already stored is complete. The process's SIGINT and
+    SIGTERM handlers are restored when the call returns.
+    """
+    from .driver import run_sweep
+    from .spec import with_overrides
+
+    if isinstance(sweep, (str, os.PathLike)):
+        sweep = load_sweep(sweep)
+    elif not isinstance(sweep, Sweep):
+        raise TypeError(f"sweep: expected a rayeval.Sweep or the path of a sweep file, got "
+                        f"{type(sweep).__name__}")
+    sweep = with_overrides(sweep, workers=workers,
+                           output=None if output is None else os.fspath(output))
+    display, on_plan = _progress(progress)
+    saved = _signal_handlers()
+    try:
+        return run_sweep(sweep, address=address, force=force, verbose=verbose,
+                         display=display, on_plan=on_plan)
+    finally:
+        _restore_signal_handlers(saved)
+
+
+def results(store: str | os.PathLike, *, sweep: str | None = None,
+            evaluation: str | None = None) -> pa.Table:
+    """The newest stored row of every (sweep, checkpoint, evaluation, metric) in a result store.
+
+    ``store``: a sweep's ``output``, a local folder (relative to the current folder) or an
+    ``s3://bucket/prefix``-style URI. ``sweep`` and ``evaluation`` keep only that sweep's rows
+    and only that evaluation's (the store's ``dataset`` column).
+
+    Returns a ``pyarrow.Table`` with the store's schema (``rayeval.store.SCHEMA``; its columns
+    are listed in the README's *The result store*), in store order, with no rows when nothing
+    matches; ``.to_pandas()`` gives a DataFrame when pandas is installed, ``.to_pylist()``
+    dicts. When a metric of a checkpoint was stored by several cells (the checkpoint rewritten
+    in place, a newer version of rayeval's metric code), only the newest row is kept.
+
+    Raises :class:`rayeval.StoreError` when there is no store there (a local folder that does
+    not exist, a missing bucket, denied access) or it cannot be read.
+    """
+    return _latest(store, sweep=sweep, evaluation=evaluation, what="store")
+
+
+def leaderboard(store: str | os.PathLike, *, metric: str | None = None,
+                sweep: str | None = None, evaluation: str | None = None) -> Board:
+    """The board ``rayeval leaderboard`` shows, as data: one entry per (sweep, checkpoint),
+    ranked, from the newest stored rows (:func:`results`, with the same ``store``, ``sweep``
+    and ``evaluation`` filters).
+
+    ``metric``: the column to rank by: ``EVAL/METRIC``, a bare ``METRIC`` stored for one
+    evaluation only, or ``aggregate``; default: the aggregate (the mean of each evaluation's
+    first metric, lower-is-better ones negated) with several evaluations, else the first metric.
+
+    Returns a ``Board`` (``rayeval.boards.Board``): ``entries`` in rank order, each with
+    ``rank``, ``sweep``, ``checkpoint``, ``step``, ``best``, ``value(column)``, ``rows[column]``
+    (the stored row, or the aggregate's, with ``value``, ``ci_low``, ``ci_high``) and
+    ``marks[column]`` (``"*"`` the best, ``"~"`` not distinguishable from it); ``columns``
+    (``.name``, ``.evaluation``, ``.metric``, ``.higher_is_better``; ``metrics``, their names),
+    ``rank_by``, ``higher_is_better``, ``evaluations``, ``averaged`` (the columns the aggregate
+    averages) and ``notes`` (the warnings shown under the table). ``rayeval.render`` turns it
+    into the command's outputs (``to_csv``, ``to_markdown``, ``to_html``, ``render_rich``).
+
+    Raises :class:`rayeval.StoreError` as :func:`results` does, when the rows hold nothing to
+    rank, and when ``metric`` names no column (the message lists the choices).
+    """
+    from .boards import build_board
+
+    rows = results(store, sweep=sweep, evaluation=evaluation).to_pylist()
+    return build_board(rows, metric)
+
+
+# --- shared with the command line ----------------------------------------------------------
+
+def _latest(store: str | os.PathLike, *, sweep: str | None, evaluation: str | None,
+            what: str) -> pa.Table:
+    """:func:`results`, with ``what`` naming the store in errors (the CLI's ``STORE``)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    from . import paths
+    from .errors import StoreError
+    from .boards import latest_rows
+    from .store import ResultStore
+
+    given = os.fspath(store)
+    location = paths.resolve(given, os.getcwd())
+    opened = ResultStore(location)
+    if paths.is_uri(location):
+        opened.check(what)
+    elif not os.path.isdir(location):
+        raise StoreError(f"{what}: no result store at {given!r}; give the output folder of "
+                         "a sweep")
+    table = opened.read()
+    for column, value in (("sweep", sweep), ("dataset", evaluation)):
+        if value is not None:
+            table = table.filter(pc.equal(table[column], value))
+    # The newest row per key, chosen by latest_rows itself, on the key columns alone: the
+    # wide columns (replicates, matrices) are taken by index, never converted to Python.
+    keys = table.select(["sweep", "checkpoint", "dataset", "metric", "created_at"])
+    keys = keys.append_column("_index", pa.array(range(table.num_rows), pa.int64()))
+    return table.take(pa.array([r["_index"] for r in latest_rows(keys)], pa.int64()))
+
+
+def _progress(progress):
+    """The display and the plan callback for ``run``'s ``progress`` argument."""
+    if progress is False or progress is None:
+        return None, None
+    from rich.console import Console
+
+    from .progress import make_display
+
+    if progress is not True and not isinstance(progress, Console):
+        raise TypeError(f"progress: expected a bool or a rich Console, got "
+                        f"{type(progress).__name__}")
+    console = progress if isinstance(progress, Console) else \
+        Console(stderr=True, highlight=False)
+
+    def say(plan: Plan) -> None:
+        console.print(_plan_line(plan), markup=False, highlight=False, soft_wrap=True)
+
+    return make_display("auto", console), say
+
+
+def _plan_line(plan: Plan) -> str:
+    """The line that says what a run will do, before it starts: checkpoints, evaluations,
+    cells, how many the store holds and how many are left."""
+    checkpoints = len({c.checkpoint.location for c in plan.cells + plan.cached}
+                      | {o.checkpoint for o in plan.failed})
+    evals = ", ".join(f"{e.name} ({e.data.num_rows} rows)" for e in plan.evaluations)
+    total = len(plan.cells) + len(plan.cached) + len(plan.failed)
+    failed = f", {len(plan.failed)} failed before any worker" if plan.failed else ""
+    return (f"[rayeval] {plan.sweep.name}: {checkpoints} checkpoint(s) x "
+            f"{len(plan.evaluations)} evaluation(s) [{evals}]: {total} cell(s), "
+            f"{len(plan.cached)} already in the store{failed}, {len(plan.cells)} to evaluate")
+
+
+def _signal_handlers() -> dict:
+    """SIGINT's and SIGTERM's handlers (the run installs rayeval's once Ray is up)."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return {}
+    return {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+
+
+def _restore_signal_handlers(saved: dict) -> None:
+    import signal
+
+    for signum, handler in saved.items():
+        if handler is not None:            # None: set outside Python, cannot be put back
+            signal.signal(signum, handler)
