@@ -83,7 +83,7 @@ def run(sweep_path: str, *, use_gpu: bool, workers: int, output: str) -> dict:
     import ray
 
     from rayeval.driver import run_sweep
-    from rayeval.leaderboard import latest_rows
+    from rayeval.boards import latest_rows
     from rayeval.spec import load_sweep, with_overrides
     from rayeval.store import ResultStore
 
