@@ -176,6 +176,26 @@ def test_ray_runs_with_1_and_3_workers_equal_the_harness(example, checkpoints, h
                 assert r[k] == pytest.approx(one[k], rel=1e-6)
 
 
+def test_a_factory_returning_a_transformers_model_scores_the_same(example, tmp_path):
+    """model.factory + model.tokenizer instead of the folders' config: the same numbers."""
+    ex = _copy(example, tmp_path)
+    first = sorted((ex / "ckpts").iterdir())[0]
+    (ex / "lm_models.py").write_text(
+        "import transformers\n\n"
+        "def gpt2(folder):\n"
+        "    return transformers.AutoModelForCausalLM.from_config(\n"
+        "        transformers.AutoConfig.from_pretrained(folder))\n")
+    _edit_sweep(ex, lambda raw: raw.update(model={
+        "factory": "lm_models:gpt2", "kwargs": {"folder": str(first)},
+        "tokenizer": str(first)}))
+    by_factory = reference(str(ex / "sweep.yaml"))
+    by_folder = reference(str(example / "sweep.yaml"))
+    for (_, evals), (_, theirs) in zip(sorted(by_factory.items()), sorted(by_folder.items())):
+        for name, (_, results, _) in evals.items():
+            for metric, r in results.items():
+                assert r.value == pytest.approx(theirs[name][1][metric].value, rel=1e-9)
+
+
 # --- bad input: one line, before Ray, nothing written ---------------------------------------
 
 def _copy(example, tmp_path):
