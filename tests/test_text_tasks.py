@@ -180,13 +180,13 @@ def test_a_factory_returning_a_transformers_model_scores_the_same(example, tmp_p
     """model.factory + model.tokenizer instead of the folders' config: the same numbers."""
     ex = _copy(example, tmp_path)
     first = sorted((ex / "ckpts").iterdir())[0]
-    (ex / "lm_models.py").write_text(
+    (ex / "hf_factory.py").write_text(
         "import transformers\n\n"
         "def gpt2(folder):\n"
         "    return transformers.AutoModelForCausalLM.from_config(\n"
         "        transformers.AutoConfig.from_pretrained(folder))\n")
     _edit_sweep(ex, lambda raw: raw.update(model={
-        "factory": "lm_models:gpt2", "kwargs": {"folder": str(first)},
+        "factory": "hf_factory:gpt2", "kwargs": {"folder": str(first)},
         "tokenizer": str(first)}))
     by_factory = reference(str(ex / "sweep.yaml"))
     by_folder = reference(str(example / "sweep.yaml"))
