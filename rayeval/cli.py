@@ -43,6 +43,13 @@ def _parser() -> argparse.ArgumentParser:
                    help="seconds between looks at the checkpoint globs (default 30)")
     w.add_argument("--settle", type=float, metavar="S",
                    help="a checkpoint is ready once unchanged this long (default: --interval)")
+    w.add_argument("--ready", metavar="NAME",
+                   help="a checkpoint is ready once the trainer writes this marker: a name "
+                        "(COMPLETE) inside a checkpoint folder, or a pattern (*.done) beside "
+                        "it; overrides the sweep's watch.ready")
+    w.add_argument("--order", choices=("oldest", "newest", "bisect"),
+                   help="which ready checkpoints go first (default: the sweep's watch.order, "
+                        "else oldest); bisect: first, last, middle, then finer")
     w.add_argument("--workers", type=int, help="Ray Train workers (overrides the sweep)")
     w.add_argument("--output", metavar="URI", help="result store (overrides the sweep)")
     w.add_argument("--address", metavar="ADDR", help="an existing Ray cluster")
@@ -224,12 +231,16 @@ def _run(args, out: Console, err: Console) -> int:
 def _watch(args, out: Console, err: Console) -> int:
     from .errors import SpecError
     from .progress import make_display
-    from .spec import load_sweep, with_overrides
+    from .spec import load_sweep, watch_spec, with_overrides
     from .watch import watch
 
     if args.interval <= 0 or (args.settle is not None and args.settle < 0):
         raise SpecError("--interval must be above 0 and --settle at least 0 seconds")
     sweep = with_overrides(load_sweep(args.sweep), workers=args.workers, output=args.output)
+    given = {k: v for k, v in (("ready", args.ready), ("order", args.order)) if v is not None}
+    if given:
+        sweep = sweep.replace(watch=watch_spec(given, source="rayeval watch", base=sweep.watch,
+                                               prefix="--"))
     mode = "quiet" if args.quiet else "auto"
 
     def say(text: str) -> None:

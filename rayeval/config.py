@@ -123,6 +123,16 @@ class EvalSpec:
     key_path: str = "evals[0]"
 
 
+WATCH_ORDERS = ("oldest", "newest", "bisect")
+
+
+@dataclass(frozen=True)
+class WatchSpec:
+    """The sweep's ``watch:`` section, read by ``rayeval watch``."""
+    ready: str | None = None             # a marker: "COMPLETE" inside a folder, "*.done" beside
+    order: str = "oldest"                # which ready checkpoints go first: see WATCH_ORDERS
+
+
 @dataclass(frozen=True)
 class Recovery:
     max_restarts: int = 3                # worker-group restarts after a worker dies or stalls
@@ -143,6 +153,7 @@ class Sweep:
     checkpoint: CheckpointSpec = CheckpointSpec()
     recovery: Recovery = Recovery()
     resources_per_worker: tuple[tuple[str, float], ...] = ()   # Ray resources each worker holds
+    watch: WatchSpec = WatchSpec()
 
     def evaluation(self, name: str) -> EvalSpec:
         return next(e for e in self.evals if e.name == name)

@@ -12,8 +12,8 @@ from typing import Any
 import yaml
 
 from . import paths
-from .config import (DTYPE_NAMES, Bootstrap, CheckpointSpec, DatasetSpec, EvalSpec,
-                     Generation, ModelSpec, Recovery, Sweep)
+from .config import (DTYPE_NAMES, WATCH_ORDERS, Bootstrap, CheckpointSpec, DatasetSpec,
+                     EvalSpec, Generation, ModelSpec, Recovery, Sweep, WatchSpec)
 from .errors import SpecError
 from .metrics import parse_metric
 from .tasks import TASKS
@@ -21,7 +21,7 @@ from .tasks import TASKS
 
 SWEEP_KEYS = {
     "name", "model", "checkpoints", "batch_size", "workers", "use_gpu", "output", "bootstrap",
-    "checkpoint", "recovery", "resources_per_worker",
+    "checkpoint", "recovery", "resources_per_worker", "watch",
 }
 SINGLE_FORM_KEYS = {"dataset", "task", "metrics", "generation"}   # the one-evaluation form
 EVAL_KEYS = {"name", "task", "dataset", "metrics", "batch_size", "bootstrap", "generation"}
@@ -108,6 +108,7 @@ def parse_sweep(raw: Any, *, base_dir: str, source: str = "<sweep>") -> Sweep:
         output=paths.resolve(r.string(top, "output", required=True), base_dir),
         base_dir=base_dir, source=source, checkpoint=_checkpoint(r, top),
         recovery=_recovery(r, top), resources_per_worker=_resources(r, top, use_gpu),
+        watch=watch_spec(r.get(top, "watch", default={}), source=source),
     )
 
 
@@ -295,6 +296,24 @@ def _resources(r: "_Reader", top: dict, use_gpu: bool) -> tuple[tuple[str, float
     if use_gpu and raw.get("GPU", 1) == 0:
         r.fail("resources_per_worker", "GPU: 0 with use_gpu: true; give each worker a GPU")
     return tuple(sorted((k, float(v)) for k, v in raw.items()))
+
+
+def watch_spec(raw: Any, *, source: str = "<sweep>", base: WatchSpec = WatchSpec(),
+               prefix: str = "watch.") -> WatchSpec:
+    """The ``watch:`` mapping (or the CLI's ``--ready``/``--order`` over ``base``, with
+    ``prefix="--"``): keys left out come from ``base``."""
+    r = _Reader(source)
+    m = r.mapping(raw, prefix.rstrip("."), {"ready", "order"}) if prefix == "watch." else raw
+    ready = m.get("ready", base.ready)
+    if ready is not None and (not isinstance(ready, str) or not ready.strip() or "/" in ready
+                              or ready.count("*") > 1):
+        r.fail(f"{prefix}ready", f"expected a file name (COMPLETE: inside a checkpoint folder) "
+                                 f"or a pattern with one * for the checkpoint's name (*.done: "
+                                 f"beside it), got {_show(ready)}")
+    order = m.get("order", base.order) or base.order
+    if order not in WATCH_ORDERS:
+        r.fail(f"{prefix}order", f"expected one of {', '.join(WATCH_ORDERS)}, got {_show(order)}")
+    return WatchSpec(ready=ready, order=order)
 
 
 def _recovery(r: "_Reader", top: dict) -> Recovery:

@@ -1,10 +1,14 @@
 """``rayeval watch``: evaluate checkpoints as a training run writes them.
 
 Every ``interval`` seconds the sweep's globs are expanded again. A checkpoint is ready once its
-fingerprint (sizes and modification times of its files) has not changed for ``settle`` seconds;
-names still being written (hidden, ``.tmp``, ``.partial``, ...) are not even looked at. The cells
-of ready checkpoints (x every evaluation) the store does not hold are evaluated in one
-``TorchTrainer.fit()`` per poll, on a Ray that stays up between polls. A checkpoint that fails is not tried again until it changes.
+fingerprint (sizes and modification times of its files) has not changed for ``settle`` seconds
+or, with a ``watch.ready`` marker, as soon as the trainer wrote the marker (``COMPLETE`` inside
+a checkpoint folder, ``*.done`` beside a checkpoint: ``step_100.pt.done``); names still being
+written (hidden, ``.tmp``, ``.partial``, ...) are not even looked at. The cells of ready
+checkpoints (x every evaluation) the store does not hold are evaluated in one
+``TorchTrainer.fit()`` per poll, in ``watch.order`` (oldest first, newest first, or coarse to
+fine), on a Ray that stays up between polls. A checkpoint that fails is not tried again until it
+changes.
 """
 
 from __future__ import annotations
@@ -14,9 +18,11 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-from . import driver, signals
+import fnmatch
+
+from . import driver, paths, signals
 from .checkpoints import CheckpointRef, expand_checkpoints
-from .config import Sweep
+from .config import Sweep, WatchSpec
 from .errors import RunError
 from .plan import checkpoint_fingerprint
 
@@ -43,6 +49,77 @@ class Settling:
         return out
 
 
+class Marked:
+    """Which checkpoints the trainer marked complete (``watch.ready``): ready at once, however
+    recently they changed."""
+
+    def __init__(self, ready: str):
+        self.ready = ready
+        self.warned: set[str] = set()
+
+    def marker(self, location: str) -> str:
+        """``*.done``: the checkpoint's name in the pattern, beside it; ``COMPLETE``: inside
+        the checkpoint folder."""
+        location = location.rstrip("/")
+        if "*" in self.ready:
+            parent, _, name = location.rpartition("/")
+            return f"{parent}/{self.ready.replace('*', name)}"
+        return f"{location}/{self.ready}"
+
+    def is_marker(self, location: str) -> bool:
+        """A marker file a checkpoint glob matched (``ckpts/*`` matches ``step_1.pt.done``)."""
+        return "*" in self.ready and fnmatch.fnmatchcase(location.rstrip("/").rsplit("/", 1)[-1],
+                                                         self.ready)
+
+    def select(self, refs: list[CheckpointRef], say) -> list[tuple[CheckpointRef, str]]:
+        out = []
+        for ref in refs:
+            if "*" not in self.ready and not paths.is_dir(ref.location):
+                if ref.location not in self.warned:
+                    self.warned.add(ref.location)
+                    say(f"[rayeval] {ref.location} is a file: watch.ready {self.ready!r} names "
+                        "a file inside a checkpoint folder; for files use a pattern such as "
+                        "'*.done'")
+                continue
+            if not _exists(self.marker(ref.location)):
+                continue
+            try:
+                out.append((ref, checkpoint_fingerprint(ref.location)))
+            except OSError:
+                continue
+        return out
+
+
+def _exists(location: str) -> bool:
+    import pyarrow.fs as pafs
+
+    try:
+        fs, path = paths.filesystem(location)
+        return fs.get_file_info(path).type != pafs.FileType.NotFound
+    except OSError:
+        return False
+
+
+def ordered(ready: list[tuple[CheckpointRef, str]], order: str) -> list[tuple[CheckpointRef, str]]:
+    """Ready checkpoints (oldest first, as globs expand) in the order to evaluate them:
+    ``oldest``; ``newest``; ``bisect``, coarse to fine for backfilling a long run: the first,
+    the last, the middle, then the middles of the halves, and so on."""
+    if order == "newest":
+        return ready[::-1]
+    if order != "bisect" or len(ready) < 3:
+        return list(ready)
+    picked = [0, len(ready) - 1]
+    spans = [(0, len(ready) - 1)]
+    while spans:                          # breadth first: each round halves every span
+        lo, hi = spans.pop(0)
+        if hi - lo < 2:
+            continue
+        mid = (lo + hi) // 2
+        picked.append(mid)
+        spans += [(lo, mid), (mid, hi)]
+    return [ready[i] for i in picked]
+
+
 @dataclass
 class WatchState:
     evaluated: int = 0
@@ -55,17 +132,27 @@ def watch(sweep: Sweep, *, interval_s: float, settle_s: float, address: str | No
           say: Callable[[str], None] = print, stop: threading.Event | None = None) -> WatchState:
     """Poll until ``stop`` is set or Ctrl-C (KeyboardInterrupt; SIGTERM is treated alike)."""
     evaluations, store = driver.check_inputs(sweep)
+    spec: WatchSpec = sweep.watch
     settling = Settling(settle_s)
+    marked = Marked(spec.ready) if spec.ready else None
     state = WatchState()
     stop = stop or threading.Event()
     started = False
     signals.install()
+    when = (f"ready once the trainer writes {spec.ready} "
+            + ("beside it" if "*" in spec.ready else "inside it") if marked
+            else f"ready when unchanged for {settle_s:g} s")
     say(f"[rayeval] watching {', '.join(sweep.checkpoints)} every {interval_s:g} s "
-        f"(ready when unchanged for {settle_s:g} s); Ctrl-C stops")
+        f"({when}; {spec.order} first); Ctrl-C stops")
     try:
         while True:
             refs = expand_checkpoints(sweep.checkpoints, allow_empty=True)
-            ready = settling.ready(refs, time.monotonic())
+            if marked:
+                refs = [r for r in refs if not marked.is_marker(r.location)]
+                ready = marked.select(refs, say)
+            else:
+                ready = settling.ready(refs, time.monotonic())
+            ready = ordered(ready, spec.order)
             plan = driver.plan_cells(sweep, evaluations, store, ready=ready,
                                      skip=state.failed | state.known)
             state.known.update(c.key for c in plan.cached)

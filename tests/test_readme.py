@@ -29,13 +29,14 @@ def test_every_sweep_key_is_documented():
     from rayeval.spec import DATASET_KEYS, EVAL_KEYS, SWEEP_KEYS
 
     text = open(os.path.join(REPO, "README.md"), encoding="utf-8").read()
-    sections = {"model", "bootstrap", "checkpoint", "recovery"}
+    sections = {"model", "bootstrap", "checkpoint", "recovery", "watch"}
     keys = sorted(SWEEP_KEYS - sections) + ["evals", "dataset.name"]
     keys += [f"evals[i].{k}" for k in sorted(EVAL_KEYS - {"dataset"})]
     keys += [f"evals[i].dataset.{k}" for k in sorted(DATASET_KEYS)]
     keys += ["model.factory", "model.kwargs", "model.dtype", "checkpoint.key",
              "checkpoint.strip_prefix", "checkpoint.trust_pickle", "bootstrap.replicates",
              "bootstrap.confidence", "bootstrap.seed", "bootstrap.buckets",
-             "recovery.max_restarts", "recovery.stall_timeout_s"]
+             "recovery.max_restarts", "recovery.stall_timeout_s", "model.tokenizer",
+             "model.max_length", "watch.ready", "watch.order"]
     for key in keys:
         assert f"| `{key}` |" in text, key
