@@ -14,6 +14,7 @@ that needs it without it installed fails in one line naming the extra.
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import os
 from dataclasses import dataclass
@@ -210,11 +211,15 @@ class Tokenizer:
         bos = self.tokenizer.bos_token_id
         return bos if bos is not None else self.tokenizer.eos_token_id
 
+    @functools.cached_property
+    def prefix_text(self) -> str:
+        return self.tokenizer.decode([self.prefix_id])
+
     def encode(self, text: str, special: bool | None = None) -> list[int]:
         """The tokenizer's own default for special tokens, except that a string that already
         starts with the BOS text gets none added."""
         kwargs = {} if special is None else {"add_special_tokens": special}
-        if special is None and text.startswith(self.tokenizer.decode([self.prefix_id])):
+        if special is None and text.startswith(self.prefix_text):
             kwargs["add_special_tokens"] = False
         return self.tokenizer.encode(text, **kwargs)
 

@@ -93,24 +93,33 @@ def _ratio(num: torch.Tensor, den: torch.Tensor) -> torch.Tensor:
 
 # --- classification --------------------------------------------------------------------------
 
-class _Classification(Metric):
-    task = "classification"
+class _Hits(Metric):
+    """The share of rows that are right: ``hits(outputs, targets)`` says which, per row."""
     batched_compute = True
-
-
-class Accuracy(_Classification):
-    name = "accuracy"
 
     def init_state(self, c):
         return {"correct": torch.zeros((), dtype=torch.int64),
                 "total": torch.zeros((), dtype=torch.int64)}
 
     def rows(self, outputs, targets):
-        return {"correct": (outputs.argmax(dim=1) == targets).to(torch.int64),
+        return {"correct": self.hits(outputs, targets).to(torch.int64),
                 "total": torch.ones_like(targets, dtype=torch.int64)}
 
     def compute(self, s):
         return _ratio(s["correct"], s["total"])
+
+
+class _Classification(Metric):
+    task = "classification"
+    batched_compute = True
+
+
+class Accuracy(_Hits, _Classification):
+    name = "accuracy"
+
+    @staticmethod
+    def hits(outputs, targets):
+        return outputs.argmax(dim=1) == targets
 
 
 class TopKAccuracy(Accuracy):
@@ -121,11 +130,9 @@ class TopKAccuracy(Accuracy):
     def key(self):
         return f"top{self.k}_accuracy"
 
-    def rows(self, outputs, targets):
+    def hits(self, outputs, targets):
         k = min(self.k, outputs.shape[1])
-        hit = (outputs.topk(k, dim=1).indices == targets.view(-1, 1)).any(dim=1)
-        return {"correct": hit.to(torch.int64),
-                "total": torch.ones_like(targets, dtype=torch.int64)}
+        return (outputs.topk(k, dim=1).indices == targets.view(-1, 1)).any(dim=1)
 
 
 class _RowMean(_Classification):
@@ -419,24 +426,14 @@ class TokenAccuracy(_LanguageModel):
 
 # --- the text tasks of language models (see tasks/text.py for the outputs' layout) -----------
 
-class _MultipleChoice(Metric):
+class _MultipleChoice(_Hits):
     """Outputs (rows, choices, 2): each choice's summed log-likelihood and its length in
     characters (padding choices: -inf); targets: the right choice's index."""
     task = "multiple_choice"
-    batched_compute = True
 
-    def init_state(self, c):
-        return {"correct": torch.zeros((), dtype=torch.int64),
-                "total": torch.zeros((), dtype=torch.int64)}
-
-    def rows(self, outputs, targets):
+    def hits(self, outputs, targets):
         # argmax takes the first of equal values, as numpy's does in the harness
-        picked = self.scores(outputs).argmax(dim=1)
-        return {"correct": (picked == targets).to(torch.int64),
-                "total": torch.ones_like(targets, dtype=torch.int64)}
-
-    def compute(self, s):
-        return _ratio(s["correct"], s["total"])
+        return self.scores(outputs).argmax(dim=1) == targets
 
 
 class ChoiceAccuracy(_MultipleChoice):
@@ -499,23 +496,15 @@ class BitsPerByte(_TextPerplexity):
         return -_ratio(s["ll"], s["units"]) / math.log(2)
 
 
-class ExactMatch(Metric):
+class ExactMatch(_Hits):
     """Outputs (rows,): 1 where the generation, cut at the first stop string and stripped,
     equals the stripped target."""
     name = "exact_match"
     task = "generation"
-    batched_compute = True
 
-    def init_state(self, c):
-        return {"correct": torch.zeros((), dtype=torch.int64),
-                "total": torch.zeros((), dtype=torch.int64)}
-
-    def rows(self, outputs, targets):
-        return {"correct": outputs.round().to(torch.int64),
-                "total": torch.ones_like(targets, dtype=torch.int64)}
-
-    def compute(self, s):
-        return _ratio(s["correct"], s["total"])
+    @staticmethod
+    def hits(outputs, targets):
+        return outputs.round() == 1
 
 
 REGISTRY: dict[str, dict[str, type[Metric]]] = {}     # task -> name -> class

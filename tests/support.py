@@ -143,3 +143,15 @@ def rayeval_cli(*args: str, cwd: str | None = None, timeout: float = 300,
     """Run the real command line in a subprocess."""
     return subprocess.run([sys.executable, "-m", "rayeval", *args], cwd=cwd, capture_output=True,
                           text=True, timeout=timeout, env=env)
+
+
+def wait_for(predicate, timeout, what, log):
+    """Poll ``predicate`` until true (bounded); on a timeout, fail with the log's text."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}:\n{log.read_text()}")

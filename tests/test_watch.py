@@ -13,19 +13,10 @@ import torch
 
 from rayeval.boards import latest_rows
 from rayeval.store import ResultStore
-from support import (build_model, make_data, reference_metrics, write_model_module, write_parquet,
-                     write_sweep)
+from support import (build_model, make_data, reference_metrics, wait_for, write_model_module,
+                     write_parquet, write_sweep)
 
 pytestmark = pytest.mark.ray
-
-
-def wait_for(predicate, timeout, what, log):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}:\n{log.read_text()}")
 
 
 def test_watch_evaluates_checkpoints_as_they_are_written(tmp_path):

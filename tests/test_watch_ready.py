@@ -15,7 +15,8 @@ from rayeval.checkpoints import CheckpointRef
 from rayeval.errors import SpecError
 from rayeval.spec import load_sweep, watch_spec
 from rayeval.watch import Marked, ordered
-from support import build_model, make_data, write_model_module, write_parquet, write_sweep
+from support import (build_model, make_data, wait_for, write_model_module, write_parquet,
+                     write_sweep)
 
 
 def refs(n):
@@ -88,17 +89,13 @@ def test_watch_evaluates_marked_checkpoints_at_once_newest_first(tmp_path):
                                 cwd=str(tmp_path), stdout=out, stderr=subprocess.STDOUT,
                                 start_new_session=True)
     try:
-        deadline = time.monotonic() + 120
-        while "watching" not in log.read_text() and time.monotonic() < deadline:
-            time.sleep(0.1)
+        wait_for(lambda: "watching" in log.read_text(), 120, "the watch to start", log)
         assert "ready once the trainer writes *.done beside it; newest first" in log.read_text()
         time.sleep(3)                  # six polls without markers: nothing is evaluated
         assert "new checkpoint" not in log.read_text()
         for s in (1, 2):
             (ckpts / f"step_{s}.pt.done").write_bytes(b"")
-        deadline = time.monotonic() + 240
-        while log.read_text().count(" on data: ") < 2 and time.monotonic() < deadline:
-            time.sleep(0.2)
+        wait_for(lambda: log.read_text().count(" on data: ") == 2, 240, "both results", log)
     finally:
         os.killpg(proc.pid, signal.SIGINT)
         try:
