@@ -60,9 +60,11 @@ class MotoServer:
 
 
 class FlakyProxy:
-    """Forwards to ``upstream``; every ``every``-th request gets 503 SlowDown instead."""
+    """Forwards to ``upstream``; every ``every``-th request gets 503 SlowDown instead (never
+    with ``every=0``), and a GET of an object's bytes waits ``delay_s`` first: a slow
+    store, for the prefetch benchmark."""
 
-    def __init__(self, upstream_port: int, every: int = 3):
+    def __init__(self, upstream_port: int, every: int = 3, delay_s: float = 0.0):
         self.failed = 0
         self.forwarded = 0
         proxy = self
@@ -89,7 +91,10 @@ class FlakyProxy:
                 body = self._body()
                 with proxy.lock:
                     proxy.count += 1
-                    fail = proxy.count % every == 0
+                    fail = every > 0 and proxy.count % every == 0
+                if delay_s and self.command == "GET" and "list-type" not in self.path \
+                        and "prefix=" not in self.path:
+                    time.sleep(delay_s)         # an object's bytes, not a listing
                 if fail:
                     proxy.failed += 1
                     payload = (b"<?xml version=\"1.0\" encoding=\"UTF-8\"?><Error><Code>SlowDown"
