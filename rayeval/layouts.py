@@ -20,10 +20,12 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import pickle
 import re
 import struct
+import sys
 import warnings
 import zipfile
 from dataclasses import dataclass, field
@@ -55,6 +57,7 @@ class Raw:
     step: int | None = None                           # from the file (Lightning global_step)
     files: tuple[str, ...] = ()
     reader: object | None = field(default=None, repr=False)
+    mapped: bool = False                              # tensors are torch.load's memory map
 
 
 # --- finding the layout ----------------------------------------------------------------------
@@ -141,12 +144,17 @@ def _refuse_deepspeed(path: str, names: set[str]) -> None:
 
 # --- reading ---------------------------------------------------------------------------------
 
-def read(path: str, trust_pickle: bool = False) -> Raw:
-    """Everything a checkpoint at a local path holds, as flat tensors (DCP: shapes only)."""
+def read(path: str, trust_pickle: bool = False, lazy: bool = False) -> Raw:
+    """Everything a checkpoint at a local path holds, as flat tensors (DCP: shapes only).
+
+    ``lazy``: safetensors files are opened, not read: their tensors' rows are read on demand
+    (``read_rows``), so a rank of a sharded model reads only its own slices."""
     layout = detect_format(path)
     target = detect_folder(path)[1] if os.path.isdir(path) else path
     if layout == "dcp":
         return _read_dcp_metadata(target)
+    if lazy and layout in ("safetensors", "safetensors-sharded"):
+        return _open_safetensors(target, layout, path)
     if layout == "safetensors":
         tensors = _safetensors(target)
         return _raw("safetensors", path, tensors, files=(target,))
@@ -164,6 +172,7 @@ def read(path: str, trust_pickle: bool = False) -> Raw:
     tensors = flatten(obj, target)
     raw = _raw(layout, path, tensors, files=(target,))
     raw.step = step
+    raw.mapped = target not in _NOT_MAPPED
     return raw
 
 
@@ -225,13 +234,39 @@ def torch_load(path: str, trust_pickle: bool = False):
         raise CheckpointError(f"{path}: corrupt checkpoint ({type(e).__name__}: {e})") from None
 
 
+_NOT_MAPPED: set[str] = set()      # torch.save files that could not be memory-mapped
+
+
 def _load(path: str, weights_only: bool):
     try:
-        return torch.load(path, map_location="cpu", weights_only=weights_only, mmap=True)
+        obj = torch.load(path, map_location="cpu", weights_only=weights_only, mmap=True)
+        _NOT_MAPPED.discard(path)
+        return obj
     except RuntimeError as e:
         if "mmap" not in str(e):
             raise
+        _NOT_MAPPED.add(path)          # a legacy (non-zip) file: read whole
         return torch.load(path, map_location="cpu", weights_only=weights_only)
+
+
+def release(raw: Raw, key: str, start: int, stop: int) -> None:
+    """Let go of the file pages behind rows ``start:stop`` of a memory-mapped torch.save
+    tensor once they were copied: they stop counting in this process's memory (and are read
+    from the file again if touched). Nothing for other layouts (read without a memory map)."""
+    if not raw.mapped or raw.tensors is None or sys.platform != "linux":
+        return
+    t = raw.tensors[key]
+    part = t if t.dim() == 0 else t[start:stop]
+    if not part.numel() or not part.is_contiguous():
+        return
+    import ctypes
+    import mmap
+
+    begin = part.data_ptr()
+    lo = begin - begin % mmap.PAGESIZE
+    size = begin + part.numel() * part.element_size() - lo
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.madvise(ctypes.c_void_p(lo), ctypes.c_size_t(size), 4)       # MADV_DONTNEED
 
 
 def _safetensors(path: str) -> dict[str, torch.Tensor]:
@@ -267,6 +302,96 @@ def _read_sharded(index: str, layout: str, trust_pickle: bool) -> Raw:
                               f"{', '.join(missing[:5])}")
     return _raw(layout, os.path.dirname(index), tensors,
                 files=(index,) + tuple(os.path.join(folder, s) for s in shards))
+
+
+class _SafetensorsRows:
+    """Safetensors files read a tensor's rows at a time, with plain reads (no memory map, so no
+    file pages stay resident): a row-major tensor's rows are one contiguous byte range."""
+
+    def __init__(self, entries: dict[str, tuple[str, int, torch.dtype, tuple[int, ...]]]):
+        self.entries = entries                   # key -> (file, data offset, dtype, shape)
+
+    def rows(self, key: str, start: int, stop: int, out: torch.Tensor | None = None
+             ) -> torch.Tensor:
+        """Rows ``start:stop`` (the whole tensor when it is 0-d), read into ``out`` when it
+        is a contiguous tensor of the right dtype and shape, else into a new tensor."""
+        path, offset, dtype, shape = self.entries[key]
+        if not shape:
+            start, stop = 0, 1
+        want = (stop - start, *shape[1:]) if shape else ()
+        if out is None or out.dtype != dtype or tuple(out.shape) != want or \
+                not out.is_contiguous() or out.device.type != "cpu":
+            out = torch.empty(want, dtype=dtype)
+        row = torch.empty((), dtype=dtype).element_size() * math.prod(shape[1:])
+        view = memoryview(out.reshape(-1).view(torch.uint8).numpy()) if out.numel() else None
+        if view is not None:
+            with open(path, "rb") as f:
+                f.seek(offset + start * row)
+                if f.readinto(view) != len(view):
+                    raise CheckpointError(f"{path}: truncated safetensors file ({key})")
+        return out
+
+
+_ST_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16,
+              "BF16": torch.bfloat16, "I64": torch.int64, "I32": torch.int32,
+              "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8, "BOOL": torch.bool}
+
+
+def _safetensors_header(path: str) -> dict[str, tuple[str, int, torch.dtype, tuple[int, ...]]]:
+    """Each tensor of a safetensors file: (file, byte offset of its data, dtype, shape)."""
+    try:
+        with open(path, "rb") as f:
+            (length,) = struct.unpack("<Q", f.read(8))
+            header = json.loads(f.read(length))
+    except (OSError, ValueError, struct.error) as e:
+        raise CheckpointError(f"{path}: corrupt safetensors file: {e}") from None
+    out = {}
+    for key, entry in header.items():
+        if key == "__metadata__":
+            continue
+        if entry.get("dtype") not in _ST_DTYPES:
+            raise CheckpointError(f"{path}: tensor {key} has dtype {entry.get('dtype')!r}, "
+                                  "which rayeval cannot read sliced")
+        out[key] = (path, 8 + length + int(entry["data_offsets"][0]), _ST_DTYPES[entry["dtype"]],
+                    tuple(entry["shape"]))
+    return out
+
+
+def _open_safetensors(target: str, layout: str, path: str) -> Raw:
+    if layout == "safetensors":
+        files = [target]
+    else:
+        try:
+            with open(target, encoding="utf-8") as f:
+                weight_map = json.load(f)["weight_map"]
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            raise CheckpointError(f"{target}: not a valid shard index ({type(e).__name__}: "
+                                  f"{e}); expected JSON with a weight_map") from None
+        folder = os.path.dirname(target)
+        files = [os.path.join(folder, s) for s in sorted(set(weight_map.values()))]
+        for f in files:
+            if not os.path.exists(f):
+                raise CheckpointError(f"{target}: shard {os.path.basename(f)} is missing")
+    entries = {}
+    for f in files:
+        entries.update(_safetensors_header(f))
+    shapes = {k: (shape, dtype) for k, (_, _, dtype, shape) in entries.items()}
+    return Raw(layout=layout, path=path if layout == "safetensors" else os.path.dirname(target),
+               shapes=shapes, files=tuple([target] if layout != "safetensors" else []) +
+               tuple(files), reader=_SafetensorsRows(entries))
+
+
+def read_rows(raw: Raw, key: str, start: int, stop: int, out: torch.Tensor | None = None
+              ) -> torch.Tensor:
+    """Rows ``start:stop`` (the first dimension) of one tensor of a checkpoint read with
+    ``read``: memory-mapped files and lazy safetensors read only those rows (lazy safetensors
+    straight into ``out`` when it fits: no copy)."""
+    if raw.tensors is not None:
+        t = raw.tensors[key]
+        return t if t.dim() == 0 else t[start:stop]
+    if isinstance(raw.reader, _SafetensorsRows):
+        return raw.reader.rows(key, start, stop, out)
+    raise TypeError(f"{raw.layout}: rows are read with dcp.load; please report this bug")
 
 
 # --- torch.distributed.checkpoint -----------------------------------------------------------
@@ -337,12 +462,12 @@ def read_dcp_tensors(raw: Raw, keys: list[str]) -> dict[str, torch.Tensor]:
             dcp.load(buffers, storage_reader=raw.reader, no_dist=True)
     except (Exception, CheckpointException) as e:   # the latter is a BaseException
         raise CheckpointError(f"{raw.path}: cannot read torch.distributed.checkpoint shards "
-                              f"(missing or truncated .distcp file?): {_dcp_failure(e)}"
+                              f"(missing or truncated .distcp file?): {dcp_failure(e)}"
                               ) from None
     return buffers
 
 
-def _dcp_failure(e: BaseException) -> str:
+def dcp_failure(e: BaseException) -> str:
     """The underlying error of a DCP load failure, in one line."""
     if isinstance(e, CheckpointException) and e.failures:
         inner = next(iter(e.failures.values()))
