@@ -8,6 +8,7 @@ inspecting a data set reads no row data beyond the first row of a variable-lengt
 from __future__ import annotations
 
 import hashlib
+import itertools
 from dataclasses import dataclass
 
 import numpy as np
@@ -29,6 +30,12 @@ class DatasetInfo:
     num_rows: int
     input_shapes: tuple[tuple[str, tuple[int, ...]], ...]   # column -> one row's shape
     fingerprint: str                  # changes when a file, its size or mtime, or the schema does
+    file_rows: tuple[int, ...] = ()   # rows of each file, in ``files`` order
+
+    def shard_rows(self, rank: int, world: int) -> tuple[int, int]:
+        """The rows [start, stop) of worker ``rank`` of ``world``: an even split, disjoint,
+        covering every row exactly once."""
+        return self.num_rows * rank // world, self.num_rows * (rank + 1) // world
 
     @property
     def shapes(self) -> dict[str, tuple[int, ...]]:
@@ -81,7 +88,8 @@ def inspect_dataset(spec: DatasetSpec, task) -> DatasetInfo:
                             f"{', '.join(names)}")
     task.check_schema(spec, schema)
     try:
-        num_rows = ds.count_rows()
+        file_rows = tuple(f.count_rows() for f in ds.get_fragments())   # from the footers
+        num_rows = sum(file_rows)
     except (pa.ArrowInvalid, OSError) as e:
         raise DataError(f"{key}.path: cannot read {spec.path!r}: "
                         f"{str(e).splitlines()[0]}") from None
@@ -91,7 +99,7 @@ def inspect_dataset(spec: DatasetSpec, task) -> DatasetInfo:
     shapes = task.input_shapes(ds, spec)
     return DatasetInfo(files=tuple(files), num_rows=num_rows,
                        input_shapes=tuple(shapes.items()),
-                       fingerprint=_fingerprint(files, schema))
+                       fingerprint=_fingerprint(files, schema), file_rows=file_rows)
 
 
 def leaf_type(typ: pa.DataType) -> tuple[pa.DataType, int]:
@@ -216,3 +224,111 @@ def read_batches(info: DatasetInfo, spec: DatasetSpec, batch_size: int, columns=
                                batch_size=batch_size):
         if batch.num_rows:
             yield batch
+
+
+class RowRange:
+    """Rows [start, stop) of a data set, read straight from its parquet files: one worker's
+    shard. Only the row groups that hold them are read; batches are read ahead on a thread
+    (pyarrow releases the GIL) while the model runs."""
+
+    def __init__(self, info: DatasetInfo, columns, start: int, stop: int, key: str):
+        self.info = info
+        self.columns = columns
+        self.start, self.stop = start, stop
+        self.key = key
+
+    @property
+    def num_rows(self) -> int:
+        return self.stop - self.start
+
+    def iter_batches(self, batch_size: int, prefetch: int = 2):
+        """pyarrow Tables of ``batch_size`` rows (the last may be shorter), in row order."""
+        import queue
+        import threading
+
+        if self.num_rows <= 0:
+            return
+        ahead: queue.Queue = queue.Queue(maxsize=max(1, prefetch))
+        done = object()
+        stop = threading.Event()
+
+        def produce():
+            try:
+                for table in self._batches(batch_size):
+                    while not stop.is_set():
+                        try:
+                            ahead.put(table, timeout=0.5)
+                            break
+                        except queue.Full:
+                            continue
+                    if stop.is_set():
+                        return
+                ahead.put(done)
+            except BaseException as e:          # noqa: BLE001 - handed to the consumer
+                ahead.put(e)
+
+        thread = threading.Thread(target=produce, name="rayeval-read", daemon=True)
+        thread.start()
+        try:
+            while True:
+                item = ahead.get()
+                if item is done:
+                    return
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+        finally:
+            stop.set()
+
+    def _batches(self, batch_size: int):
+        held: list[pa.Table] = []
+        count = 0
+        for table in self._pieces(batch_size):
+            held.append(table)
+            count += table.num_rows
+            while count >= batch_size:
+                joined = pa.concat_tables(held) if len(held) > 1 else held[0]
+                yield joined.slice(0, batch_size)
+                rest = joined.slice(batch_size)
+                held, count = ([rest], rest.num_rows) if rest.num_rows else ([], 0)
+        if count:
+            yield pa.concat_tables(held) if len(held) > 1 else held[0]
+
+    def _pieces(self, batch_size: int):
+        """The range's rows as tables, file by file, from the row groups that hold them
+        (streamed: a large row group is not held whole)."""
+        import pyarrow.parquet as pq
+
+        offset = 0
+        for location, n in zip(self.info.files, self._file_rows()):
+            lo, hi = max(self.start, offset) - offset, min(self.stop, offset + n) - offset
+            offset += n
+            if lo >= hi:
+                continue
+            fs, path = paths.filesystem(location)
+            try:
+                with fs.open_input_file(path) as f:
+                    reader = pq.ParquetFile(f)
+                    sizes = [reader.metadata.row_group(g).num_rows
+                             for g in range(reader.num_row_groups)]
+                    starts = list(itertools.accumulate(sizes, initial=0))
+                    groups = [g for g in range(len(sizes))
+                              if starts[g] < hi and starts[g] + sizes[g] > lo]
+                    at = starts[groups[0]]
+                    for batch in reader.iter_batches(batch_size=max(batch_size, 4096),
+                                                     row_groups=groups, columns=self.columns):
+                        a, b = max(lo, at), min(hi, at + batch.num_rows)
+                        if a < b:
+                            yield pa.Table.from_batches([batch.slice(a - at, b - a)])
+                        at += batch.num_rows
+                        if at >= hi:
+                            break
+            except (pa.ArrowInvalid, OSError) as e:
+                raise DataError(f"{self.key}: cannot read {location!r}: "
+                                f"{str(e).splitlines()[0]}") from None
+
+    def _file_rows(self) -> tuple[int, ...]:
+        if self.info.file_rows:
+            return self.info.file_rows
+        return tuple(f.count_rows() for f in open_dataset(self.info.files, self.key)
+                     .get_fragments())

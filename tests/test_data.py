@@ -117,3 +117,41 @@ def test_nan_inputs_name_the_row_and_column(tmp_path):
     with pytest.raises(DataError, match=r"^evals\[0\]\.dataset\.inputs: column 'x' has NaN or "
                                         r"infinite values in the row with row = 37; drop or fill"):
         list(decoded_batches(ev, info))
+
+
+@pytest.mark.parametrize("world", [1, 2, 3, 7, 64])
+def test_row_ranges_read_every_row_exactly_once(tmp_path, world):
+    """Each worker's rows, read straight from the files (uneven files, an empty one, row
+    groups that straddle the shard boundaries): in order, disjoint, all of them."""
+    from rayeval.data import RowRange
+
+    offset = 0
+    for i, (rows, group) in enumerate([(1001, 100), (7, 3), (0, 10), (5000, 5000), (333, 50)]):
+        pq.write_table(pa.table({"i": np.arange(offset, offset + rows), "x": np.ones(rows)}),
+                       tmp_path / f"part{i}.parquet", row_group_size=group)
+        offset += rows
+    spec = DatasetSpec(path=str(tmp_path), inputs=("x",), target="i")
+    info = inspect(spec, tasks.get("regression"))
+    assert info.num_rows == offset == sum(info.file_rows)
+    seen = []
+    for rank in range(world):
+        start, stop = info.shard_rows(rank, world)
+        assert stop - start in (offset // world, offset // world + 1)     # an even split
+        mine = []
+        for table in RowRange(info, ["i"], start, stop, "dataset.path").iter_batches(97):
+            assert 0 < table.num_rows <= 97 and table.column_names == ["i"]
+            mine += table.column("i").to_pylist()
+        assert mine == list(range(start, stop))
+        seen += mine
+    assert seen == list(range(offset))
+
+
+def test_a_row_range_names_a_file_it_cannot_read(tmp_path):
+    from rayeval.data import RowRange
+
+    write_parquet(tmp_path / "a.parquet", *make_data(50))
+    spec = DatasetSpec(path=str(tmp_path / "a.parquet"), inputs=("x",), target="y")
+    info = inspect(spec, tasks.get("classification"))
+    (tmp_path / "a.parquet").write_bytes(b"not parquet any more")
+    with pytest.raises(DataError, match=r"dataset.path: cannot read .*a.parquet"):
+        list(RowRange(info, None, 0, 50, "dataset.path").iter_batches(10))
