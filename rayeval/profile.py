@@ -1,0 +1,85 @@
+"""Where a run's wall time goes: ``rayeval run --profile``.
+
+The driver times its own phases (inputs checked, Ray started, the worker group and process
+group started, the fit, Ray shut down); each worker times its own (set-up, checkpoint loads,
+passes, the wait for a pass's first batch, reduces, publishes) and hands them to the progress
+tracker when it is done. ``render`` lays both out, rank 0's figures beside the slowest rank's.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from dataclasses import dataclass, field
+
+
+@dataclass
+class Timer:
+    """Named wall-time totals, with how many times each was added to."""
+    seconds: dict[str, float] = field(default_factory=dict)
+    counts: dict[str, int] = field(default_factory=dict)
+
+    def add(self, name: str, seconds: float) -> None:
+        self.seconds[name] = self.seconds.get(name, 0.0) + seconds
+        self.counts[name] = self.counts.get(name, 0) + 1
+
+    @contextlib.contextmanager
+    def span(self, name: str):
+        began = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.add(name, time.perf_counter() - began)
+
+    def as_dict(self) -> dict[str, tuple[float, int]]:
+        return {k: (v, self.counts[k]) for k, v in self.seconds.items()}
+
+
+def since_process_start() -> float:
+    """Seconds since this process started: what imports and start-up took before ``main``."""
+    try:
+        import psutil
+
+        return max(0.0, time.time() - psutil.Process().create_time())
+    except Exception:      # noqa: BLE001 - no psutil, or no access: unknown
+        return 0.0
+
+
+DRIVER_PHASES = (
+    ("imports", "python start and imports, to the command"),
+    ("inputs", "data sets inspected, model probed, store checked, cells planned"),
+    ("ray start", "ray.init (a local Ray, or the connection to a cluster)"),
+    ("group start", "worker group and process group started, to the first worker's loop"),
+    ("workers", "the workers' loop, first start to last end"),
+    ("fit end", "from the last worker's end to fit() returning"),
+    ("ray shutdown", "ray.shutdown"),
+)
+
+WORKER_PHASES = (
+    ("setup", "worker set-up: model loader, data readers, device mesh"),
+    ("load", "checkpoint fetched, loaded and agreed on"),
+    ("pass", "passes over the worker's rows (scoring)"),
+    ("first batch", "  of which waiting for a pass's first batch"),
+    ("reduce", "sync and all-reduce of the states"),
+    ("publish", "rank 0 writes the cell to the store"),
+)
+
+
+def render(driver: Timer, workers: dict[int, dict[str, tuple[float, int]]],
+           total: float) -> list[str]:
+    """The profile as lines of text."""
+    lines = [f"profile: {total:.1f} s from python start to the end of the run"]
+    for name, what in DRIVER_PHASES:
+        if name in driver.seconds:
+            lines.append(f"  {driver.seconds[name]:7.2f} s  {name:13s} {what}")
+        if name == "workers" and workers:
+            first = workers.get(0, next(iter(workers.values())))
+            lines.append(f"             on the workers ({len(workers)}): rank 0 | slowest rank")
+            for phase, label in WORKER_PHASES:
+                mine = first.get(phase)
+                if mine is None:
+                    continue
+                slowest = max(w.get(phase, (0.0, 0))[0] for w in workers.values())
+                lines.append(f"    {mine[0]:7.2f} s | {slowest:7.2f} s  {phase:11s} x{mine[1]:<4d} "
+                             f"{label}")
+    return lines
