@@ -28,9 +28,14 @@ __all__ = [
 ]
 
 _LAZY = {"RunReport": "driver", "Board": "boards"}     # name -> rayeval module holding it
+_SUBMODULES = ("ray_train",)       # rayeval.ray_train: imported on first use (it needs Ray)
 
 
 def __getattr__(name: str):
+    if name in _SUBMODULES:
+        import importlib
+
+        return importlib.import_module(f".{name}", __name__)
     if name in _LAZY:
         import importlib
 
@@ -41,4 +46,4 @@ def __getattr__(name: str):
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_LAZY))
+    return sorted(set(globals()) | set(_LAZY) | set(_SUBMODULES))

@@ -19,7 +19,7 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING
 
-from .config import Sweep
+from .config import Sweep, Trackers
 
 if TYPE_CHECKING:                               # types only: importing these pulls in torch
     import pyarrow as pa
@@ -48,7 +48,7 @@ def load_sweep(path: str | os.PathLike) -> Sweep:
 def run(sweep: Sweep | str | os.PathLike, *, workers: int | None = None,
         output: str | os.PathLike | None = None, address: str | None = None,
         force: bool = False, verbose: bool = False,
-        progress: bool | Console = False) -> RunReport:
+        progress: bool | Console = False, trackers: Trackers | dict | None = None) -> RunReport:
     """Evaluate every cell (checkpoint x evaluation) of a sweep that its result store does not
     hold yet, in one Ray Train run: what ``rayeval run`` does, without printing the board.
 
@@ -62,7 +62,13 @@ def run(sweep: Sweep | str | os.PathLike, *, workers: int | None = None,
     ``progress``: False (default) shows nothing; True shows, on stderr, the plan line and the
     progress display of ``rayeval run`` (a live bar on a terminal, a line every 10 s
     otherwise); a ``rich.console.Console`` takes the plan line, and the bar when it is a
-    terminal (otherwise the progress lines go to stderr).
+    terminal (otherwise the progress lines go to stderr), and the trackers' summary lines.
+    ``trackers``: experiment trackers for this run, over the sweep's ``trackers:``: a
+    ``rayeval.config.Trackers``, or a mapping as in the sweep file
+    (``{"mlflow": {"uri": ..., "run_id": ...}}``) where each tracker named replaces the
+    sweep's and ``None`` removes it. Each cell is logged to them as it finishes and the
+    leaderboard at the end; a tracker that fails prints one warning line on stderr and never
+    fails the run (a missing ``mlflow`` / ``wandb`` package is a SpecError, before Ray).
 
     Returns a ``RunReport``: ``outcomes`` (one ``CellOutcome`` per cell evaluated or failed in
     this run, in checkpoint order: ``.ok``, ``.checkpoint``, ``.evaluation``, ``.step``,
@@ -74,15 +80,15 @@ def run(sweep: Sweep | str | os.PathLike, *, workers: int | None = None,
     A checkpoint that cannot be loaded is not an exception: its cells fail on their own and are
     listed in ``report.failures``; the other cells are evaluated and stored.
 
-    Raises (never prints): :class:`rayeval.SpecError` for a bad sweep file or override,
-    ``DataError``, ``ModelError``, ``MetricError``, ``StoreError`` for data, a model factory,
-    a metric or a result store that cannot be used (all found before Ray starts), and
-    ``RunError`` when the run fails as a whole (Ray cannot be reached, the worker group's
-    restarts are spent); all are :class:`rayeval.RayevalError`. ``TypeError`` when ``sweep`` is
-    neither a Sweep nor a path. SIGINT (Ctrl-C) or SIGTERM during the run stops the workers at
-    their next sync point, shuts down the Ray this call started and raises
-    ``KeyboardInterrupt``; every cell already stored is complete. The process's SIGINT and
-    SIGTERM handlers are restored when the call returns.
+    Raises (never prints, but for a tracker's warning): :class:`rayeval.SpecError` for a bad
+    sweep file or override, ``DataError``, ``ModelError``, ``MetricError``, ``StoreError`` for
+    data, a model factory, a metric or a result store that cannot be used (all found before
+    Ray starts), and ``RunError`` when the run fails as a whole (Ray cannot be reached, the
+    worker group's restarts are spent); all are :class:`rayeval.RayevalError`. ``TypeError``
+    when ``sweep`` is neither a Sweep nor a path. SIGINT (Ctrl-C) or SIGTERM during the run
+    stops the workers at their next sync point, shuts down the Ray this call started and
+    raises ``KeyboardInterrupt``; every cell already stored is complete. The process's SIGINT
+    and SIGTERM handlers are restored when the call returns.
     """
     from .driver import run_sweep
     from .spec import with_overrides
@@ -94,11 +100,13 @@ def run(sweep: Sweep | str | os.PathLike, *, workers: int | None = None,
                         f"{type(sweep).__name__}")
     sweep = with_overrides(sweep, workers=workers,
                            output=None if output is None else os.fspath(output))
+    if trackers is not None:
+        sweep = sweep.replace(trackers=_trackers(trackers, sweep.trackers))
     display, on_plan = _progress(progress)
     saved = _signal_handlers()
     try:
         return run_sweep(sweep, address=address, force=force, verbose=verbose,
-                         display=display, on_plan=on_plan)
+                         display=display, on_plan=on_plan, say=_say(progress))
     finally:
         _restore_signal_handlers(saved)
 
@@ -181,6 +189,26 @@ def _latest(store: str | os.PathLike, *, sweep: str | None, evaluation: str | No
     keys = table.select(["sweep", "checkpoint", "dataset", "metric", "created_at"])
     keys = keys.append_column("_index", pa.array(range(table.num_rows), pa.int64()))
     return table.take(pa.array([r["_index"] for r in latest_rows(keys)], pa.int64()))
+
+
+def _trackers(given, base: Trackers) -> Trackers:
+    """``run``'s ``trackers=``: a Trackers as it is, a mapping over the sweep's."""
+    if isinstance(given, Trackers):
+        return given
+    from .spec import trackers_spec
+
+    return trackers_spec(given, source="rayeval.run(trackers=...)", base=base, removable=True)
+
+
+def _say(progress):
+    """Where the trackers' summary lines go: nowhere without ``progress``."""
+    if progress is False or progress is None:
+        return None
+    from rich.console import Console
+
+    console = progress if isinstance(progress, Console) else \
+        Console(stderr=True, highlight=False)
+    return lambda text: console.print(text, markup=False, highlight=False, soft_wrap=True)
 
 
 def _progress(progress):

@@ -17,6 +17,9 @@ from .errors import RayevalError
 EXIT_OK, EXIT_CELLS_FAILED, EXIT_BAD_INPUT = 0, 1, 2
 
 
+_STARTED: dict[str, float] = {}     # when main() was reached (--profile)
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="rayeval", description="Evaluate PyTorch checkpoints on a "
                                 "Ray cluster and rank them.")
@@ -33,8 +36,11 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--force", action="store_true",
                      help="evaluate again cells the store already holds")
     run.add_argument("--verbose", action="store_true", help="show Ray's and the workers' logs")
+    run.add_argument("--profile", action="store_true",
+                     help="print where the wall time went: start-up, Ray, workers, shutdown")
     run.add_argument("--quiet", action="store_true",
                      help="no progress display (only the results and errors)")
+    _tracker_flags(run)
 
     w = sub.add_parser("watch", help="evaluate checkpoints as a training run writes them, "
                                      "until stopped")
@@ -55,6 +61,7 @@ def _parser() -> argparse.ArgumentParser:
     w.add_argument("--address", metavar="ADDR", help="an existing Ray cluster")
     w.add_argument("--verbose", action="store_true", help="show Ray's and the workers' logs")
     w.add_argument("--quiet", action="store_true", help="no progress display")
+    _tracker_flags(w)
 
     sb = sub.add_parser("submit", help="run a sweep as a Ray Job on a cluster (Ray Jobs API)")
     sb.add_argument("sweep", metavar="SWEEP", help="the sweep file (YAML)")
@@ -67,6 +74,7 @@ def _parser() -> argparse.ArgumentParser:
                     help="result store: s3://... or an absolute path the cluster shares")
     sb.add_argument("--force", action="store_true",
                     help="evaluate again cells the store already holds")
+    _tracker_flags(sb)
 
     jb = sub.add_parser("jobs", help="the Ray Jobs of a cluster: status, logs, stop, list")
     jsub = jb.add_subparsers(dest="action", required=True, metavar="ACTION")
@@ -109,6 +117,16 @@ def _parser() -> argparse.ArgumentParser:
     lb.add_argument("--plot", metavar="FILE.png",
                     help="also draw each column (or only --metric) against the training step, "
                          "one line per sweep with its interval band")
+    lb.add_argument("--to-mlflow", metavar="URI",
+                    help="also log the rows to this MLflow tracking server: each sweep into "
+                         "its own run (found again by its rayeval.sweep tag), or --run-id")
+    lb.add_argument("--experiment", metavar="NAME",
+                    help="with --to-mlflow: the experiment of the sweeps' runs (default rayeval)")
+    lb.add_argument("--to-wandb", metavar="PROJECT",
+                    help="also log the rows to this W&B project (WANDB_MODE=offline works)")
+    lb.add_argument("--run-id", metavar="ID",
+                    help="with --to-mlflow or --to-wandb: log into this run (a training run), "
+                         "at the checkpoints' steps; the rows must hold one sweep (--sweep)")
 
     cmp = sub.add_parser("compare", help="paired bootstrap difference of two checkpoints")
     cmp.add_argument("store", metavar="STORE")
@@ -124,6 +142,9 @@ def _parser() -> argparse.ArgumentParser:
     ins.add_argument("path", metavar="PATH", help="a checkpoint file or folder")
     ins.add_argument("--sweep", metavar="SWEEP", help="check it against this sweep's model")
     ins.add_argument("--format", choices=("table", "json"), default="table")
+    ins.add_argument("--shard", type=int, metavar="N",
+                     help="the memory a worker needs with the model sharded over N workers "
+                          "(default: the sweep's parallelism.shard)")
 
     cm = sub.add_parser("confusion", help="show a stored confusion matrix")
     cm.add_argument("store", metavar="STORE")
@@ -139,6 +160,15 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+def _tracker_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--mlflow", metavar="URI",
+                   help="log each result to this MLflow tracking server too (overrides the "
+                        "sweep's trackers.mlflow.uri; keeps its experiment and run_id)")
+    p.add_argument("--wandb", metavar="PROJECT",
+                   help="log each result to this W&B project too (overrides the sweep's "
+                        "trackers.wandb.project; keeps its run_id, mode and entity)")
+
+
 def console_main() -> None:
     """The ``rayeval`` command. After SIGINT or SIGTERM, Ray is already shut down; the
     process then ends at once, so no thread still inside Ray's client can crash the
@@ -152,6 +182,9 @@ def console_main() -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from .profile import since_process_start
+
+    _STARTED["imports"] = since_process_start()     # python start to here: imports
     signals.install()
     args = _parser().parse_args(argv)
     # Not a terminal (CI, a pipe, Ray Job logs): wide enough that tables do not wrap.
@@ -201,9 +234,13 @@ def main(argv: list[str] | None = None) -> int:
 def _run(args, out: Console, err: Console) -> int:
     from . import api
     from .boards import build_board, latest_rows, render_rich
+    from .spec import load_sweep, with_trackers
     from .store import ResultStore
 
-    report = api.run(args.sweep, workers=args.workers, output=args.output,
+    sweep = args.sweep
+    if args.mlflow is not None or args.wandb is not None:
+        sweep = with_trackers(load_sweep(args.sweep), mlflow=args.mlflow, wandb=args.wandb)
+    report = api.run(sweep, workers=args.workers, output=args.output,
                      address=args.address, force=args.force, verbose=args.verbose,
                      progress=False if args.quiet else err)
     plan = report.plan
@@ -225,18 +262,25 @@ def _run(args, out: Console, err: Console) -> int:
         err.print(f"[bold red]failed:[/] {escape(f.error)}", soft_wrap=True)
         if args.debug and f.detail:
             err.print(f.detail, markup=False, highlight=False, soft_wrap=True)
+    if args.profile:
+        from .profile import render, since_process_start
+
+        report.timer.add("imports", _STARTED.get("imports", 0.0))
+        for line in render(report.timer, report.worker_times, since_process_start()):
+            err.print(line, markup=False, highlight=False, soft_wrap=True)
     return EXIT_CELLS_FAILED if report.failures else EXIT_OK
 
 
 def _watch(args, out: Console, err: Console) -> int:
     from .errors import SpecError
     from .progress import make_display
-    from .spec import load_sweep, watch_spec, with_overrides
+    from .spec import load_sweep, watch_spec, with_overrides, with_trackers
     from .watch import watch
 
     if args.interval <= 0 or (args.settle is not None and args.settle < 0):
         raise SpecError("--interval must be above 0 and --settle at least 0 seconds")
     sweep = with_overrides(load_sweep(args.sweep), workers=args.workers, output=args.output)
+    sweep = with_trackers(sweep, mlflow=args.mlflow, wandb=args.wandb)
     given = {k: v for k, v in (("ready", args.ready), ("order", args.order)) if v is not None}
     if given:
         sweep = sweep.replace(watch=watch_spec(given, source="rayeval watch", base=sweep.watch,
@@ -262,7 +306,8 @@ def _submit(args, err: Console) -> int:
     from . import jobs
 
     client, job_id, pkg = jobs.submit(args.sweep, args.address, workers=args.workers,
-                                      output=args.output, force=args.force)
+                                      output=args.output, force=args.force,
+                                      mlflow=args.mlflow, wandb=args.wandb)
     if args.no_wait:
         print(job_id, flush=True)
         return EXIT_OK
@@ -325,6 +370,7 @@ def _leaderboard(args, out: Console) -> int:
                               resolve_metric, to_csv, to_html, to_json, to_markdown)
 
     rows = _stored_rows(args)
+    code = EXIT_OK if _push(args, rows) else EXIT_CELLS_FAILED
     # json lists what is stored, even nothing; every other output needs a board.
     board = None if args.format == "json" and not args.plot else build_board(rows, args.metric)
     if args.plot:
@@ -344,7 +390,7 @@ def _leaderboard(args, out: Console) -> int:
                     if (r["dataset"], r["metric"]) == (column.evaluation, column.metric)]
             summary = summary if column.name == AGGREGATE else []
         sys.stdout.write(to_json(rows, replicates=args.replicates, aggregates=summary))
-        return EXIT_OK
+        return code
     if args.format == "table":
         render_rich(board, out)
     elif args.format == "markdown":
@@ -353,7 +399,33 @@ def _leaderboard(args, out: Console) -> int:
         sys.stdout.write(to_html(board))
     else:
         sys.stdout.write(to_csv(board))
-    return EXIT_OK
+    return code
+
+
+def _push(args, rows: list[dict]) -> bool:
+    """``--to-mlflow`` / ``--to-wandb``: the rows shown, to the trackers; whether all went."""
+    from .config import MlflowTracker, Trackers, WandbTracker
+    from .errors import SpecError
+    from .trackers import push
+
+    if args.experiment is not None and args.to_mlflow is None:
+        raise SpecError("--experiment: only with --to-mlflow URI")
+    if args.run_id is not None and (args.to_mlflow is None) == (args.to_wandb is None):
+        raise SpecError("--run-id: give it with one of --to-mlflow or --to-wandb (a run id "
+                        "belongs to one tracker)")
+    if args.to_mlflow is None and args.to_wandb is None:
+        return True
+    for flag, value in (("--to-mlflow", args.to_mlflow), ("--to-wandb", args.to_wandb),
+                        ("--experiment", args.experiment), ("--run-id", args.run_id)):
+        if value is not None and not value.strip():
+            raise SpecError(f"{flag}: expected a non-empty value")
+    trackers = Trackers(
+        mlflow=None if args.to_mlflow is None else MlflowTracker(
+            uri=args.to_mlflow, experiment=args.experiment, run_id=args.run_id,
+            key_path="--to-mlflow"),
+        wandb=None if args.to_wandb is None else WandbTracker(
+            project=args.to_wandb, run_id=args.run_id, key_path="--to-wandb"))
+    return push(rows, trackers)
 
 
 def _compare(args, out: Console) -> int:
@@ -423,7 +495,7 @@ def _inspect(args, out: Console) -> int:
 
     from rich.table import Table
 
-    from .errors import CheckpointError
+    from .errors import CheckpointError, SpecError
     from .loading import CheckpointSpec, describe, prefix_label
 
     path = os.path.abspath(args.path)
@@ -433,6 +505,9 @@ def _inspect(args, out: Console) -> int:
     from .model import ModelSource
 
     model, spec, against = None, CheckpointSpec(), args.sweep
+    shard, dtype = args.shard, None
+    if shard is not None and shard < 1:
+        raise SpecError(f"--shard: must be at least 1, got {shard}")
     folder = hf.describe(path) if os.path.isdir(path) and hf.is_folder(path) else None
     if args.sweep:
         from .spec import load_sweep
@@ -440,11 +515,23 @@ def _inspect(args, out: Console) -> int:
         sweep = load_sweep(args.sweep)
         model = ModelSource(sweep.model, sweep.base_dir).meta(path)
         spec = sweep.checkpoint
+        shard = shard or sweep.parallelism.shard
+        from .loading import DTYPES
+
+        dtype = DTYPES.get(sweep.model.dtype)
     elif folder is not None and hf.available():
         model, against = hf.Builder().meta(path), "its config.json"   # the model it describes
     info = describe(path, model, spec)
     if folder is not None:
         info["hugging_face"] = folder
+    if model is not None:
+        from .sharding import memory
+
+        need = memory(model, shard or 1, args.sweep and sweep.parallelism.wrap or (), dtype)
+        info["memory"] = {"shard": need.shard, "weights_bytes": need.total,
+                          "held_bytes": need.resident, "root_bytes": need.root,
+                          "largest_unit_bytes": need.largest_unit, "units": need.units,
+                          "peak_weights_bytes": need.peak}
     if args.format == "json":
         sys.stdout.write(json.dumps(info, indent=2) + "\n")
         return EXIT_OK if info.get("fits", True) else EXIT_CELLS_FAILED
@@ -478,6 +565,17 @@ def _inspect(args, out: Console) -> int:
     if model is not None:
         fits = "[green]yes[/]" if info["fits"] else "[red]no[/]: " + "; ".join(info["problems"])
         rows.append((f"fits {against}", fits))
+        m = info["memory"]
+        mib = 2 ** 20
+        if m["shard"] == 1:
+            need = f"{m['weights_bytes'] / mib:,.1f} MiB of weights, whole on every worker"
+        else:
+            need = (f"{m['peak_weights_bytes'] / mib:,.1f} MiB of weights at the peak, sharded "
+                    f"over {m['shard']} workers: {m['held_bytes'] / mib:,.1f} MiB held + "
+                    f"2 x {m['largest_unit_bytes'] / mib:,.1f} MiB for the largest of "
+                    f"{m['units']} units while it is gathered + {m['root_bytes'] / mib:,.1f} "
+                    f"MiB outside the units (whole during a forward pass)")
+        rows.append(("memory per worker", need + "; activations come on top"))
     for k, v in rows:
         table.add_row(k, v)
     out.print(path, markup=False, highlight=False, soft_wrap=True)

@@ -133,10 +133,55 @@ class WatchSpec:
     order: str = "oldest"                # which ready checkpoints go first: see WATCH_ORDERS
 
 
+WANDB_MODES = ("online", "offline")
+
+
+@dataclass(frozen=True)
+class MlflowTracker:
+    """``trackers.mlflow``: where each finished cell's metrics are logged."""
+    uri: str | None = None               # tracking URI; None: MLFLOW_TRACKING_URI
+    experiment: str | None = None        # for the sweep's own run; None: "rayeval"
+    run_id: str | None = None            # a training run to log into (at the checkpoints' steps)
+    key_path: str = "trackers.mlflow"    # or the CLI flag that set it, for messages
+
+
+@dataclass(frozen=True)
+class WandbTracker:
+    """``trackers.wandb``."""
+    project: str
+    entity: str | None = None
+    run_id: str | None = None            # a training run to resume and log into
+    mode: str | None = None              # "online" or "offline"; None: W&B's own (WANDB_MODE)
+    key_path: str = "trackers.wandb"
+
+
+@dataclass(frozen=True)
+class Trackers:
+    """The sweep's ``trackers:`` section: experiment trackers that get every result too."""
+    mlflow: MlflowTracker | None = None
+    wandb: WandbTracker | None = None
+
+    @property
+    def any(self) -> bool:
+        return self.mlflow is not None or self.wandb is not None
+
+
 @dataclass(frozen=True)
 class Recovery:
     max_restarts: int = 3                # worker-group restarts after a worker dies or stalls
     stall_timeout_s: int = 600           # a rank this late to a sync point fails the group
+
+
+@dataclass(frozen=True)
+class Parallelism:
+    """How each model copy is spread over the workers: ``shard`` ranks hold one copy between
+    them (FSDP2), so ``workers / shard`` copies (replicas) run side by side."""
+    shard: int = 1                       # 1: every worker holds the whole model
+    wrap: tuple[str, ...] = ()           # module class names sharded as units; () = automatic
+
+    @property
+    def sharded(self) -> bool:
+        return self.shard > 1
 
 
 @dataclass(frozen=True)
@@ -154,6 +199,8 @@ class Sweep:
     recovery: Recovery = Recovery()
     resources_per_worker: tuple[tuple[str, float], ...] = ()   # Ray resources each worker holds
     watch: WatchSpec = WatchSpec()
+    trackers: Trackers = Trackers()
+    parallelism: Parallelism = Parallelism()
 
     def evaluation(self, name: str) -> EvalSpec:
         return next(e for e in self.evals if e.name == name)

@@ -146,3 +146,32 @@ def all_reduce_states(states: dict[str, torch.Tensor], what: str = "a sync point
             offset += 2 * n
         out[k] = piece.reshape(t.shape).to(t.dtype)
     return out
+
+
+def replica_mesh(shard: int):
+    """The 2-D device mesh of a sharded run: ``world / shard`` replicas x ``shard`` ranks,
+    consecutive ranks forming a replica (they are most often on one node). Collective: every
+    rank calls it once. Returns the 1-D ``shard`` sub-mesh of this rank's replica."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    mesh = init_device_mesh(_comm_device().type, (world_size() // shard, shard),
+                            mesh_dim_names=("replicate", "shard"))
+    return mesh["shard"]
+
+
+def group_sum(value: int, group, what: str, timeout_s: float) -> int:
+    """The sum of one integer over the ranks of ``group`` (a replica's lockstep flag)."""
+    t = torch.tensor([value], dtype=torch.int64, device=_comm_device())
+    with _named(what, timeout_s):
+        tdist.all_reduce(t, op=tdist.ReduceOp.SUM, group=group)
+    return int(t.item())
+
+
+def broadcast(value, what: str, timeout_s: float):
+    """Rank 0's ``value`` (any picklable object) on every rank."""
+    if not is_distributed():
+        return value
+    box = [value]
+    with _named(what, timeout_s):
+        tdist.broadcast_object_list(box, src=0, device=_comm_device())
+    return box[0]

@@ -24,6 +24,7 @@ from .evaluate import Decoder, output_size
 from .loading import fit_error
 from .model import ModelSource
 from .plan import CellOutcome, Evaluation, Plan, make_plan
+from .profile import Timer
 from .store import ResultStore
 
 
@@ -34,6 +35,8 @@ class RunReport:
     seconds: float = 0.0
     nodes: int = 0                # Ray nodes the workers ran on (of the last attempt)
     loads: dict = field(default_factory=dict)   # (rank, checkpoint) -> loads, all attempts
+    timer: Timer = field(default_factory=Timer)  # the driver's phases (``profile``)
+    worker_times: dict = field(default_factory=dict)   # rank -> {phase: (seconds, count)}
 
     @property
     def failures(self) -> list[CellOutcome]:
@@ -51,6 +54,7 @@ class Evaluated:
     outcomes: list[CellOutcome]
     nodes: int
     loads: dict
+    worker_times: dict = field(default_factory=dict)   # rank -> {phase: (seconds, count)}
 
 
 def inspect_evaluations(sweep: Sweep) -> tuple[Evaluation, ...]:
@@ -62,6 +66,10 @@ def inspect_evaluations(sweep: Sweep) -> tuple[Evaluation, ...]:
     text = any(tasks.get(e.task).uses_text for e in sweep.evals)
     first = _first_folder(sweep) if sweep.model.hugging_face else None
     meta = source.meta(first)              # imports and calls the factory, or reads config.json
+    if sweep.parallelism.sharded:
+        from .sharding import units
+
+        units(meta, sweep.parallelism.wrap)    # parallelism.wrap must name classes it has
     tokenizer = source.tokenizer(first, meta) if text else None
     out = []
     for spec in sweep.evals:
@@ -122,10 +130,11 @@ def check_inputs(sweep: Sweep) -> tuple[tuple[Evaluation, ...], ResultStore]:
     return evaluations, store
 
 
-def prepare(sweep: Sweep, force: bool = False) -> Plan:
-    """Everything that can fail on bad input, before any cluster starts, and the plan."""
+def prepare(sweep: Sweep, force: bool = False, ready=None) -> Plan:
+    """Everything that can fail on bad input, before any cluster starts, and the plan.
+    ``ready``: (CheckpointRef, fingerprint) pairs to plan instead of the sweep's globs."""
     evaluations, store = check_inputs(sweep)
-    return plan_cells(sweep, evaluations, store, force=force)
+    return plan_cells(sweep, evaluations, store, force=force, ready=ready)
 
 
 def plan_cells(sweep: Sweep, evaluations, store: ResultStore, *, force: bool = False,
@@ -165,20 +174,38 @@ def _local_problem(location: str, source: ModelSource, sweep: Sweep, text: bool)
 
 
 def run_sweep(sweep: Sweep, *, address: str | None = None, force: bool = False,
-              verbose: bool = False, display=None, on_plan=None) -> RunReport:
+              verbose: bool = False, display=None, on_plan=None, say=None,
+              ready=None) -> RunReport:
     """Evaluate every cell of the sweep the store does not hold yet. ``display``: a progress
-    display (``progress.make_display``); none by default."""
+    display (``progress.make_display``); none by default. The sweep's trackers get each cell
+    as it finishes and the leaderboard at the end; ``say`` takes their summary lines.
+    ``ready``: the checkpoints to evaluate, as (CheckpointRef, fingerprint) pairs with their
+    step, instead of the sweep's globs (``ray_train``'s validation of one checkpoint)."""
+    from . import trackers
+
     start = time.perf_counter()
-    plan = prepare(sweep, force=force)
+    timer = Timer()
+    trackers.require(sweep.trackers)        # a missing package fails before anything starts
+    with timer.span("inputs"):
+        plan = prepare(sweep, force=force, ready=ready)
     if on_plan is not None:
         on_plan(plan)
-    report = RunReport(plan, outcomes=list(plan.failed))
+    report = RunReport(plan, outcomes=list(plan.failed), timer=timer)
+    publisher = trackers.Publisher(sweep, say=say)
     if plan.cells:
-        started = start_ray(sweep, address, verbose)
         try:
-            done = evaluate(plan, display)
+            with timer.span("ray start"):
+                started = start_ray(sweep, address, verbose)
+        except BaseException:
+            publisher.close()
+            raise
+        try:
+            done = evaluate(plan, display, on_cell=publisher.cell if publisher.live else None,
+                            timer=timer)
             report.outcomes += done.outcomes
             report.nodes, report.loads = done.nodes, done.loads
+            report.worker_times = done.worker_times
+            publisher.board()
         except KeyboardInterrupt as e:
             # A thread still inside Ray's client must not see it shut down under it (a crash,
             # not a clean exit): then Ray goes down with this process instead.
@@ -189,8 +216,13 @@ def run_sweep(sweep: Sweep, *, address: str | None = None, force: bool = False,
                 if started:
                     import ray
 
-                    ray.shutdown()
+                    with timer.span("ray shutdown"):
+                        ray.shutdown()
                 ResultStore(sweep.output).discard_partial(c.key for c in plan.cells)
+                publisher.close()
+    else:
+        publisher.board()
+        publisher.close()
     report.outcomes = plan.in_order(report.outcomes)
     report.seconds = time.perf_counter() - start
     return report
@@ -198,8 +230,8 @@ def run_sweep(sweep: Sweep, *, address: str | None = None, force: bool = False,
 
 def start_ray(sweep: Sweep, address: str | None, verbose: bool) -> bool:
     """Connect to a cluster (``address``), reuse the current one, or start one in-process with
-    more logical CPUs than workers: Ray Data needs CPUs the Train workers do not hold.
-    Returns whether this call started Ray."""
+    more logical CPUs than workers (Train's controller and the progress tracker run beside
+    them). Returns whether this call started Ray."""
     if address:
         _use_token_if_available()       # before Ray is imported: it reads the mode then
     import ray
@@ -219,7 +251,7 @@ def start_ray(sweep: Sweep, address: str | None, verbose: bool) -> bool:
         signals.install()
         return True
     num_cpus = max(os.cpu_count() or 1, sweep.workers + 2)
-    # Train, its controller and Ray Data start a dozen processes at once; without a higher
+    # Train and its controller start several processes at once; without a higher
     # start-up concurrency the raylet warns about it on every run of a small machine.
     ray.init(num_cpus=num_cpus, include_dashboard=False,
              _system_config={"worker_maximum_startup_concurrency": max(8, num_cpus)}, **kwargs)
@@ -260,61 +292,29 @@ def _use_token_if_available() -> None:
         os.environ["RAY_AUTH_MODE"] = "token"
 
 
-def _read_dataset(evaluation: Evaluation, workers: int):
-    """The Ray Data set of an evaluation's rows, cut into enough blocks to balance the workers:
-    shards are dealt block by block, so one block per file would leave workers idle."""
-    import math
-
-    import ray.data
-
-    info = evaluation.data
-    ctx = ray.data.DataContext.get_current()
-    ctx.enable_progress_bars = False
-    ctx.print_on_execution_start = False
-    shapes = list(info.shapes.values())
-    row_bytes = sum(4 * math.prod(s) for s in shapes) + 16 if shapes else 4 * 256 + 16
-    blocks = 8 * workers
-    ctx.target_max_block_size = int(min(128 << 20, max(64 << 10, info.num_rows
-                                                        * row_bytes / blocks)))
-    fs, _ = paths.filesystem(info.files[0])
-    ds = ray.data.read_parquet([paths.filesystem(f)[1] for f in info.files], filesystem=fs)
-    columns = evaluation.spec.dataset.columns
-    return ds if columns is None else ds.select_columns(columns)
-
-
-def evaluate(plan: Plan, display=None) -> Evaluated:
+def evaluate(plan: Plan, display=None, on_cell=None, timer: Timer | None = None) -> Evaluated:
     """One TorchTrainer.fit() over the plan's cells, on the Ray this process is connected to,
     in a thread while this one shows progress. Outcomes come in plan order. Raises RunError
     when the run fails as a whole (restart budget spent) and the worker's own error for bad
-    input."""
+    input. ``on_cell`` gets each cell's outcome once, soon after it finishes (its rows are
+    in the store by then), also when the run fails later."""
     import threading
 
     import ray
-    import ray.train
-    from ray.train.torch import TorchConfig, TorchTrainer
 
     from .progress import NullDisplay, Rate, Tracker
-    from .worker import ExactlyOnceSplit, dataset_name, train_loop
 
     sweep = plan.sweep
     display = display or NullDisplay()
+    # Ray Train's controller looks at its workers every 2 s by default: up to 2 s after the
+    # last worker is done before fit() returns. Every 0.5 s, unless the user chose; the
+    # controller reads it when it starts (it inherits this process's environment).
+    interval = os.environ.setdefault(HEALTH_CHECK_ENV, "0.5") if \
+        HEALTH_CHECK_ENV not in os.environ else None
     tracker = ray.remote(Tracker).options(num_cpus=0).remote(
         [(c.key, c.checkpoint.location, plan.evaluation(c.evaluation).data.num_rows)
          for c in plan.cells])
-    trainer = TorchTrainer(
-        train_loop,
-        train_loop_config={"plan": plan, "tracker": tracker},
-        torch_config=TorchConfig(timeout_s=sweep.recovery.stall_timeout_s),
-        scaling_config=ray.train.ScalingConfig(
-            num_workers=sweep.workers, use_gpu=sweep.use_gpu,
-            resources_per_worker=dict(sweep.resources_per_worker) or None),
-        datasets={dataset_name(i): _read_dataset(ev, sweep.workers)
-                  for i, ev in enumerate(plan.evaluations)},
-        dataset_config=ExactlyOnceSplit(),
-        run_config=ray.train.RunConfig(
-            name=f"rayeval-{sweep.name}-{uuid.uuid4().hex[:8]}",
-            failure_config=ray.train.FailureConfig(max_failures=sweep.recovery.max_restarts)),
-    )
+    trainer = _trainer(plan, tracker)
     outcome: dict = {}
 
     def fit():
@@ -322,13 +322,26 @@ def evaluate(plan: Plan, display=None) -> Evaluated:
             trainer.fit()
         except BaseException as e:     # noqa: BLE001 - handed to the main thread
             outcome["error"] = e
+        finally:
+            outcome["ended"] = time.time()
 
     thread = threading.Thread(target=fit, name="rayeval-fit", daemon=True)
     rate = Rate()
     began = time.monotonic()
+    handed: set[str] = set()
+
+    def hand_on(done: int) -> None:
+        """The cells finished since the last look, to ``on_cell``."""
+        if on_cell is None or done <= len(handed):
+            return
+        for key, o in ray.get(tracker.results.remote()).items():
+            if key not in handed:
+                handed.add(key)
+                on_cell(o)
     try:
         try:
             with display:
+                fit_began = time.time()
                 thread.start()
                 finished_fit = False
                 while not finished_fit:
@@ -337,24 +350,26 @@ def evaluate(plan: Plan, display=None) -> Evaluated:
                     snap = ray.get(tracker.snapshot.remote())
                     display.update(rate.status(snap, time.monotonic()),
                                    time.monotonic() - began, final=finished_fit)
+                    hand_on(snap["done"])
         except KeyboardInterrupt as e:
             raise _wind_down(e, tracker, thread) from None
 
-        fatal = ray.get(tracker.get_fatal.remote())
-        if fatal is not None:
-            raise fatal
-        error = outcome.get("error")
-        if isinstance(error, ray.train.WorkerGroupError):
-            raise _worker_error(error, sweep.recovery.max_restarts) from None
-        if isinstance(error, ray.train.TrainingFailedError):
-            raise RunError(f"the evaluation run failed: {str(error).splitlines()[0]}") from None
-        if error is not None:
-            raise error
+        _raise_failure(outcome.get("error"), tracker, sweep)
         finished = ray.get(tracker.results.remote())
+        times = ray.get(tracker.timings.remote())
+        if timer is not None and times:
+            entered = min(t["entered"] for t in times.values())
+            left = max(t["left"] for t in times.values())
+            timer.add("group start", entered - fit_began)
+            timer.add("workers", left - entered)
+            timer.add("fit end", outcome["ended"] - left)
         return Evaluated(outcomes=[finished[c.key] for c in plan.cells if c.key in finished],
                          nodes=ray.get(tracker.node_count.remote()),
-                         loads=ray.get(tracker.load_counts.remote()))
+                         loads=ray.get(tracker.load_counts.remote()),
+                         worker_times={r: t["phases"] for r, t in times.items()})
     finally:
+        if interval is not None:
+            os.environ.pop(HEALTH_CHECK_ENV, None)
         try:
             ray.kill(tracker)     # also after a failure: `watch` keeps Ray up between polls
         except Exception:         # noqa: BLE001 - Ray may be going down (a signal)
@@ -362,6 +377,129 @@ def evaluate(plan: Plan, display=None) -> Evaluated:
 
 
 STOP_GRACE_S = 30.0
+HEALTH_CHECK_ENV = "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"
+
+
+def _trainer(plan: Plan, tracker, standing: bool = False):
+    """The evaluation TorchTrainer: the sweep's workers running ``worker.train_loop``."""
+    import ray.train
+    from ray.train.torch import TorchConfig, TorchTrainer
+
+    from .worker import train_loop
+
+    sweep = plan.sweep
+    return TorchTrainer(
+        train_loop,
+        train_loop_config={"plan": plan, "tracker": tracker, "standing": standing},
+        torch_config=TorchConfig(timeout_s=sweep.recovery.stall_timeout_s),
+        scaling_config=ray.train.ScalingConfig(
+            num_workers=sweep.workers, use_gpu=sweep.use_gpu,
+            resources_per_worker=dict(sweep.resources_per_worker) or None),
+        run_config=ray.train.RunConfig(
+            name=f"rayeval-{sweep.name}-{uuid.uuid4().hex[:8]}",
+            failure_config=ray.train.FailureConfig(max_failures=sweep.recovery.max_restarts)),
+    )
+
+
+def _raise_failure(error, tracker, sweep: Sweep) -> None:
+    """Raise what ended a fit badly: bad input a worker met, the worker group's failure
+    (restarts spent), or any other error; nothing when it ended well."""
+    import ray
+    import ray.train
+
+    fatal = ray.get(tracker.get_fatal.remote())
+    if fatal is not None:
+        raise fatal
+    if isinstance(error, ray.train.WorkerGroupError):
+        raise _worker_error(error, sweep.recovery.max_restarts) from None
+    if isinstance(error, ray.train.TrainingFailedError):
+        raise RunError(f"the evaluation run failed: {str(error).splitlines()[0]}") from None
+    if error is not None:
+        raise error
+
+
+class Standing:
+    """One worker group kept up across ``rayeval watch``'s polls: each poll's cells are fed to
+    it through the progress tracker (``worker.Worker.stand``), so a new checkpoint costs its
+    load and passes, not a new worker group. After a failure the caller starts another."""
+
+    def __init__(self, sweep: Sweep, evaluations):
+        import threading
+
+        import ray
+
+        from .progress import Tracker
+
+        self.sweep = sweep
+        self.tracker = ray.remote(Tracker).options(num_cpus=0).remote([])
+        plan = Plan(sweep=sweep, evaluations=tuple(evaluations), cells=(), cached=(),
+                    failed=())
+        self.interval = None if HEALTH_CHECK_ENV in os.environ else \
+            os.environ.setdefault(HEALTH_CHECK_ENV, "0.5")        # see evaluate()
+        trainer = _trainer(plan, self.tracker, standing=True)
+        self.error: BaseException | None = None
+
+        def fit():
+            try:
+                trainer.fit()
+            except BaseException as e:     # noqa: BLE001 - handed to the caller
+                self.error = e
+
+        self.thread = threading.Thread(target=fit, name="rayeval-standing", daemon=True)
+        self.thread.start()
+
+    @property
+    def alive(self) -> bool:
+        return self.thread.is_alive()
+
+    def run(self, plan: Plan, display=None, on_cell=None) -> list[CellOutcome]:
+        """Evaluate the plan's cells on the standing group; their outcomes in plan order.
+        Raises as ``evaluate`` does when the group fails (then it is gone)."""
+        import ray
+
+        from .progress import NullDisplay, Rate
+
+        keys = [c.key for c in plan.cells]
+        ray.get(self.tracker.add_cells.remote(
+            [(c.key, c.checkpoint.location, plan.evaluation(c.evaluation).data.num_rows)
+             for c in plan.cells], list(plan.cells)))
+        display = display or NullDisplay()
+        rate, began, handed = Rate(), time.monotonic(), set()
+        try:
+            with display:
+                done = False
+                while not done:
+                    self.thread.join(0.5)
+                    done = not self.alive or ray.get(self.tracker.finished.remote(keys))
+                    snap = ray.get(self.tracker.snapshot.remote())
+                    display.update(rate.status(snap, time.monotonic()),
+                                   time.monotonic() - began, final=done)
+                    if on_cell is not None:
+                        for key, o in ray.get(self.tracker.results.remote()).items():
+                            if key in keys and key not in handed:
+                                handed.add(key)
+                                on_cell(o)
+        except KeyboardInterrupt as e:
+            raise _wind_down(e, self.tracker, self.thread) from None
+        finished = ray.get(self.tracker.results.remote())
+        if not all(k in finished for k in keys):
+            _raise_failure(self.error, self.tracker, self.sweep)
+            raise RunError("the worker group ended before evaluating every cell")
+        return [finished[k] for k in keys]
+
+    def close(self, timeout_s: float = 60.0) -> None:
+        """No more cells: the group ends (bounded wait), and its tracker with it."""
+        import ray
+
+        try:
+            ray.get(self.tracker.close.remote(), timeout=5)
+            self.thread.join(timeout_s)
+            ray.kill(self.tracker)
+        except Exception:         # noqa: BLE001 - Ray may be going down (a signal)
+            pass
+        finally:
+            if self.interval is not None:
+                os.environ.pop(HEALTH_CHECK_ENV, None)
 
 
 def _wind_down(interrupt: KeyboardInterrupt, tracker, thread) -> KeyboardInterrupt:

@@ -25,7 +25,8 @@ import yaml
 from . import paths
 from .errors import RunError, SpecError
 from .config import Sweep
-from .spec import is_relative_local, load_sweep, with_overrides, written_locations
+from .spec import (is_relative_local, load_sweep, with_overrides, with_trackers,
+                   written_locations)
 
 MAX_UPLOAD_MB = 100              # what may travel with a job; RAYEVAL_MAX_UPLOAD_MB overrides
 AGENT_WAIT_S = 90                # how long a new cluster's job agent may take to come up
@@ -182,21 +183,29 @@ def package(sweep_path: str, sweep: Sweep, output_override: str | None) -> Packa
                    tuple(excludes))
 
 
-def entrypoint(pkg: Package, *, workers: int | None, output: str | None, force: bool) -> str:
+def entrypoint(pkg: Package, *, workers: int | None, output: str | None, force: bool,
+               mlflow: str | None = None, wandb: str | None = None) -> str:
     args = ["rayeval", "run", pkg.sweep_file, "--address", "auto"]
     if workers is not None:
         args += ["--workers", str(workers)]
     if output is not None:
         args += ["--output", output]
+    if mlflow is not None:
+        args += ["--mlflow", mlflow]
+    if wandb is not None:
+        args += ["--wandb", wandb]
     if force:
         args.append("--force")
     return " ".join(shlex.quote(a) for a in args)
 
 
 def submit(sweep_path: str, address: str | None, *, workers: int | None = None,
-           output: str | None = None, force: bool = False) -> tuple[object, str, Package]:
-    """Validate here, then submit; returns (client, job id, package)."""
-    sweep = with_overrides(load_sweep(sweep_path), workers=workers)
+           output: str | None = None, force: bool = False, mlflow: str | None = None,
+           wandb: str | None = None) -> tuple[object, str, Package]:
+    """Validate here, then submit; returns (client, job id, package). The trackers' packages
+    are the cluster's business: its `rayeval run` checks them."""
+    sweep = with_trackers(with_overrides(load_sweep(sweep_path), workers=workers),
+                          mlflow=mlflow, wandb=wandb)
     pkg = package(sweep_path, sweep, output)
     jobs = client(address)
     job_id = f"rayeval-{sweep.name}-{uuid.uuid4().hex[:8]}"
@@ -208,7 +217,8 @@ def submit(sweep_path: str, address: str | None, *, workers: int | None = None,
     while True:
         try:
             call("submit", jobs.submit_job,
-                  entrypoint=entrypoint(pkg, workers=workers, output=output, force=force),
+                  entrypoint=entrypoint(pkg, workers=workers, output=output, force=force,
+                                        mlflow=mlflow, wandb=wandb),
                   submission_id=job_id,
                   runtime_env={"working_dir": pkg.folder, "excludes": list(pkg.excludes)},
                   metadata={"rayeval_sweep": sweep.name})

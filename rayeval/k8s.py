@@ -98,7 +98,7 @@ def render(sweep_path: str, *, image: str, workers: int = 1, gpus_per_worker: in
             "rayClusterSpec": {
                 "authOptions": {"mode": "token"},
                 "headGroupSpec": {
-                    # The head schedules no work: evaluation and Ray Data run on the workers.
+                    # The head schedules no work: evaluation runs on the workers.
                     "rayStartParams": {"num-cpus": "0", "dashboard-host": "0.0.0.0"},
                     "template": {"spec": {
                         "containers": [{**container, "name": "ray-head",

@@ -133,7 +133,7 @@ def aliases(model: torch.nn.Module) -> dict[str, str]:
     return {k: names[0] for names in groups.values() if len(names) > 1 for k in names}
 
 
-def _satisfied(missing: set[str], present: set[str], tied: Mapping[str, str]) -> set[str]:
+def satisfied_by_ties(missing: set[str], present: set[str], tied: Mapping[str, str]) -> set[str]:
     """The missing keys a tied name that is present stands in for."""
     groups: dict[str, set[str]] = {}
     for k, root in tied.items():
@@ -146,18 +146,18 @@ def fit_problems(shapes: Mapping[str, tuple], expected: Mapping[str, tuple],
     """What keeps a checkpoint from fitting: missing, unexpected, mis-shaped keys (a missing
     tied name is not missing when another name of its tensor is there)."""
     missing = set(expected) - set(shapes)
-    missing = sorted(missing - _satisfied(missing, set(shapes), tied))
+    missing = sorted(missing - satisfied_by_ties(missing, set(shapes), tied))
     unexpected = sorted(set(shapes) - set(expected))
     mismatched = sorted(k for k in set(expected) & set(shapes)
                         if tuple(shapes[k]) != tuple(expected[k]))
     parts = []
     if missing:
-        parts.append(f"{len(missing)} missing key(s): {_few(missing)}")
+        parts.append(f"{len(missing)} missing key(s): {few(missing)}")
     if unexpected:
-        parts.append(f"{len(unexpected)} unexpected key(s): {_few(unexpected)}")
+        parts.append(f"{len(unexpected)} unexpected key(s): {few(unexpected)}")
     if mismatched:
         shown = [f"{k} {list(shapes[k])} vs model {list(expected[k])}" for k in mismatched]
-        parts.append(f"{len(mismatched)} shape mismatch(es): {_few(shown)}")
+        parts.append(f"{len(mismatched)} shape mismatch(es): {few(shown)}")
     return parts
 
 
@@ -170,7 +170,7 @@ def check_fit(path: str, shapes: Mapping[str, tuple], model: torch.nn.Module) ->
                               + "; check model.factory and model.kwargs")
 
 
-def _few(items: list[str], n: int = 5) -> str:
+def few(items: list[str], n: int = 5) -> str:
     shown = ", ".join(items[:n])
     return shown + (f" and {len(items) - n} more" if len(items) > n else "")
 
@@ -255,8 +255,11 @@ class LeanLoader:
         with torch.device("meta"):
             return self.factory()
 
-    def load(self, path: str) -> tuple[torch.nn.Module, layouts.Raw]:
-        raw = layouts.read(path, self.spec.trust_pickle)
+    def load(self, path: str, raw: layouts.Raw | None = None
+             ) -> tuple[torch.nn.Module, layouts.Raw]:
+        """The model with the checkpoint at ``path`` loaded (``raw``: already read)."""
+        if raw is None:
+            raw = layouts.read(path, self.spec.trust_pickle)
         model = self.meta(path)
         dtypes = {n: t.dtype for n, t in model.state_dict().items()}
         tied = aliases(model)
@@ -273,8 +276,8 @@ class LeanLoader:
             raise CheckpointError(f"{path}: cannot load into the model: "
                                   f"{str(e).splitlines()[0]}") from None
         _tie(model, tied, set(state))
-        if set(missing) - _satisfied(set(missing), set(state), tied):   # fit checked: a bug
-            raise CheckpointError(f"{path}: keys left unloaded: {_few(sorted(missing))}")
+        if set(missing) - satisfied_by_ties(set(missing), set(state), tied):   # fit checked: a bug
+            raise CheckpointError(f"{path}: keys left unloaded: {few(sorted(missing))}")
         for name, value in self.extra_buffers.items():
             module_name, _, buffer_name = name.rpartition(".")
             module = model.get_submodule(module_name) if module_name else model
@@ -399,7 +402,7 @@ def describe(path: str, model: torch.nn.Module | None = None,
     missing = set(expected) - set(mapped)
     info.update({
         "fits": not problems, "problems": problems,
-        "missing": sorted(missing - _satisfied(missing, set(mapped), tied)),
+        "missing": sorted(missing - satisfied_by_ties(missing, set(mapped), tied)),
         "unexpected": sorted(set(mapped) - set(expected)),
         "mismatched": sorted(k for k in set(expected) & set(mapped)
                              if tuple(mapped[k]) != expected[k]),

@@ -58,6 +58,7 @@ class CellOutcome:
     attempt: int = 1
     peak_rss_bytes: int = 0
     baseline_rss_bytes: int = 0
+    loaded_rss_bytes: int = 0    # the peak right after the checkpoint was loaded (before passes)
 
     @property
     def ok(self) -> bool:

@@ -30,11 +30,43 @@ class Tracker:
         self.problems: list[str] = []             # what failed the earlier attempts
         self.fatal_error: Exception | None = None  # bad input: a restart would fail again
         self.nodes: dict[int, str] = {}           # rank -> node id, the latest attempt's
+        self.times: dict[int, dict] = {}          # rank -> its loop's timing (--profile)
+        self.queue: list = []                     # standing group: (index, Cell) to evaluate
+        self.taken: list = []                     # handed to the group, maybe unfinished
+        self.closed = False                       # standing group: no more cells will come
 
     def start_attempt(self) -> int:
         self.attempts += 1
         self.in_flight.clear()      # the nodes are not cleared: another rank may have said hello
+        # A standing group (watch) that restarts takes again the cells it had not finished.
+        self.queue = [c for c in self.taken if c[1].key not in self.outcomes] + self.queue
+        self.taken = []
         return self.attempts
+
+    # --- a standing worker group (``rayeval watch``): cells are fed while it runs ----------
+
+    def add_cells(self, cells: list[tuple[str, str, int]], pending: list) -> None:
+        """More cells for the standing group: (key, location, rows) for progress, and the
+        plan's ``Cell`` objects, queued in order."""
+        for meta, cell in zip(cells, pending):
+            self.queue.append((len(self.cells), cell))
+            self.cells.append(meta)
+
+    def take(self):
+        """The queued cells as (index, Cell) pairs (rank 0 of the standing group asks), [] when
+        none is queued, or None when the group is to stop (the feed closed, or a signal)."""
+        if self.stop_requested or (self.closed and not self.queue):
+            return None
+        batch, self.queue = self.queue, []
+        self.taken += batch
+        return batch
+
+    def close(self) -> None:
+        """No more cells: the standing group ends once the queue is empty."""
+        self.closed = True
+
+    def finished(self, keys: list[str]) -> bool:
+        return all(k in self.outcomes for k in keys)
 
     def hello(self, rank: int, node: str) -> None:
         self.nodes[rank] = node
@@ -87,6 +119,13 @@ class Tracker:
 
     def results(self) -> dict:
         return dict(self.outcomes)
+
+    def timing(self, rank: int, entered: float, left: float, phases: dict) -> None:
+        """A rank's wall-clock entry to and exit from its loop, and its phases (--profile)."""
+        self.times[rank] = {"entered": entered, "left": left, "phases": phases}
+
+    def timings(self) -> dict:
+        return dict(self.times)
 
     def snapshot(self) -> dict:
         current = [i for i, _ in self.in_flight.values()
@@ -165,6 +204,14 @@ class WorkerProgress:
         if self.tracker is not None:
             self._get(self.tracker.finish.remote(key, outcome))
 
+    def take(self):
+        """Rank 0 of a standing group: the next cells (see ``Tracker.take``)."""
+        return self._get(self.tracker.take.remote())
+
+    def timing(self, entered: float, left: float, phases: dict) -> None:
+        if self.tracker is not None:
+            self._get(self.tracker.timing.remote(self.rank, entered, left, phases), 5.0)
+
     def loaded(self, location: str) -> None:
         if self.tracker is not None:
             self.tracker.loaded.remote(self.rank, location)
@@ -233,7 +280,7 @@ class Rate:
             rate = processed / (now - self.began)
         left = total_rows - processed
         # The time left only from a rate measured between two snapshots: the average since the
-        # workers began still holds their start-up (Ray Data's first block, the first load)
+        # workers began still holds their start-up (the first read, the first load)
         # and once promised ~52 hours for a minute's work.
         eta = 0.0 if left == 0 else (left / rate if rate and measured else None)
         return Status(total=snap["total"], done=snap["done"], failed=snap["failed"],

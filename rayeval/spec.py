@@ -6,6 +6,7 @@ fault (``dataset.target``, ``metrics[2]``) and says how to fix it.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from typing import Any
 
@@ -13,7 +14,8 @@ import yaml
 
 from . import paths
 from .config import (DTYPE_NAMES, WATCH_ORDERS, Bootstrap, CheckpointSpec, DatasetSpec,
-                     EvalSpec, Generation, ModelSpec, Recovery, Sweep, WatchSpec)
+                     EvalSpec, Generation, ModelSpec, MlflowTracker, Parallelism, Recovery,
+                     Sweep, Trackers, WANDB_MODES, WandbTracker, WatchSpec)
 from .errors import SpecError
 from .metrics import parse_metric
 from .tasks import TASKS
@@ -21,7 +23,8 @@ from .tasks import TASKS
 
 SWEEP_KEYS = {
     "name", "model", "checkpoints", "batch_size", "workers", "use_gpu", "output", "bootstrap",
-    "checkpoint", "recovery", "resources_per_worker", "watch",
+    "checkpoint", "recovery", "resources_per_worker", "watch", "parallelism",
+    "trackers",
 }
 SINGLE_FORM_KEYS = {"dataset", "task", "metrics", "generation"}   # the one-evaluation form
 EVAL_KEYS = {"name", "task", "dataset", "metrics", "batch_size", "bootstrap", "generation"}
@@ -29,6 +32,10 @@ DATASET_KEYS = {"path", "inputs", "target", "id", "transform", "ignore_index", "
                 "prompt", "choices", "text", "delimiter"}
 MODEL_KEYS = {"factory", "kwargs", "dtype", "tokenizer", "max_length"}
 GENERATION_KEYS = {"until", "max_new_tokens"}
+PARALLELISM_KEYS = {"shard", "wrap"}
+TRACKERS_KEYS = {"mlflow", "wandb"}
+MLFLOW_KEYS = {"uri", "experiment", "run_id"}
+WANDB_KEYS = {"project", "entity", "run_id", "mode"}
 
 
 def with_overrides(sweep: Sweep, *, workers: int | None = None,
@@ -38,6 +45,11 @@ def with_overrides(sweep: Sweep, *, workers: int | None = None,
     if workers is not None:
         if workers < 1:
             raise SpecError(f"--workers: must be at least 1, got {workers}")
+        shard = sweep.parallelism.shard
+        if workers % shard:
+            raise SpecError(f"--workers: {workers} is not a multiple of parallelism.shard: "
+                            f"{shard} in the sweep; each replica of the model takes {shard} "
+                            "workers")
         changes["workers"] = workers
     if output is not None:
         changes["output"] = paths.resolve(output, os.getcwd())
@@ -109,6 +121,8 @@ def parse_sweep(raw: Any, *, base_dir: str, source: str = "<sweep>") -> Sweep:
         base_dir=base_dir, source=source, checkpoint=_checkpoint(r, top),
         recovery=_recovery(r, top), resources_per_worker=_resources(r, top, use_gpu),
         watch=watch_spec(r.get(top, "watch", default={}), source=source),
+        parallelism=_parallelism(r, top),
+        trackers=trackers_spec(r.get(top, "trackers", default={}), source=source),
     )
 
 
@@ -314,6 +328,84 @@ def watch_spec(raw: Any, *, source: str = "<sweep>", base: WatchSpec = WatchSpec
     if order not in WATCH_ORDERS:
         r.fail(f"{prefix}order", f"expected one of {', '.join(WATCH_ORDERS)}, got {_show(order)}")
     return WatchSpec(ready=ready, order=order)
+
+
+def trackers_spec(raw: Any, *, source: str = "<sweep>", base: Trackers = Trackers(),
+                  prefix: str = "trackers", removable: bool = False) -> Trackers:
+    """The ``trackers:`` mapping (or ``rayeval.run``'s ``trackers=``): each tracker named
+    replaces ``base``'s; trackers left out come from ``base``. With ``removable`` (the API),
+    ``None`` removes a tracker; in a sweep file, ``mlflow: {}`` is MLflow with its defaults
+    and an empty ``mlflow:`` is an error, not a tracker silently left out."""
+    r = _Reader(source)
+    m = r.mapping(raw, prefix, TRACKERS_KEYS)
+    mlflow, wandb = base.mlflow, base.wandb
+    if "mlflow" in m:
+        mlflow = None if removable and m["mlflow"] is None else \
+            _mlflow(r, m["mlflow"], f"{prefix}.mlflow")
+    if "wandb" in m:
+        wandb = None if removable and m["wandb"] is None else \
+            _wandb(r, m["wandb"], f"{prefix}.wandb")
+    return Trackers(mlflow=mlflow, wandb=wandb)
+
+
+def _run_id(r: "_Reader", m: dict, path: str) -> None:
+    value = m.get("run_id")
+    if value is not None and not isinstance(value, str):
+        r.fail(f"{path}.run_id", f"expected a run id string, got {_show(value)}; quote it "
+                                 "(run_id: \"...\"): YAML reads some ids as numbers")
+
+
+def _mlflow(r: "_Reader", raw: Any, path: str) -> MlflowTracker:
+    m = r.mapping(raw, path, MLFLOW_KEYS)
+    _run_id(r, m, path)
+    return MlflowTracker(**{k: r.string(m, k, path=f"{path}.{k}") for k in sorted(MLFLOW_KEYS)},
+                         key_path=path)
+
+
+def _wandb(r: "_Reader", raw: Any, path: str) -> WandbTracker:
+    m = r.mapping(raw, path, WANDB_KEYS)
+    _run_id(r, m, path)
+    mode = r.string(m, "mode", path=f"{path}.mode")
+    if mode is not None and mode not in WANDB_MODES:
+        r.fail(f"{path}.mode", f"expected one of {', '.join(WANDB_MODES)}, got {_show(mode)}")
+    return WandbTracker(project=r.string(m, "project", path=f"{path}.project", required=True),
+                        entity=r.string(m, "entity", path=f"{path}.entity"),
+                        run_id=r.string(m, "run_id", path=f"{path}.run_id"), mode=mode,
+                        key_path=path)
+
+
+def with_trackers(sweep: Sweep, *, mlflow: str | None = None,
+                  wandb: str | None = None) -> Sweep:
+    """The CLI's ``--mlflow URI`` / ``--wandb PROJECT``: add the tracker, or override the
+    sweep's URI / project and keep its other keys (experiment, run id, mode)."""
+    t = sweep.trackers
+    for flag, value in (("--mlflow", mlflow), ("--wandb", wandb)):
+        if value is not None and not value.strip():
+            raise SpecError(f"{flag}: expected a non-empty value")
+    if mlflow is not None:
+        t = dataclasses.replace(t, mlflow=dataclasses.replace(
+            t.mlflow or MlflowTracker(), uri=mlflow, key_path="--mlflow"))
+    if wandb is not None:
+        t = dataclasses.replace(t, wandb=dataclasses.replace(
+            t.wandb or WandbTracker(project=wandb), project=wandb, key_path="--wandb"))
+    return sweep.replace(trackers=t)
+
+
+def _parallelism(r: "_Reader", top: dict) -> Parallelism:
+    m = r.mapping(r.get(top, "parallelism", default={}), "parallelism", PARALLELISM_KEYS)
+    shard = r.integer(m, "shard", default=1, minimum=1, path="parallelism.shard")
+    wrap = m.get("wrap", [])
+    if isinstance(wrap, str):
+        wrap = [wrap]
+    if not isinstance(wrap, list) or not all(isinstance(w, str) and w for w in wrap):
+        r.fail("parallelism.wrap", f"expected module class names (e.g. [DecoderLayer]), got "
+                                   f"{_show(wrap)}")
+    workers = top.get("workers", 1)
+    if isinstance(workers, int) and workers % shard:
+        r.fail("parallelism.shard", f"{shard} does not divide workers: {workers}; make "
+                                    "workers a multiple of parallelism.shard (each replica "
+                                    "of the model takes shard workers)")
+    return Parallelism(shard=shard, wrap=tuple(wrap))
 
 
 def _recovery(r: "_Reader", top: dict) -> Recovery:

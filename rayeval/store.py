@@ -148,6 +148,15 @@ class ResultStore:
                              "permissions") from None
         return target
 
+    def read_cell(self, cell: str, columns: list[str] | None = None) -> list[dict]:
+        """One published cell's rows (``columns`` only: leave out the wide replicates)."""
+        try:
+            with self.fs.open_input_file(self._file(cell)) as f:
+                return pq.read_table(f, columns=columns).to_pylist()
+        except (pa.ArrowInvalid, OSError) as e:
+            raise StoreError(f"cannot read result store: {paths.explain(e, self.location)}") \
+                from None
+
     def discard_partial(self, cells) -> int:
         """Remove the temporary files of these cells that an interrupted writer left behind
         (local stores only: an object store shows an object only once it is complete)."""

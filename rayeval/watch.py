@@ -20,7 +20,7 @@ from typing import Callable
 
 import fnmatch
 
-from . import driver, paths, signals
+from . import driver, paths, signals, trackers
 from .checkpoints import CheckpointRef, expand_checkpoints
 from .config import Sweep, WatchSpec
 from .errors import RunError
@@ -130,7 +130,10 @@ class WatchState:
 def watch(sweep: Sweep, *, interval_s: float, settle_s: float, address: str | None = None,
           verbose: bool = False, display_for: Callable = lambda: None,
           say: Callable[[str], None] = print, stop: threading.Event | None = None) -> WatchState:
-    """Poll until ``stop`` is set or Ctrl-C (KeyboardInterrupt; SIGTERM is treated alike)."""
+    """Poll until ``stop`` is set or Ctrl-C (KeyboardInterrupt; SIGTERM is treated alike).
+    The sweep's trackers get each cell as it finishes, and the leaderboard after each poll
+    that added to it."""
+    trackers.require(sweep.trackers)
     evaluations, store = driver.check_inputs(sweep)
     spec: WatchSpec = sweep.watch
     settling = Settling(settle_s)
@@ -144,6 +147,8 @@ def watch(sweep: Sweep, *, interval_s: float, settle_s: float, address: str | No
             else f"ready when unchanged for {settle_s:g} s")
     say(f"[rayeval] watching {', '.join(sweep.checkpoints)} every {interval_s:g} s "
         f"({when}; {spec.order} first); Ctrl-C stops")
+    publisher = trackers.Publisher(sweep, say=say, warn=say)
+    group: driver.Standing | None = None
     try:
         while True:
             refs = expand_checkpoints(sweep.checkpoints, allow_empty=True)
@@ -164,15 +169,23 @@ def watch(sweep: Sweep, *, interval_s: float, settle_s: float, address: str | No
                     started = driver.start_ray(sweep, address, verbose)
                 names = dict.fromkeys(c.checkpoint.name for c in plan.cells)
                 say(f"[rayeval] {len(names)} new checkpoint(s): " + ", ".join(names))
+                if group is None or not group.alive:
+                    # One worker group for every poll; a new one only after a failure.
+                    group = driver.Standing(sweep, evaluations)
+                    say(f"[rayeval] worker group started ({sweep.workers} worker(s)); it "
+                        "stays up for the next checkpoints")
                 try:
-                    outcomes = driver.evaluate(plan, display_for()).outcomes
+                    outcomes = group.run(plan, display_for(),
+                                         on_cell=publisher.cell if publisher.live else None)
                 except KeyboardInterrupt as e:
                     # Ray is shut down only when no thread is left inside it (see run_sweep).
                     started = started and getattr(e, "group_stopped", False)
+                    group = None
                     raise
                 except RunError as e:      # workers lost beyond the restart budget: next poll
                     say(f"[rayeval] run failed: {e.message}; trying again at the next poll")
-                    outcomes = []
+                    group.close(timeout_s=5)
+                    group, outcomes = None, []
                 finally:
                     store.discard_partial(c.key for c in plan.cells)
                 for o in outcomes:
@@ -186,11 +199,16 @@ def watch(sweep: Sweep, *, interval_s: float, settle_s: float, address: str | No
                     else:
                         state.failed.add(o.key)
                         say(f"[rayeval] failed: {o.error}")
+                if any(o.ok for o in outcomes):
+                    publisher.board()
             if stop.wait(interval_s):
                 return state
     finally:
         with signals.held():
+            if group is not None:
+                group.close()
             if started:
                 import ray
 
                 ray.shutdown()
+            publisher.close()

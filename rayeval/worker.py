@@ -8,9 +8,10 @@ before the next load. Its steps:
     reduce            ONE all-reduce of the states per cell (no collective per batch)
     publish           rank 0 checks the row count against the data set and writes the cell
 
-Each evaluation's data set is its own Ray Data set, split exactly once over the workers. After
-a first pass a worker keeps its decoded shard of an evaluation in memory when every worker's
-fits (one memory budget shared by the evaluations); otherwise it streams the shard again.
+Each worker reads its own rows of every evaluation's data set straight from the parquet files
+(``data.RowRange``: rank r of W takes rows [n*r/W, n*(r+1)/W), so every row is read exactly
+once). After a first pass a worker keeps its decoded shard of an evaluation in memory when every
+worker's fits (one memory budget shared by the evaluations); otherwise it streams it again.
 """
 
 from __future__ import annotations
@@ -23,16 +24,17 @@ from typing import NamedTuple
 import ray.train
 import ray.train.torch
 import torch
-from ray.train import DataConfig
 
-from . import dist, tasks
+from . import dist, layouts, tasks
 from .checkpoints import fetch
-from .errors import (CheckpointError, DataError, GroupError, RayevalError, RunError,
-                     SpecError, traceback_of)
-from .evaluate import ROWS, Decoder, Pass, finalize
+from .data import RowRange
+from .errors import (CheckpointError, DataError, GroupError, ModelError, RayevalError,
+                     RunError, SpecError, traceback_of)
+from .evaluate import ROWS, Decoder, Pass, finalize, float_dtype
 from .metrics import build_all
 from .model import ModelSource
 from .plan import Cell, CellOutcome, Evaluation, Plan
+from .profile import Timer
 from .progress import WorkerProgress
 from .store import ResultStore, cell_rows
 
@@ -41,30 +43,12 @@ _CACHE_OVERFLOW = "_overflow"  # any rank's shard was too big to keep,
 _STOP = "_stop"                # any rank was told to stop (the driver got SIGINT or SIGTERM)
 
 
+STANDING_POLL_S = 2.0      # a standing group's rank 0 asks for cells this long before it says
+                           # "none yet" to the others
+
+
 class Stop(Exception):
     """Every rank agreed to stop: the run was interrupted; finished cells are published."""
-
-
-def dataset_name(index: int) -> str:
-    """The Ray Train data set name of the plan's ``index``-th evaluation."""
-    return f"eval{index}"
-
-
-class ExactlyOnceSplit(DataConfig):
-    """Ray Train's default split (``equal=True``) drops rows to even out shards. Evaluation must
-    see every row exactly once, so shards are split with ``equal=False`` (uneven, nothing
-    dropped); the one all-reduce per cell does not care how uneven they are."""
-
-    def configure(self, datasets, world_size, worker_handles, worker_node_ids, **kwargs):
-        out = [{} for _ in range(world_size)]
-        for name, ds in datasets.items():
-            ds = ds.copy(ds)
-            ds.context.execution_options = self._resolve_execution_options(name)
-            hints = worker_node_ids if self._enable_shard_locality else None
-            for i, split in enumerate(ds.streaming_split(world_size, equal=False,
-                                                         locality_hints=hints)):
-                out[i][name] = split
-        return out
 
 
 def cache_budget_bytes() -> int:
@@ -107,8 +91,8 @@ class Shard:
     streamed on the first pass, kept if they fit the budget and every worker's fit. A batch
     that cannot be decoded comes as a BadBatch (and the shard is not kept)."""
 
-    def __init__(self, iterator, decoder: Decoder, batch_size: int, budget: Budget):
-        self.iterator = iterator
+    def __init__(self, rows: RowRange, decoder: Decoder, batch_size: int, budget: Budget):
+        self.rows = rows
         self.decode = decoder
         self.batch_size = batch_size
         self.budget = budget
@@ -123,8 +107,7 @@ class Shard:
             return
         first = self.passes == 0
         self.passes += 1
-        for table in self.iterator.iter_batches(batch_size=self.batch_size,
-                                                batch_format="pyarrow", prefetch_batches=2):
+        for table in self.rows.iter_batches(self.batch_size):
             if table.num_rows == 0:
                 continue
             try:
@@ -177,6 +160,7 @@ def train_loop(config: dict) -> list[CellOutcome]:
     A restarted group (a worker died or stalled) asks the tracker which cells are finished and
     goes on from the first unfinished one; a cell's rows are counted only in the pass that
     publishes it, so nothing is counted twice."""
+    entered = time.time()
     plan: Plan = config["plan"]
     rank = ray.train.get_context().get_world_rank()
     progress = WorkerProgress(config.get("tracker"), rank)
@@ -184,8 +168,15 @@ def train_loop(config: dict) -> list[CellOutcome]:
     if fatal is not None:
         return []          # an earlier attempt met bad input: a restart would meet it again
     try:
-        worker = Worker(plan, progress, attempt)
-        return worker.run([c for c in plan.cells if c.key not in done])
+        timer = Timer()
+        with timer.span("setup"):
+            worker = Worker(plan, progress, attempt, timer)
+        if config.get("standing"):
+            outcomes = worker.stand()
+        else:
+            outcomes = worker.run([c for c in plan.cells if c.key not in done])
+        progress.timing(entered, time.time(), timer.as_dict())
+        return outcomes
     except GroupError as e:
         progress.problem(e.message)
         raise
@@ -200,8 +191,10 @@ def train_loop(config: dict) -> list[CellOutcome]:
 class Worker:
     """One rank's state for a run: the model loader, the shards, the store (rank 0)."""
 
-    def __init__(self, plan: Plan, progress: WorkerProgress, attempt: int):
+    def __init__(self, plan: Plan, progress: WorkerProgress, attempt: int,
+                 timer: Timer | None = None):
         sweep = plan.sweep
+        self.timer = timer or Timer()
         ctx = ray.train.get_context()
         self.plan = plan
         self.progress = progress
@@ -211,19 +204,34 @@ class Worker:
         self.timeout = sweep.recovery.stall_timeout_s
         self.device = ray.train.torch.get_device()
         self.baseline = peak_rss()
+        self.loaded_rss = 0
         self.source = ModelSource(sweep.model, sweep.base_dir)
         self.loader = self.source.loader(self.device, sweep.checkpoint)
+        self.lockstep = None           # a sharded model's replica runs its forwards in step
+        if sweep.parallelism.sharded:
+            from .sharding import Lockstep, ShardedLoader, give_back_gathered_memory
+
+            give_back_gathered_memory()
+            mesh = dist.replica_mesh(sweep.parallelism.shard)
+            self.loader = ShardedLoader(self.loader, mesh, sweep.parallelism)
+            self.lockstep = Lockstep(mesh, self.timeout)
         self.uses_text = any(tasks.get(ev.spec.task).uses_text for ev in plan.evaluations)
         budget = Budget(cache_budget_bytes())
         self.shards = {}
         self.metrics = {}
-        for i, ev in enumerate(plan.evaluations):
-            self.shards[ev.name] = Shard(ray.train.get_dataset_shard(dataset_name(i)),
-                                         Decoder(ev.spec, ev.data, sweep.base_dir),
+        for ev in plan.evaluations:
+            start, stop = ev.data.shard_rows(self.rank, self.world)
+            rows = RowRange(ev.data, ev.spec.dataset.columns, start, stop,
+                            f"{ev.spec.dataset.key_path}.path")
+            self.shards[ev.name] = Shard(rows, Decoder(ev.spec, ev.data, sweep.base_dir),
                                          ev.spec.batch_size, budget)
             self.metrics[ev.name] = build_all(ev.spec.metrics)
         self.store = ResultStore(sweep.output) if self.rank == 0 else None
         self.cache_dir = os.path.join(tempfile.gettempdir(), "rayeval-checkpoints")
+        # A sharded model reads its slices when it loads (collectively): only fetch ahead.
+        self.ahead = Prefetch(self.cache_dir, None if self.lockstep else (
+            lambda path: layouts.read(path, sweep.checkpoint.trust_pickle)),
+            cache_budget_bytes(), enabled=os.environ.get("RAYEVAL_PREFETCH", "1") != "0")
         self.index_of = {c.key: i for i, c in enumerate(plan.cells)}
         self.tokenizer = None
         self.outcomes: list[CellOutcome] = []
@@ -240,16 +248,57 @@ class Worker:
             self.run_checkpoints(todo)
         except Stop:
             pass
+        finally:
+            self.ahead.close()
         return self.outcomes
 
-    def run_checkpoints(self, todo: set[str]) -> None:
-        for ref, fingerprint, group in self.plan.by_checkpoint():
-            group = [c for c in group if c.key in todo]
-            if not group:
+    def stand(self) -> list[CellOutcome]:
+        """A standing group (``rayeval watch``): evaluate the cells the driver feeds through
+        the tracker as they come, until it closes the feed or asks to stop. Rank 0 takes
+        them and every rank gets the same batch; while none comes, rank 0 says so every few
+        seconds, so a long wait is never taken for a stall."""
+        try:
+            return self._stand()
+        finally:
+            self.ahead.close()
+
+    def _stand(self) -> list[CellOutcome]:
+        import dataclasses
+
+        base = self.plan
+        wait = min(STANDING_POLL_S, self.timeout / 4)
+        while True:
+            batch = []
+            if self.rank == 0:
+                deadline = time.monotonic() + wait
+                while True:
+                    batch = self.progress.take()
+                    if batch is None or batch or time.monotonic() >= deadline:
+                        break
+                    time.sleep(0.1)
+            batch = dist.broadcast(batch, "the wait for checkpoints", self.timeout)
+            if batch is None:
+                return self.outcomes
+            if not batch:
                 continue
+            self.plan = dataclasses.replace(base, cells=tuple(c for _, c in batch))
+            self.index_of = {c.key: i for i, c in batch}
+            try:
+                self.run_checkpoints({c.key for _, c in batch})
+            except Stop:
+                return self.outcomes
+
+    def run_checkpoints(self, todo: set[str]) -> None:
+        pending = [(ref, fingerprint, [c for c in group if c.key in todo])
+                   for ref, fingerprint, group in self.plan.by_checkpoint()]
+        pending = [p for p in pending if p[2]]
+        for i, (ref, fingerprint, group) in enumerate(pending):
             start = time.perf_counter()
             self.progress.rows(self.index_of[group[0].key], 0, force=True)
-            model, raw, error = self.load_and_agree(ref, fingerprint)
+            with self.timer.span("load"):
+                model, raw, error = self.load_and_agree(ref, fingerprint)
+            if i + 1 < len(pending):      # the next one comes in while this one runs
+                self.ahead.start(pending[i + 1][0].location, pending[i + 1][1])
             if model is None:
                 for cell in group:
                     self.finish(self.failure(cell, ref.step, error))
@@ -264,18 +313,47 @@ class Worker:
 
     def load_and_agree(self, ref, fingerprint: str):
         """(model, raw, None) on every rank, or (None, None, why) on every rank when any
-        rank failed to load the checkpoint."""
-        error = model = raw = None
-        try:
-            local = fetch(ref.location, self.cache_dir, fingerprint)
-            model, raw = self.loader.load(local)
-            if self.uses_text:
-                self.use_tokenizer(self.source.tokenizer(local, model))
-            self.progress.loaded(ref.location)
-        except (CheckpointError, SpecError) as e:
-            error = e.message
-            self.progress.cell_error(ref.location, error)   # before the reduce: rank 0 reads it
+        rank failed to load the checkpoint. A sharded model is loaded in two steps, agreed on
+        after each: its fit checked from the checkpoint's headers, then its rows read (DCP's
+        load is collective: no rank may enter it alone)."""
         where = f"the load of {ref.location}"
+        loaded = None
+
+        def stage():
+            nonlocal loaded
+            local, raw = self.ahead.take(ref.location)
+            if local is None:
+                local = fetch(ref.location, self.cache_dir, fingerprint)
+            loaded = self.loader.stage(local) if self.lockstep else \
+                self.loader.load(local, raw)
+            if self.uses_text:
+                model = loaded.model if self.lockstep else loaded[0]
+                self.use_tokenizer(self.source.tokenizer(local, model))
+
+        why = self.agree(ref.location, stage, where)
+        if why is None and self.lockstep is not None:
+            staged = loaded
+
+            def shard():
+                nonlocal loaded
+                loaded = self.loader.load(staged)
+                self.lockstep.attach(loaded[0])
+
+            why = self.agree(ref.location, shard, f"the sharded load of {ref.location}")
+        if why is not None:
+            return None, None, why
+        self.progress.loaded(ref.location)
+        self.loaded_rss = peak_rss()
+        return loaded[0], loaded[1], None
+
+    def agree(self, location: str, step, where: str) -> str | None:
+        """Run one loading step on every rank; why it failed (on any rank), or None."""
+        error = None
+        try:
+            step()
+        except (CheckpointError, SpecError, ModelError) as e:
+            error = e.message
+            self.progress.cell_error(location, error)   # before the reduce: rank 0 reads it
         dist.sync(where, self.timeout)
         any_failed, stop = dist.all_reduce_max([1.0 if error else 0.0,
                                                 1.0 if self.progress.stopping() else 0.0],
@@ -283,9 +361,9 @@ class Worker:
         if stop:
             raise Stop
         if any_failed:
-            return None, None, error or self.progress.error_of(ref.location) or (
-                f"{ref.location}: could not be loaded on another worker; see the worker logs")
-        return model, raw, None
+            return error or self.progress.error_of(location) or (
+                f"{location}: could not be loaded on another worker; see the worker logs")
+        return None
 
     def use_tokenizer(self, tokenizer) -> None:
         """Decode the text evaluations with this checkpoint's tokenizer; a shard kept from
@@ -301,7 +379,8 @@ class Worker:
                       ) -> CellOutcome | None:
         """Pass, reduce and publish one cell; rank 0 returns its outcome."""
         ev = self.plan.evaluation(cell.evaluation)
-        states, error, stopped = self.one_pass(model, cell, ev)
+        with self.timer.span("pass"):
+            states, error, stopped = self.one_pass(model, cell, ev)
         shard = self.shards[ev.name]
         if error:
             self.progress.cell_error(cell.key, error)     # before the reduce: rank 0 reads it
@@ -309,8 +388,9 @@ class Worker:
         states[_CACHE_OVERFLOW] = torch.tensor(int(shard.overflowed), dtype=torch.int64)
         states[_STOP] = torch.tensor(int(stopped or self.progress.stopping()), dtype=torch.int64)
         where = f"the end of the pass over {cell.checkpoint.location} on {ev.name}"
-        dist.sync(where, self.timeout)
-        merged = dist.all_reduce_states(states, where, self.timeout)   # the one state reduce
+        with self.timer.span("reduce"):
+            dist.sync(where, self.timeout)
+            merged = dist.all_reduce_states(states, where, self.timeout)   # the one reduce
         if merged[_STOP]:
             raise Stop
         shard.agree(bool(merged[_CACHE_OVERFLOW]))
@@ -322,7 +402,8 @@ class Worker:
                 "see the worker logs"))
         if self.rank != 0:
             return None
-        return self.publish(cell, ev, merged, step, layout, start)
+        with self.timer.span("publish"):
+            return self.publish(cell, ev, merged, step, layout, start)
 
     def one_pass(self, model, cell: Cell, ev: Evaluation):
         """This worker's states for one cell, the error that stopped it (the pass still drains
@@ -333,7 +414,11 @@ class Worker:
                  generation=ev.spec.generation, batch=ev.spec.batch_size)
         index = self.index_of[cell.key]
         rows, error, stopped = 0, None, False
+        waited = time.perf_counter()
         for batch in self.shards[ev.name]:
+            if waited is not None:
+                self.timer.add("first batch", time.perf_counter() - waited)
+                waited = None
             if self.progress.stopping():
                 stopped = True
                 break
@@ -352,6 +437,10 @@ class Worker:
         if not error and not stopped:
             error = self.scored(p.finish, (), cell, ev)
         self.progress.rows(index, rows, force=True)
+        if self.lockstep is not None:        # peers of this replica may still have rows
+            idle = tasks.get(ev.spec.task).idle_input(ev.spec.dataset, ev.data.shapes)
+            self.lockstep.drain(model, None if idle is None else
+                                tasks.move(idle, self.device, float_dtype(model)))
         return dict(p.states), error, stopped
 
     def scored(self, step, args, cell: Cell, ev: Evaluation) -> str | None:
@@ -393,7 +482,8 @@ class Worker:
             key=cell.key, checkpoint=cell.checkpoint.location, evaluation=ev.name, step=step,
             values=tuple((k, r.value) for k, r in results.items()), rows=counted,
             seconds=time.perf_counter() - start, layout=layout, attempt=self.attempt,
-            peak_rss_bytes=peak_rss(), baseline_rss_bytes=self.baseline)
+            peak_rss_bytes=peak_rss(), baseline_rss_bytes=self.baseline,
+            loaded_rss_bytes=self.loaded_rss)
 
     def failure(self, cell: Cell, step, message: str) -> CellOutcome:
         return CellOutcome(key=cell.key, checkpoint=cell.checkpoint.location,
@@ -404,6 +494,55 @@ class Worker:
         self.outcomes.append(outcome)
         if self.rank == 0:
             self.progress.finish(outcome.key, outcome)
+
+
+class Prefetch:
+    """The next checkpoint fetched (object storage to this node's cache) and read
+    (deserialised) on a thread while the current one is evaluated, so loading hides behind
+    the passes. At most one checkpoint ahead, and only fetched, not read, when its files are
+    over ``budget`` bytes (it would not fit beside the current one). A failure is kept and
+    raised where the checkpoint is loaded, so it fails its own cells as usual."""
+
+    def __init__(self, cache_dir: str, read, budget: int, enabled: bool = True):
+        import concurrent.futures
+
+        self.cache_dir = cache_dir
+        self.read = read
+        self.budget = budget
+        self.pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="rayeval-ahead")
+        self.enabled = enabled          # RAYEVAL_PREFETCH=0 turns it off (benchmarks)
+        self.location: str | None = None
+        self.future = None
+
+    def start(self, location: str, fingerprint: str) -> None:
+        if not self.enabled:
+            return
+        self.location = location
+        self.future = self.pool.submit(self._get, location, fingerprint)
+
+    def _get(self, location: str, fingerprint: str):
+        local = fetch(location, self.cache_dir, fingerprint)
+        if self.read is None or _size(local) > self.budget:
+            return local, None
+        return local, self.read(local)
+
+    def take(self, location: str):
+        """(local path, read checkpoint or None) of ``location`` if it was fetched ahead (the
+        fetch's error is raised here), else (None, None)."""
+        if self.future is None or self.location != location:
+            return None, None
+        future, self.future, self.location = self.future, None, None
+        return future.result()
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _size(path: str) -> int:
+    if not os.path.isdir(path):
+        return os.path.getsize(path)
+    return sum(os.path.getsize(os.path.join(d, f)) for d, _, files in os.walk(path)
+               for f in files)
 
 
 def peak_rss() -> int:

@@ -4,7 +4,9 @@ the numbers must agree.
 Runs the shipped digits example and a larger synthetic sweep (200,000 rows x 256 features, a
 4-layer MLP, 6 checkpoints) with `use_gpu: true` and then on 2 CPU workers, compares every
 stored value, and prints one JSON object: devices, world sizes, wall times, rows counted, and
-the largest differences. Exit status 1 when a difference is over its tolerance (accuracy-like
+the largest differences. The synthetic sweep runs a third time with the model sharded over the
+GPUs (``parallelism.shard``: FSDP2 over NCCL, 2 or more GPUs; over 2 CPU workers with
+--cpu-only). Exit status 1 when a difference is over its tolerance (accuracy-like
 values: 2 rows' worth; float metrics: 1e-4 relative), 2 when no GPU is found.
 
     python scripts/gpu_check.py              # on a machine with one or more GPUs
@@ -77,10 +79,12 @@ def make_synthetic(root: str, rows: int, checkpoints: int) -> str:
     return path
 
 
-def run(sweep_path: str, *, use_gpu: bool, workers: int, output: str) -> dict:
+def run(sweep_path: str, *, use_gpu: bool, workers: int, output: str, shard: int = 1) -> dict:
     import dataclasses
 
     import ray
+
+    from rayeval.config import Parallelism
 
     from rayeval.driver import run_sweep
     from rayeval.boards import latest_rows
@@ -89,6 +93,8 @@ def run(sweep_path: str, *, use_gpu: bool, workers: int, output: str) -> dict:
 
     sweep = with_overrides(load_sweep(sweep_path), workers=workers, output=output)
     sweep = dataclasses.replace(sweep, use_gpu=use_gpu)
+    if shard > 1:      # each Linear a unit of FSDP2: the model sharded over `shard` workers
+        sweep = sweep.replace(parallelism=Parallelism(shard=shard, wrap=("Linear",)))
     began = time.perf_counter()
     report = run_sweep(sweep, force=True)
     seconds = time.perf_counter() - began
@@ -98,7 +104,7 @@ def run(sweep_path: str, *, use_gpu: bool, workers: int, output: str) -> dict:
     rows = {(os.path.basename(r["checkpoint"]), r["dataset"], r["metric"]): r
             for r in latest_rows(ResultStore(output).read())}
     return {"seconds": round(seconds, 2), "failures": failures, "rows": rows,
-            "world_size": workers, "use_gpu": use_gpu}
+            "world_size": workers, "use_gpu": use_gpu, "shard": shard}
 
 
 def compare(a: dict, b: dict, num_rows: int) -> dict:
@@ -154,6 +160,23 @@ def main(argv=None) -> int:
                 "cpu": {k: cpu[k] for k in ("seconds", "world_size", "use_gpu")},
                 "samples_counted": sorted({r["num_samples"] for r in accel["rows"].values()}),
                 **verdict}
+        # The synthetic sweep again with the model sharded over every GPU (FSDP2, NCCL; two
+        # ranks cannot share a GPU, so this needs 2 or more), against the CPU run.
+        path, num_rows = sweeps["synthetic"]
+        shard = 2 if args.cpu_only else gpus
+        if shard >= 2:
+            sharded = run(path, use_gpu=not args.cpu_only, workers=shard, shard=shard,
+                          output=os.path.join(root, "synthetic-sharded"))
+            verdict = compare(sharded, cpu, num_rows)
+            verdict["failures"] = sharded["failures"]
+            verdict["ok"] = verdict["ok"] and not verdict["failures"]
+            ok = ok and verdict["ok"]
+            figures["sweeps"]["synthetic-sharded"] = {
+                "rows": num_rows, "sharded": {k: sharded[k] for k in
+                                              ("seconds", "world_size", "use_gpu", "shard")},
+                **verdict}
+        else:
+            figures["sweeps"]["synthetic-sharded"] = "not run: sharding over GPUs needs 2 or more"
     figures["ok"] = ok
     text = json.dumps(figures, indent=2)
     print(text)

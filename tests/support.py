@@ -155,3 +155,16 @@ def wait_for(predicate, timeout, what, log):
             return
         time.sleep(0.1)
     raise AssertionError(f"timed out waiting for {what}:\n{log.read_text()}")
+
+
+def script(name: str):
+    """A module of scripts/ (``make_lm_example``...), loaded by path under its own name: the
+    scripts are not a package, and a module name shared with a test's would be cached."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        f"rayeval_script_{name}", os.path.join(os.path.dirname(os.path.dirname(
+            os.path.abspath(__file__))), "scripts", f"{name}.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

@@ -26,10 +26,12 @@ def test_ci_runs_the_readme_test_command():
 
 
 def test_every_sweep_key_is_documented():
-    from rayeval.spec import DATASET_KEYS, EVAL_KEYS, SWEEP_KEYS
+    from rayeval.spec import (DATASET_KEYS, EVAL_KEYS, MLFLOW_KEYS, PARALLELISM_KEYS, SWEEP_KEYS,
+                              WANDB_KEYS)
 
     text = open(os.path.join(REPO, "README.md"), encoding="utf-8").read()
-    sections = {"model", "bootstrap", "checkpoint", "recovery", "watch"}
+    sections = {"model", "bootstrap", "checkpoint", "recovery", "watch", "trackers",
+                "parallelism"}
     keys = sorted(SWEEP_KEYS - sections) + ["evals", "dataset.name"]
     keys += [f"evals[i].{k}" for k in sorted(EVAL_KEYS - {"dataset"})]
     keys += [f"evals[i].dataset.{k}" for k in sorted(DATASET_KEYS)]
@@ -38,5 +40,8 @@ def test_every_sweep_key_is_documented():
              "bootstrap.confidence", "bootstrap.seed", "bootstrap.buckets",
              "recovery.max_restarts", "recovery.stall_timeout_s", "model.tokenizer",
              "model.max_length", "watch.ready", "watch.order"]
+    keys += [f"parallelism.{k}" for k in sorted(PARALLELISM_KEYS)]
+    keys += [f"trackers.mlflow.{k}" for k in sorted(MLFLOW_KEYS)]
+    keys += [f"trackers.wandb.{k}" for k in sorted(WANDB_KEYS)]
     for key in keys:
         assert f"| `{key}` |" in text, key

@@ -7,7 +7,6 @@ log-likelihood, each document's, each generation) and every metric, in one proce
 local Ray with 1 and 3 workers. Bad input is one line before Ray starts, with nothing written.
 """
 
-import importlib.util
 import math
 import os
 import shutil
@@ -23,7 +22,7 @@ pytest.importorskip("transformers")
 pytest.importorskip("lm_eval")
 
 from harness import run_harness  # noqa: E402
-from support import rayeval_cli  # noqa: E402
+from support import rayeval_cli, script  # noqa: E402
 
 from rayeval import driver  # noqa: E402
 from rayeval.data import read_batches  # noqa: E402
@@ -40,18 +39,10 @@ REL = 1e-4          # perplexities: float32 kernels differ with the batch's padd
 EVALS = {"facts_mc": "mc", "docs": "docs", "sums": "gen"}
 
 
-def _builder():
-    spec = importlib.util.spec_from_file_location(
-        "make_lm_example", os.path.join(REPO, "scripts", "make_lm_example.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.fixture(scope="module")
 def example(tmp_path_factory):
     out = tmp_path_factory.mktemp("lm")
-    _builder().build(str(out), checkpoints=2)
+    script("make_lm_example").build(str(out), checkpoints=2)
     return out
 
 

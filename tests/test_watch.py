@@ -66,6 +66,8 @@ def test_watch_evaluates_checkpoints_as_they_are_written(tmp_path):
     assert "watch stopped (SIGINT); every result written so far is complete" in text
     assert "failed" not in text and "Traceback" not in text, text
     assert "1 new checkpoint(s): step_3.pt" in text
+    # One worker group served both polls: the second checkpoint cost no new group.
+    assert text.count("worker group started") == 1, text
     got = stored()
     for seed, name in ((1, "step_1.pt"), (3, "step_3.pt")):
         for metric, value in reference_metrics(build_model(seed=seed), x, y).items():

@@ -130,6 +130,17 @@ class Task:
         """What the driver's probe feeds the model, from a decoded batch of a few rows."""
         return x
 
+    def idle_input(self, spec: DatasetSpec, shapes: Mapping[str, tuple[int, ...]]
+                   ) -> Inputs | None:
+        """The smallest input the model takes: what a rank of a sharded replica feeds it while
+        its peers still have rows (the output is dropped). One row of zeros in the data
+        set's shapes; None when a transform makes the inputs (then the rank's first real
+        batch is fed again)."""
+        if spec.transform is not None:
+            return None
+        zeros = {c: torch.zeros((1, *shapes[c]), dtype=torch.float32) for c in spec.inputs}
+        return zeros[spec.inputs[0]] if len(spec.inputs) == 1 else zeros
+
     def scored_tokens(self, outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """The tokens a batch scored (tasks that count them, ``counts_tokens``)."""
         return (targets != IGNORE).sum()
@@ -236,6 +247,9 @@ class LanguageModeling(Task):
     # Rows are sequences, so num_samples says little about a perplexity's support; the count
     # is kept apart from the metrics' own "tokens" states, which exist only for chosen metrics.
     counts_tokens = True
+
+    def idle_input(self, spec, shapes):
+        return torch.zeros((1, 1), dtype=torch.int64)         # one token
 
     def check_schema(self, spec, schema):
         for key, column in ((f"{spec.key_path}.inputs", spec.inputs[0]),

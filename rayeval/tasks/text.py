@@ -121,6 +121,9 @@ class _TextTask(Task):
     def probe_input(self, x: TextBatch) -> torch.Tensor:
         return torch.tensor([self.first_tokens(x)[:16]], dtype=torch.int64)
 
+    def idle_input(self, spec, shapes):
+        return torch.zeros((1, 1), dtype=torch.int64)         # one token
+
     def first_tokens(self, x: TextBatch) -> list[int]:
         raise NotImplementedError
 
@@ -422,7 +425,11 @@ def _hf_generate(model, contexts: list[list[int]], run) -> list[list[int]]:
         input_ids=ids.to(run.device), attention_mask=mask.to(run.device), do_sample=False,
         max_new_tokens=run.generation.max_new_tokens, pad_token_id=pad,
         eos_token_id=tok.eos_id, stopping_criteria=transformers.StoppingCriteriaList([Until()]),
-        use_cache=True)
+        use_cache=True,
+        # transformers turns synced_gpus on for FSDP models: an all-reduce over the whole
+        # world at every step, which other replicas never join. A sharded model's replica is
+        # kept in step by sharding.Lockstep instead.
+        synced_gpus=False)
     return [row[width:].tolist() for row in result.cpu()]
 
 
