@@ -311,6 +311,7 @@ def evaluate(plan: Plan, display=None, on_cell=None, timer: Timer | None = None)
     # controller reads it when it starts (it inherits this process's environment).
     interval = os.environ.setdefault(HEALTH_CHECK_ENV, "0.5") if \
         HEALTH_CHECK_ENV not in os.environ else None
+    fit_began = time.time()        # --profile's "group start" counts the trainer's making
     tracker = ray.remote(Tracker).options(num_cpus=0).remote(
         [(c.key, c.checkpoint.location, plan.evaluation(c.evaluation).data.num_rows)
          for c in plan.cells])
@@ -341,7 +342,6 @@ def evaluate(plan: Plan, display=None, on_cell=None, timer: Timer | None = None)
     try:
         try:
             with display:
-                fit_began = time.time()
                 thread.start()
                 finished_fit = False
                 while not finished_fit:
@@ -455,6 +455,8 @@ class Standing:
     def run(self, plan: Plan, display=None, on_cell=None) -> list[CellOutcome]:
         """Evaluate the plan's cells on the standing group; their outcomes in plan order.
         Raises as ``evaluate`` does when the group fails (then it is gone)."""
+        import pickle
+
         import ray
 
         from .progress import NullDisplay, Rate
@@ -462,7 +464,7 @@ class Standing:
         keys = [c.key for c in plan.cells]
         ray.get(self.tracker.add_cells.remote(
             [(c.key, c.checkpoint.location, plan.evaluation(c.evaluation).data.num_rows)
-             for c in plan.cells], list(plan.cells)))
+             for c in plan.cells], [pickle.dumps(c) for c in plan.cells]))
         display = display or NullDisplay()
         rate, began, handed = Rate(), time.monotonic(), set()
         try:

@@ -19,6 +19,7 @@ from .config import EvalSpec, Sweep
 from .data import DatasetInfo
 from .metrics import VERSION as METRICS_VERSION
 from .model import source_digest
+from .outcome import CellOutcome  # noqa: F401 - re-exported: the driver's and workers' name
 from .store import ResultStore
 
 
@@ -40,29 +41,6 @@ class Cell:
     evaluation: str              # its name
     key: str                     # content key: the store's file name for this cell
     fingerprint: str = ""        # the checkpoint's: a changed file is a new cell
-
-
-@dataclass(frozen=True)
-class CellOutcome:
-    """What became of one cell; crosses from rank 0 through the tracker to the driver."""
-    key: str
-    checkpoint: str
-    evaluation: str
-    step: int | None
-    error: str | None = None     # None: published
-    detail: str | None = None    # the traceback of the user's code behind the error (--debug)
-    values: tuple[tuple[str, float], ...] = ()
-    rows: int = 0
-    seconds: float = 0.0
-    layout: str | None = None
-    attempt: int = 1
-    peak_rss_bytes: int = 0
-    baseline_rss_bytes: int = 0
-    loaded_rss_bytes: int = 0    # the peak right after the checkpoint was loaded (before passes)
-
-    @property
-    def ok(self) -> bool:
-        return self.error is None
 
 
 @dataclass(frozen=True)

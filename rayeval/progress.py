@@ -22,7 +22,7 @@ class Tracker:
     def __init__(self, cells: list[tuple[str, str, int]]):
         self.cells = list(cells)                  # (key, checkpoint location, rows), plan order
         self.outcomes: dict = {}                  # key -> CellOutcome of a finished cell
-        self.errors: dict[str, str] = {}          # key -> the first rank's error in that cell
+        self.errors: dict[str, tuple] = {}        # key -> the first rank's (error, traceback)
         self.loads: dict[tuple[int, str], int] = {}   # (rank, checkpoint) -> loads
         self.in_flight: dict[int, tuple[int, int]] = {}   # rank -> (cell index, rows done)
         self.attempts = 0
@@ -39,27 +39,29 @@ class Tracker:
         self.attempts += 1
         self.in_flight.clear()      # the nodes are not cleared: another rank may have said hello
         # A standing group (watch) that restarts takes again the cells it had not finished.
-        self.queue = [c for c in self.taken if c[1].key not in self.outcomes] + self.queue
+        self.queue = [c for c in self.taken if c[1] not in self.outcomes] + self.queue
         self.taken = []
         return self.attempts
 
     # --- a standing worker group (``rayeval watch``): cells are fed while it runs ----------
 
-    def add_cells(self, cells: list[tuple[str, str, int]], pending: list) -> None:
+    def add_cells(self, cells: list[tuple[str, str, int]], pending: list[bytes]) -> None:
         """More cells for the standing group: (key, location, rows) for progress, and the
-        plan's ``Cell`` objects, queued in order."""
-        for meta, cell in zip(cells, pending):
-            self.queue.append((len(self.cells), cell))
+        plan's ``Cell`` objects pickled (this actor never unpickles them: that would import
+        the plan's modules, torch among them), queued in order."""
+        for meta, blob in zip(cells, pending):
+            self.queue.append((len(self.cells), meta[0], blob))
             self.cells.append(meta)
 
     def take(self):
-        """The queued cells as (index, Cell) pairs (rank 0 of the standing group asks), [] when
-        none is queued, or None when the group is to stop (the feed closed, or a signal)."""
+        """The queued cells as (index, pickled Cell) pairs (rank 0 of the standing group
+        asks), [] when none is queued, or None when the group is to stop (the feed closed, or
+        a signal)."""
         if self.stop_requested or (self.closed and not self.queue):
             return None
         batch, self.queue = self.queue, []
         self.taken += batch
-        return batch
+        return [(index, blob) for index, _, blob in batch]
 
     def close(self) -> None:
         """No more cells: the standing group ends once the queue is empty."""
@@ -88,10 +90,12 @@ class Tracker:
     def stop(self) -> None:
         self.stop_requested = True
 
-    def cell_error(self, key: str, message: str) -> None:
-        self.errors.setdefault(key, message)
+    def cell_error(self, key: str, message: str, detail: str | None = None) -> None:
+        if key not in self.errors:
+            self.errors[key] = (message, detail)
 
-    def error_of(self, key: str) -> str | None:
+    def error_of(self, key: str) -> tuple[str, str | None] | None:
+        """The first rank's (message, user traceback) for a cell, or None."""
         return self.errors.get(key)
 
     def loaded(self, rank: int, location: str) -> None:
@@ -216,13 +220,17 @@ class WorkerProgress:
         if self.tracker is not None:
             self.tracker.loaded.remote(self.rank, location)
 
-    def cell_error(self, key: str, message: str) -> None:
-        """This rank's error in a cell, for rank 0 to publish (before the cell's reduce)."""
+    def cell_error(self, key: str, message: str, detail: str | None = None) -> None:
+        """This rank's error in a cell (and the user's traceback behind it, for --debug), for
+        rank 0 to publish (before the cell's reduce)."""
         if self.tracker is not None:
-            self._get(self.tracker.cell_error.remote(key, message))
+            self._get(self.tracker.cell_error.remote(key, message, detail))
 
-    def error_of(self, key: str) -> str | None:
-        return self._get(self.tracker.error_of.remote(key)) if self.tracker is not None else None
+    def error_of(self, key: str) -> tuple[str, str | None]:
+        """The (message, traceback) another rank recorded for a cell; (None, None) if none."""
+        found = self._get(self.tracker.error_of.remote(key)) if self.tracker is not None \
+            else None
+        return found or (None, None)
 
     def problem(self, message: str) -> None:
         """Say why this attempt is failing, before the error takes the group down."""

@@ -264,6 +264,7 @@ class Worker:
 
     def _stand(self) -> list[CellOutcome]:
         import dataclasses
+        import pickle
 
         base = self.plan
         wait = min(STANDING_POLL_S, self.timeout / 4)
@@ -281,10 +282,11 @@ class Worker:
                 return self.outcomes
             if not batch:
                 continue
-            self.plan = dataclasses.replace(base, cells=tuple(c for _, c in batch))
-            self.index_of = {c.key: i for i, c in batch}
+            cells = [(i, pickle.loads(blob)) for i, blob in batch]
+            self.plan = dataclasses.replace(base, cells=tuple(c for _, c in cells))
+            self.index_of = {c.key: i for i, c in cells}
             try:
-                self.run_checkpoints({c.key for _, c in batch})
+                self.run_checkpoints({c.key for _, c in cells})
             except Stop:
                 return self.outcomes
 
@@ -361,7 +363,7 @@ class Worker:
         if stop:
             raise Stop
         if any_failed:
-            return error or self.progress.error_of(location) or (
+            return error or self.progress.error_of(location)[0] or (
                 f"{location}: could not be loaded on another worker; see the worker logs")
         return None
 
@@ -383,7 +385,8 @@ class Worker:
             states, error, stopped = self.one_pass(model, cell, ev)
         shard = self.shards[ev.name]
         if error:
-            self.progress.cell_error(cell.key, error)     # before the reduce: rank 0 reads it
+            # before the reduce: rank 0 reads it
+            self.progress.cell_error(cell.key, error, self.details.get(cell.key))
         states[_FAILED] = torch.tensor(1 if error else 0, dtype=torch.int64)
         states[_CACHE_OVERFLOW] = torch.tensor(int(shard.overflowed), dtype=torch.int64)
         states[_STOP] = torch.tensor(int(stopped or self.progress.stopping()), dtype=torch.int64)
@@ -397,7 +400,11 @@ class Worker:
         if merged[_FAILED]:
             if self.rank != 0:
                 return None
-            return self.failure(cell, step, error or self.progress.error_of(cell.key) or (
+            if not error:      # another rank's: its message, and its traceback for --debug
+                error, detail = self.progress.error_of(cell.key)
+                if detail and cell.key not in self.details:
+                    self.details[cell.key] = detail
+            return self.failure(cell, step, error or (
                 f"{cell.checkpoint.location}: evaluating {ev.name} failed on another worker; "
                 "see the worker logs"))
         if self.rank != 0:

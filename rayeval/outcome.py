@@ -1,0 +1,34 @@
+"""What became of one cell: the one object that crosses from rank 0 through the progress
+tracker to the driver.
+
+Its own module, importing nothing heavy: the tracker actor unpickles one for every finished
+cell, and a class defined beside the plan made its first unpickling import torch (about 2 s in
+which rank 0 waited, and the other ranks with it at their next sync point).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class CellOutcome:
+    """What became of one cell; crosses from rank 0 through the tracker to the driver."""
+    key: str
+    checkpoint: str
+    evaluation: str
+    step: int | None
+    error: str | None = None     # None: published
+    detail: str | None = None    # the traceback of the user's code behind the error (--debug)
+    values: tuple[tuple[str, float], ...] = ()
+    rows: int = 0
+    seconds: float = 0.0
+    layout: str | None = None
+    attempt: int = 1
+    peak_rss_bytes: int = 0
+    baseline_rss_bytes: int = 0
+    loaded_rss_bytes: int = 0    # the peak right after the checkpoint was loaded (before passes)
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
