@@ -46,10 +46,10 @@ def since_process_start() -> float:
 
 
 DRIVER_PHASES = (
-    ("imports", "python start and imports, to the command"),
+    ("imports", "python start and imports, to the run (torch, pyarrow, rayeval)"),
     ("inputs", "data sets inspected, model probed, store checked, cells planned"),
     ("ray start", "ray.init (a local Ray, or the connection to a cluster)"),
-    ("group start", "worker group and process group started, to the first worker's loop"),
+    ("group start", "trainer made, worker and process groups started, to the first loop"),
     ("workers", "the workers' loop, first start to last end"),
     ("fit end", "from the last worker's end to fit() returning"),
     ("ray shutdown", "ray.shutdown"),
