@@ -88,7 +88,14 @@ def float_dtype(model: torch.nn.Module) -> torch.dtype:
 
 
 class Accumulator:
-    """Bucketed, exact metric states for one checkpoint on one worker."""
+    """Bucketed, exact metric states for one checkpoint on one worker.
+
+    Float contributions are held back (state index and value) and turned into fixed-point
+    limbs ``FLUSH_VALUES`` values at a time: converting and carrying each batch's values took
+    about 40 small kernels and two device syncs per batch, which on a GPU cost more than a
+    small model's forward pass. ``flush`` (``Pass.finish``) adds what is held."""
+
+    FLUSH_VALUES = 1 << 20     # 16 MiB held at most (a float64 value and an int64 index)
 
     def __init__(self, metrics: list[tuple[str, Metric]], size: int, buckets: int = 1,
                  device: torch.device = torch.device("cpu"), count_tokens: bool = False):
@@ -96,11 +103,13 @@ class Accumulator:
         self.size = size
         self.k = buckets
         self.device = device
-        self.states: dict[str, torch.Tensor] = {ROWS: torch.zeros((), dtype=torch.int64,
+        self._states: dict[str, torch.Tensor] = {ROWS: torch.zeros((), dtype=torch.int64,
                                                                   device=device)}
         if count_tokens:    # in states, so the one all-reduce of a cell sums it with the rest
-            self.states[TOKENS] = torch.zeros((), dtype=torch.int64, device=device)
+            self._states[TOKENS] = torch.zeros((), dtype=torch.int64, device=device)
         self.floats: set[str] = set()
+        self.held: dict[str, list[tuple[torch.Tensor, torch.Tensor]]] = {}
+        self.held_values = 0
         self.templates: dict[str, torch.Tensor] = {}
         for key, m in metrics:
             kb = self.k if m.scalar else 1          # matrices are stored, not resampled
@@ -110,7 +119,7 @@ class Accumulator:
                 extra = (stats.LIMBS,) if t.dtype.is_floating_point else ()
                 if extra:
                     self.floats.add(full)
-                self.states[full] = torch.zeros((kb, *t.shape, *extra), dtype=torch.int64,
+                self._states[full] = torch.zeros((kb, *t.shape, *extra), dtype=torch.int64,
                                                 device=device)
 
     def add(self, outputs: torch.Tensor, targets: torch.Tensor, buckets: torch.Tensor,
@@ -126,12 +135,14 @@ class Accumulator:
                     continue
                 for name, c in contributions.items():
                     self._scatter(f"{key}/{name}", c, b)
-        self.states[ROWS] += targets.shape[0]
-        if TOKENS in self.states:
-            self.states[TOKENS] += tokens if tokens is not None else (targets != IGNORE).sum()
+        self._states[ROWS] += targets.shape[0]
+        if self.held_values >= self.FLUSH_VALUES:
+            self.flush()
+        if TOKENS in self._states:
+            self._states[TOKENS] += tokens if tokens is not None else (targets != IGNORE).sum()
 
     def _scatter(self, name: str, c, buckets: torch.Tensor) -> None:
-        state = self.states[name]
+        state = self._states[name]
         shape = self.templates[name].shape
         size = max(1, int(torch.Size(shape).numel()))
         is_float = name in self.floats
@@ -142,14 +153,41 @@ class Accumulator:
                 value = torch.ones(flat.shape, dtype=torch.int64, device=flat.device)
             else:
                 value = c.value.reshape(-1)
-            target = state.view(-1, stats.LIMBS) if is_float else state.view(-1)
-        else:
-            flat, value, target = buckets, c, state
+        elif size == 1:
+            flat, value = buckets, c.reshape(-1)
+        else:                  # a value per row for each of the state's elements
+            cells = torch.arange(size, device=buckets.device)
+            flat = (buckets.view(-1, 1) * size + cells).reshape(-1)
+            value = c.reshape(-1)
         if is_float:
-            target.index_add_(0, flat, stats.to_limbs(value))
-            stats.normalize(state)
+            # a copy: a view would keep the batch's whole output alive until the flush
+            self.held.setdefault(name, []).append((flat, value.to(torch.float64, copy=True)))
+            self.held_values += flat.numel()
         else:
-            target.index_add_(0, flat, value.to(torch.int64))
+            state.view(-1).index_add_(0, flat, value.to(torch.int64))
+
+    @property
+    def states(self) -> dict[str, torch.Tensor]:
+        """The states of every row added so far."""
+        self.flush()
+        return self._states
+
+    def flush(self) -> None:
+        """Add the held float contributions to their states, each metric's errors named."""
+        held, self.held, self.held_values = self.held, {}, 0
+        for name, parts in held.items():
+            with metric_errors(name.rsplit("/", 1)[0], "on a batch"):
+                flat = torch.cat([f for f, _ in parts])
+                limbs = stats.to_limbs(torch.cat([v for _, v in parts]))
+                state = self._states[name]
+                state.view(-1, stats.LIMBS).index_add_(0, flat, limbs)
+                stats.normalize(state)
+
+    def abandon(self) -> dict[str, torch.Tensor]:
+        """The states without what is held (the cell failed, maybe on what is held: its
+        states are only reduced, never read)."""
+        self.held, self.held_values = {}, 0
+        return self._states
 
     def _add_grouped(self, key: str, m, outputs, targets, buckets) -> None:
         """Metrics with update() only: one update per bucket present in the batch."""
@@ -160,10 +198,10 @@ class Accumulator:
             for name, t in sub.items():
                 full = f"{key}/{name}"
                 if full in self.floats:
-                    self.states[full][k] += stats.to_limbs(t)
-                    stats.normalize(self.states[full])
+                    self._states[full][k] += stats.to_limbs(t)
+                    stats.normalize(self._states[full])
                 else:
-                    self.states[full][k] += t.to(torch.int64)
+                    self._states[full][k] += t.to(torch.int64)
 
 
 @dataclass
@@ -251,8 +289,14 @@ class Pass:
 
     @property
     def states(self) -> dict[str, torch.Tensor]:
-        """The states of the rows scored so far (``finish`` scores any held back)."""
+        """The states of the rows scored so far (``finish`` scores and adds any held back)."""
         return self.acc.states
+
+    def abandon(self) -> dict[str, torch.Tensor]:
+        """The states as they stand, of a pass that failed: nothing held back is scored or
+        added (it may be what failed); every rank still reduces states of the same shapes."""
+        self.pending, self.pending_rows = [], 0
+        return self.acc.abandon()
 
     def update(self, x: tasks.Inputs, y: torch.Tensor, buckets: torch.Tensor | None = None
                ) -> None:
@@ -271,12 +315,13 @@ class Pass:
         self._score(x, y, buckets)
 
     def finish(self) -> None:
-        """Score every batch held back; call it once the pass has seen its last batch."""
-        if not self.pending:
-            return
-        held, self.pending, self.pending_rows = self.pending, [], 0
-        self._score(self.task.join([h[0] for h in held]), torch.cat([h[1] for h in held]),
-                    torch.cat([h[2] for h in held]))
+        """Score every batch held back and add every contribution held; call it once the pass
+        has seen its last batch."""
+        if self.pending:
+            held, self.pending, self.pending_rows = self.pending, [], 0
+            self._score(self.task.join([h[0] for h in held]), torch.cat([h[1] for h in held]),
+                        torch.cat([h[2] for h in held]))
+        self.acc.flush()
 
     @torch.inference_mode()
     def _score(self, x, y, buckets) -> None:

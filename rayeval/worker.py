@@ -88,11 +88,14 @@ class BadBatch(NamedTuple):
 
 class Shard:
     """This worker's rows of one evaluation as tensor batches (inputs, targets, row buckets):
-    streamed on the first pass, kept if they fit the budget and every worker's fit. A batch
-    that cannot be decoded comes as a BadBatch (and the shard is not kept)."""
+    streamed on the first pass, kept if they fit the budget and every worker's fit (in
+    page-locked memory with ``pin``: a GPU worker's). A batch that cannot be decoded comes as
+    a BadBatch (and the shard is not kept)."""
 
-    def __init__(self, rows: RowRange, decoder: Decoder, batch_size: int, budget: Budget):
+    def __init__(self, rows: RowRange, decoder: Decoder, batch_size: int, budget: Budget,
+                 pin: bool = False):
         self.rows = rows
+        self.pin = pin
         self.decode = decoder
         self.batch_size = batch_size
         self.budget = budget
@@ -126,6 +129,9 @@ class Shard:
                 size = tasks.nbytes(batch[0]) + batch[1].nbytes + batch[2].nbytes
                 if self.budget.take(size):
                     self.kept += size
+                    if self.pin:
+                        batch = (tasks.pin(batch[0]), batch[1].pin_memory(),
+                                 batch[2].pin_memory())
                     self.cache.append(batch)
                 else:
                     self._drop()
@@ -224,7 +230,8 @@ class Worker:
             rows = RowRange(ev.data, ev.spec.dataset.columns, start, stop,
                             f"{ev.spec.dataset.key_path}.path")
             self.shards[ev.name] = Shard(rows, Decoder(ev.spec, ev.data, sweep.base_dir),
-                                         ev.spec.batch_size, budget)
+                                         ev.spec.batch_size, budget,
+                                         pin=self.device.type == "cuda")
             self.metrics[ev.name] = build_all(ev.spec.metrics)
         self.store = ResultStore(sweep.output) if self.rank == 0 else None
         self.cache_dir = os.path.join(tempfile.gettempdir(), "rayeval-checkpoints")
@@ -381,9 +388,13 @@ class Worker:
                       ) -> CellOutcome | None:
         """Pass, reduce and publish one cell; rank 0 returns its outcome."""
         ev = self.plan.evaluation(cell.evaluation)
+        shard = self.shards[ev.name]
+        streamed = not shard.use_cache        # read and decoded (not from the kept shard)
+        began = time.perf_counter()
         with self.timer.span("pass"):
             states, error, stopped = self.one_pass(model, cell, ev)
-        shard = self.shards[ev.name]
+        if streamed:
+            self.timer.add("streamed", time.perf_counter() - began)
         if error:
             # before the reduce: rank 0 reads it
             self.progress.cell_error(cell.key, error, self.details.get(cell.key))
@@ -448,7 +459,7 @@ class Worker:
             idle = tasks.get(ev.spec.task).idle_input(ev.spec.dataset, ev.data.shapes)
             self.lockstep.drain(model, None if idle is None else
                                 tasks.move(idle, self.device, float_dtype(model)))
-        return dict(p.states), error, stopped
+        return dict(p.abandon() if error else p.states), error, stopped
 
     def scored(self, step, args, cell: Cell, ev: Evaluation) -> str | None:
         """Run one scoring step of a pass; the message of the error that fails the cell (with

@@ -223,3 +223,82 @@ def test_a_metric_that_raises_is_named_as_the_culprit():
                                           r"ZeroDivisionError: no rows") as e:
         finalize(metrics, states, 4)
     assert "raise ZeroDivisionError" in e.value.detail
+
+
+class Spread:
+    """A float state of three elements with a contribution per row for each (no index)."""
+    name, scalar = "spread", True
+
+    def init_state(self, c):
+        return {"s": torch.zeros(3, dtype=torch.float64)}
+
+    def rows(self, outputs, targets):
+        p = torch.softmax(outputs.double(), dim=1)
+        return {"s": p[:, :3] - 0.25}
+
+    def compute(self, state):
+        return state["s"].sum()
+
+
+@pytest.mark.parametrize("flush_values", [1, 700, 1 << 20])
+def test_held_contributions_give_the_same_states_whenever_they_are_added(
+        monkeypatch, flush_values):
+    """Float contributions are held and converted to limbs in groups (fewer kernels per
+    batch on a GPU); where the groups fall must not change a bit of the states."""
+    from rayeval.evaluate import Accumulator
+    from rayeval.stats import buckets_of, from_limbs
+
+    model = build_model(seed=5).eval()
+    x, y = make_data(1003, seed=2)
+    metrics = METRICS + [("spread", Spread())]
+    b = buckets_of(torch.arange(len(y)), 0, 16)
+
+    def states():
+        p = Pass(model, metrics, 4, torch.device("cpu"), buckets=16)
+        for i in range(0, len(y), 64):
+            p.update(torch.from_numpy(x[i:i + 64]), torch.from_numpy(y[i:i + 64]), b[i:i + 64])
+        p.finish()
+        return p.states
+
+    want = states()
+    monkeypatch.setattr(Accumulator, "FLUSH_VALUES", flush_values)
+    got = states()
+    assert set(got) == set(want)
+    for k in want:
+        assert torch.equal(got[k], want[k]), k
+    with torch.no_grad():
+        p = torch.softmax(model(torch.from_numpy(x)).double(), dim=1)[:, :3] - 0.25
+    per_bucket = torch.zeros(16, 3, dtype=torch.float64).index_add_(0, b, p)
+    assert torch.allclose(from_limbs(got["spread/s"]), per_bucket, rtol=0, atol=1e-12)
+
+
+def test_a_non_finite_contribution_names_its_metric_and_abandon_reads_without_adding():
+    from rayeval.errors import MetricError
+
+    class Bad(Spread):
+        name = "bad"
+
+        def rows(self, outputs, targets):
+            return {"s": torch.full((targets.shape[0], 3), float("nan"), dtype=torch.float64)}
+
+    p = Pass(build_model().eval(), METRICS + [("bad", Bad())], 4, torch.device("cpu"))
+    x, y = make_data(10)
+    p.update(torch.from_numpy(x), torch.from_numpy(y))     # held: nothing converted yet
+    states = p.abandon()                                    # a failed cell's states: no raise
+    assert int(states[ROWS]) == 10 and not states["bad/s"].any()
+    p.update(torch.from_numpy(x), torch.from_numpy(y))
+    with pytest.raises(MetricError, match=r"^metric 'bad' failed on a batch: ValueError: "
+                                          r"a metric contribution is not finite"):
+        p.finish()
+
+
+def test_all_finite_is_exact_where_the_sum_overflows():
+    from rayeval.stats import all_finite
+
+    big = torch.full((4,), 3e38, dtype=torch.float32)       # finite values, an infinite sum
+    assert all_finite(big) and all_finite(torch.zeros(0)) and all_finite(torch.arange(3))
+    for bad in (float("nan"), float("inf"), -float("inf")):
+        t = torch.ones(5)
+        t[3] = bad
+        assert not all_finite(t) and not all_finite(torch.cat([big, t]))
+    assert not all_finite(torch.tensor([float("inf"), -float("inf")]))   # sum is NaN

@@ -13,7 +13,7 @@ class (listed in ``TASKS`` below), with metric classes that name it as their ``t
 """
 
 from .base import (TOKENS, Classification, Inputs, LanguageModeling, Regression, Task,
-                   call_model, check_finite_inputs, logits_of, move, nbytes, repeat, rows_of)
+                   call_model, check_finite_inputs, logits_of, move, nbytes, pin, repeat, rows_of)
 from .text import Generation, MultipleChoice, TextPerplexity
 
 TASKS: dict[str, Task] = {t.name: t for t in (
@@ -26,4 +26,4 @@ def get(name: str) -> Task:
 
 
 __all__ = ["TASKS", "TOKENS", "Inputs", "Task", "get", "call_model", "check_finite_inputs",
-           "logits_of", "move", "nbytes", "repeat", "rows_of"]
+           "logits_of", "move", "nbytes", "pin", "repeat", "rows_of"]

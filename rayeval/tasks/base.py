@@ -117,7 +117,7 @@ class Task:
             out = call_model(model, x)
         if not isinstance(out, torch.Tensor):
             raise self.wrong_output(out)
-        if not bool(torch.isfinite(out).all()):     # inputs are checked finite when decoded
+        if not stats.all_finite(out):     # inputs are checked finite when decoded
             raise CheckpointError("the model produced NaN or infinite outputs with this "
                                   "checkpoint")
         return self.align(out, y)
@@ -226,7 +226,7 @@ class Regression(Task):
         raise self.wrong_output(out)
 
     def check_targets(self, y, size, spec):
-        if not bool(torch.isfinite(y).all()):
+        if not stats.all_finite(y):
             raise DataError(f"{spec.key_path}.target: NaN or infinite target values; drop or "
                             "fill those rows")
 
@@ -363,6 +363,13 @@ def nbytes(x: Inputs) -> int:
     return sum(int(t.nbytes) for t in x.values()) if isinstance(x, Mapping) else int(x.nbytes)
 
 
+def pin(x: Inputs) -> Inputs:
+    """In page-locked memory, so copies to a GPU are asynchronous and twice as fast."""
+    if isinstance(x, Mapping):
+        return {k: v.pin_memory() for k, v in x.items()}
+    return x.pin_memory()
+
+
 def repeat(x: Inputs) -> Inputs:
     """Each tensor twice along the batch (see ``evaluate.Pass.update``)."""
     if isinstance(x, Mapping):
@@ -395,6 +402,8 @@ def _check_finite(x: Inputs, table, spec: DatasetSpec) -> None:
 
 def _raise_if_not_finite(t: torch.Tensor, table, spec: DatasetSpec, what: str) -> None:
     """One DataError naming the first row (by its id) whose values are NaN or infinite."""
+    if stats.all_finite(t):
+        return
     bad = ~torch.isfinite(t.reshape(t.shape[0], -1)).all(dim=1)
     if bool(bad.any()):
         i = int(bad.nonzero()[0])

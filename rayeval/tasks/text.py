@@ -36,7 +36,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import torch
 
-from .. import data
+from .. import data, stats
 from ..config import DatasetSpec
 from ..errors import CheckpointError, DataError
 from .base import Task, logits_of
@@ -363,7 +363,7 @@ def _logits(model, ids: torch.Tensor, run) -> torch.Tensor:
         raise DataError(f"{run.spec.key_path}: token id {int(ids.max())} is outside the "
                         f"model's vocabulary of {out.shape[2]}; the tokenizer does not match "
                         "the model")
-    if not bool(torch.isfinite(out).all()):
+    if not stats.all_finite(out):
         raise CheckpointError("the model produced NaN or infinite logits with this checkpoint")
     return out
 
