@@ -7,6 +7,7 @@ Ray), ``start_ray``, ``evaluate`` (one fit over a plan) and ``run_sweep`` (all t
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import os
@@ -298,82 +299,109 @@ def evaluate(plan: Plan, display=None, on_cell=None, timer: Timer | None = None)
     when the run fails as a whole (restart budget spent) and the worker's own error for bad
     input. ``on_cell`` gets each cell's outcome once, soon after it finishes (its rows are
     in the store by then), also when the run fails later."""
-    import threading
-
     import ray
 
-    from .progress import NullDisplay, Rate, Tracker
+    from .progress import Tracker
 
     sweep = plan.sweep
-    display = display or NullDisplay()
-    # Ray Train's controller looks at its workers every 2 s by default: up to 2 s after the
-    # last worker is done before fit() returns. Every 0.5 s, unless the user chose; the
-    # controller reads it when it starts (it inherits this process's environment).
-    interval = os.environ.setdefault(HEALTH_CHECK_ENV, "0.5") if \
-        HEALTH_CHECK_ENV not in os.environ else None
-    fit_began = time.time()        # --profile's "group start" counts the trainer's making
-    tracker = ray.remote(Tracker).options(num_cpus=0).remote(
-        [(c.key, c.checkpoint.location, plan.evaluation(c.evaluation).data.num_rows)
-         for c in plan.cells])
-    trainer = _trainer(plan, tracker)
-    outcome: dict = {}
+    with quick_health_checks():
+        fit_began = time.time()        # --profile's "group start" counts the trainer's making
+        tracker = ray.remote(Tracker).options(num_cpus=0).remote(
+            [(c.key, c.checkpoint.location, plan.evaluation(c.evaluation).data.num_rows)
+             for c in plan.cells])
+        try:
+            fit = Fit(_trainer(plan, tracker), "rayeval-fit")
+            follow(tracker, fit, display, on_cell)
+            _raise_failure(fit.error, tracker, sweep)
+            finished = ray.get(tracker.results.remote())
+            times = ray.get(tracker.timings.remote())
+            if timer is not None and times:
+                entered = min(t["entered"] for t in times.values())
+                left = max(t["left"] for t in times.values())
+                timer.add("group start", entered - fit_began)
+                timer.add("workers", left - entered)
+                timer.add("fit end", fit.ended - left)
+            return Evaluated(
+                outcomes=[finished[c.key] for c in plan.cells if c.key in finished],
+                nodes=ray.get(tracker.node_count.remote()),
+                loads=ray.get(tracker.load_counts.remote()),
+                worker_times={r: t["phases"] for r, t in times.items()})
+        finally:
+            try:
+                ray.kill(tracker)     # also after a failure: `watch` keeps Ray up between polls
+            except Exception:         # noqa: BLE001 - Ray may be going down (a signal)
+                pass
 
-    def fit():
+
+@contextlib.contextmanager
+def quick_health_checks():
+    """Ray Train's controller looks at its workers every 2 s by default: up to 2 s after the
+    last worker is done before fit() returns. Every 0.5 s, unless the user chose; the
+    controller reads it when it starts (it inherits this process's environment), so it is
+    set until the fit that starts one has ended."""
+    if HEALTH_CHECK_ENV in os.environ:
+        yield
+        return
+    os.environ[HEALTH_CHECK_ENV] = "0.5"
+    try:
+        yield
+    finally:
+        os.environ.pop(HEALTH_CHECK_ENV, None)
+
+
+class Fit:
+    """``trainer.fit()`` on a thread, so that the main thread shows progress and takes the
+    signals; its error and the time it ended are kept for the caller."""
+
+    def __init__(self, trainer, name: str):
+        import threading
+
+        self.error: BaseException | None = None
+        self.ended: float | None = None
+        self.thread = threading.Thread(target=self._fit, args=(trainer,), name=name,
+                                       daemon=True)
+        self.thread.start()
+
+    def _fit(self, trainer) -> None:
         try:
             trainer.fit()
         except BaseException as e:     # noqa: BLE001 - handed to the main thread
-            outcome["error"] = e
+            self.error = e
         finally:
-            outcome["ended"] = time.time()
+            self.ended = time.time()
 
-    thread = threading.Thread(target=fit, name="rayeval-fit", daemon=True)
-    rate = Rate()
-    began = time.monotonic()
-    handed: set[str] = set()
+    @property
+    def alive(self) -> bool:
+        return self.thread.is_alive()
 
-    def hand_on(done: int) -> None:
-        """The cells finished since the last look, to ``on_cell``."""
-        if on_cell is None or done <= len(handed):
-            return
-        for key, o in ray.get(tracker.results.remote()).items():
-            if key not in handed:
-                handed.add(key)
-                on_cell(o)
+
+def follow(tracker, fit: Fit, display=None, on_cell=None, done=None, keys=None) -> None:
+    """Show the tracker's progress every 0.5 s until the fit ends or ``done()`` says so, and
+    hand each finished cell (of ``keys``, else any) to ``on_cell`` once. SIGINT or SIGTERM
+    winds the worker group down (``_wind_down``) and is raised again."""
+    import ray
+
+    from .progress import NullDisplay, Rate
+
+    display = display or NullDisplay()
+    rate, began, handed = Rate(), time.monotonic(), set()
     try:
-        try:
-            with display:
-                thread.start()
-                finished_fit = False
-                while not finished_fit:
-                    thread.join(0.5)
-                    finished_fit = not thread.is_alive()
-                    snap = ray.get(tracker.snapshot.remote())
-                    display.update(rate.status(snap, time.monotonic()),
-                                   time.monotonic() - began, final=finished_fit)
-                    hand_on(snap["done"])
-        except KeyboardInterrupt as e:
-            raise _wind_down(e, tracker, thread) from None
-
-        _raise_failure(outcome.get("error"), tracker, sweep)
-        finished = ray.get(tracker.results.remote())
-        times = ray.get(tracker.timings.remote())
-        if timer is not None and times:
-            entered = min(t["entered"] for t in times.values())
-            left = max(t["left"] for t in times.values())
-            timer.add("group start", entered - fit_began)
-            timer.add("workers", left - entered)
-            timer.add("fit end", outcome["ended"] - left)
-        return Evaluated(outcomes=[finished[c.key] for c in plan.cells if c.key in finished],
-                         nodes=ray.get(tracker.node_count.remote()),
-                         loads=ray.get(tracker.load_counts.remote()),
-                         worker_times={r: t["phases"] for r, t in times.items()})
-    finally:
-        if interval is not None:
-            os.environ.pop(HEALTH_CHECK_ENV, None)
-        try:
-            ray.kill(tracker)     # also after a failure: `watch` keeps Ray up between polls
-        except Exception:         # noqa: BLE001 - Ray may be going down (a signal)
-            pass
+        with display:
+            finished = False
+            while not finished:
+                fit.thread.join(0.5)
+                finished = not fit.alive or (done is not None and done())
+                snap = ray.get(tracker.snapshot.remote())
+                display.update(rate.status(snap, time.monotonic()),
+                               time.monotonic() - began, final=finished)
+                if on_cell is None or snap["done"] <= len(handed):
+                    continue
+                for key, o in ray.get(tracker.results.remote()).items():
+                    if key not in handed and (keys is None or key in keys):
+                        handed.add(key)
+                        on_cell(o)
+    except KeyboardInterrupt as e:
+        raise _wind_down(e, tracker, fit.thread) from None
 
 
 STOP_GRACE_S = 30.0
@@ -424,8 +452,6 @@ class Standing:
     load and passes, not a new worker group. After a failure the caller starts another."""
 
     def __init__(self, sweep: Sweep, evaluations):
-        import threading
-
         import ray
 
         from .progress import Tracker
@@ -434,23 +460,13 @@ class Standing:
         self.tracker = ray.remote(Tracker).options(num_cpus=0).remote([])
         plan = Plan(sweep=sweep, evaluations=tuple(evaluations), cells=(), cached=(),
                     failed=())
-        self.interval = None if HEALTH_CHECK_ENV in os.environ else \
-            os.environ.setdefault(HEALTH_CHECK_ENV, "0.5")        # see evaluate()
-        trainer = _trainer(plan, self.tracker, standing=True)
-        self.error: BaseException | None = None
-
-        def fit():
-            try:
-                trainer.fit()
-            except BaseException as e:     # noqa: BLE001 - handed to the caller
-                self.error = e
-
-        self.thread = threading.Thread(target=fit, name="rayeval-standing", daemon=True)
-        self.thread.start()
+        self.env = contextlib.ExitStack()                 # until close: see evaluate()
+        self.env.enter_context(quick_health_checks())
+        self.fit = Fit(_trainer(plan, self.tracker, standing=True), "rayeval-standing")
 
     @property
     def alive(self) -> bool:
-        return self.thread.is_alive()
+        return self.fit.alive
 
     def run(self, plan: Plan, display=None, on_cell=None) -> list[CellOutcome]:
         """Evaluate the plan's cells on the standing group; their outcomes in plan order.
@@ -459,33 +475,15 @@ class Standing:
 
         import ray
 
-        from .progress import NullDisplay, Rate
-
         keys = [c.key for c in plan.cells]
         ray.get(self.tracker.add_cells.remote(
             [(c.key, c.checkpoint.location, plan.evaluation(c.evaluation).data.num_rows)
              for c in plan.cells], [pickle.dumps(c) for c in plan.cells]))
-        display = display or NullDisplay()
-        rate, began, handed = Rate(), time.monotonic(), set()
-        try:
-            with display:
-                done = False
-                while not done:
-                    self.thread.join(0.5)
-                    done = not self.alive or ray.get(self.tracker.finished.remote(keys))
-                    snap = ray.get(self.tracker.snapshot.remote())
-                    display.update(rate.status(snap, time.monotonic()),
-                                   time.monotonic() - began, final=done)
-                    if on_cell is not None:
-                        for key, o in ray.get(self.tracker.results.remote()).items():
-                            if key in keys and key not in handed:
-                                handed.add(key)
-                                on_cell(o)
-        except KeyboardInterrupt as e:
-            raise _wind_down(e, self.tracker, self.thread) from None
+        follow(self.tracker, self.fit, display, on_cell, keys=set(keys),
+               done=lambda: ray.get(self.tracker.finished.remote(keys)))
         finished = ray.get(self.tracker.results.remote())
         if not all(k in finished for k in keys):
-            _raise_failure(self.error, self.tracker, self.sweep)
+            _raise_failure(self.fit.error, self.tracker, self.sweep)
             raise RunError("the worker group ended before evaluating every cell")
         return [finished[k] for k in keys]
 
@@ -495,13 +493,12 @@ class Standing:
 
         try:
             ray.get(self.tracker.close.remote(), timeout=5)
-            self.thread.join(timeout_s)
+            self.fit.thread.join(timeout_s)
             ray.kill(self.tracker)
         except Exception:         # noqa: BLE001 - Ray may be going down (a signal)
             pass
         finally:
-            if self.interval is not None:
-                os.environ.pop(HEALTH_CHECK_ENV, None)
+            self.env.close()
 
 
 def _wind_down(interrupt: KeyboardInterrupt, tracker, thread) -> KeyboardInterrupt:
