@@ -130,8 +130,6 @@ def fetch(location: str, cache_dir: str, version: str = "") -> str:
     import fcntl
     import hashlib
 
-    import pyarrow.fs as pafs
-
     digest = hashlib.sha256(f"{location}|{version}".encode()).hexdigest()[:16]
     target = os.path.join(cache_dir, digest, location.rstrip("/").rsplit("/", 1)[-1])
     os.makedirs(os.path.dirname(target), exist_ok=True)

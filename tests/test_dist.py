@@ -1,6 +1,5 @@
 """Tier 2: the one all-reduce of states, in a real 2- and 3-process gloo group."""
 
-import os
 
 import pytest
 import torch

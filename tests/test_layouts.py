@@ -4,7 +4,6 @@ pickles, lean loading and `rayeval inspect`."""
 
 import argparse
 import json
-import os
 
 import pytest
 import torch
