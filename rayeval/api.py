@@ -27,7 +27,6 @@ if TYPE_CHECKING:                               # types only: importing these pu
 
     from .driver import RunReport
     from .boards import Board
-    from .plan import Plan
 
 __all__ = ["run", "load_sweep", "results", "leaderboard"]
 
@@ -90,7 +89,9 @@ def run(sweep: Sweep | str | os.PathLike, *, workers: int | None = None,
     raises ``KeyboardInterrupt``; every cell already stored is complete. The process's SIGINT
     and SIGTERM handlers are restored when the call returns.
     """
+    from . import signals
     from .driver import run_sweep
+    from .progress import console_display, console_say
     from .spec import with_overrides
 
     if isinstance(sweep, (str, os.PathLike)):
@@ -102,13 +103,10 @@ def run(sweep: Sweep | str | os.PathLike, *, workers: int | None = None,
                            output=None if output is None else os.fspath(output))
     if trackers is not None:
         sweep = sweep.replace(trackers=_trackers(trackers, sweep.trackers))
-    display, on_plan = _progress(progress)
-    saved = _signal_handlers()
-    try:
+    display, on_plan = console_display(progress)
+    with signals.restored():
         return run_sweep(sweep, address=address, force=force, verbose=verbose,
-                         display=display, on_plan=on_plan, say=_say(progress))
-    finally:
-        _restore_signal_handlers(saved)
+                         display=display, on_plan=on_plan, say=console_say(progress))
 
 
 def results(store: str | os.PathLike, *, sweep: str | None = None,
@@ -128,7 +126,9 @@ def results(store: str | os.PathLike, *, sweep: str | None = None,
     Raises :class:`rayeval.StoreError` when there is no store there (a local folder that does
     not exist, a missing bucket, denied access) or it cannot be read.
     """
-    return _latest(store, sweep=sweep, evaluation=evaluation, what="store")
+    from .store import newest
+
+    return newest(store, sweep=sweep, evaluation=evaluation, what="store")
 
 
 def leaderboard(store: str | os.PathLike, *, metric: str | None = None,
@@ -159,37 +159,7 @@ def leaderboard(store: str | os.PathLike, *, metric: str | None = None,
     return build_board(rows, metric)
 
 
-# --- shared with the command line ----------------------------------------------------------
-
-def _latest(store: str | os.PathLike, *, sweep: str | None, evaluation: str | None,
-            what: str) -> pa.Table:
-    """:func:`results`, with ``what`` naming the store in errors (the CLI's ``STORE``)."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
-    from . import paths
-    from .errors import StoreError
-    from .boards import latest_rows
-    from .store import ResultStore
-
-    given = os.fspath(store)
-    location = paths.resolve(given, os.getcwd())
-    opened = ResultStore(location)
-    if paths.is_uri(location):
-        opened.check(what)
-    elif not os.path.isdir(location):
-        raise StoreError(f"{what}: no result store at {given!r}; give the output folder of "
-                         "a sweep")
-    table = opened.read()
-    for column, value in (("sweep", sweep), ("dataset", evaluation)):
-        if value is not None:
-            table = table.filter(pc.equal(table[column], value))
-    # The newest row per key, chosen by latest_rows itself, on the key columns alone: the
-    # wide columns (replicates, matrices) are taken by index, never converted to Python.
-    keys = table.select(["sweep", "checkpoint", "dataset", "metric", "created_at"])
-    keys = keys.append_column("_index", pa.array(range(table.num_rows), pa.int64()))
-    return table.take(pa.array([r["_index"] for r in latest_rows(keys)], pa.int64()))
-
+# --- helpers ---------------------------------------------------------------------------------
 
 def _trackers(given, base: Trackers) -> Trackers:
     """``run``'s ``trackers=``: a Trackers as it is, a mapping over the sweep's."""
@@ -198,65 +168,3 @@ def _trackers(given, base: Trackers) -> Trackers:
     from .spec import trackers_spec
 
     return trackers_spec(given, source="rayeval.run(trackers=...)", base=base, removable=True)
-
-
-def _say(progress):
-    """Where the trackers' summary lines go: nowhere without ``progress``."""
-    if progress is False or progress is None:
-        return None
-    from rich.console import Console
-
-    console = progress if isinstance(progress, Console) else \
-        Console(stderr=True, highlight=False)
-    return lambda text: console.print(text, markup=False, highlight=False, soft_wrap=True)
-
-
-def _progress(progress):
-    """The display and the plan callback for ``run``'s ``progress`` argument."""
-    if progress is False or progress is None:
-        return None, None
-    from rich.console import Console
-
-    from .progress import make_display
-
-    if progress is not True and not isinstance(progress, Console):
-        raise TypeError(f"progress: expected a bool or a rich Console, got "
-                        f"{type(progress).__name__}")
-    console = progress if isinstance(progress, Console) else \
-        Console(stderr=True, highlight=False)
-
-    def say(plan: Plan) -> None:
-        console.print(_plan_line(plan), markup=False, highlight=False, soft_wrap=True)
-
-    return make_display("auto", console), say
-
-
-def _plan_line(plan: Plan) -> str:
-    """The line that says what a run will do, before it starts: checkpoints, evaluations,
-    cells, how many the store holds and how many are left."""
-    checkpoints = len({c.checkpoint.location for c in plan.cells + plan.cached}
-                      | {o.checkpoint for o in plan.failed})
-    evals = ", ".join(f"{e.name} ({e.data.num_rows} rows)" for e in plan.evaluations)
-    total = len(plan.cells) + len(plan.cached) + len(plan.failed)
-    failed = f", {len(plan.failed)} failed before any worker" if plan.failed else ""
-    return (f"[rayeval] {plan.sweep.name}: {checkpoints} checkpoint(s) x "
-            f"{len(plan.evaluations)} evaluation(s) [{evals}]: {total} cell(s), "
-            f"{len(plan.cached)} already in the store{failed}, {len(plan.cells)} to evaluate")
-
-
-def _signal_handlers() -> dict:
-    """SIGINT's and SIGTERM's handlers (the run installs rayeval's once Ray is up)."""
-    import signal
-    import threading
-
-    if threading.current_thread() is not threading.main_thread():
-        return {}
-    return {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
-
-
-def _restore_signal_handlers(saved: dict) -> None:
-    import signal
-
-    for signum, handler in saved.items():
-        if handler is not None:            # None: set outside Python, cannot be put back
-            signal.signal(signum, handler)

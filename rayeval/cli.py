@@ -358,11 +358,10 @@ def _jobs(args, out: Console, err: Console) -> int:
 def _stored_rows(args) -> list[dict]:
     """The newest stored rows of a STORE argument, filtered by --sweep / --dataset
     (``rayeval.results``, as dicts)."""
-    from . import api
+    from .store import newest
 
-    return api._latest(args.store, sweep=getattr(args, "sweep", None) or None,
-                       evaluation=getattr(args, "dataset", None) or None,
-                       what="STORE").to_pylist()
+    return newest(args.store, sweep=getattr(args, "sweep", None) or None,
+                  evaluation=getattr(args, "dataset", None) or None, what="STORE").to_pylist()
 
 
 def _leaderboard(args, out: Console) -> int:

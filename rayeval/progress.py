@@ -14,6 +14,10 @@ from __future__ import annotations
 import sys
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .plan import Plan
 
 
 class Tracker:
@@ -413,3 +417,47 @@ def make_display(mode: str, console=None, interval_s: float = 10.0):
     if mode == "auto" and console is not None and console.is_terminal:
         return RichDisplay(console)
     return LineDisplay(interval_s=interval_s)
+
+
+# --- rayeval.run's progress argument (the Python API and Ray Train validation) -------------
+
+def console_say(progress):
+    """Where the trackers' summary lines go: nowhere without ``progress``."""
+    if progress is False or progress is None:
+        return None
+    from rich.console import Console
+
+    console = progress if isinstance(progress, Console) else \
+        Console(stderr=True, highlight=False)
+    return lambda text: console.print(text, markup=False, highlight=False, soft_wrap=True)
+
+
+def console_display(progress):
+    """The display and the plan callback for ``run``'s ``progress`` argument."""
+    if progress is False or progress is None:
+        return None, None
+    from rich.console import Console
+
+    if progress is not True and not isinstance(progress, Console):
+        raise TypeError(f"progress: expected a bool or a rich Console, got "
+                        f"{type(progress).__name__}")
+    console = progress if isinstance(progress, Console) else \
+        Console(stderr=True, highlight=False)
+
+    def say(plan: Plan) -> None:
+        console.print(plan_line(plan), markup=False, highlight=False, soft_wrap=True)
+
+    return make_display("auto", console), say
+
+
+def plan_line(plan: Plan) -> str:
+    """The line that says what a run will do, before it starts: checkpoints, evaluations,
+    cells, how many the store holds and how many are left."""
+    checkpoints = len({c.checkpoint.location for c in plan.cells + plan.cached}
+                      | {o.checkpoint for o in plan.failed})
+    evals = ", ".join(f"{e.name} ({e.data.num_rows} rows)" for e in plan.evaluations)
+    total = len(plan.cells) + len(plan.cached) + len(plan.failed)
+    failed = f", {len(plan.failed)} failed before any worker" if plan.failed else ""
+    return (f"[rayeval] {plan.sweep.name}: {checkpoints} checkpoint(s) x "
+            f"{len(plan.evaluations)} evaluation(s) [{evals}]: {total} cell(s), "
+            f"{len(plan.cached)} already in the store{failed}, {len(plan.cells)} to evaluate")

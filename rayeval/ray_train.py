@@ -309,21 +309,19 @@ class RayevalValidation:
         checkpoint and its step given instead of globs), on the Ray this task runs in, which
         it leaves running (or one it starts and shuts down, when called outside Ray); the
         metrics of its cells, read back from the store (cached cells too)."""
-        from . import api, driver
+        from . import driver, signals
         from .plan import checkpoint_fingerprint
+        from .progress import console_display
         from .store import ResultStore
 
         sweep = self.sweep.replace(checkpoints=(location,))
         ref = self.ref(location, step, epoch)
-        display, on_plan = api._progress(self.progress)
+        display, on_plan = console_display(self.progress)
         say = print if self.progress else None
-        saved = api._signal_handlers()        # run_sweep installs rayeval's if it starts Ray
-        try:
+        with signals.restored():             # run_sweep installs rayeval's if it starts Ray
             report = driver.run_sweep(sweep, force=self.force, display=display,
                                       on_plan=on_plan, say=say,
                                       ready=[(ref, checkpoint_fingerprint(location))])
-        finally:
-            api._restore_signal_handlers(saved)
         plan, outcomes = report.plan, report.outcomes
         store = ResultStore(sweep.output)
         failed = [o for o in outcomes if not o.ok]

@@ -59,5 +59,19 @@ def held():
         raise Interrupted(received[0])
 
 
+@contextlib.contextmanager
+def restored():
+    """SIGINT's and SIGTERM's handlers as they were before the block (a run from the Python
+    API installs rayeval's once Ray is up). A handler set outside Python cannot be put back."""
+    saved = {} if threading.current_thread() is not threading.main_thread() else \
+        {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for signum, handler in saved.items():
+            if handler is not None:
+                signal.signal(signum, handler)
+
+
 def exit_code(error: KeyboardInterrupt) -> int:
     return getattr(error, "exit_code", 128 + signal.SIGINT)

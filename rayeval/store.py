@@ -186,3 +186,31 @@ class ResultStore:
         except (pa.ArrowInvalid, OSError) as e:
             raise StoreError(f"cannot read result store: {paths.explain(e, self.location)}") \
                 from None
+
+
+def newest(store: str | os.PathLike, *, sweep: str | None = None,
+           evaluation: str | None = None, what: str = "store") -> pa.Table:
+    """The newest stored row of every (sweep, checkpoint, evaluation, metric), as
+    ``rayeval.results`` documents; ``what`` names the store in errors (the command line's
+    ``STORE``, a sweep's ``output``)."""
+    import pyarrow.compute as pc
+
+    from .boards import latest_rows
+
+    given = os.fspath(store)
+    location = paths.resolve(given, os.getcwd())
+    opened = ResultStore(location)
+    if paths.is_uri(location):
+        opened.check(what)
+    elif not os.path.isdir(location):
+        raise StoreError(f"{what}: no result store at {given!r}; give the output folder of "
+                         "a sweep")
+    table = opened.read()
+    for column, value in (("sweep", sweep), ("dataset", evaluation)):
+        if value is not None:
+            table = table.filter(pc.equal(table[column], value))
+    # The newest row per key, chosen by latest_rows itself, on the key columns alone: the
+    # wide columns (replicates, matrices) are taken by index, never converted to Python.
+    keys = table.select(["sweep", "checkpoint", "dataset", "metric", "created_at"])
+    keys = keys.append_column("_index", pa.array(range(table.num_rows), pa.int64()))
+    return table.take(pa.array([r["_index"] for r in latest_rows(keys)], pa.int64()))

@@ -416,11 +416,10 @@ class Publisher:
         """The sweep's leaderboard, every stored cell of it, as a table in every tracker."""
         if not self.live:
             return
-        from .api import _latest
+        from .store import newest
 
         try:
-            rows = _latest(self.sweep.output, sweep=self.sweep.name, evaluation=None,
-                           what="output").to_pylist()
+            rows = newest(self.sweep.output, sweep=self.sweep.name, what="output").to_pylist()
         except RayevalError as e:
             self.warn(f"[rayeval] warning: trackers: cannot read the store for the "
                       f"leaderboard: {e.message}")
