@@ -155,3 +155,39 @@ def test_a_row_range_names_a_file_it_cannot_read(tmp_path):
     (tmp_path / "a.parquet").write_bytes(b"not parquet any more")
     with pytest.raises(DataError, match=r"dataset.path: cannot read .*a.parquet"):
         list(RowRange(info, None, 0, 50, "dataset.path").iter_batches(10))
+
+
+def test_a_kept_shard_is_the_streamed_one_in_one_block_per_tensor(tmp_path):
+    """A worker keeps its decoded shard for later passes in one block per tensor (kept
+    batches allocated one by one made the first pass's temporaries fault in fresh pages):
+    the kept batches are the streamed ones, views of one storage, and a shard that would not
+    fit the budget is not kept at all."""
+    from rayeval.data import RowRange
+    from rayeval.evaluate import Decoder
+    from rayeval.worker import Budget, Shard
+
+    x, y = make_data(1000, seed=3)
+    write_parquet(str(tmp_path / "d.parquet"), x, y, row_group_size=128)
+    s = spec(tmp_path / "d.parquet", id="row")
+    info = inspect_dataset(s)
+    ev = EvalSpec(name="d", task="classification", dataset=s, metrics=(), batch_size=64)
+
+    def shard(budget):
+        rows = RowRange(info, s.columns, 100, 701, "dataset.path")
+        return Shard(rows, Decoder(ev, info, ""), 64, Budget(budget))
+
+    kept = shard(1 << 30)
+    streamed = [tuple(t.clone() for t in b) for b in kept]
+    kept.agree(any_overflow=False)
+    again = list(kept)
+    assert len(again) == len(streamed) == 10 and kept.use_cache
+    for a, b in zip(again, streamed):
+        assert all(torch.equal(u, v) for u, v in zip(a, b))
+    assert torch.equal(torch.cat([b[0] for b in again]), torch.from_numpy(x[100:701]))
+    for i in range(3):       # inputs, targets, buckets: each one block
+        assert len({b[i].untyped_storage().data_ptr() for b in again}) == 1
+
+    full = sum(tasks.nbytes(b[0]) + b[1].nbytes + b[2].nbytes for b in streamed)
+    small = shard(full // 2)
+    assert len(list(small)) == 10 and small.overflowed        # streamed, not kept
+    assert small.budget.left == full // 2
