@@ -168,3 +168,29 @@ def script(name: str):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def single_process_passes(sweep):
+    """rayeval's own scoring in one process, the model whole (the reference the Ray runs are
+    checked against): for each cell, (checkpoint ref, evaluation, model, decoder, a fresh Pass,
+    its metrics); the caller feeds the pass its batches."""
+    from rayeval import driver, tasks
+    from rayeval.evaluate import Decoder, Pass
+    from rayeval.metrics import build_all
+    from rayeval.model import ModelSource
+
+    plan = driver.prepare(sweep, force=True)
+    source = ModelSource(sweep.model, sweep.base_dir)
+    loader = source.loader(torch.device("cpu"), sweep.checkpoint)
+    text = any(tasks.get(ev.spec.task).uses_text for ev in plan.evaluations)   # as a worker
+    for ref, _, _ in plan.by_checkpoint():
+        model, _ = loader.load(ref.location)
+        tok = source.tokenizer(ref.location, model) if text else None
+        for ev in plan.evaluations:
+            decode = Decoder(ev.spec, ev.data, sweep.base_dir)
+            decode.use(tok)
+            metrics = build_all(ev.spec.metrics)
+            p = Pass(model, metrics, ev.output_size, torch.device("cpu"), ev.spec.task,
+                     ev.spec.bootstrap.k, ev.spec.dataset, text=tok,
+                     generation=ev.spec.generation, batch=ev.spec.batch_size)
+            yield ref, ev, model, decode, p, metrics

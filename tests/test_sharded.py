@@ -24,15 +24,12 @@ import pytest
 import torch
 import yaml
 
-from support import rayeval_cli, script
+from support import rayeval_cli, script, single_process_passes
 
-from rayeval import driver
 from rayeval.boards import latest_rows
 from rayeval.config import Parallelism
 from rayeval.data import read_batches
-from rayeval.evaluate import Decoder, Pass, finalize
-from rayeval.metrics import build_all
-from rayeval.model import ModelSource
+from rayeval.evaluate import finalize
 from rayeval.spec import load_sweep
 from rayeval.store import ResultStore
 
@@ -94,26 +91,13 @@ def single_process(sweep_path: str) -> dict:
     """rayeval's scoring of every cell in one process, the model whole: {(checkpoint,
     evaluation, metric): MetricResult}."""
     sweep = load_sweep(sweep_path).replace(parallelism=Parallelism())
-    plan = driver.prepare(sweep, force=True)
-    source = ModelSource(sweep.model, sweep.base_dir)
-    loader = source.loader(torch.device("cpu"), sweep.checkpoint)
     out = {}
-    for ref, _, _ in plan.by_checkpoint():
-        model, _ = loader.load(ref.location)
-        tok = source.tokenizer(ref.location, model) if sweep.model.hugging_face else None
-        for ev in plan.evaluations:
-            decode = Decoder(ev.spec, ev.data, sweep.base_dir)
-            decode.use(tok)
-            metrics = build_all(ev.spec.metrics)
-            p = Pass(model, metrics, ev.output_size, torch.device("cpu"), ev.spec.task,
-                     ev.spec.bootstrap.k, ev.spec.dataset, text=tok,
-                     generation=ev.spec.generation, batch=ev.spec.batch_size)
-            for table in read_batches(ev.data, ev.spec.dataset, ev.spec.batch_size):
-                p.update(*decode(table))
-            p.finish()
-            for metric, r in finalize(metrics, p.states, ev.output_size,
-                                      ev.spec.bootstrap).items():
-                out[(ref.location, ev.name, metric)] = r
+    for ref, ev, _, decode, p, metrics in single_process_passes(sweep):
+        for table in read_batches(ev.data, ev.spec.dataset, ev.spec.batch_size):
+            p.update(*decode(table))
+        p.finish()
+        for metric, r in finalize(metrics, p.states, ev.output_size, ev.spec.bootstrap).items():
+            out[(ref.location, ev.name, metric)] = r
     return out
 
 

@@ -22,13 +22,12 @@ pytest.importorskip("transformers")
 pytest.importorskip("lm_eval")
 
 from harness import run_harness  # noqa: E402
-from support import rayeval_cli, script  # noqa: E402
+from support import rayeval_cli, script, single_process_passes  # noqa: E402
 
 from rayeval import driver  # noqa: E402
 from rayeval.data import read_batches  # noqa: E402
 from rayeval.evaluate import Decoder, Pass, finalize  # noqa: E402
 from rayeval.boards import latest_rows  # noqa: E402
-from rayeval.metrics import build_all  # noqa: E402
 from rayeval.model import ModelSource  # noqa: E402
 from rayeval.spec import load_sweep  # noqa: E402
 from rayeval.store import ResultStore  # noqa: E402
@@ -59,34 +58,20 @@ def harness(example, checkpoints):
 def reference(sweep_path: str) -> dict:
     """rayeval's own scoring in one process: {checkpoint: {evaluation: (per-id outputs, metric
     results)}}, batches of 7 rows so that items meet in different batches than in the harness."""
-    sweep = load_sweep(sweep_path)
-    plan = driver.prepare(sweep, force=True)
-    source = ModelSource(sweep.model, sweep.base_dir)
-    loader = source.loader(torch.device("cpu"), sweep.checkpoint)
     out = {}
-    for ref, _, _ in plan.by_checkpoint():
-        model, _ = loader.load(ref.location)
-        tok = source.tokenizer(ref.location, model)
-        out[ref.location] = {}
-        for ev in plan.evaluations:
-            decode = Decoder(ev.spec, ev.data, sweep.base_dir)
-            decode.use(tok)
-            metrics = build_all(ev.spec.metrics)
-            p = Pass(model, metrics, ev.output_size, torch.device("cpu"), ev.spec.task,
-                     ev.spec.bootstrap.k, ev.spec.dataset, text=tok,
-                     generation=ev.spec.generation, batch=ev.spec.batch_size)
-            items = {}
-            for table in read_batches(ev.data, ev.spec.dataset, 7):
-                x, y, buckets = decode(table)
-                with torch.inference_mode():
-                    scored, _ = p.task.score(model, x, y, p)
-                for i, row_id in enumerate(table.column("id").to_pylist()):
-                    items[row_id] = scored[i]
-                p.update(x, y, buckets)
-            p.finish()
-            results = finalize(metrics, p.states, ev.output_size, ev.spec.bootstrap)
-            out[ref.location][ev.name] = (items, results, int(p.states["_tokens"])
-                                          if "_tokens" in p.states else None)
+    for ref, ev, model, decode, p, metrics in single_process_passes(load_sweep(sweep_path)):
+        items = {}
+        for table in read_batches(ev.data, ev.spec.dataset, 7):
+            x, y, buckets = decode(table)
+            with torch.inference_mode():
+                scored, _ = p.task.score(model, x, y, p)
+            for i, row_id in enumerate(table.column("id").to_pylist()):
+                items[row_id] = scored[i]
+            p.update(x, y, buckets)
+        p.finish()
+        results = finalize(metrics, p.states, ev.output_size, ev.spec.bootstrap)
+        out.setdefault(ref.location, {})[ev.name] = (
+            items, results, int(p.states["_tokens"]) if "_tokens" in p.states else None)
     return out
 
 
