@@ -14,10 +14,10 @@ loaded on first use (``RunReport`` lives with the driver, which imports torch).
 
 __version__ = "0.1.0"
 
-from .api import leaderboard, load_sweep, results, run
-from .config import Sweep
-from .errors import (CheckpointError, DataError, GroupError, MetricError, ModelError,
-                     RayevalError, RunError, SpecError, StoreError)
+from rayeval.api import leaderboard, load_sweep, results, run
+from rayeval.config.schema import Sweep
+from rayeval.errors import (CheckpointError, DataError, GroupError, MetricError, ModelError,
+                            RayevalError, RunError, SpecError, StoreError)
 
 __all__ = [
     "__version__",
@@ -25,25 +25,27 @@ __all__ = [
     "RunReport", "Board", "Sweep",
     "RayevalError", "SpecError", "DataError", "ModelError", "MetricError", "CheckpointError",
     "StoreError", "RunError", "GroupError",
+    "validation_config", "RayevalValidation",
 ]
 
-_LAZY = {"RunReport": "driver", "Board": "boards"}     # name -> rayeval module holding it
-_SUBMODULES = ("ray_train",)       # rayeval.ray_train: imported on first use (it needs Ray)
+# name -> the module holding it, imported on first use (torch or Ray come with those modules).
+_LAZY = {
+    "RunReport": "rayeval._internal.execution.driver",
+    "Board": "rayeval.results.boards",
+    "validation_config": "rayeval.integrations.ray_train",
+    "RayevalValidation": "rayeval.integrations.ray_train",
+}
 
 
 def __getattr__(name: str):
-    if name in _SUBMODULES:
-        import importlib
-
-        return importlib.import_module(f".{name}", __name__)
     if name in _LAZY:
         import importlib
 
-        value = getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+        value = getattr(importlib.import_module(_LAZY[name]), name)
         globals()[name] = value
         return value
     raise AttributeError(f"module 'rayeval' has no attribute {name!r}")
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_LAZY) | set(_SUBMODULES))
+    return sorted(set(globals()) | set(_LAZY))

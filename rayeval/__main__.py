@@ -1,3 +1,3 @@
-from .cli import console_main
+from rayeval.ui.cli import console_main
 
 console_main()

@@ -19,14 +19,14 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING
 
-from .config import Sweep, Trackers
+from rayeval.config.schema import Sweep, Trackers
 
 if TYPE_CHECKING:                               # types only: importing these pulls in torch
     import pyarrow as pa
     from rich.console import Console
 
-    from .driver import RunReport
-    from .boards import Board
+    from rayeval._internal.execution.driver import RunReport
+    from rayeval.results.boards import Board
 
 __all__ = ["run", "load_sweep", "results", "leaderboard"]
 
@@ -39,7 +39,7 @@ def load_sweep(path: str | os.PathLike) -> Sweep:
     path at fault (a missing file, invalid YAML, an unknown, missing or mistyped key, a bad
     value). Nothing is evaluated, no data is read and no Ray is started.
     """
-    from .spec import load_sweep as _load
+    from rayeval.config.loader import load_sweep as _load
 
     return _load(os.fspath(path))
 
@@ -63,7 +63,7 @@ def run(sweep: Sweep | str | os.PathLike, *, workers: int | None = None,
     otherwise); a ``rich.console.Console`` takes the plan line, and the bar when it is a
     terminal (otherwise the progress lines go to stderr), and the trackers' summary lines.
     ``trackers``: experiment trackers for this run, over the sweep's ``trackers:``: a
-    ``rayeval.config.Trackers``, or a mapping as in the sweep file
+    ``rayeval.config.schema.Trackers``, or a mapping as in the sweep file
     (``{"mlflow": {"uri": ..., "run_id": ...}}``) where each tracker named replaces the
     sweep's and ``None`` removes it. Each cell is logged to them as it finishes and the
     leaderboard at the end; a tracker that fails prints one warning line on stderr and never
@@ -89,10 +89,10 @@ def run(sweep: Sweep | str | os.PathLike, *, workers: int | None = None,
     raises ``KeyboardInterrupt``; every cell already stored is complete. The process's SIGINT
     and SIGTERM handlers are restored when the call returns.
     """
-    from . import signals
-    from .driver import run_sweep
-    from .progress import console_display, console_say
-    from .spec import with_overrides
+    from rayeval._internal.execution import signals
+    from rayeval._internal.execution.driver import run_sweep
+    from rayeval._internal.execution.coordinator import console_display, console_say
+    from rayeval.config.loader import with_overrides
 
     if isinstance(sweep, (str, os.PathLike)):
         sweep = load_sweep(sweep)
@@ -117,7 +117,7 @@ def results(store: str | os.PathLike, *, sweep: str | None = None,
     ``s3://bucket/prefix``-style URI. ``sweep`` and ``evaluation`` keep only that sweep's rows
     and only that evaluation's (the store's ``dataset`` column).
 
-    Returns a ``pyarrow.Table`` with the store's schema (``rayeval.store.SCHEMA``; its columns
+    Returns a ``pyarrow.Table`` with the store's schema (``rayeval.results.store.SCHEMA``; its columns
     are listed in the README's *The result store*), in store order, with no rows when nothing
     matches; ``.to_pandas()`` gives a DataFrame when pandas is installed, ``.to_pylist()``
     dicts. When a metric of a checkpoint was stored by several cells (the checkpoint rewritten
@@ -126,7 +126,7 @@ def results(store: str | os.PathLike, *, sweep: str | None = None,
     Raises :class:`rayeval.StoreError` when there is no store there (a local folder that does
     not exist, a missing bucket, denied access) or it cannot be read.
     """
-    from .store import newest
+    from rayeval.results.store import newest
 
     return newest(store, sweep=sweep, evaluation=evaluation, what="store")
 
@@ -141,19 +141,19 @@ def leaderboard(store: str | os.PathLike, *, metric: str | None = None,
     evaluation only, or ``aggregate``; default: the aggregate (the mean of each evaluation's
     first metric, lower-is-better ones negated) with several evaluations, else the first metric.
 
-    Returns a ``Board`` (``rayeval.boards.Board``): ``entries`` in rank order, each with
+    Returns a ``Board`` (``rayeval.results.boards.Board``): ``entries`` in rank order, each with
     ``rank``, ``sweep``, ``checkpoint``, ``step``, ``best``, ``value(column)``, ``rows[column]``
     (the stored row, or the aggregate's, with ``value``, ``ci_low``, ``ci_high``) and
     ``marks[column]`` (``"*"`` the best, ``"~"`` not distinguishable from it); ``columns``
     (``.name``, ``.evaluation``, ``.metric``, ``.higher_is_better``; ``metrics``, their names),
     ``rank_by``, ``higher_is_better``, ``evaluations``, ``averaged`` (the columns the aggregate
-    averages) and ``notes`` (the warnings shown under the table). ``rayeval.render`` turns it
+    averages) and ``notes`` (the warnings shown under the table). ``rayeval.results.render`` turns it
     into the command's outputs (``to_csv``, ``to_markdown``, ``to_html``, ``render_rich``).
 
     Raises :class:`rayeval.StoreError` as :func:`results` does, when the rows hold nothing to
     rank, and when ``metric`` names no column (the message lists the choices).
     """
-    from .boards import build_board
+    from rayeval.results.boards import build_board
 
     rows = results(store, sweep=sweep, evaluation=evaluation).to_pylist()
     return build_board(rows, metric)
@@ -165,6 +165,6 @@ def _trackers(given, base: Trackers) -> Trackers:
     """``run``'s ``trackers=``: a Trackers as it is, a mapping over the sweep's."""
     if isinstance(given, Trackers):
         return given
-    from .spec import trackers_spec
+    from rayeval.config.loader import trackers_spec
 
     return trackers_spec(given, source="rayeval.run(trackers=...)", base=base, removable=True)

@@ -57,8 +57,8 @@ def main(argv=None) -> int:
     import ray
     import torch.distributed.checkpoint as dcp
 
-    from rayeval.driver import run_sweep
-    from rayeval.spec import load_sweep
+    from rayeval._internal.execution.driver import run_sweep
+    from rayeval.config.loader import load_sweep
 
     figures = []
     with tempfile.TemporaryDirectory(prefix="rayeval-mem-") as root:

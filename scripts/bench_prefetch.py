@@ -124,12 +124,12 @@ output: out
 
 def fetch_and_read(root: str, checkpoints: int, endpoint: str, credentials: dict) -> list[float]:
     """Each checkpoint fetched through the slow proxy into an empty cache and read, in this
-    process, as a worker does (rayeval.checkpoints.fetch, rayeval.layouts.read): seconds each.
+    process, as a worker does (rayeval.io.checkpoints.fetch, rayeval.io.layouts.read): seconds each.
     This is L, measured alone: inside a run, a rank's `load` also holds its wait for the
     other ranks, and a rank that arrives later finds the file another rank fetched."""
     os.environ.update(credentials, AWS_ENDPOINT_URL=endpoint)
-    from rayeval import layouts, paths
-    from rayeval.checkpoints import fetch
+    from rayeval.io import layouts, paths
+    from rayeval.io.checkpoints import fetch
 
     paths.clear_cache()
     cache = os.path.join(root, "cache-probe")

@@ -205,7 +205,7 @@ def parse_profile(text: str) -> dict:
     """The lines `rayeval run --profile` prints (rayeval/profile.py's render) as numbers:
     {"total_s", "driver": {phase: s}, "workers": {phase: {"rank0_s", "slowest_s", "count"}},
     "driver_unaccounted_s": total less the driver's phases}."""
-    from rayeval.profile import DRIVER_PHASES, WORKER_PHASES
+    from rayeval._internal.execution.profile import DRIVER_PHASES, WORKER_PHASES
 
     out: dict = {"total_s": None, "driver": {}, "workers": {}}
     for line in text.splitlines():
@@ -299,11 +299,11 @@ def bootstrap_pass_cost(root: str, sweeps: tuple[str, str]) -> tuple[float, floa
     sys.path.insert(0, root)
     from bench_model import build
 
-    from rayeval import tasks
-    from rayeval.data import inspect_dataset
-    from rayeval.evaluate import Pass, decoded_batches, finalize
-    from rayeval.metrics import build_all
-    from rayeval.spec import load_sweep
+    from rayeval.core import tasks
+    from rayeval.io.data import inspect_dataset
+    from rayeval.core.evaluate import Pass, decoded_batches, finalize
+    from rayeval.core.metrics import build_all
+    from rayeval.config.loader import load_sweep
 
     configs = []
     for path in sweeps:

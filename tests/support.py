@@ -174,10 +174,11 @@ def single_process_passes(sweep):
     """rayeval's own scoring in one process, the model whole (the reference the Ray runs are
     checked against): for each cell, (checkpoint ref, evaluation, model, decoder, a fresh Pass,
     its metrics); the caller feeds the pass its batches."""
-    from rayeval import driver, tasks
-    from rayeval.evaluate import Decoder, Pass
-    from rayeval.metrics import build_all
-    from rayeval.model import ModelSource
+    from rayeval._internal.execution import driver
+    from rayeval.core import tasks
+    from rayeval.core.evaluate import Decoder, Pass
+    from rayeval.core.metrics import build_all
+    from rayeval.io.model import ModelSource
 
     plan = driver.prepare(sweep, force=True)
     source = ModelSource(sweep.model, sweep.base_dir)

@@ -1,0 +1,1 @@
+"""rayeval's machinery: nothing here is public API."""

@@ -1,0 +1,550 @@
+"""The driver: validate everything cheap first, plan the cells, then ONE TorchTrainer.fit()
+evaluates every pending cell (checkpoint x evaluation) of the sweep.
+
+Public entry points, used by the CLI, `watch` and the tests: ``prepare`` (checks and plan, no
+Ray), ``start_ray``, ``evaluate`` (one fit over a plan) and ``run_sweep`` (all three).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import os
+import tempfile
+import time
+import uuid
+from dataclasses import dataclass, field
+
+from rayeval.io import paths
+from rayeval._internal.execution import signals
+from rayeval.core import tasks
+from rayeval.config.schema import EvalSpec, Sweep
+from rayeval.io.data import inspect_dataset, open_dataset
+from rayeval.io.checkpoints import expand_checkpoints
+from rayeval.errors import DataError, GroupError, RayevalError, RunError, SpecError
+from rayeval.core.evaluate import Decoder, output_size
+from rayeval.io.loading import fit_error
+from rayeval.io.model import ModelSource
+from rayeval.plan.cells import CellOutcome, Evaluation, Plan, make_plan
+from rayeval._internal.execution.profile import Timer
+from rayeval.results.store import ResultStore
+
+
+@dataclass
+class RunReport:
+    plan: Plan
+    outcomes: list[CellOutcome] = field(default_factory=list)   # pending cells, plan order
+    seconds: float = 0.0
+    nodes: int = 0                # Ray nodes the workers ran on (of the last attempt)
+    loads: dict = field(default_factory=dict)   # (rank, checkpoint) -> loads, all attempts
+    timer: Timer = field(default_factory=Timer)  # the driver's phases (``profile``)
+    worker_times: dict = field(default_factory=dict)   # rank -> {phase: (seconds, count)}
+
+    @property
+    def failures(self) -> list[CellOutcome]:
+        return [o for o in self.outcomes if not o.ok]
+
+    @property
+    def cell_keys(self) -> set[str]:
+        return {c.key for c in self.plan.cells + self.plan.cached} | \
+            {o.key for o in self.plan.failed}
+
+
+@dataclass
+class Evaluated:
+    """What one TorchTrainer.fit() over a plan's cells came to."""
+    outcomes: list[CellOutcome]
+    nodes: int
+    loads: dict
+    worker_times: dict = field(default_factory=dict)   # rank -> {phase: (seconds, count)}
+
+
+def inspect_evaluations(sweep: Sweep) -> tuple[Evaluation, ...]:
+    """Every evaluation's data set checked and counted, and the model probed on a few of its
+    real rows: on the meta device (no memory), else once on the CPU. Bad columns, inputs the
+    model cannot take, outputs that do not fit the task, labels outside the model's classes
+    and a missing tokenizer all fail here, in seconds, before any cluster starts."""
+    source = ModelSource(sweep.model, sweep.base_dir)
+    text = any(tasks.get(e.task).uses_text for e in sweep.evals)
+    first = _first_folder(sweep) if sweep.model.hugging_face else None
+    meta = source.meta(first)              # imports and calls the factory, or reads config.json
+    if sweep.parallelism.sharded:
+        from rayeval.io.sharding import units
+
+        units(meta, sweep.parallelism.wrap)    # parallelism.wrap must name classes it has
+    tokenizer = source.tokenizer(first, meta) if text else None
+    out = []
+    for spec in sweep.evals:
+        task = tasks.get(spec.task)
+        info = inspect_dataset(spec.dataset, task)
+        size = _probe_output_size(sweep, spec, info, source, meta, tokenizer)
+        task.check_values(open_dataset(info.files, f"{spec.dataset.key_path}.path"),
+                          spec.dataset, size)
+        out.append(Evaluation(spec=spec, data=info, output_size=size))
+    return tuple(out)
+
+
+def _first_folder(sweep: Sweep) -> str:
+    """A local folder with the first checkpoint's config (and tokenizer): without a factory,
+    the model is built from it."""
+    from rayeval.io import hf
+
+    hf.require()
+    refs = expand_checkpoints(sweep.checkpoints)
+    location = refs[0].location
+    if not hf.is_folder(location):
+        raise SpecError(f"checkpoints: {location} is not a Hugging Face folder (no config.json)"
+                        "; set model.factory to evaluate other checkpoints")
+    return hf.small_files(location, os.path.join(tempfile.gettempdir(), "rayeval-checkpoints"))
+
+
+def _probe_output_size(sweep: Sweep, spec: EvalSpec, info, source: ModelSource, meta,
+                       tokenizer) -> int:
+    decoder = Decoder(spec, info, sweep.base_dir)
+    decoder.use(tokenizer)
+    head = open_dataset(info.files, f"{spec.dataset.key_path}.path").head(
+        4, columns=spec.dataset.columns)
+    x, _, _ = decoder(head)
+    task = tasks.get(spec.task)
+    try:
+        size = output_size(meta, task, x, "meta")
+    except RayevalError:
+        real = source.real()          # some models cannot run on the meta device
+        if real is not None:
+            size = output_size(real, task, x, "cpu")
+        else:                         # a Hugging Face model: its output layer says
+            size = int(meta.get_output_embeddings().weight.shape[0])
+    if tokenizer is not None:
+        top = max(task.probe_input(x).reshape(-1).tolist())
+        if top >= size:
+            raise DataError(f"{spec.key_path}: the tokenizer gives token id {top}, outside the "
+                            f"model's vocabulary of {size}; the tokenizer does not match the "
+                            "model (see model.tokenizer)")
+    return size
+
+
+def check_inputs(sweep: Sweep) -> tuple[tuple[Evaluation, ...], ResultStore]:
+    """The evaluations, inspected and probed, and the store, probe-written: what `run` and
+    `watch` check before any cluster starts."""
+    evaluations = inspect_evaluations(sweep)
+    store = ResultStore(sweep.output)
+    store.check(write=True)
+    return evaluations, store
+
+
+def prepare(sweep: Sweep, force: bool = False, ready=None) -> Plan:
+    """Everything that can fail on bad input, before any cluster starts, and the plan.
+    ``ready``: (CheckpointRef, fingerprint) pairs to plan instead of the sweep's globs."""
+    evaluations, store = check_inputs(sweep)
+    return plan_cells(sweep, evaluations, store, force=force, ready=ready)
+
+
+def plan_cells(sweep: Sweep, evaluations, store: ResultStore, *, force: bool = False,
+               ready=None, skip: set[str] = frozenset()) -> Plan:
+    """The plan, with the cells of local checkpoints that do not fit the model (keys and
+    shapes read from their headers, against the model on the meta device) failed here, before
+    any worker would load them."""
+    plan = make_plan(sweep, evaluations, store, force=force, ready=ready, skip=skip)
+    if not plan.cells:
+        return plan
+    source = ModelSource(sweep.model, sweep.base_dir)
+    text = any(tasks.get(e.spec.task).uses_text for e in evaluations)
+    failed, pending = [], []
+    for ref, _, cells in plan.by_checkpoint():
+        why = None if paths.is_uri(ref.location) else _local_problem(
+            ref.location, source, sweep, text)
+        if why is None:
+            pending += cells
+        else:
+            failed += [CellOutcome(key=c.key, checkpoint=ref.location, evaluation=c.evaluation,
+                                   step=ref.step, error=why) for c in cells]
+    return dataclasses.replace(plan, cells=tuple(pending), failed=tuple(failed))
+
+
+def _local_problem(location: str, source: ModelSource, sweep: Sweep, text: bool) -> str | None:
+    """Why a local checkpoint cannot be evaluated, from its headers and small files."""
+    from rayeval.io import hf
+
+    try:
+        meta = source.meta(location)
+    except RayevalError as e:
+        return e.message if e.message.startswith(location) else f"{location}: {e.message}"
+    if text and sweep.model.tokenizer is None and not hf.has_tokenizer(location):
+        return (f"{location}: no tokenizer files beside the model; save the tokenizer with the "
+                "checkpoint or set model.tokenizer")
+    return fit_error(location, meta, sweep.checkpoint)
+
+
+def run_sweep(sweep: Sweep, *, address: str | None = None, force: bool = False,
+              verbose: bool = False, display=None, on_plan=None, say=None,
+              ready=None) -> RunReport:
+    """Evaluate every cell of the sweep the store does not hold yet. ``display``: a progress
+    display (``progress.make_display``); none by default. The sweep's trackers get each cell
+    as it finishes and the leaderboard at the end; ``say`` takes their summary lines.
+    ``ready``: the checkpoints to evaluate, as (CheckpointRef, fingerprint) pairs with their
+    step, instead of the sweep's globs (``ray_train``'s validation of one checkpoint)."""
+    from rayeval.results import trackers
+
+    start = time.perf_counter()
+    timer = Timer()
+    trackers.require(sweep.trackers)        # a missing package fails before anything starts
+    with timer.span("inputs"):
+        plan = prepare(sweep, force=force, ready=ready)
+    if on_plan is not None:
+        on_plan(plan)
+    report = RunReport(plan, outcomes=list(plan.failed), timer=timer)
+    publisher = trackers.Publisher(sweep, say=say)
+    if plan.cells:
+        try:
+            with timer.span("ray start"):
+                started = start_ray(sweep, address, verbose)
+        except BaseException:
+            publisher.close()
+            raise
+        try:
+            done = evaluate(plan, display, on_cell=publisher.cell if publisher.live else None,
+                            timer=timer)
+            report.outcomes += done.outcomes
+            report.nodes, report.loads = done.nodes, done.loads
+            report.worker_times = done.worker_times
+            publisher.board()
+        except KeyboardInterrupt as e:
+            # A thread still inside Ray's client must not see it shut down under it (a crash,
+            # not a clean exit): then Ray goes down with this process instead.
+            started = started and getattr(e, "group_stopped", False)
+            raise
+        finally:
+            with signals.held():                # a second Ctrl-C must not cut the teardown
+                if started:
+                    import ray
+
+                    with timer.span("ray shutdown"):
+                        ray.shutdown()
+                ResultStore(sweep.output).discard_partial(c.key for c in plan.cells)
+                publisher.close()
+    else:
+        publisher.board()
+        publisher.close()
+    report.outcomes = plan.in_order(report.outcomes)
+    report.seconds = time.perf_counter() - start
+    return report
+
+
+def start_ray(sweep: Sweep, address: str | None, verbose: bool) -> bool:
+    """Connect to a cluster (``address``), reuse the current one, or start one in-process with
+    more logical CPUs than workers (Train's controller and the progress tracker run beside
+    them). Returns whether this call started Ray."""
+    if address:
+        _use_token_if_available()       # before Ray is imported: it reads the mode then
+    import ray
+
+    if ray.is_initialized():
+        return False
+    kwargs = dict(log_to_driver=verbose, logging_level=logging.INFO if verbose else logging.ERROR,
+                  configure_logging=True)
+    if address:
+        _probe(address)
+        try:
+            ray.init(address=address, **kwargs)
+        except (ConnectionError, RuntimeError, ValueError) as e:
+            raise RunError(f"--address: cannot connect to Ray at {address!r}: "
+                           f"{str(e).splitlines()[0]}; if the cluster uses token auth, put "
+                           "its token in RAY_AUTH_TOKEN or ~/.ray/auth_token") from None
+        signals.install()
+        return True
+    num_cpus = max(os.cpu_count() or 1, sweep.workers + 2)
+    # Train and its controller start several processes at once; without a higher
+    # start-up concurrency the raylet warns about it on every run of a small machine.
+    ray.init(num_cpus=num_cpus, include_dashboard=False,
+             _system_config={"worker_maximum_startup_concurrency": max(8, num_cpus)}, **kwargs)
+    signals.install()               # Ray's native SIGTERM handler would print a stack and die
+    if sweep.use_gpu:
+        gpus = int(ray.cluster_resources().get("GPU", 0))
+        if gpus < sweep.workers:
+            ray.shutdown()
+            raise RunError(f"use_gpu: true needs {sweep.workers} GPU(s) for workers: "
+                           f"{sweep.workers}, this machine has {gpus}; lower workers or set "
+                           "use_gpu: false")
+    return True
+
+
+def _probe(address: str, timeout: float = 5.0) -> None:
+    """Fail fast on an address where nothing listens: Ray's own client retries for minutes."""
+    import socket
+
+    if "://" in address or ":" not in address:      # auto, local, ray://...: Ray resolves them
+        return
+    host, _, port = address.rpartition(":")
+    try:
+        with socket.create_connection((host, int(port)), timeout=timeout):
+            pass
+    except (OSError, ValueError):
+        raise RunError(f"--address: nothing answers at {address!r}; start the cluster with "
+                       "`ray start --head` and pass the address it prints (HOST:6379)") from None
+
+
+def _use_token_if_available() -> None:
+    """Ray 2.60 clusters started with ``ray start --head`` use token auth when a token exists,
+    but a client only sends one when RAY_AUTH_MODE=token. Send it whenever one is at hand (a
+    cluster without auth ignores it), unless the user chose a mode."""
+    if "RAY_AUTH_MODE" in os.environ:
+        return
+    path = os.environ.get("RAY_AUTH_TOKEN_PATH") or os.path.expanduser("~/.ray/auth_token")
+    if os.environ.get("RAY_AUTH_TOKEN") or os.path.exists(path):
+        os.environ["RAY_AUTH_MODE"] = "token"
+
+
+def evaluate(plan: Plan, display=None, on_cell=None, timer: Timer | None = None) -> Evaluated:
+    """One TorchTrainer.fit() over the plan's cells, on the Ray this process is connected to,
+    in a thread while this one shows progress. Outcomes come in plan order. Raises RunError
+    when the run fails as a whole (restart budget spent) and the worker's own error for bad
+    input. ``on_cell`` gets each cell's outcome once, soon after it finishes (its rows are
+    in the store by then), also when the run fails later."""
+    import ray
+
+    from rayeval._internal.execution.coordinator import Tracker
+
+    sweep = plan.sweep
+    with quick_health_checks():
+        fit_began = time.time()        # --profile's "group start" counts the trainer's making
+        tracker = ray.remote(Tracker).options(num_cpus=0).remote(
+            [(c.key, c.checkpoint.location, plan.evaluation(c.evaluation).data.num_rows)
+             for c in plan.cells])
+        try:
+            fit = Fit(_trainer(plan, tracker), "rayeval-fit")
+            follow(tracker, fit, display, on_cell)
+            _raise_failure(fit.error, tracker, sweep)
+            finished = ray.get(tracker.results.remote())
+            times = ray.get(tracker.timings.remote())
+            if timer is not None and times:
+                entered = min(t["entered"] for t in times.values())
+                left = max(t["left"] for t in times.values())
+                timer.add("group start", entered - fit_began)
+                timer.add("workers", left - entered)
+                timer.add("fit end", fit.ended - left)
+            return Evaluated(
+                outcomes=[finished[c.key] for c in plan.cells if c.key in finished],
+                nodes=ray.get(tracker.node_count.remote()),
+                loads=ray.get(tracker.load_counts.remote()),
+                worker_times={r: t["phases"] for r, t in times.items()})
+        finally:
+            try:
+                ray.kill(tracker)     # also after a failure: `watch` keeps Ray up between polls
+            except Exception:         # noqa: BLE001 - Ray may be going down (a signal)
+                pass
+
+
+@contextlib.contextmanager
+def quick_health_checks():
+    """Ray Train's controller looks at its workers every 2 s by default: up to 2 s after the
+    last worker is done before fit() returns. Every 0.5 s, unless the user chose; the
+    controller reads it when it starts (it inherits this process's environment), so it is
+    set until the fit that starts one has ended."""
+    if HEALTH_CHECK_ENV in os.environ:
+        yield
+        return
+    os.environ[HEALTH_CHECK_ENV] = "0.5"
+    try:
+        yield
+    finally:
+        os.environ.pop(HEALTH_CHECK_ENV, None)
+
+
+class Fit:
+    """``trainer.fit()`` on a thread, so that the main thread shows progress and takes the
+    signals; its error and the time it ended are kept for the caller."""
+
+    def __init__(self, trainer, name: str):
+        import threading
+
+        self.error: BaseException | None = None
+        self.ended: float | None = None
+        self.thread = threading.Thread(target=self._fit, args=(trainer,), name=name,
+                                       daemon=True)
+        self.thread.start()
+
+    def _fit(self, trainer) -> None:
+        try:
+            trainer.fit()
+        except BaseException as e:     # noqa: BLE001 - handed to the main thread
+            self.error = e
+        finally:
+            self.ended = time.time()
+
+    @property
+    def alive(self) -> bool:
+        return self.thread.is_alive()
+
+
+def follow(tracker, fit: Fit, display=None, on_cell=None, done=None, keys=None) -> None:
+    """Show the tracker's progress every 0.5 s until the fit ends or ``done()`` says so, and
+    hand each finished cell (of ``keys``, else any) to ``on_cell`` once. SIGINT or SIGTERM
+    winds the worker group down (``_wind_down``) and is raised again."""
+    import ray
+
+    from rayeval._internal.execution.coordinator import NullDisplay, Rate
+
+    display = display or NullDisplay()
+    rate, began, handed = Rate(), time.monotonic(), set()
+    try:
+        with display:
+            finished = False
+            while not finished:
+                fit.thread.join(0.5)
+                finished = not fit.alive or (done is not None and done())
+                snap = ray.get(tracker.snapshot.remote())
+                display.update(rate.status(snap, time.monotonic()),
+                               time.monotonic() - began, final=finished)
+                if on_cell is None or snap["done"] <= len(handed):
+                    continue
+                for key, o in ray.get(tracker.results.remote()).items():
+                    if key not in handed and (keys is None or key in keys):
+                        handed.add(key)
+                        on_cell(o)
+    except KeyboardInterrupt as e:
+        raise _wind_down(e, tracker, fit.thread) from None
+
+
+STOP_GRACE_S = 30.0
+HEALTH_CHECK_ENV = "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"
+
+
+def _trainer(plan: Plan, tracker, standing: bool = False):
+    """The evaluation TorchTrainer: the sweep's workers running ``worker.train_loop``."""
+    import ray.train
+    from ray.train.torch import TorchConfig, TorchTrainer
+
+    from rayeval._internal.execution.worker import train_loop
+
+    sweep = plan.sweep
+    return TorchTrainer(
+        train_loop,
+        train_loop_config={"plan": plan, "tracker": tracker, "standing": standing},
+        torch_config=TorchConfig(timeout_s=sweep.recovery.stall_timeout_s),
+        scaling_config=ray.train.ScalingConfig(
+            num_workers=sweep.workers, use_gpu=sweep.use_gpu,
+            resources_per_worker=dict(sweep.resources_per_worker) or None),
+        run_config=ray.train.RunConfig(
+            name=f"rayeval-{sweep.name}-{uuid.uuid4().hex[:8]}",
+            failure_config=ray.train.FailureConfig(max_failures=sweep.recovery.max_restarts)),
+    )
+
+
+def _raise_failure(error, tracker, sweep: Sweep) -> None:
+    """Raise what ended a fit badly: bad input a worker met, the worker group's failure
+    (restarts spent), or any other error; nothing when it ended well."""
+    import ray
+    import ray.train
+
+    fatal = ray.get(tracker.get_fatal.remote())
+    if fatal is not None:
+        raise fatal
+    if isinstance(error, ray.train.WorkerGroupError):
+        raise _worker_error(error, sweep.recovery.max_restarts) from None
+    if isinstance(error, ray.train.TrainingFailedError):
+        raise RunError(f"the evaluation run failed: {str(error).splitlines()[0]}") from None
+    if error is not None:
+        raise error
+
+
+class Standing:
+    """One worker group kept up across ``rayeval watch``'s polls: each poll's cells are fed to
+    it through the progress tracker (``worker.Worker.stand``), so a new checkpoint costs its
+    load and passes, not a new worker group. After a failure the caller starts another."""
+
+    def __init__(self, sweep: Sweep, evaluations):
+        import ray
+
+        from rayeval._internal.execution.coordinator import Tracker
+
+        self.sweep = sweep
+        self.tracker = ray.remote(Tracker).options(num_cpus=0).remote([])
+        plan = Plan(sweep=sweep, evaluations=tuple(evaluations), cells=(), cached=(),
+                    failed=())
+        self.env = contextlib.ExitStack()                 # until close: see evaluate()
+        self.env.enter_context(quick_health_checks())
+        self.fit = Fit(_trainer(plan, self.tracker, standing=True), "rayeval-standing")
+
+    @property
+    def alive(self) -> bool:
+        return self.fit.alive
+
+    def run(self, plan: Plan, display=None, on_cell=None) -> list[CellOutcome]:
+        """Evaluate the plan's cells on the standing group; their outcomes in plan order.
+        Raises as ``evaluate`` does when the group fails (then it is gone)."""
+        import pickle
+
+        import ray
+
+        keys = [c.key for c in plan.cells]
+        ray.get(self.tracker.add_cells.remote(
+            [(c.key, c.checkpoint.location, plan.evaluation(c.evaluation).data.num_rows)
+             for c in plan.cells], [pickle.dumps(c) for c in plan.cells]))
+        follow(self.tracker, self.fit, display, on_cell, keys=set(keys),
+               done=lambda: ray.get(self.tracker.finished.remote(keys)))
+        finished = ray.get(self.tracker.results.remote())
+        if not all(k in finished for k in keys):
+            _raise_failure(self.fit.error, self.tracker, self.sweep)
+            raise RunError("the worker group ended before evaluating every cell")
+        return [finished[k] for k in keys]
+
+    def close(self, timeout_s: float = 60.0) -> None:
+        """No more cells: the group ends (bounded wait), and its tracker with it."""
+        import ray
+
+        try:
+            ray.get(self.tracker.close.remote(), timeout=5)
+            self.fit.thread.join(timeout_s)
+            ray.kill(self.tracker)
+        except Exception:         # noqa: BLE001 - Ray may be going down (a signal)
+            pass
+        finally:
+            self.env.close()
+
+
+def _wind_down(interrupt: KeyboardInterrupt, tracker, thread) -> KeyboardInterrupt:
+    """After SIGINT/SIGTERM: ask the workers to stop (they agree at their next sync point,
+    publishing nothing half-done) and wait for the fit to return, so Ray is shut down with no
+    thread inside it. ``group_stopped`` says whether that happened in time; a second signal
+    while waiting gives up at once."""
+    import ray
+
+    stopped = not thread.is_alive()
+    try:
+        ray.get(tracker.stop.remote(), timeout=5)
+        thread.join(STOP_GRACE_S)
+        stopped = not thread.is_alive()
+    except KeyboardInterrupt:
+        pass
+    except Exception:           # noqa: BLE001 - Ray itself may be going down
+        pass
+    interrupt.group_stopped = stopped
+    return interrupt
+
+
+def _worker_error(e, restarts: int) -> RayevalError:
+    """The most telling error from a failed worker group: a worker that died, then one of ours
+    (a stalled rank, bad data), else the first rank's message."""
+    from ray.exceptions import RayActorError
+
+    failures = getattr(e, "worker_failures", {}) or {}
+    spent = (f" after {restarts} restart(s) (recovery.max_restarts)" if restarts else
+             " (recovery.max_restarts is 0)")
+    for rank in sorted(failures):
+        if isinstance(failures[rank], RayActorError):
+            return RunError(f"worker rank {rank} died{spent}; see the worker logs "
+                            "(--verbose) for why: killed, out of memory, or a crash")
+    for rank in sorted(failures):
+        err = failures[rank]
+        while err is not None:
+            if isinstance(err, GroupError):
+                return GroupError(f"{err.message}{spent}")
+            if isinstance(err, RayevalError):
+                return err
+            err = err.__cause__ or getattr(err, "cause", None)
+    for rank in sorted(failures):
+        lines = [ln for ln in str(failures[rank]).splitlines() if ln.strip()]
+        return RunError(f"worker {rank} failed{spent}: {lines[-1] if lines else failures[rank]!r};"
+                        " run with --verbose for the worker logs")
+    return RunError(f"the evaluation run failed: {str(e).splitlines()[0]}")

@@ -1,0 +1,1 @@
+"""The sweep's schema (frozen dataclasses, one docstring per field) and its loader."""

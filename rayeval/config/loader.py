@@ -1,0 +1,543 @@
+"""The sweep file: loaded once, validated, and turned into frozen, typed objects.
+
+Raw dicts go no further than ``load_sweep``. Every error names the file and the key path at
+fault (``dataset.target``, ``metrics[2]``) and says how to fix it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Any
+
+import yaml
+
+from rayeval.io import paths
+from rayeval.config.schema import (DTYPE_NAMES, WATCH_ORDERS, Bootstrap, CheckpointSpec,
+                                   DatasetSpec, EvalSpec, Generation, ModelSpec, MlflowTracker,
+                                   Parallelism, Recovery, Sweep, Trackers, WANDB_MODES,
+                                   WandbTracker, WatchSpec)
+from rayeval.errors import SpecError
+from rayeval.core.metrics import parse_metric
+from rayeval.core.tasks import TASKS
+
+
+SWEEP_KEYS = {
+    "name", "model", "checkpoints", "batch_size", "workers", "use_gpu", "output", "bootstrap",
+    "checkpoint", "recovery", "resources_per_worker", "watch", "parallelism",
+    "trackers",
+}
+SINGLE_FORM_KEYS = {"dataset", "task", "metrics", "generation"}   # the one-evaluation form
+EVAL_KEYS = {"name", "task", "dataset", "metrics", "batch_size", "bootstrap", "generation"}
+DATASET_KEYS = {"path", "inputs", "target", "id", "transform", "ignore_index", "pad_id",
+                "prompt", "choices", "text", "delimiter"}
+MODEL_KEYS = {"factory", "kwargs", "dtype", "tokenizer", "max_length"}
+GENERATION_KEYS = {"until", "max_new_tokens"}
+PARALLELISM_KEYS = {"shard", "wrap"}
+TRACKERS_KEYS = {"mlflow", "wandb"}
+MLFLOW_KEYS = {"uri", "experiment", "run_id"}
+WANDB_KEYS = {"project", "entity", "run_id", "mode"}
+
+
+def with_overrides(sweep: Sweep, *, workers: int | None = None,
+                   output: str | None = None) -> Sweep:
+    """The CLI's ``--workers`` / ``--output`` (relative output taken from the cwd)."""
+    changes: dict[str, Any] = {}
+    if workers is not None:
+        if workers < 1:
+            raise SpecError(f"--workers: must be at least 1, got {workers}")
+        shard = sweep.parallelism.shard
+        if workers % shard:
+            raise SpecError(f"--workers: {workers} is not a multiple of parallelism.shard: "
+                            f"{shard} in the sweep; each replica of the model takes {shard} "
+                            "workers")
+        changes["workers"] = workers
+    if output is not None:
+        changes["output"] = paths.resolve(output, os.getcwd())
+    return sweep.replace(**changes)
+
+
+def load_sweep(path: str) -> Sweep:
+    """Read and validate a sweep file; raises SpecError naming the key path at fault."""
+    source = os.fspath(path)
+    try:
+        with open(source, encoding="utf-8") as f:
+            text = f.read()
+    except FileNotFoundError:
+        raise SpecError(f"{source}: sweep file not found; check the path") from None
+    except OSError as e:
+        raise SpecError(f"{source}: cannot read the sweep file: {e.strerror}") from None
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        where = ""
+        mark = getattr(e, "problem_mark", None)
+        if mark is not None:
+            where = f" at line {mark.line + 1}, column {mark.column + 1}"
+        problem = getattr(e, "problem", None) or "invalid YAML"
+        raise SpecError(f"{source}: not valid YAML{where}: {problem}") from None
+    base_dir = os.path.dirname(os.path.abspath(source))
+    return parse_sweep(raw, base_dir=base_dir, source=source)
+
+
+def parse_sweep(raw: Any, *, base_dir: str, source: str = "<sweep>") -> Sweep:
+    """Validate an already-parsed sweep mapping (what ``load_sweep`` reads from YAML)."""
+    r = _Reader(source)
+    top = r.mapping(raw, "", SWEEP_KEYS | SINGLE_FORM_KEYS | {"evals"})
+    batch_size = r.integer(top, "batch_size", default=256, minimum=1)
+    bootstrap = _bootstrap(r, r.get(top, "bootstrap", default={}), "bootstrap", Bootstrap())
+    if "evals" in top:
+        both = sorted(k for k in SINGLE_FORM_KEYS if k in top)
+        if both:
+            r.fail(both[0], "give the evaluations either as evals: or as one top-level "
+                            "dataset/task/metrics, not both; move it into an entry of evals")
+        evals = _evals(r, top["evals"], base_dir, batch_size, bootstrap)
+    else:
+        missing = [k for k in ("dataset", "task", "metrics") if top.get(k) is None]
+        if missing:
+            r.fail(missing[0], "missing required key (or list the evaluations under evals:)")
+        ds_raw = r.mapping(top["dataset"], "dataset", DATASET_KEYS | {"name"})
+        name = r.string(ds_raw, "name", path="dataset.name")
+        if name is not None and ("/" in name or name == "aggregate"):
+            r.fail("dataset.name", f"{name!r} cannot name an evaluation ('/' separates the "
+                                   "evaluation from the metric, 'aggregate' is the suite's "
+                                   "mean); choose another name")
+        if name is None:
+            name = _stem(paths.resolve(r.string(ds_raw, "path", path="dataset.path",
+                                                required=True), base_dir))
+        evals = (_evaluation(r, {**top, "name": name}, "", base_dir, batch_size, bootstrap,
+                             dataset_extra={"name"}),)
+    model = _model(r, top, base_dir)
+    text = [e for e in evals if TASKS[e.task].uses_text]
+    if text and not model.hugging_face and model.tokenizer is None:
+        r.fail("model.tokenizer", f"task {text[0].task} ({text[0].key_path}) needs a tokenizer:"
+                                  " set model.tokenizer to a folder holding one, or drop "
+                                  "model.factory to read Hugging Face folders")
+    return Sweep(
+        name=r.string(top, "name", required=True),
+        model=model, checkpoints=_checkpoints(r, top, base_dir), evals=evals,
+        workers=r.integer(top, "workers", default=1, minimum=1),
+        use_gpu=(use_gpu := r.boolean(top, "use_gpu", default=False)),
+        output=paths.resolve(r.string(top, "output", required=True), base_dir),
+        base_dir=base_dir, source=source, checkpoint=_checkpoint(r, top),
+        recovery=_recovery(r, top), resources_per_worker=_resources(r, top, use_gpu),
+        watch=watch_spec(r.get(top, "watch", default={}), source=source),
+        parallelism=_parallelism(r, top),
+        trackers=trackers_spec(r.get(top, "trackers", default={}), source=source),
+    )
+
+
+def _evals(r: "_Reader", raw: Any, base_dir: str, batch_size: int,
+           bootstrap: Bootstrap) -> tuple[EvalSpec, ...]:
+    if not isinstance(raw, list) or not raw:
+        r.fail("evals", f"expected a non-empty list of evaluations, got {_show(raw)}")
+    evals: list[EvalSpec] = []
+    seen: dict[str, int] = {}
+    for i, item in enumerate(raw):
+        path = f"evals[{i}]"
+        m = r.mapping(item, path, EVAL_KEYS)
+        name = r.string(m, "name", path=f"{path}.name", required=True)
+        if "/" in name or name == "aggregate":
+            r.fail(f"{path}.name", f"{name!r} cannot name an evaluation ('/' separates the "
+                                   "evaluation from the metric, 'aggregate' is the suite's "
+                                   "mean); choose another name")
+        if name in seen:
+            r.fail(f"{path}.name", f"{name!r} is used twice (also evals[{seen[name]}].name); "
+                                   "give each evaluation its own name")
+        seen[name] = i
+        evals.append(_evaluation(r, m, path, base_dir, batch_size, bootstrap))
+    return tuple(evals)
+
+
+def _evaluation(r: "_Reader", m: dict, path: str, base_dir: str, batch_size: int,
+                bootstrap: Bootstrap, dataset_extra: frozenset | set = frozenset()) -> EvalSpec:
+    """One evaluation; ``path`` is its key path ("" for the top-level single form)."""
+    at = (lambda key: f"{path}.{key}" if path else key)
+    task = r.string(m, "task", path=at("task"), required=True)
+    if task not in TASKS:
+        r.fail(at("task"), f"unknown task {task!r}; choose one of: {', '.join(TASKS)}")
+    dataset = _dataset(r, r.get(m, "dataset", path=at("dataset"), required=True), at("dataset"),
+                       task, base_dir, dataset_extra)
+    metrics_raw = r.get(m, "metrics", path=at("metrics"), required=True)
+    if not isinstance(metrics_raw, list) or not metrics_raw:
+        r.fail(at("metrics"), f"expected a non-empty list of metric names, got "
+                              f"{_show(metrics_raw)}")
+    metrics = []
+    seen: dict[str, int] = {}
+    for i, item in enumerate(metrics_raw):
+        try:
+            spec = parse_metric(item, task, base_dir)
+        except SpecError as e:
+            r.fail(at(f"metrics[{i}]"), e.message)
+        if spec.key in seen:
+            r.fail(at(f"metrics[{i}]"), f"{spec.key!r} is listed twice (also "
+                                        f"{at(f'metrics[{seen[spec.key]}]')}); remove one")
+        seen[spec.key] = i
+        metrics.append(spec)
+    own_bootstrap = bootstrap
+    if path and m.get("bootstrap") is not None:
+        own_bootstrap = _bootstrap(r, m["bootstrap"], at("bootstrap"), bootstrap)
+    return EvalSpec(
+        name=m["name"], task=task, dataset=dataset, metrics=tuple(metrics),
+        batch_size=r.integer(m, "batch_size", default=batch_size, minimum=1,
+                             path=at("batch_size")) if path else batch_size,
+        bootstrap=own_bootstrap, generation=_generation(r, m, at("generation"), task),
+        key_path=path or "(top level)")
+
+
+def _generation(r: "_Reader", m: dict, path: str, task: str) -> Generation:
+    raw = r.get(m, "generation", path=path)
+    if raw is None:
+        return Generation()
+    if not TASKS[task].generates:
+        r.fail(path, f"only a generation task decodes; task {task} takes no generation: key")
+    g = r.mapping(raw, path, GENERATION_KEYS)
+    until = r.get(g, "until", path=f"{path}.until", default=[])
+    if isinstance(until, str):
+        until = [until]
+    if not isinstance(until, list) or not all(isinstance(u, str) and u for u in until):
+        r.fail(f"{path}.until", f"expected a list of non-empty stop strings, got {_show(until)}")
+    return Generation(until=tuple(until),
+                      max_new_tokens=r.integer(g, "max_new_tokens",
+                                               default=Generation.max_new_tokens, minimum=1,
+                                               path=f"{path}.max_new_tokens"))
+
+
+def _dataset(r: "_Reader", raw: Any, path: str, task: str, base_dir: str,
+             extra: frozenset | set) -> DatasetSpec:
+    m = r.mapping(raw, path, DATASET_KEYS | set(extra))
+    location = paths.resolve(r.string(m, "path", path=f"{path}.path", required=True), base_dir)
+    transform = r.string(m, "transform", path=f"{path}.transform")
+    if transform is not None:
+        module, _, attr = transform.partition(":")
+        if not module or not attr:
+            r.fail(f"{path}.transform", f"expected 'module:callable', got {transform!r}")
+    inputs_raw = r.get(m, "inputs", path=f"{path}.inputs",
+                       required=transform is None and TASKS[task].needs_inputs)
+    if isinstance(inputs_raw, str):
+        inputs_raw = [inputs_raw]
+    inputs: tuple[str, ...] = ()
+    if inputs_raw is not None:
+        if not isinstance(inputs_raw, list) or not inputs_raw or not all(
+                isinstance(c, str) and c.strip() for c in inputs_raw):
+            r.fail(f"{path}.inputs", f"expected a column name or a list of column names, got "
+                                     f"{_show(inputs_raw)}")
+        if len(set(inputs_raw)) != len(inputs_raw):
+            r.fail(f"{path}.inputs", f"a column is listed twice in {inputs_raw}")
+        inputs = tuple(inputs_raw)
+    spec = DatasetSpec(
+        path=location, inputs=inputs,
+        target=r.string(m, "target", path=f"{path}.target", required=TASKS[task].needs_target),
+        id=r.string(m, "id", path=f"{path}.id"), transform=transform,
+        ignore_index=r.integer(m, "ignore_index", default=-100, minimum=None,
+                               path=f"{path}.ignore_index"),
+        pad_id=r.integer(m, "pad_id", default=0, minimum=0, path=f"{path}.pad_id"),
+        prompt=r.string(m, "prompt", path=f"{path}.prompt"),
+        choices=r.string(m, "choices", path=f"{path}.choices"),
+        text=r.string(m, "text", path=f"{path}.text"),
+        delimiter=_delimiter(r, m, f"{path}.delimiter"),
+        key_path=path)
+    problem = TASKS[task].spec_problem(spec)
+    if problem:
+        r.fail(f"{path}.{problem[0]}", problem[1])
+    return spec
+
+
+def _delimiter(r: "_Reader", m: dict, path: str) -> str:
+    value = r.get(m, "delimiter", path=path, default=" ")
+    if not isinstance(value, str):
+        r.fail(path, f"expected a string (\" \" by default, \"\" for none), got {_show(value)}")
+    return value
+
+
+def _model(r: "_Reader", top: dict, base_dir: str) -> ModelSpec:
+    """Without ``model:`` (or without ``model.factory``) the checkpoints are Hugging Face
+    folders."""
+    m = r.mapping(r.get(top, "model", default={}), "model", MODEL_KEYS)
+    dtype = r.string(m, "dtype", path="model.dtype")
+    if dtype is not None and dtype not in DTYPE_NAMES:
+        r.fail("model.dtype", f"unknown dtype {dtype!r}; choose one of: {', '.join(DTYPE_NAMES)}")
+    factory = r.string(m, "factory", path="model.factory")
+    if factory is not None:
+        module, _, attr = factory.partition(":")
+        if not module or not attr:
+            r.fail("model.factory", f"expected 'module:callable', got {factory!r}")
+    kwargs = r.get(m, "kwargs", default={})
+    if not isinstance(kwargs, dict) or not all(isinstance(k, str) for k in kwargs):
+        r.fail("model.kwargs", f"expected a mapping of keyword arguments, got {_show(kwargs)}")
+    if factory is None and kwargs:
+        r.fail("model.kwargs", "kwargs are for model.factory; a Hugging Face folder's model "
+                               "comes from its config.json (or set model.factory)")
+    tokenizer = r.string(m, "tokenizer", path="model.tokenizer")
+    max_length = r.get(m, "max_length", path="model.max_length")
+    if max_length is not None:
+        max_length = r.integer(m, "max_length", default=0, minimum=2, path="model.max_length")
+    return ModelSpec(factory=factory, kwargs=dict(kwargs), dtype=dtype,
+                     tokenizer=paths.resolve(tokenizer, base_dir) if tokenizer else None,
+                     max_length=max_length)
+
+
+def _checkpoints(r: "_Reader", top: dict, base_dir: str) -> tuple[str, ...]:
+    raw = r.get(top, "checkpoints", required=True)
+    if isinstance(raw, str):
+        raw = [raw]
+    if not isinstance(raw, list) or not raw:
+        r.fail("checkpoints", f"expected a non-empty list of paths or globs, got {_show(raw)}")
+    out = []
+    for i, item in enumerate(raw):
+        if not isinstance(item, str) or not item.strip():
+            r.fail(f"checkpoints[{i}]", f"expected a path or glob, got {_show(item)}")
+        out.append(paths.resolve(item, base_dir))
+    return tuple(out)
+
+
+def _checkpoint(r: "_Reader", top: dict) -> CheckpointSpec:
+    m = r.mapping(r.get(top, "checkpoint", default={}), "checkpoint",
+                  {"key", "strip_prefix", "trust_pickle"})
+    return CheckpointSpec(
+        key=r.string(m, "key", path="checkpoint.key"),
+        strip_prefix=r.string(m, "strip_prefix", path="checkpoint.strip_prefix"),
+        trust_pickle=r.boolean(m, "trust_pickle", default=False, path="checkpoint.trust_pickle"),
+    )
+
+
+def _resources(r: "_Reader", top: dict, use_gpu: bool) -> tuple[tuple[str, float], ...]:
+    raw = r.get(top, "resources_per_worker", default={})
+    if not isinstance(raw, dict) or not all(
+            isinstance(k, str) and isinstance(v, (int, float)) and not isinstance(v, bool)
+            and v >= 0 for k, v in raw.items()):
+        r.fail("resources_per_worker", f"expected a mapping of resource names to amounts "
+                                       f"(e.g. {{CPU: 4, GPU: 1}}), got {_show(raw)}")
+    if use_gpu and raw.get("GPU", 1) == 0:
+        r.fail("resources_per_worker", "GPU: 0 with use_gpu: true; give each worker a GPU")
+    return tuple(sorted((k, float(v)) for k, v in raw.items()))
+
+
+def watch_spec(raw: Any, *, source: str = "<sweep>", base: WatchSpec = WatchSpec(),
+               prefix: str = "watch.") -> WatchSpec:
+    """The ``watch:`` mapping (or the CLI's ``--ready``/``--order`` over ``base``, with
+    ``prefix="--"``): keys left out come from ``base``."""
+    r = _Reader(source)
+    m = r.mapping(raw, prefix.rstrip("."), {"ready", "order"}) if prefix == "watch." else raw
+    ready = m.get("ready", base.ready)
+    if ready is not None and (not isinstance(ready, str) or not ready.strip() or "/" in ready
+                              or ready.count("*") > 1):
+        r.fail(f"{prefix}ready", f"expected a file name (COMPLETE: inside a checkpoint folder) "
+                                 f"or a pattern with one * for the checkpoint's name (*.done: "
+                                 f"beside it), got {_show(ready)}")
+    order = m.get("order", base.order) or base.order
+    if order not in WATCH_ORDERS:
+        r.fail(f"{prefix}order", f"expected one of {', '.join(WATCH_ORDERS)}, got {_show(order)}")
+    return WatchSpec(ready=ready, order=order)
+
+
+def trackers_spec(raw: Any, *, source: str = "<sweep>", base: Trackers = Trackers(),
+                  prefix: str = "trackers", removable: bool = False) -> Trackers:
+    """The ``trackers:`` mapping (or ``rayeval.run``'s ``trackers=``): each tracker named
+    replaces ``base``'s; trackers left out come from ``base``. With ``removable`` (the API),
+    ``None`` removes a tracker; in a sweep file, ``mlflow: {}`` is MLflow with its defaults
+    and an empty ``mlflow:`` is an error, not a tracker silently left out."""
+    r = _Reader(source)
+    m = r.mapping(raw, prefix, TRACKERS_KEYS)
+    mlflow, wandb = base.mlflow, base.wandb
+    if "mlflow" in m:
+        mlflow = None if removable and m["mlflow"] is None else \
+            _mlflow(r, m["mlflow"], f"{prefix}.mlflow")
+    if "wandb" in m:
+        wandb = None if removable and m["wandb"] is None else \
+            _wandb(r, m["wandb"], f"{prefix}.wandb")
+    return Trackers(mlflow=mlflow, wandb=wandb)
+
+
+def _run_id(r: "_Reader", m: dict, path: str) -> None:
+    value = m.get("run_id")
+    if value is not None and not isinstance(value, str):
+        r.fail(f"{path}.run_id", f"expected a run id string, got {_show(value)}; quote it "
+                                 "(run_id: \"...\"): YAML reads some ids as numbers")
+
+
+def _mlflow(r: "_Reader", raw: Any, path: str) -> MlflowTracker:
+    m = r.mapping(raw, path, MLFLOW_KEYS)
+    _run_id(r, m, path)
+    return MlflowTracker(**{k: r.string(m, k, path=f"{path}.{k}") for k in sorted(MLFLOW_KEYS)},
+                         key_path=path)
+
+
+def _wandb(r: "_Reader", raw: Any, path: str) -> WandbTracker:
+    m = r.mapping(raw, path, WANDB_KEYS)
+    _run_id(r, m, path)
+    mode = r.string(m, "mode", path=f"{path}.mode")
+    if mode is not None and mode not in WANDB_MODES:
+        r.fail(f"{path}.mode", f"expected one of {', '.join(WANDB_MODES)}, got {_show(mode)}")
+    return WandbTracker(project=r.string(m, "project", path=f"{path}.project", required=True),
+                        entity=r.string(m, "entity", path=f"{path}.entity"),
+                        run_id=r.string(m, "run_id", path=f"{path}.run_id"), mode=mode,
+                        key_path=path)
+
+
+def with_trackers(sweep: Sweep, *, mlflow: str | None = None,
+                  wandb: str | None = None) -> Sweep:
+    """The CLI's ``--mlflow URI`` / ``--wandb PROJECT``: add the tracker, or override the
+    sweep's URI / project and keep its other keys (experiment, run id, mode)."""
+    t = sweep.trackers
+    for flag, value in (("--mlflow", mlflow), ("--wandb", wandb)):
+        if value is not None and not value.strip():
+            raise SpecError(f"{flag}: expected a non-empty value")
+    if mlflow is not None:
+        t = dataclasses.replace(t, mlflow=dataclasses.replace(
+            t.mlflow or MlflowTracker(), uri=mlflow, key_path="--mlflow"))
+    if wandb is not None:
+        t = dataclasses.replace(t, wandb=dataclasses.replace(
+            t.wandb or WandbTracker(project=wandb), project=wandb, key_path="--wandb"))
+    return sweep.replace(trackers=t)
+
+
+def _parallelism(r: "_Reader", top: dict) -> Parallelism:
+    m = r.mapping(r.get(top, "parallelism", default={}), "parallelism", PARALLELISM_KEYS)
+    shard = r.integer(m, "shard", default=1, minimum=1, path="parallelism.shard")
+    wrap = m.get("wrap", [])
+    if isinstance(wrap, str):
+        wrap = [wrap]
+    if not isinstance(wrap, list) or not all(isinstance(w, str) and w for w in wrap):
+        r.fail("parallelism.wrap", f"expected module class names (e.g. [DecoderLayer]), got "
+                                   f"{_show(wrap)}")
+    workers = top.get("workers", 1)
+    if isinstance(workers, int) and workers % shard:
+        r.fail("parallelism.shard", f"{shard} does not divide workers: {workers}; make "
+                                    "workers a multiple of parallelism.shard (each replica "
+                                    "of the model takes shard workers)")
+    return Parallelism(shard=shard, wrap=tuple(wrap))
+
+
+def _recovery(r: "_Reader", top: dict) -> Recovery:
+    m = r.mapping(r.get(top, "recovery", default={}), "recovery",
+                  {"max_restarts", "stall_timeout_s"})
+    return Recovery(
+        max_restarts=r.integer(m, "max_restarts", default=Recovery.max_restarts,
+                               minimum=0, path="recovery.max_restarts"),
+        stall_timeout_s=r.integer(m, "stall_timeout_s", default=Recovery.stall_timeout_s,
+                                  minimum=1, path="recovery.stall_timeout_s"),
+    )
+
+
+def written_locations(raw: dict) -> list[tuple[str, str]]:
+    """The data, checkpoint and output locations a sweep file names, as written (before they
+    are resolved against its folder), with their key paths: what `submit` and `k8s render`
+    check, since relative paths mean this machine's files."""
+    out = [("dataset.path", (raw.get("dataset") or {}).get("path"))]
+    evals = raw.get("evals")
+    for i, e in enumerate(evals if isinstance(evals, list) else []):
+        if isinstance(e, dict) and isinstance(e.get("dataset"), dict):
+            out.append((f"evals[{i}].dataset.path", e["dataset"].get("path")))
+    ckpts = raw.get("checkpoints")
+    out += [(f"checkpoints[{i}]", c)
+            for i, c in enumerate([ckpts] if isinstance(ckpts, str) else (ckpts or []))]
+    model = raw.get("model")
+    if isinstance(model, dict):
+        out.append(("model.tokenizer", model.get("tokenizer")))
+    out.append(("output", raw.get("output")))
+    return [(key, value) for key, value in out if isinstance(value, str)]
+
+
+def is_relative_local(value: str) -> bool:
+    return not paths.is_uri(value) and not os.path.isabs(os.path.expanduser(value))
+
+
+def _bootstrap(r: "_Reader", raw, path: str, base: Bootstrap) -> Bootstrap:
+    """A ``bootstrap:`` mapping; keys it leaves out come from ``base`` (the sweep's)."""
+    m = r.mapping(raw, path, {"replicates", "confidence", "seed", "buckets"})
+    confidence = r.get(m, "confidence", path=f"{path}.confidence", default=base.confidence)
+    if isinstance(confidence, bool) or not isinstance(confidence, (int, float)) \
+            or not 0 < confidence < 1:
+        r.fail(f"{path}.confidence", f"expected a number between 0 and 1, got "
+                                     f"{_show(confidence)}")
+    return Bootstrap(
+        replicates=r.integer(m, "replicates", default=base.replicates, minimum=0,
+                             path=f"{path}.replicates"),
+        confidence=float(confidence),
+        seed=r.integer(m, "seed", default=base.seed, minimum=0, path=f"{path}.seed"),
+        buckets=r.integer(m, "buckets", default=base.buckets, minimum=1,
+                          path=f"{path}.buckets"),
+    )
+
+
+def _stem(location: str) -> str:
+    base = location.rstrip("/").rsplit("/", 1)[-1]
+    for suffix in (".parquet", ".pq"):
+        if base.endswith(suffix):
+            return base[: -len(suffix)]
+    return base
+
+
+def _show(value: Any) -> str:
+    if value is None:
+        return "nothing"
+    return f"{value!r} ({type(value).__name__})"
+
+
+_MISSING = object()
+
+
+class _Reader:
+    """Small typed accessors that know the key path of what they read."""
+
+    def __init__(self, source: str):
+        self.source = source
+
+    def fail(self, path: str, problem: str):
+        raise SpecError(f"{self.source}: {path}: {problem}")
+
+    def mapping(self, value: Any, path: str, allowed: set[str]) -> dict:
+        if not isinstance(value, dict):
+            what = path or "the sweep file"
+            self.fail(path or "(top level)", f"expected a mapping, got {_show(value)}"
+                      if path else f"{what} must be a YAML mapping of keys, got {_show(value)}")
+        for key in value:
+            if key not in allowed:
+                full = f"{path}.{key}" if path else str(key)
+                hint = _closest(str(key), allowed)
+                self.fail(full, "unknown key" + (f"; did you mean {hint!r}?" if hint else
+                                                 f"; allowed keys: {', '.join(sorted(allowed))}"))
+        return value
+
+    def get(self, m: dict, key: str, *, path: str | None = None, required: bool = False,
+            default: Any = None) -> Any:
+        path = path or key
+        value = m.get(key, _MISSING)
+        if value is _MISSING or value is None:
+            if required:
+                self.fail(path, "missing required key")
+            return default
+        return value
+
+    def string(self, m: dict, key: str, *, path: str | None = None, required: bool = False) -> Any:
+        value = self.get(m, key, path=path, required=required)
+        if value is None:
+            return None
+        if not isinstance(value, str) or not value.strip():
+            self.fail(path or key, f"expected a non-empty string, got {_show(value)}")
+        return value
+
+    def integer(self, m: dict, key: str, *, default: int, minimum: int | None,
+                path: str | None = None) -> int:
+        path = path or key
+        value = self.get(m, key, path=path, default=default)
+        if isinstance(value, bool) or not isinstance(value, int):
+            self.fail(path, f"expected an integer, got {_show(value)}")
+        if minimum is not None and value < minimum:
+            self.fail(path, f"must be at least {minimum}, got {value}")
+        return value
+
+    def boolean(self, m: dict, key: str, *, default: bool, path: str | None = None) -> bool:
+        value = self.get(m, key, path=path, default=default)
+        if not isinstance(value, bool):
+            self.fail(path or key, f"expected true or false, got {_show(value)}")
+        return value
+
+
+def _closest(word: str, options: set[str]) -> str | None:
+    import difflib
+
+    found = difflib.get_close_matches(word, sorted(options), n=1, cutoff=0.7)
+    return found[0] if found else None
+

@@ -1,0 +1,3 @@
+"""What an evaluation computes: tasks, metrics as mergeable states, the pass, exact statistics.
+
+Plain torch: no Ray, no collectives."""

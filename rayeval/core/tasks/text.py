@@ -1,0 +1,488 @@
+"""The text tasks of language models, scored as lm-evaluation-harness scores them.
+
+    multiple_choice   each choice scored by the summed log-likelihood of ``delimiter + choice``
+                      after the prompt; acc / acc_norm (per character of the choice)
+    text_perplexity   each document scored with disjoint rolling windows of the model's
+                      context; perplexity per token, word and byte, bits per byte
+    generation        greedy decoding until a stop string, the end-of-sequence token or
+                      ``max_new_tokens``; exact match with the target, both stripped
+
+A row is one item (a question with all its choices, a document with all its windows, a
+prompt): it is counted once and its bootstrap weight comes from its id. What the harness's
+users' numbers depend on is reproduced here: context and continuation encoded together and
+split at the context's token count, trailing spaces of the context moved to the continuation,
+long inputs cut from the left, windows conditioned on the BOS (else EOS) token, words as
+``re.split(r"\\s+")`` pieces and bytes of UTF-8.
+
+A decoded batch is a ``TextBatch`` of token lists (tokenized once per tokenizer: a worker keeps
+its decoded shard across checkpoints that share one). Scoring turns it into one small float
+row per item, which the metrics in metrics.py reduce into exact states:
+
+    multiple_choice   (rows, choices, 2): log-likelihood, characters (padding: -inf, 1)
+    text_perplexity   (rows, 4): log-likelihood, tokens, words, bytes
+    generation        (rows,): 1.0 for an exact match
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import torch
+
+from rayeval.io import data
+from rayeval.core import stats
+from rayeval.config.schema import DatasetSpec
+from rayeval.errors import CheckpointError, DataError
+from rayeval.core.tasks.base import Task, logits_of
+
+LOGITS_BUDGET_BYTES = 512 << 20     # float32 logits one forward pass may produce
+
+
+@dataclass
+class TextBatch:
+    """A batch of items as token lists (one entry per row) and what scoring needs of them."""
+    rows: list
+    extra: list = field(default_factory=list)
+    nbytes: int = 0
+
+
+def _is_text(typ: pa.DataType) -> bool:
+    return pa.types.is_string(typ) or pa.types.is_large_string(typ)
+
+
+def _is_text_list(typ: pa.DataType) -> bool:
+    return (pa.types.is_list(typ) or pa.types.is_large_list(typ)) and _is_text(typ.value_type)
+
+
+class _TextTask(Task):
+    needs = "logits of shape (batch, positions, vocab): a causal language model"
+    needs_inputs = False
+    uses_text = True
+    group_rows = 1024        # items scored together: their requests are batched by length
+    reads: ClassVar[tuple[str, ...]] = ()      # the dataset keys of its text columns
+
+    def spec_problem(self, spec: DatasetSpec):
+        used = ", ".join(f"dataset.{k}" for k in self.reads)
+        if spec.inputs:
+            return "inputs", f"task {self.name} reads {used}, not inputs"
+        if spec.transform:
+            return "transform", f"task {self.name} reads {used}; it takes no transform"
+        for key in self.reads:
+            if getattr(spec, key) is None:
+                return key, f"missing required key: task {self.name} reads {used}"
+        for key in ("prompt", "choices", "text"):
+            if key not in self.reads and getattr(spec, key) is not None:
+                return key, f"task {self.name} does not read a {key} column (it reads {used})"
+        if self.name != "multiple_choice" and spec.delimiter != " ":
+            return "delimiter", "only multiple_choice puts a delimiter before each choice"
+        return None
+
+    def check_schema(self, spec, schema):
+        for key in self.reads:
+            column = getattr(spec, key)
+            typ = schema.field(column).type
+            want = _is_text_list(typ) if key == "choices" else _is_text(typ)
+            if not want:
+                what = "lists of strings" if key == "choices" else "strings"
+                raise DataError(f"{spec.key_path}.{key}: column {column!r} has type {typ}; "
+                                f"task {self.name} needs {what}")
+
+    def input_shapes(self, ds, spec):
+        return {}
+
+    def check_values(self, ds, spec, size):
+        columns = [getattr(spec, k) for k in self.reads]
+        table = ds.to_table(columns=list(dict.fromkeys(
+            columns + [c for c in (spec.target, spec.id) if c])))
+        for key, column in zip(self.reads, columns):
+            _no_nulls(table, column, f"{spec.key_path}.{key}", spec)
+        self.check_table(table, spec)
+
+    def check_table(self, table, spec) -> None:
+        """Task-specific checks of the whole data set (the driver) or a batch (a worker)."""
+
+    def row_ids(self, table, spec, x, y):
+        if spec.id is not None:
+            return data.id_values(table, spec.id, f"{spec.key_path}.id")
+        columns = [getattr(spec, k) for k in self.reads] + ([spec.target] if spec.target else [])
+        values = [data.column_array(table, c).to_pylist() for c in columns]
+        return torch.tensor([_content_id(row) for row in zip(*values)], dtype=torch.int64)
+
+    def join(self, xs: list[TextBatch]) -> TextBatch:
+        return TextBatch([r for x in xs for r in x.rows], [e for x in xs for e in x.extra],
+                         sum(x.nbytes for x in xs))
+
+    def probe_input(self, x: TextBatch) -> torch.Tensor:
+        return torch.tensor([self.first_tokens(x)[:16]], dtype=torch.int64)
+
+    def idle_input(self, spec, shapes):
+        return torch.zeros((1, 1), dtype=torch.int64)         # one token
+
+    def first_tokens(self, x: TextBatch) -> list[int]:
+        raise NotImplementedError
+
+    def output_size(self, out):
+        if isinstance(out, torch.Tensor) and out.dim() == 3:
+            return int(out.shape[2])
+        raise self.wrong_output(out)
+
+    def decode(self, table, spec, shapes, transform=None, decoder=None):
+        tok = getattr(decoder, "text", None)
+        if tok is None:
+            raise RuntimeError(f"task {self.name} decoded without a tokenizer (a bug)")
+        for key in self.reads:
+            _no_nulls(table, getattr(spec, key), f"{spec.key_path}.{key}", spec)
+        self.check_table(table, spec)
+        return self.tokenize(table, spec, tok, decoder), self.targets(table, spec)
+
+    def targets(self, table, spec):
+        return torch.zeros(table.num_rows, dtype=torch.int64)
+
+    def tokenize(self, table, spec, tok, decoder) -> TextBatch:
+        raise NotImplementedError
+
+
+class MultipleChoice(_TextTask):
+    name = "multiple_choice"
+    reads = ("prompt", "choices")
+
+    def check_schema(self, spec, schema):
+        super().check_schema(spec, schema)
+        typ = schema.field(spec.target).type
+        if not pa.types.is_integer(typ):
+            raise DataError(f"{spec.key_path}.target: column {spec.target!r} has type {typ}; "
+                            "expected the index of the right choice (an integer)")
+
+    def check_table(self, table, spec):
+        choices = data.column_array(table, spec.choices)
+        counts = pc.list_value_length(choices).to_numpy(zero_copy_only=False)
+        if choices.flatten().null_count:
+            _fail_at(table, spec, ~np.asarray(pc.is_valid(choices.flatten()).to_numpy(
+                zero_copy_only=False)), f"{spec.key_path}.choices: a null choice", counts)
+        _fail_at(table, spec, counts == 0, f"{spec.key_path}.choices: no choices")
+        _no_nulls(table, spec.target, f"{spec.key_path}.target", spec)
+        labels = data.column_array(table, spec.target).to_numpy(zero_copy_only=False)
+        bad = (labels < 0) | (labels >= counts)
+        if bad.any():
+            i = int(np.flatnonzero(bad)[0])
+            raise DataError(f"{spec.key_path}.target: {_row(table, spec, i)} has answer "
+                            f"{int(labels[i])}, outside its {int(counts[i])} choices "
+                            f"[0, {int(counts[i])}); fix the label (an index into choices)")
+
+    def targets(self, table, spec):
+        return data.target_tensor(table, spec.target, f"{spec.key_path}.target")
+
+    def tokenize(self, table, spec, tok, decoder):
+        prompts = data.column_array(table, spec.prompt).to_pylist()
+        choices = data.column_array(table, spec.choices).to_pylist()
+        rows, extra, n = [], [], 0
+        for i, (prompt, options) in enumerate(zip(prompts, choices)):
+            pairs = [tok.encode_pair(prompt, spec.delimiter + c) for c in options]
+            for ctx, cont in pairs:
+                if not cont:
+                    raise DataError(f"{spec.key_path}.choices: {_row(table, spec, i)} has a "
+                                    "choice that encodes to no tokens; give it some text")
+                if len(cont) > tok.max_length:
+                    raise DataError(f"{spec.key_path}.choices: {_row(table, spec, i)} has a "
+                                    f"choice of {len(cont)} tokens, longer than the model's "
+                                    f"context of {tok.max_length}")
+                n += 8 * (len(ctx) + len(cont))
+            rows.append(pairs)
+            extra.append([float(len(c)) for c in options])
+        return TextBatch(rows, extra, n)
+
+    def first_tokens(self, x):
+        ctx, cont = x.rows[0][0]
+        return ctx + cont
+
+    def score(self, model, x, y, run):
+        requests = [pair for pairs in x.rows for pair in pairs]
+        lls = loglikelihoods(model, requests, run)
+        width = max(len(p) for p in x.rows)
+        out = torch.zeros((len(x.rows), width, 2), dtype=torch.float64)
+        out[:, :, 0] = float("-inf")
+        out[:, :, 1] = 1.0
+        k = 0
+        for i, (pairs, chars) in enumerate(zip(x.rows, x.extra)):
+            out[i, :len(pairs), 0] = torch.tensor(lls[k:k + len(pairs)], dtype=torch.float64)
+            out[i, :len(pairs), 1] = torch.tensor(chars, dtype=torch.float64)
+            k += len(pairs)
+        return out, y
+
+
+class TextPerplexity(_TextTask):
+    name = "text_perplexity"
+    reads = ("text",)
+    needs_target = False
+    counts_tokens = True
+
+    def tokenize(self, table, spec, tok, decoder):
+        texts = data.column_array(table, spec.text).to_pylist()
+        rows, extra, n = [], [], 0
+        for text in texts:
+            tokens = tok.encode(text)
+            windows = rolling_windows(tokens, tok.prefix_id, tok.max_length)
+            rows.append(windows)
+            extra.append((float(len(tokens)), float(len(re.split(r"\s+", text))),
+                          float(len(text.encode("utf-8")))))
+            n += 16 * len(tokens) + 8 * len(windows)
+        return TextBatch(rows, extra, n)
+
+    def first_tokens(self, x):
+        for windows in x.rows:
+            if windows:
+                ctx, cont = windows[0]
+                return ctx + cont
+        return [0]
+
+    def score(self, model, x, y, run):
+        requests = [w for windows in x.rows for w in windows]
+        lls = loglikelihoods(model, requests, run)
+        out = torch.zeros((len(x.rows), 4), dtype=torch.float64)
+        k = 0
+        for i, (windows, (tokens, words, nbytes)) in enumerate(zip(x.rows, x.extra)):
+            out[i, 0] = sum(lls[k:k + len(windows)])      # float64, in window order
+            out[i, 1:] = torch.tensor([tokens, words, nbytes], dtype=torch.float64)
+            k += len(windows)
+        return out, y
+
+    def scored_tokens(self, outputs, targets):
+        return int(outputs[:, 1].sum().item())
+
+    def scored_units(self, states):
+        from rayeval.core.tasks.base import TOKENS
+
+        return int(states[TOKENS])
+
+
+class Generation(_TextTask):
+    name = "generation"
+    reads = ("prompt",)
+    generates = True
+
+    def check_schema(self, spec, schema):
+        super().check_schema(spec, schema)
+        typ = schema.field(spec.target).type
+        if not _is_text(typ):
+            raise DataError(f"{spec.key_path}.target: column {spec.target!r} has type {typ}; "
+                            "generation compares with a string answer")
+
+    def check_table(self, table, spec):
+        _no_nulls(table, spec.target, f"{spec.key_path}.target", spec)
+
+    def tokenize(self, table, spec, tok, decoder):
+        budget = tok.max_length - decoder.generation.max_new_tokens
+        if budget < 1:
+            raise DataError(f"{spec.key_path}: generation.max_new_tokens "
+                            f"{decoder.generation.max_new_tokens} leaves no room for a prompt "
+                            f"in the model's context of {tok.max_length}; lower it")
+        prompts = data.column_array(table, spec.prompt).to_pylist()
+        answers = data.column_array(table, spec.target).to_pylist()
+        rows = [tok.encode(p)[-budget:] for p in prompts]
+        return TextBatch(rows, answers, sum(8 * len(r) for r in rows))
+
+    def first_tokens(self, x):
+        return x.rows[0] or [0]
+
+    def score(self, model, x, y, run):
+        texts = generate(model, x.rows, run)
+        hit = [float(t.strip() == str(a).strip()) for t, a in zip(texts, x.extra)]
+        return torch.tensor(hit, dtype=torch.float64), y
+
+
+# --- scoring ---------------------------------------------------------------------------------
+
+def rolling_windows(tokens: list[int], prefix: int, max_length: int
+                    ) -> list[tuple[list[int], list[int]]]:
+    """Disjoint windows that predict every token once: the first conditioned on the prefix
+    token, each later one on the tokens before it, up to ``max_length`` inputs."""
+    if not tokens:
+        return []
+    first = min(max_length, len(tokens))
+    windows = [([prefix], tokens[:first])]
+    done = first
+    while done < len(tokens):
+        n = min(len(tokens) - done, max_length)
+        end = done + n
+        context = tokens[max(0, end - max_length - 1):end - 1]
+        windows.append((context[:len(context) - (n - 1)], tokens[end - n:end]))
+        done = end
+    return windows
+
+
+def _forward_rows(run, width: int) -> int:
+    """Sequences per forward pass: the evaluation's batch size, within a logits budget."""
+    per_row = max(1, width * max(1, run.size) * 4)
+    return max(1, min(run.batch, LOGITS_BUDGET_BYTES // per_row))
+
+
+def loglikelihoods(model, requests: list[tuple[list[int], list[int]]], run) -> list[float]:
+    """Each (context, continuation)'s summed log-probability of the continuation. The model
+    sees ``(context + continuation)[-(L + 1):][:-1]``; requests with the same input (such as
+    the one-token answers of a multiple-choice item) share one forward pass. Inputs are sorted
+    by length and right-padded: a causal model's positions do not see the padding after them."""
+    L = run.text.max_length
+    inputs = [tuple((ctx + cont)[-(L + 1):][:-1]) for ctx, cont in requests]
+    users: dict[tuple, list[int]] = {}
+    for r, inp in enumerate(inputs):
+        users.setdefault(inp, []).append(r)
+    unique = sorted(users, key=lambda t: (-len(t), t))
+    result = [0.0] * len(requests)
+    i = 0
+    while i < len(unique):
+        chunk = unique[i:i + _forward_rows(run, len(unique[i]))]
+        i += len(chunk)
+        width = len(chunk[0])
+        batch = torch.zeros((len(chunk), width), dtype=torch.int64)
+        for j, inp in enumerate(chunk):
+            batch[j, :len(inp)] = torch.tensor(inp, dtype=torch.int64)
+        logits = _logits(model, batch.to(run.device), run)
+        for j, inp in enumerate(chunk):
+            rs = users[inp]
+            k = max(len(requests[r][1]) for r in rs)
+            logp = torch.log_softmax(logits[j, len(inp) - k:len(inp)].float(), dim=-1)
+            for r in rs:
+                cont = requests[r][1]
+                picked = logp[k - len(cont):].gather(
+                    1, torch.tensor(cont, device=logp.device).view(-1, 1))
+                result[r] = float(picked.double().sum())
+    return result
+
+
+def _logits(model, ids: torch.Tensor, run) -> torch.Tensor:
+    out = logits_of(model(ids))
+    if not isinstance(out, torch.Tensor) or out.dim() != 3:
+        raise run.task.wrong_output(out)
+    if int(ids.max()) >= out.shape[2]:
+        raise DataError(f"{run.spec.key_path}: token id {int(ids.max())} is outside the "
+                        f"model's vocabulary of {out.shape[2]}; the tokenizer does not match "
+                        "the model")
+    if not stats.all_finite(out):
+        raise CheckpointError("the model produced NaN or infinite logits with this checkpoint")
+    return out
+
+
+def generate(model, contexts: list[list[int]], run) -> list[str]:
+    """Greedy continuations of each context, cut at the first stop string; at most
+    ``max_new_tokens`` each, so a generation that never stops still ends."""
+    tok, gen = run.text, run.generation
+    out: list[str] = []
+    step = max(1, run.batch)
+    for start in range(0, len(contexts), step):
+        chunk = contexts[start:start + step]
+        if hasattr(model, "generate") and hasattr(model, "config"):
+            tokens = _hf_generate(model, chunk, run)
+        else:
+            tokens = _greedy(model, chunk, run)
+        for t in tokens:
+            if tok.eos_id is not None and tok.eos_id in t:
+                t = t[:t.index(tok.eos_id)]
+            out.append(cut(tok.decode(t), gen.until))
+    return out
+
+
+def cut(text: str, until) -> str:
+    for stop in until:
+        if stop:
+            text = text.split(stop)[0]
+    return text
+
+
+def _stopped(run, tokens: list[int]) -> bool:
+    tok = run.text
+    if tok.eos_id is not None and tok.eos_id in tokens:
+        return True
+    text = tok.decode(tokens)
+    return any(s in text for s in run.generation.until)
+
+
+def _hf_generate(model, contexts: list[list[int]], run) -> list[list[int]]:
+    """Batched, with the model's KV cache: left-padded contexts and an attention mask."""
+    import transformers
+
+    tok = run.text
+    pad = tok.tokenizer.pad_token_id
+    pad = pad if pad is not None else (tok.eos_id if tok.eos_id is not None else 0)
+    width = max(len(c) for c in contexts)
+    ids = torch.full((len(contexts), width), pad, dtype=torch.int64)
+    mask = torch.zeros((len(contexts), width), dtype=torch.int64)
+    for j, c in enumerate(contexts):
+        ids[j, width - len(c):] = torch.tensor(c, dtype=torch.int64)
+        mask[j, width - len(c):] = 1
+
+    class Until(transformers.StoppingCriteria):
+        def __call__(self, input_ids, scores, **kwargs):
+            return torch.tensor([_stopped(run, row[width:].tolist()) for row in input_ids],
+                                dtype=torch.bool, device=input_ids.device)
+
+    result = model.generate(
+        input_ids=ids.to(run.device), attention_mask=mask.to(run.device), do_sample=False,
+        max_new_tokens=run.generation.max_new_tokens, pad_token_id=pad,
+        eos_token_id=tok.eos_id, stopping_criteria=transformers.StoppingCriteriaList([Until()]),
+        use_cache=True,
+        # transformers turns synced_gpus on for FSDP models: an all-reduce over the whole
+        # world at every step, which other replicas never join. A sharded model's replica is
+        # kept in step by sharding.Lockstep instead.
+        synced_gpus=False)
+    return [row[width:].tolist() for row in result.cpu()]
+
+
+def _greedy(model, contexts: list[list[int]], run) -> list[list[int]]:
+    """Any causal model (no cache): each step runs the right-padded sequences so far."""
+    seqs = [list(c) for c in contexts]
+    new: list[list[int]] = [[] for _ in contexts]
+    active = list(range(len(contexts)))
+    for _ in range(run.generation.max_new_tokens):
+        if not active:
+            break
+        width = max(len(seqs[i]) for i in active)
+        batch = torch.zeros((len(active), width), dtype=torch.int64)
+        for j, i in enumerate(active):
+            batch[j, :len(seqs[i])] = torch.tensor(seqs[i], dtype=torch.int64)
+        logits = _logits(model, batch.to(run.device), run)
+        for j, i in enumerate(active):
+            nxt = int(logits[j, len(seqs[i]) - 1].argmax())
+            seqs[i].append(nxt)
+            new[i].append(nxt)
+        active = [i for i in active if not _stopped(run, new[i])]
+    return new
+
+
+# --- data checks -----------------------------------------------------------------------------
+
+def _content_id(values: tuple) -> int:
+    blob = json.dumps(values, ensure_ascii=False, default=str).encode("utf-8")
+    return int.from_bytes(hashlib.blake2b(blob, digest_size=8).digest(), "little", signed=True)
+
+
+def _row(table, spec: DatasetSpec, i: int) -> str:
+    if spec.id is not None:
+        return f"the row with {spec.id} = {data.column_array(table, spec.id)[i].as_py()!r}"
+    return f"row {i} of a batch (set {spec.key_path}.id to name it)"
+
+
+def _fail_at(table, spec, bad, what: str, counts=None) -> None:
+    """A DataError naming the first row flagged by ``bad`` (per row, or per choice when
+    ``counts`` gives each row's number of choices)."""
+    bad = np.asarray(bad, dtype=bool)
+    if not bad.any():
+        return
+    first = int(np.flatnonzero(bad)[0])
+    if counts is not None:
+        first = int(np.searchsorted(np.cumsum(counts), first, side="right"))
+    raise DataError(f"{what} in {_row(table, spec, first)}; fix or drop it")
+
+
+def _no_nulls(table, column: str, key: str, spec) -> None:
+    arr = data.column_array(table, column)
+    if arr.null_count:
+        _fail_at(table, spec, ~np.asarray(pc.is_valid(arr).to_numpy(zero_copy_only=False)),
+                 f"{key}: a null value in column {column!r}")
+

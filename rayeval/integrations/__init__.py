@@ -1,0 +1,1 @@
+"""rayeval inside other systems: Ray Train validation, Ray Jobs, KubeRay, watching a training run."""

@@ -1,0 +1,334 @@
+"""An evaluation's data set: found, opened, counted, and its columns turned into arrays.
+
+What the columns must hold and how a batch becomes the model's inputs is the task's business
+(``tasks``); this module knows parquet. Row counts and schema come from parquet metadata, so
+inspecting a data set reads no row data beyond the first row of a variable-length list column.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.dataset as pads
+import torch
+
+from rayeval.io import paths
+from rayeval.errors import DataError
+from rayeval.config.schema import DatasetSpec
+
+PARQUET_SUFFIXES = (".parquet", ".pq", ".parq")
+
+
+@dataclass(frozen=True)
+class DatasetInfo:
+    files: tuple[str, ...]            # locations of the parquet files, sorted
+    num_rows: int
+    input_shapes: tuple[tuple[str, tuple[int, ...]], ...]   # column -> one row's shape
+    fingerprint: str                  # changes when a file, its size or mtime, or the schema does
+    file_rows: tuple[int, ...] = ()   # rows of each file, in ``files`` order
+
+    def shard_rows(self, rank: int, world: int) -> tuple[int, int]:
+        """The rows [start, stop) of worker ``rank`` of ``world``: an even split, disjoint,
+        covering every row exactly once."""
+        return self.num_rows * rank // world, self.num_rows * (rank + 1) // world
+
+    @property
+    def shapes(self) -> dict[str, tuple[int, ...]]:
+        return dict(self.input_shapes)
+
+
+def find_files(location: str, key: str = "dataset.path") -> list[str]:
+    """The parquet files of a data set given as a file, a folder or a glob."""
+    try:
+        if paths.has_glob(location):
+            files = [f for f in paths.glob(location) if not paths.is_dir(f)]
+        elif paths.is_dir(location):
+            files = paths.list_files(location, PARQUET_SUFFIXES) or paths.list_files(location)
+        else:
+            files = paths.glob(location)
+    except OSError as e:
+        raise DataError(f"{key}: {paths.explain(e, location)}") from None
+    if not files and (why := paths.missing_bucket(location)):
+        raise DataError(f"{key}: {why}")
+    if not files:
+        raise DataError(f"{key}: no parquet file found at {location!r}; check the path "
+                        "(relative paths start at the sweep file's folder)")
+    return files
+
+
+def open_dataset(files: list[str] | tuple[str, ...], key: str = "dataset.path") -> pads.Dataset:
+    fs, _ = paths.filesystem(files[0])
+    try:
+        return pads.dataset([paths.filesystem(f)[1] for f in files], filesystem=fs,
+                            format="parquet")
+    except (pa.ArrowInvalid, OSError) as e:
+        raise DataError(f"{key}: cannot read {files[0]!r} as parquet: "
+                        f"{str(e).splitlines()[0]}") from None
+
+
+def inspect_dataset(spec: DatasetSpec, task) -> DatasetInfo:
+    """Check the data set against the evaluation's columns and task (a ``tasks.Task``), and
+    count its rows (from metadata)."""
+    key = spec.key_path
+    files = find_files(spec.path, f"{key}.path")
+    ds = open_dataset(files, f"{key}.path")
+    schema = ds.schema
+    names = schema.names
+    named = [(f"{key}.inputs", c) for c in spec.inputs]
+    named += [(f"{key}.{k}", getattr(spec, k)) for k in ("prompt", "choices", "text", "target",
+                                                         "id")]
+    for where, column in named:
+        if column is not None and column not in names:
+            raise DataError(f"{where}: no column {column!r} in {spec.path!r}; its columns are: "
+                            f"{', '.join(names)}")
+    task.check_schema(spec, schema)
+    try:
+        file_rows = tuple(f.count_rows() for f in ds.get_fragments())   # from the footers
+        num_rows = sum(file_rows)
+    except (pa.ArrowInvalid, OSError) as e:
+        raise DataError(f"{key}.path: cannot read {spec.path!r}: "
+                        f"{str(e).splitlines()[0]}") from None
+    if num_rows == 0:
+        raise DataError(f"{key}.path: the data set at {spec.path!r} has no rows; "
+                        "evaluate on a non-empty data set")
+    shapes = task.input_shapes(ds, spec)
+    return DatasetInfo(files=tuple(files), num_rows=num_rows,
+                       input_shapes=tuple(shapes.items()),
+                       fingerprint=_fingerprint(files, schema), file_rows=file_rows)
+
+
+def leaf_type(typ: pa.DataType) -> tuple[pa.DataType, int]:
+    """The value type under any lists, and the list depth."""
+    depth = 0
+    while True:
+        if isinstance(typ, pa.ExtensionType):
+            typ = typ.storage_type
+        if pa.types.is_list(typ) or pa.types.is_large_list(typ) or \
+                pa.types.is_fixed_size_list(typ):
+            typ, depth = typ.value_type, depth + 1
+        else:
+            return typ, depth
+
+
+def input_shape(ds: pads.Dataset, column: str, key: str) -> tuple[int, ...]:
+    """One row's shape of a numeric column: (1,) for numbers, list lengths for (nested) lists;
+    a variable-length list is measured on its first row."""
+    typ = ds.schema.field(column).type
+    shape: list[int] = []
+    probe = None      # the first row, unwrapped level by level, for variable-length lists
+    while True:
+        if isinstance(typ, pa.ExtensionType):
+            typ = typ.storage_type
+        if pa.types.is_fixed_size_list(typ):
+            shape.append(typ.list_size)
+        elif pa.types.is_list(typ) or pa.types.is_large_list(typ):
+            if probe is None:
+                probe = ds.head(1, columns=[column]).column(column).combine_chunks()
+            shape.append(int(pc.list_value_length(_storage(probe))[0].as_py() or 0))
+        else:
+            break
+        if probe is not None:
+            probe = _storage(probe).flatten()
+        typ = typ.value_type
+    if not (pa.types.is_integer(typ) or pa.types.is_floating(typ) or pa.types.is_boolean(typ)):
+        raise DataError(f"{key}: column {column!r} holds {typ}; expected numbers or "
+                        "fixed-size lists of numbers (or decode it with a dataset.transform)")
+    return tuple(shape) if shape else (1,)
+
+
+def _fingerprint(files: list[str], schema: pa.Schema) -> str:
+    h = hashlib.sha256(schema.to_string(show_schema_metadata=False).encode())
+    for f in files:
+        fs, path = paths.filesystem(f)
+        info = fs.get_file_info(path)
+        h.update(f"{f}\0{info.size}\0{info.mtime_ns}\0".encode())
+    return h.hexdigest()[:16]
+
+
+def _storage(arr: pa.Array) -> pa.Array:
+    return arr.storage if isinstance(arr, pa.ExtensionArray) else arr
+
+
+def column_array(table: pa.Table | pa.RecordBatch, name: str) -> pa.Array:
+    col = table.column(name)
+    if isinstance(col, pa.ChunkedArray):
+        col = col.combine_chunks() if col.num_chunks != 1 else col.chunk(0)
+    return _storage(col)
+
+
+def number_tensor(table: pa.Table | pa.RecordBatch, column: str, shape: tuple[int, ...],
+                  key: str) -> torch.Tensor:
+    """A numeric column as float32 (rows, *shape); lists must have the shape's lengths."""
+    n = table.num_rows
+    arr = column_array(table, column)
+    levels = shape if _is_list(arr.type) else ()    # a number column has shape (1,)
+    for depth, size in enumerate(levels):
+        arr = _storage(arr)
+        if arr.null_count:
+            raise DataError(f"{key}: column {column!r} has null values; fill or drop those rows")
+        if pa.types.is_list(arr.type) or pa.types.is_large_list(arr.type):
+            lengths = pc.list_value_length(arr).to_numpy(zero_copy_only=False)
+            if len(lengths) and (lengths != size).any():
+                bad = int(lengths[lengths != size][0])
+                raise DataError(f"{key}: column {column!r} has lists of different lengths "
+                                f"({bad} vs {size}); every row needs the same shape")
+        elif not pa.types.is_fixed_size_list(arr.type):
+            raise DataError(f"{key}: column {column!r} is not nested {depth + 1} levels deep "
+                            "in every file; use one schema for the data set")
+        arr = arr.flatten()
+    if arr.null_count:
+        raise DataError(f"{key}: column {column!r} has null values; fill or drop those rows")
+    x = arr.to_numpy(zero_copy_only=False)
+    # A copy: batches may live in read-only Ray object-store memory that a cache must not pin.
+    return torch.from_numpy(np.array(x, dtype=np.float32, copy=True)).reshape(n, *shape)
+
+
+def target_tensor(table: pa.Table | pa.RecordBatch, column: str, key: str,
+                  dtype=np.int64) -> torch.Tensor:
+    arr = column_array(table, column)
+    if arr.null_count:
+        raise DataError(f"{key}: column {column!r} has null values; fill or drop those rows")
+    return torch.from_numpy(np.array(arr.to_numpy(zero_copy_only=False), dtype=dtype, copy=True))
+
+
+def id_values(table: pa.Table | pa.RecordBatch, column: str, key: str) -> torch.Tensor:
+    """An id column as int64: integers as they are, anything else hashed from its text."""
+    arr = column_array(table, column)
+    if arr.null_count:
+        raise DataError(f"{key}: column {column!r} has null values; every row needs an id")
+    if pa.types.is_integer(arr.type):
+        return torch.from_numpy(arr.to_numpy(zero_copy_only=False).astype(np.int64))
+    values = arr.to_pylist()
+    return torch.tensor([int.from_bytes(hashlib.blake2b(str(v).encode(), digest_size=8).digest(),
+                                        "little", signed=True) for v in values],
+                        dtype=torch.int64)
+
+
+def _is_list(typ: pa.DataType) -> bool:
+    if isinstance(typ, pa.ExtensionType):
+        typ = typ.storage_type
+    return pa.types.is_list(typ) or pa.types.is_large_list(typ) or \
+        pa.types.is_fixed_size_list(typ)
+
+
+def read_batches(info: DatasetInfo, spec: DatasetSpec, batch_size: int, columns=None):
+    """Every row as pyarrow record batches, in one process (the driver's probe and the
+    single-process reference path)."""
+    ds = open_dataset(info.files, f"{spec.key_path}.path")
+    for batch in ds.to_batches(columns=columns if columns is not None else spec.columns,
+                               batch_size=batch_size):
+        if batch.num_rows:
+            yield batch
+
+
+class RowRange:
+    """Rows [start, stop) of a data set, read straight from its parquet files: one worker's
+    shard. Only the row groups that hold them are read; batches are read ahead on a thread
+    (pyarrow releases the GIL) while the model runs."""
+
+    def __init__(self, info: DatasetInfo, columns, start: int, stop: int, key: str):
+        self.info = info
+        self.columns = columns
+        self.start, self.stop = start, stop
+        self.key = key
+
+    @property
+    def num_rows(self) -> int:
+        return self.stop - self.start
+
+    def iter_batches(self, batch_size: int, prefetch: int = 2):
+        """pyarrow Tables of ``batch_size`` rows (the last may be shorter), in row order."""
+        import queue
+        import threading
+
+        if self.num_rows <= 0:
+            return
+        ahead: queue.Queue = queue.Queue(maxsize=max(1, prefetch))
+        done = object()
+        stop = threading.Event()
+
+        def produce():
+            try:
+                for table in self._batches(batch_size):
+                    while not stop.is_set():
+                        try:
+                            ahead.put(table, timeout=0.5)
+                            break
+                        except queue.Full:
+                            continue
+                    if stop.is_set():
+                        return
+                ahead.put(done)
+            except BaseException as e:          # noqa: BLE001 - handed to the consumer
+                ahead.put(e)
+
+        thread = threading.Thread(target=produce, name="rayeval-read", daemon=True)
+        thread.start()
+        try:
+            while True:
+                item = ahead.get()
+                if item is done:
+                    return
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+        finally:
+            stop.set()
+
+    def _batches(self, batch_size: int):
+        held: list[pa.Table] = []
+        count = 0
+        for table in self._pieces(batch_size):
+            held.append(table)
+            count += table.num_rows
+            while count >= batch_size:
+                joined = pa.concat_tables(held) if len(held) > 1 else held[0]
+                yield joined.slice(0, batch_size)
+                rest = joined.slice(batch_size)
+                held, count = ([rest], rest.num_rows) if rest.num_rows else ([], 0)
+        if count:
+            yield pa.concat_tables(held) if len(held) > 1 else held[0]
+
+    def _pieces(self, batch_size: int):
+        """The range's rows as tables, file by file, from the row groups that hold them
+        (streamed: a large row group is not held whole)."""
+        import pyarrow.parquet as pq
+
+        offset = 0
+        for location, n in zip(self.info.files, self._file_rows()):
+            lo, hi = max(self.start, offset) - offset, min(self.stop, offset + n) - offset
+            offset += n
+            if lo >= hi:
+                continue
+            fs, path = paths.filesystem(location)
+            try:
+                with fs.open_input_file(path) as f:
+                    reader = pq.ParquetFile(f)
+                    sizes = [reader.metadata.row_group(g).num_rows
+                             for g in range(reader.num_row_groups)]
+                    starts = list(itertools.accumulate(sizes, initial=0))
+                    groups = [g for g in range(len(sizes))
+                              if starts[g] < hi and starts[g] + sizes[g] > lo]
+                    at = starts[groups[0]]
+                    for batch in reader.iter_batches(batch_size=max(batch_size, 4096),
+                                                     row_groups=groups, columns=self.columns):
+                        a, b = max(lo, at), min(hi, at + batch.num_rows)
+                        if a < b:
+                            yield pa.Table.from_batches([batch.slice(a - at, b - a)])
+                        at += batch.num_rows
+                        if at >= hi:
+                            break
+            except (pa.ArrowInvalid, OSError) as e:
+                raise DataError(f"{self.key}: cannot read {location!r}: "
+                                f"{str(e).splitlines()[0]}") from None
+
+    def _file_rows(self) -> tuple[int, ...]:
+        if self.info.file_rows:
+            return self.info.file_rows
+        return tuple(f.count_rows() for f in open_dataset(self.info.files, self.key)
+                     .get_fragments())

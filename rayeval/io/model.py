@@ -1,0 +1,136 @@
+"""Building the sweep's model from its ``module:callable`` factory."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from typing import Callable
+
+import torch
+
+from rayeval.errors import ModelError, traceback_of
+from rayeval.config.schema import ModelSpec
+
+
+def import_callable(ref: str, base_dir: str, what: str = "model.factory") -> Callable:
+    """Import ``module:attr``, looking next to the sweep file first, then on sys.path."""
+    module_name, _, attr = ref.partition(":")
+    if base_dir and base_dir not in sys.path:
+        sys.path.insert(0, base_dir)
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as e:
+        if e.name and module_name.startswith(e.name):
+            raise ModelError(
+                f"{what}: cannot import module {module_name!r}: put {module_name}.py next to the "
+                f"sweep file ({base_dir}) or on PYTHONPATH") from None
+        raise ModelError(f"{what}: importing {module_name!r} failed: {e}",
+                         traceback_of(e)) from None
+    except Exception as e:  # the user's module raised while being imported
+        raise ModelError(f"{what}: importing {module_name!r} raised "
+                         f"{type(e).__name__}: {e}", traceback_of(e)) from None
+    obj = module
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            raise ModelError(f"{what}: module {module_name!r} has no attribute {attr!r}; "
+                             "check the name after ':'")
+        obj = getattr(obj, part)
+    if not callable(obj):
+        raise ModelError(f"{what}: {ref!r} is not callable")
+    return obj
+
+
+def build_model(spec: ModelSpec, base_dir: str, device: torch.device | str = "cpu"
+                ) -> torch.nn.Module:
+    """Call the factory with its kwargs under ``device`` (``"meta"`` builds without memory)."""
+    factory = import_callable(spec.factory, base_dir)
+    try:
+        with torch.device(device):
+            model = factory(**spec.kwargs)
+    except TypeError as e:
+        raise ModelError(f"model.factory: calling {spec.factory} with model.kwargs "
+                         f"{spec.kwargs} failed: {e}", traceback_of(e)) from None
+    except Exception as e:
+        raise ModelError(f"model.factory: {spec.factory}(**{spec.kwargs}) raised "
+                         f"{type(e).__name__}: {e}", traceback_of(e)) from None
+    if not isinstance(model, torch.nn.Module):
+        raise ModelError(f"model.factory: {spec.factory} returned {type(model).__name__}, "
+                         "not a torch.nn.Module")
+    return model.eval()
+
+
+def source_digest(ref: str, base_dir: str) -> str:
+    """A digest of the source file of the module a ``module:callable`` lives in, so a cell's
+    content key changes when the user's factory, transform or metric code does. Empty for a
+    module without a source file (a built-in or an installed extension)."""
+    import hashlib
+
+    obj = import_callable(ref, base_dir)
+    module = sys.modules.get(getattr(obj, "__module__", "") or ref.partition(":")[0])
+    path = getattr(module, "__file__", None)
+    if not path or not path.endswith(".py"):
+        return ""
+    with open(path, "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()[:16]
+
+
+class ModelSource:
+    """Where a sweep's model comes from: its ``model.factory``, or (without one) each
+    checkpoint's Hugging Face folder; and, for text tasks, its tokenizer."""
+
+    def __init__(self, spec: ModelSpec, base_dir: str):
+        self.spec = spec
+        self.base_dir = base_dir
+        self._meta: torch.nn.Module | None = None
+        self._hf = None
+        if spec.hugging_face:
+            from rayeval.io import hf
+
+            self._hf = hf.Builder()
+        self._tokenizers: dict[str, object] = {}
+
+    def meta(self, checkpoint: str | None = None) -> torch.nn.Module:
+        """The model with its parameters on the meta device: the factory's (built once), or
+        the one of the Hugging Face folder at the local path ``checkpoint``."""
+        if self._hf is not None:
+            if checkpoint is None:
+                raise ModelError("a Hugging Face model needs its checkpoint folder")
+            return self._hf.meta(checkpoint)
+        if self._meta is None:
+            self._meta = build_model(self.spec, self.base_dir, "meta")
+        return self._meta
+
+    def real(self) -> torch.nn.Module | None:
+        """A real CPU build for a probe the meta device cannot run; None for Hugging Face
+        folders (their output is known from the config: no build of random weights)."""
+        return None if self._hf is not None else build_model(self.spec, self.base_dir, "cpu")
+
+    def loader(self, device: torch.device, checkpoint_spec):
+        from rayeval.io.loading import DTYPES, LeanLoader
+
+        dtype = DTYPES.get(self.spec.dtype)
+        if self._hf is not None:
+            return LeanLoader(None, device, dtype, checkpoint_spec, builder=self._hf.meta)
+        factory = import_callable(self.spec.factory, self.base_dir)
+        kwargs = self.spec.kwargs
+        return LeanLoader(lambda: factory(**kwargs).eval(), device, dtype, checkpoint_spec)
+
+    def tokenizer(self, checkpoint: str | None, model: torch.nn.Module | None = None):
+        """The ``hf.Tokenizer`` for a checkpoint (a local path): ``model.tokenizer``, else the
+        checkpoint's folder; loaded once per folder and model length."""
+        from rayeval.io import hf
+
+        folder = self.spec.tokenizer or checkpoint
+        what = "model.tokenizer" if self.spec.tokenizer else "checkpoint"
+        if folder is None:
+            raise ModelError("text tasks need a tokenizer: set model.tokenizer")
+        cache_key = f"{folder}|{hf.max_length(model, None, self.spec.max_length)}"
+        if cache_key not in self._tokenizers:
+            self._tokenizers[cache_key] = hf.load_tokenizer(
+                folder, what=what, model=model, configured_max=self.spec.max_length)
+        return self._tokenizers[cache_key]
+
+    def code_digest(self) -> str:
+        """The factory module's source digest (part of cell keys); empty for folders, whose
+        config is part of the checkpoint's own fingerprint."""
+        return "" if self._hf is not None else source_digest(self.spec.factory, self.base_dir)

@@ -1,0 +1,153 @@
+"""From a sweep to the cells a run must evaluate: checkpoints x evaluations, each with a content
+key, minus those the result store already holds; and what a cell's evaluation came to.
+
+Plain Python (no Ray): the driver builds a Plan, the workers receive it pickled and return a
+CellOutcome per cell.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+
+import pyarrow.fs as pafs
+
+from rayeval.io import paths
+from rayeval.core import tasks
+from rayeval.io.checkpoints import CheckpointRef, expand_checkpoints, parse_epoch
+from rayeval.config.schema import EvalSpec, Sweep
+from rayeval.io.data import DatasetInfo
+from rayeval.core.metrics import VERSION as METRICS_VERSION
+from rayeval.io.model import source_digest
+from rayeval.plan.outcome import CellOutcome  # noqa: F401 - re-exported: the driver's and workers' name
+from rayeval.results.store import ResultStore
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """An evaluation of the suite with what the driver learned of it before any worker."""
+    spec: EvalSpec
+    data: DatasetInfo
+    output_size: int             # classes, vocabulary or 1: probed on the driver
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+
+@dataclass(frozen=True)
+class Cell:
+    checkpoint: CheckpointRef
+    evaluation: str              # its name
+    key: str                     # content key: the store's file name for this cell
+    fingerprint: str = ""        # the checkpoint's: a changed file is a new cell
+
+
+@dataclass(frozen=True)
+class Plan:
+    sweep: Sweep
+    evaluations: tuple[Evaluation, ...]
+    cells: tuple[Cell, ...]      # pending: to evaluate in this run, checkpoint by checkpoint
+    cached: tuple[Cell, ...]     # already in the store
+    failed: tuple[CellOutcome, ...] = ()   # failed before any worker (a checkpoint not fitting)
+
+    def in_order(self, outcomes) -> list[CellOutcome]:
+        """Outcomes in the sweep's checkpoint order (``expand_checkpoints``'), then the
+        suite's order of evaluations."""
+        evals = {e.name: i for i, e in enumerate(self.evaluations)}
+        return sorted(outcomes, key=lambda o: (
+            o.step is None, o.step or 0, parse_epoch(o.checkpoint) or 0, o.checkpoint,
+            evals.get(o.evaluation, 0)))
+
+    def evaluation(self, name: str) -> Evaluation:
+        return next(e for e in self.evaluations if e.name == name)
+
+    def by_checkpoint(self) -> list[tuple[CheckpointRef, str, list[Cell]]]:
+        """The pending cells grouped by checkpoint, in plan order: one load serves a group."""
+        groups: dict[str, tuple[CheckpointRef, str, list[Cell]]] = {}
+        for c in self.cells:
+            groups.setdefault(c.checkpoint.location, (c.checkpoint, c.fingerprint, []))[2] \
+                .append(c)
+        return list(groups.values())
+
+
+def checkpoint_fingerprint(location: str) -> str:
+    """Cheap identity of a checkpoint's bytes: sizes and modification times, not contents."""
+    fs, path = paths.filesystem(location)
+    info = fs.get_file_info(path)
+    parts = [f"{info.size}:{info.mtime_ns}"]
+    if info.type == pafs.FileType.Directory:
+        for sub in sorted(fs.get_file_info(pafs.FileSelector(path, recursive=True)),
+                          key=lambda i: i.path):
+            parts.append(f"{sub.path[len(path):]}:{sub.size}:{sub.mtime_ns}")
+    return hashlib.sha256("|".join(parts).encode()).hexdigest()[:16]
+
+
+def cell_key(sweep: Sweep, evaluation: Evaluation, checkpoint: CheckpointRef,
+             fingerprint: str | None = None) -> str:
+    """Everything a cell's numbers depend on: the checkpoint's bytes (by fingerprint), the data
+    set's, how they are read and scored, and the version of rayeval's metric code. Not the
+    batch size or the worker count, which do not change the numbers. The sweep name, the
+    checkpoint's path and the evaluation's name are in it because the stored rows carry them."""
+    spec = evaluation.spec
+    ds = spec.dataset
+    boot = spec.bootstrap
+    ident = {
+        "sweep": sweep.name,
+        "checkpoint": checkpoint.location,
+        "checkpoint_fingerprint": fingerprint or checkpoint_fingerprint(checkpoint.location),
+        "checkpoint_options": [sweep.checkpoint.key, sweep.checkpoint.strip_prefix],
+        "evaluation": spec.name,
+        "dataset_fingerprint": evaluation.data.fingerprint,
+        "columns": [list(ds.inputs), ds.target, ds.id, ds.transform],
+        "task": spec.task,
+        "task_fields": tasks.get(spec.task).key_fields(ds),
+        "model": [sweep.model.factory, sweep.model.kwargs, sweep.model.dtype],
+        "metrics": [[m.key, m.name, m.params] for m in spec.metrics],
+        "code": _code_digests(sweep, spec),
+        "metrics_version": METRICS_VERSION,
+        "bootstrap": boot.key if boot.enabled else None,
+    }
+    if tasks.get(spec.task).uses_text:
+        # The tokenizer's own files are in the checkpoint's fingerprint, or in this one's.
+        tokenizer = sweep.model.tokenizer
+        ident["text"] = {"tokenizer": tokenizer, "max_length": sweep.model.max_length,
+                         "tokenizer_fingerprint": tokenizer and checkpoint_fingerprint(tokenizer),
+                         "generation": [list(spec.generation.until),
+                                        spec.generation.max_new_tokens]}
+    blob = json.dumps(ident, sort_keys=True, default=str).encode()
+    return hashlib.sha256(blob).hexdigest()[:24]
+
+
+def _code_digests(sweep: Sweep, spec: EvalSpec) -> list[str]:
+    """The user's code the numbers come from: the factory's, the transform's and each custom
+    metric's module source, so editing it is a new cell, not a stale cached number."""
+    refs = [(sweep.model.factory, sweep.base_dir)] if sweep.model.factory else []
+    if spec.dataset.transform:
+        refs.append((spec.dataset.transform, sweep.base_dir))
+    refs += [(m.name, m.base_dir) for m in spec.metrics if m.custom]
+    return [source_digest(ref, base) for ref, base in refs]
+
+
+def make_plan(sweep: Sweep, evaluations: tuple[Evaluation, ...], store: ResultStore | None,
+              force: bool = False, ready: list[tuple[CheckpointRef, str]] | None = None,
+              skip: set[str] = frozenset()) -> Plan:
+    """The cells of every checkpoint (the sweep's globs, or ``ready``: (ref, fingerprint)
+    pairs `watch` found) x every evaluation; cells in ``skip`` are left out altogether."""
+    if ready is None:
+        ready = [(ref, checkpoint_fingerprint(ref.location))
+                 for ref in expand_checkpoints(sweep.checkpoints)]
+    pending, cached = [], []
+    for ref, fingerprint in ready:
+        for evaluation in evaluations:
+            cell = Cell(ref, evaluation.name, cell_key(sweep, evaluation, ref, fingerprint),
+                        fingerprint)
+            if cell.key in skip:
+                continue
+            if not force and store is not None and store.has(cell.key):
+                cached.append(cell)
+            else:
+                pending.append(cell)
+    return Plan(sweep=sweep, evaluations=tuple(evaluations), cells=tuple(pending),
+                cached=tuple(cached))

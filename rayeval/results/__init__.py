@@ -1,0 +1,1 @@
+"""What a run leaves: the result store, leaderboards and their renderings, plots, trackers."""

@@ -1,0 +1,289 @@
+"""Leaderboards as text: a rich table, markdown, csv, a self-contained html page, json.
+
+Every format takes a :class:`rayeval.results.boards.Board` (json: the stored rows and the aggregate
+rows). The rich table never crops or folds a number: when the columns do not fit the console it
+drops the intervals first, then whole metric columns from the right, and names those in its
+caption.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from rayeval.results.boards import Board, Column, Entry
+
+_NAMES = ("sweep", "dataset", "checkpoint")           # left-aligned text; may fold if need be
+_NAME_WIDTH = 32
+_LEGEND = "*: best; ~: not distinguishable from the best"
+
+
+def _missing(v) -> bool:
+    return v is None or (isinstance(v, float) and math.isnan(v))
+
+
+def format_value(v: float | None) -> str:
+    """Four decimals, or "-" for a missing number."""
+    return "-" if _missing(v) else f"{v:.4f}"
+
+
+def _short_names(entries: list[Entry]) -> dict[str, str]:
+    """Checkpoint locations without their common folder, for display."""
+    locs = sorted({e.checkpoint for e in entries})
+    if len(locs) < 2:
+        return {loc: loc.rstrip("/").rsplit("/", 1)[-1] for loc in locs}
+    prefix = locs[0]
+    for loc in locs[1:]:
+        while not loc.startswith(prefix):
+            prefix = prefix[:-1]
+    cut = prefix.rfind("/") + 1
+    return {loc: loc[cut:] for loc in locs}
+
+
+def _cell(e: Entry, column: str, intervals: bool = True) -> str:
+    row = e.rows.get(column)
+    if row is None or _missing(row["value"]):
+        return "-"
+    text = format_value(row["value"])
+    if intervals and row.get("ci_low") is not None:
+        text += f" [{format_value(row['ci_low'])}, {format_value(row['ci_high'])}]"
+    return text + e.marks.get(column, "")
+
+
+def _arrow(board: Board) -> str:
+    return "higher is better" if board.higher_is_better else "lower is better"
+
+
+def _aggregate_legend(board: Board) -> str:
+    """What the aggregate column averages, lower-is-better metrics negated."""
+    terms = [c.name if c.higher_is_better else f"-{c.name}" for c in board.averaged]
+    return f"aggregate: mean of {', '.join(terms)}" if terms else ""
+
+
+def table_rows(board: Board, intervals: bool = True, columns: list[Column] | None = None
+               ) -> tuple[list[str], list[list[str]]]:
+    """Header and cells; a ``dataset`` column only when the board holds one evaluation (with
+    several, the column names carry it)."""
+    columns = board.columns if columns is None else columns
+    single = len(board.evaluations) == 1
+    names = _short_names(board.entries)
+    header = ["rank", "sweep"] + (["dataset"] if single else []) + ["checkpoint", "step"] \
+        + [c.name for c in columns]
+    rows = []
+    for e in board.entries:
+        rows.append([f"{e.rank}{' *' if e.best else ''}", e.sweep]
+                    + ([board.evaluations[0]] if single else [])
+                    + [names[e.checkpoint], "-" if e.step is None else str(e.step)]
+                    + [_cell(e, c.name, intervals) for c in columns])
+    return header, rows
+
+
+# --- rich ----------------------------------------------------------------------------------
+
+def render_rich(board: Board, console, title: str | None = None) -> None:
+    """A rich table that fits ``console.width`` without cropping a number: with intervals if
+    everything fits, else without, else without whole metric columns from the right (never
+    the ranking column), which the caption names. Sweep and data set columns only when they
+    vary (else in the title). The board's notes (too little data) follow it."""
+    from rich.text import Text
+
+    shown, hidden = list(board.columns), []
+    for intervals in (True, False):
+        table = _rich_table(board, shown, hidden, intervals, title)
+        if _fits(console, table):
+            break
+    droppable = [c for c in reversed(board.columns) if c.name != board.rank_by]
+    while not _fits(console, table) and droppable:
+        gone = droppable.pop(0)
+        shown.remove(gone)
+        hidden.insert(0, gone)
+        table = _rich_table(board, shown, hidden, False, title)
+    console.print(table)
+    for note in board.notes:
+        console.print(Text(note, style="yellow" if note.startswith("warning:") else "dim"))
+
+
+def _fits(console, table) -> bool:
+    from rich.measure import Measurement
+
+    unbounded = console.options.update(max_width=1 << 20)     # measure, do not clamp
+    return Measurement.get(console, unbounded, table).maximum <= console.width
+
+
+def _rich_table(board: Board, columns: list[Column], hidden: list[Column], intervals: bool,
+                title: str | None):
+    from rich.cells import cell_len
+    from rich.table import Table
+    from rich.text import Text
+
+    header, rows = table_rows(board, intervals, columns)
+    keep = [i for i, h in enumerate(header)
+            if h not in ("sweep", "dataset") or len({r[i] for r in rows}) > 1]
+    if title is None:
+        constant = [f"{h} {rows[0][i]}" for i, h in enumerate(header)
+                    if h in ("sweep", "dataset") and i not in keep]
+        title = ", ".join(constant) or None
+    elif len(board.evaluations) == 1 and not title.endswith(f" on {board.evaluations[0]}"):
+        title += f" on {board.evaluations[0]}"           # the data set, named somewhere
+    table = Table(title=None if title is None else Text(title, style="table.title"),
+                  caption=Text(_caption(board, intervals, hidden), style="table.caption"))
+    fixed = len(header) - len(columns)
+    for i in keep:
+        h = header[i]
+        if i < fixed and h in _NAMES:
+            # Names may fold (numbers may not): measured at most this wide, so a long path
+            # never pushes a number column off the table.
+            table.add_column(h, justify="left", overflow="fold", max_width=_NAME_WIDTH)
+        else:   # a number: never shrunk below its widest cell, never wrapped
+            width = max([cell_len(h)] + [cell_len(r[i]) for r in rows])
+            table.add_column(h, justify="right", no_wrap=True, min_width=width,
+                             style="bold" if h == board.rank_by else None)
+    for e, row in zip(board.entries, rows):
+        table.add_row(*(Text(row[i]) for i in keep), style="green" if e.best else None)
+    return table
+
+
+def _caption(board: Board, intervals: bool, hidden: list[Column]) -> str:
+    parts = [f"ranked by {board.rank_by} ({_arrow(board)})"]
+    if intervals:
+        parts.append("[low, high]: bootstrap interval")
+    lines = ["; ".join(parts + [_LEGEND])]
+    if board.averaged:
+        lines.append(_aggregate_legend(board))
+    if hidden:
+        where = "" if len(board.evaluations) == 1 else ", one evaluation with --dataset NAME"
+        lines.append(f"{len(hidden)} more column(s) not shown (too wide): "
+                     f"{', '.join(c.name for c in hidden)}; see them with --metric NAME"
+                     f"{where} or --format csv")
+    return "\n".join(lines)
+
+
+# --- markdown, csv, html -------------------------------------------------------------------
+
+def to_markdown(board: Board) -> str:
+    header, rows = table_rows(board)
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["| " + " | ".join(r) + " |" for r in rows]
+    return "\n".join(lines) + "\n"
+
+
+def to_csv(board: Board) -> str:
+    """One line per entry: full checkpoint locations, values as ``repr`` (every digit), then
+    ``<column>_ci_low``, ``<column>_ci_high`` and ``<column>_mark`` for every column."""
+    single = len(board.evaluations) == 1
+    names = board.metrics
+    out = io.StringIO()
+    w = csv.writer(out)
+    w.writerow(["rank", "best", "sweep"] + (["dataset"] if single else [])
+               + ["checkpoint", "step"] + names
+               + [f"{m}_{part}" for m in names for part in ("ci_low", "ci_high", "mark")])
+
+    def num(v):
+        return "" if _missing(v) else repr(v)
+
+    for e in board.entries:
+        got = {m: e.rows.get(m) or {} for m in names}
+        w.writerow([e.rank, int(e.best), e.sweep] + ([board.evaluations[0]] if single else [])
+                   + [e.checkpoint, "" if e.step is None else e.step]
+                   + [num(got[m].get("value")) for m in names]
+                   + [x for m in names for x in (num(got[m].get("ci_low")),
+                                                 num(got[m].get("ci_high")),
+                                                 e.marks.get(m, ""))])
+    return out.getvalue()
+
+
+_CSS = """
+body { font: 14px/1.4 system-ui, sans-serif; margin: 2em; color: #222; }
+table { border-collapse: collapse; }
+th, td { padding: .3em .7em; border-bottom: 1px solid #ddd; text-align: right;
+         white-space: nowrap; }
+th { background: #f4f4f4; position: sticky; top: 0; }
+td.name, th.name { text-align: left; }
+tr.best td { background: #e8f6e8; font-weight: 600; }
+td.tied { background: #f3f9f3; }
+th.rank-by { text-decoration: underline; }
+.ci { color: #777; font-size: 90%; }
+caption { caption-side: bottom; color: #555; padding-top: .6em; text-align: left; }
+"""
+
+
+def to_html(board: Board, title: str = "rayeval leaderboard") -> str:
+    """A self-contained page (inline style, no scripts or links to fetch)."""
+    from html import escape
+
+    header, rows = table_rows(board, intervals=False)
+    fixed = len(header) - len(board.columns)
+    head = "".join(f'<th class="name">{h}</th>' if h in _NAMES else f"<th>{h}</th>"
+                   for h in header[:fixed])
+    head += "".join(f'<th class="{"rank-by" if c.name == board.rank_by else ""}">'
+                    f"{escape(c.name)}</th>" for c in board.columns)
+    body = []
+    for e, row in zip(board.entries, rows):
+        cells = [f'<td class="name" title="{escape(e.checkpoint)}">{escape(text)}</td>'
+                 if h == "checkpoint" else
+                 f'<td class="name">{escape(text)}</td>' if h in _NAMES else f"<td>{text}</td>"
+                 for h, text in zip(header[:fixed], row[:fixed])]
+        cells += [_html_cell(e, c.name) for c in board.columns]
+        body.append(('<tr class="best">' if e.best else "<tr>") + "".join(cells) + "</tr>")
+    caption = escape(f"ranked by {board.rank_by} ({_arrow(board)}); [low, high]: bootstrap "
+                     f"interval; {_LEGEND} (the paired interval of the difference contains 0)"
+                     + (f"; {_aggregate_legend(board)}" if board.averaged else ""))
+    return (f"<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
+            f"<title>{escape(title)}</title><style>{_CSS}</style></head><body>\n"
+            f"<h1>{escape(title)}</h1>\n<table><caption>{caption}</caption>\n"
+            f"<thead><tr>{head}</tr></thead>\n<tbody>\n" + "\n".join(body)
+            + "\n</tbody></table>\n</body></html>\n")
+
+
+def _html_cell(e: Entry, column: str) -> str:
+    row = e.rows.get(column)
+    mark = e.marks.get(column, "")
+    if row is None or _missing(row["value"]):
+        return "<td>-</td>"
+    text = format_value(row["value"])
+    if row.get("ci_low") is not None:
+        low, high = format_value(row["ci_low"]), format_value(row["ci_high"])
+        text += f' <span class="ci">[{low}, {high}]</span>'
+    tied = ' class="tied"' if mark == "~" else ""
+    return f"<td{tied}>{text}{mark}</td>"
+
+
+# --- json ----------------------------------------------------------------------------------
+
+_AGGREGATE_FIELDS = ("sweep", "checkpoint", "step", "dataset", "metric", "value", "ci_low",
+                     "ci_high", "higher_is_better", "num_samples", "created_at", "bootstrap",
+                     "confidence", "evaluations", "metrics")
+
+
+def to_json(rows: list[dict], replicates: bool = False, aggregates: list[dict] = ()) -> str:
+    """A JSON list: the stored rows as they are (``replicates`` only when asked), then one row
+    per (sweep, checkpoint) for the aggregate over a suite's evaluations (see
+    ``leaderboard.aggregate_row``)::
+
+        {"sweep": ..., "checkpoint": ..., "step": ..., "dataset": "*", "metric": "aggregate",
+         "value": ..., "ci_low": ..., "ci_high": ..., "higher_is_better": true,
+         "num_samples": <sum over the evaluations>, "created_at": <newest part>,
+         "bootstrap": <the parts' key when they share one, else null>, "confidence": ...,
+         "evaluations": ["val", "ood"], "metrics": ["accuracy", "nll"]}
+
+    ``metrics[i]`` is the metric of ``evaluations[i]`` that is averaged (negated when lower is
+    better; null where the checkpoint lacks it). Missing numbers (NaN) are null.
+    """
+    def clean(r: dict, keys) -> dict:
+        out = {k: r.get(k) for k in keys}
+        if replicates:
+            out["replicates"] = r.get("replicates")
+        if out.get("created_at") is not None:
+            out["created_at"] = out["created_at"].isoformat()
+        for k in ("value", "ci_low", "ci_high"):
+            if _missing(out.get(k)):
+                out[k] = None
+        return out
+
+    stored = [clean(r, [k for k in r if k != "replicates"]) for r in rows]
+    return json.dumps(stored + [clean(a, _AGGREGATE_FIELDS) for a in aggregates], indent=2) \
+        + "\n"

@@ -1,0 +1,233 @@
+"""Tier 4: a real two-node Ray cluster on loopback (`ray start --head` with the dashboard and
+token authentication, then `ray start --address` for a second node with its own resources),
+`rayeval run --address` and `rayeval submit` through the real Jobs API, and a head without
+authentication; every node is stopped at the end of the module."""
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+import uuid
+
+import pytest
+
+from s3server import free_port
+from support import rayeval_cli
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+pytestmark = pytest.mark.ray
+
+
+def user_env(**extra) -> dict:
+    """The environment of a user who never set RAY_AUTH_MODE."""
+    env = {k: v for k, v in os.environ.items() if k != "RAY_AUTH_MODE"}
+    env.update(extra)
+    return env
+
+
+class Node:
+    """`ray start --block` in its own process group, so the test stops exactly what it started."""
+
+    def __init__(self, args: list[str], env: dict):
+        self.proc = subprocess.Popen(["ray", "start", "--block", *args], env=env,
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                     start_new_session=True)
+
+    def stop(self):
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(timeout=30)
+
+
+def wait_for_nodes(gcs: str, count: int, env: dict, node: Node, timeout: float = 120) -> None:
+    script = ("import ray; ray.init(address=%r, logging_level='ERROR'); "
+              "print(sum(n['Alive'] for n in ray.nodes()))" % gcs)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert node.proc.poll() is None, "ray start exited"
+        out = subprocess.run(["python", "-c", script], env=env, capture_output=True, text=True,
+                             timeout=60)
+        if out.returncode == 0 and out.stdout.strip().splitlines()[-1:] == [str(count)]:
+            return
+        time.sleep(1)
+    pytest.fail(f"the cluster did not reach {count} node(s) within {timeout} s")
+
+
+def own_ports() -> list[str]:
+    """Ports that default to fixed numbers: several nodes on one machine need their own."""
+    return [f"--dashboard-agent-listen-port={free_port()}",
+            f"--dashboard-agent-grpc-port={free_port()}", f"--metrics-export-port={free_port()}",
+            f"--runtime-env-agent-port={free_port()}"]
+
+
+def start_head(env: dict, temp: str, resources: str) -> tuple[Node, str, str]:
+    port, dash = free_port(), free_port()
+    head = Node(["--head", f"--port={port}", "--node-ip-address=127.0.0.1", "--num-cpus=3",
+                 f"--resources={resources}", "--include-dashboard=true",
+                 "--dashboard-host=127.0.0.1", f"--dashboard-port={dash}",
+                 f"--ray-client-server-port={free_port()}", f"--temp-dir={temp}", *own_ports()],
+                env)
+    return head, f"127.0.0.1:{port}", f"http://127.0.0.1:{dash}"
+
+
+def second_node_args(gcs: str, resources: str) -> list[str]:
+    return [f"--address={gcs}", "--node-ip-address=127.0.0.1", "--num-cpus=3",
+            f"--resources={resources}", *own_ports()]
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    """Two nodes with token auth. `ray start` needs a token to exist (unlike ray.init): one is
+    made for this module, and the nodes read it from RAY_AUTH_TOKEN."""
+    import secrets
+
+    token = secrets.token_hex(32)
+    env = user_env(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=token)
+    temp = tempfile.mkdtemp(prefix="rt", dir="/tmp")      # short: Ray's socket paths are long
+    nodes = []
+    try:
+        head, gcs, dashboard = start_head(env, temp, '{"slot": 1}')
+        nodes.append(head)
+        wait_for_nodes(gcs, 1, env, head)
+        nodes.append(Node(second_node_args(gcs, '{"slot": 1}'), env))
+        wait_for_nodes(gcs, 2, env, head)
+        yield {"gcs": gcs, "dashboard": dashboard, "token": token}
+    finally:
+        for node in reversed(nodes):
+            node.stop()
+        shutil.rmtree(temp, ignore_errors=True)
+
+
+def digits(tmp_path, **settings):
+    """The shipped example in tmp_path, with settings appended to its sweep file."""
+    example = tmp_path / "digits"
+    shutil.copytree(os.path.join(REPO, "configs", "digits"), example,
+                    ignore=shutil.ignore_patterns("out"))
+    sweep = example / "sweep.yaml"
+    text = sweep.read_text()
+    for key, value in settings.items():
+        text = "\n".join(ln for ln in text.splitlines() if not ln.startswith(f"{key}:"))
+        text += f"\n{key}: {json.dumps(value)}\n"
+    sweep.write_text(text)
+    return sweep
+
+
+def stored(store) -> dict:
+    rows = json.loads(rayeval_cli("leaderboard", str(store), "--format", "json").stdout)
+    return {(os.path.basename(r["checkpoint"]), r["dataset"], r["metric"]): r for r in rows
+            if r["metric"] != "aggregate"}
+
+
+def test_multi_node_submit_equals_a_one_node_run(cluster, tmp_path):
+    env = user_env(RAY_AUTH_TOKEN=cluster["token"])
+    one = digits(tmp_path / "one")
+    proc = rayeval_cli("run", str(one), "--address", cluster["gcs"], "--workers", "1",
+                       "--output", str(tmp_path / "one-store"), env=env)
+    assert proc.returncode == 0, (proc.stdout, proc.stderr)
+    assert "1 worker(s) on 1 node(s)" in proc.stdout
+
+    # One "slot" on each node and one per worker: the two workers land on the two nodes.
+    two = digits(tmp_path / "two", resources_per_worker={"CPU": 1, "slot": 1})
+    sub = rayeval_cli("submit", str(two), "--address", cluster["dashboard"], "--output",
+                      str(tmp_path / "two-store"), env=env, timeout=600)
+    assert sub.returncode == 0, (sub.stdout, sub.stderr)
+    assert "2 worker(s) on 2 node(s)" in sub.stdout          # the job's own log, streamed
+    assert "SUCCEEDED" in sub.stderr
+    a, b = stored(tmp_path / "one-store"), stored(tmp_path / "two-store")
+    assert set(a) == set(b) and len(a) == 24    # 4 checkpoints x 2 evaluations x 3
+    for key, row in a.items():
+        assert b[key]["world_size"] == 2 and row["world_size"] == 1
+        assert b[key]["num_samples"] == row["num_samples"] == \
+            {"clean": 1009, "noisy": 2003}[key[1]]
+        assert b[key]["value"] == pytest.approx(row["value"], rel=1e-9), key
+
+
+def test_no_wait_status_logs_and_stop(cluster, tmp_path):
+    env = user_env(RAY_AUTH_TOKEN=cluster["token"])
+    sweep = digits(tmp_path, workers=1)
+    sub = rayeval_cli("submit", str(sweep), "--address", cluster["dashboard"], "--no-wait",
+                      "--output", str(tmp_path / "store"), env=env)
+    assert sub.returncode == 0, sub.stderr
+    job = sub.stdout.strip()
+    assert job.startswith("rayeval-digits-")
+    stop = rayeval_cli("jobs", "stop", job, "--address", cluster["dashboard"], env=env)
+    assert stop.returncode == 0, stop.stderr
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        status = rayeval_cli("jobs", "status", job, "--address", cluster["dashboard"], env=env)
+        assert status.returncode in (0, 1, 3), status.stderr          # 3: still running
+        if status.returncode != 3:
+            break
+        time.sleep(1)
+    assert (status.returncode, status.stdout.split(":")[1].split()[0]) in (
+        (1, "STOPPED"), (0, "SUCCEEDED")), status.stdout
+    listed = rayeval_cli("jobs", "list", "--address", cluster["dashboard"], env=env)
+    assert listed.returncode == 0 and job in listed.stdout
+    logs = rayeval_cli("jobs", "logs", job, "--address", cluster["dashboard"], env=env)
+    assert logs.returncode == 0
+    missing = rayeval_cli("jobs", "status", "rayeval-no-such-job", "--address",
+                          cluster["dashboard"], env=env)
+    assert missing.returncode == 2 and "no such job" in missing.stderr
+
+
+def test_submit_errors_are_one_line(cluster, tmp_path):
+    def one_line(proc, fragment):
+        assert proc.returncode == 2, (proc.stdout, proc.stderr)
+        lines = proc.stderr.strip().splitlines()
+        assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
+        assert fragment in lines[0], lines[0]
+
+    sweep = digits(tmp_path)
+    good = ["--output", str(tmp_path / "store")]
+    one_line(rayeval_cli("submit", str(sweep), "--address", cluster["dashboard"], *good,
+                         env=user_env(RAY_AUTH_TOKEN="not-the-token")), "refused the token")
+    one_line(rayeval_cli("submit", str(sweep), "--address", cluster["dashboard"], *good,
+                         env=user_env(RAY_AUTH_TOKEN_PATH=str(tmp_path / "none"),
+                                      HOME=str(tmp_path))),
+             "uses token authentication and no token was found")
+    one_line(rayeval_cli("submit", str(sweep), "--address", f"http://127.0.0.1:{free_port()}",
+                         *good, env=user_env()), "nothing answers at")
+    one_line(rayeval_cli("submit", str(sweep), "--address", cluster["dashboard"],
+                         env=user_env(RAY_AUTH_TOKEN=cluster["token"])),
+             "output: 'out' is a local folder relative to the sweep")
+    big = digits(tmp_path / "big")
+    (big.parent / "blob.bin").write_bytes(b"\0" * (3 << 20))
+    one_line(rayeval_cli("submit", str(big), "--address", cluster["dashboard"], *good,
+                         env=user_env(RAY_AUTH_TOKEN=cluster["token"],
+                                      RAYEVAL_MAX_UPLOAD_MB="2")),
+             "over the 2 MiB that may travel with a job")
+
+
+def test_unreachable_address_is_one_line_and_fast(tmp_path):
+    start = time.monotonic()
+    proc = rayeval_cli("run", os.path.join(REPO, "configs", "digits", "sweep.yaml"), "--address",
+                       f"127.0.0.1:{free_port()}", "--output", str(tmp_path / "o"))
+    assert proc.returncode == 2 and "nothing answers at" in proc.stderr
+    assert time.monotonic() - start < 60
+    assert not (tmp_path / "o").exists()
+
+
+def test_submit_to_a_cluster_without_authentication(tmp_path):
+    env = user_env(RAY_AUTH_MODE="disabled")
+    env.pop("RAY_AUTH_TOKEN", None)
+    temp = tempfile.mkdtemp(prefix="rt", dir="/tmp")
+    head, gcs, dashboard = start_head(env, temp, "{}")
+    try:
+        wait_for_nodes(gcs, 1, env, head)
+        sweep = digits(tmp_path, workers=1)
+        # The user's environment may hold a token for another cluster: it must not matter.
+        sub = rayeval_cli("submit", str(sweep), "--address", dashboard, "--output",
+                          str(tmp_path / "store"), env=user_env(RAY_AUTH_TOKEN=uuid.uuid4().hex),
+                          timeout=600)
+        assert sub.returncode == 0, (sub.stdout, sub.stderr)
+        assert len(stored(tmp_path / "store")) == 24
+    finally:
+        head.stop()
+        shutil.rmtree(temp, ignore_errors=True)

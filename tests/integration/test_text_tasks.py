@@ -1,0 +1,280 @@
+"""The text tasks of language models against lm-evaluation-harness itself.
+
+A tiny GPT-2 and a BPE tokenizer are trained here (scripts/make_lm_example.py: nothing is
+downloaded) and saved as Hugging Face folders; the harness (tests/harness.py: its Python API on
+the same folders and parquet files) is the reference. Compared: every item (each choice's
+log-likelihood, each document's, each generation) and every metric, in one process and on a real
+local Ray with 1 and 3 workers. Bad input is one line before Ray starts, with nothing written.
+"""
+
+import math
+import os
+import shutil
+import sys
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+import yaml
+
+pytest.importorskip("transformers")
+pytest.importorskip("lm_eval")
+
+from harness import run_harness  # noqa: E402
+from support import rayeval_cli, script, single_process_passes  # noqa: E402
+
+from rayeval._internal.execution import driver  # noqa: E402
+from rayeval.io.data import read_batches  # noqa: E402
+from rayeval.core.evaluate import Decoder, Pass, finalize  # noqa: E402
+from rayeval.results.boards import latest_rows  # noqa: E402
+from rayeval.io.model import ModelSource  # noqa: E402
+from rayeval.config.loader import load_sweep  # noqa: E402
+from rayeval.results.store import ResultStore  # noqa: E402
+from rayeval.core.tasks.text import rolling_windows  # noqa: E402
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+REL = 1e-4          # perplexities: float32 kernels differ with the batch's padding
+EVALS = {"facts_mc": "mc", "docs": "docs", "sums": "gen"}
+
+
+@pytest.fixture(scope="module")
+def example(tmp_path_factory):
+    out = tmp_path_factory.mktemp("lm")
+    script("make_lm_example").build(str(out), checkpoints=2)
+    return out
+
+
+@pytest.fixture(scope="module")
+def checkpoints(example):
+    return sorted(str(p) for p in (example / "ckpts").iterdir())
+
+
+@pytest.fixture(scope="module")
+def harness(example, checkpoints):
+    return {c: run_harness(c, str(example / "data")) for c in checkpoints}
+
+
+def reference(sweep_path: str) -> dict:
+    """rayeval's own scoring in one process: {checkpoint: {evaluation: (per-id outputs, metric
+    results)}}, batches of 7 rows so that items meet in different batches than in the harness."""
+    out = {}
+    for ref, ev, model, decode, p, metrics in single_process_passes(load_sweep(sweep_path)):
+        items = {}
+        for table in read_batches(ev.data, ev.spec.dataset, 7):
+            x, y, buckets = decode(table)
+            with torch.inference_mode():
+                scored, _ = p.task.score(model, x, y, p)
+            for i, row_id in enumerate(table.column("id").to_pylist()):
+                items[row_id] = scored[i]
+            p.update(x, y, buckets)
+        p.finish()
+        results = finalize(metrics, p.states, ev.output_size, ev.spec.bootstrap)
+        out.setdefault(ref.location, {})[ev.name] = (
+            items, results, int(p.states["_tokens"]) if "_tokens" in p.states else None)
+    return out
+
+
+def test_rolling_windows_are_the_harness_windows():
+    from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
+
+    for n in (0, 1, 5, 63, 64, 65, 128, 129, 300):
+        for length in (1, 2, 8, 64):
+            tokens = list(range(100, 100 + n))
+            theirs = [make_disjoint_window(w) for w in get_rolling_token_windows(
+                tokens, prefix_token=7, max_seq_len=length, context_len=1)]
+            ours = rolling_windows(tokens, 7, length)
+            assert [tuple(map(list, w)) for w in ours] == [tuple(map(list, w)) for w in theirs]
+            assert sum(len(cont) for _, cont in ours) == n      # every token predicted once
+
+
+def test_every_item_and_metric_equals_the_harness(example, checkpoints, harness):
+    ours = reference(str(example / "sweep.yaml"))
+    for c in checkpoints:
+        h = harness[c]
+        mc_items, mc, _ = ours[c]["facts_mc"]
+        for row_id, theirs in h["mc"]["samples"].items():
+            lls = mc_items[row_id][:len(theirs["lls"]), 0].tolist()
+            assert lls == pytest.approx(theirs["lls"], rel=REL, abs=1e-5)
+        assert mc["acc"].value == h["mc"]["acc"]
+        assert mc["acc_norm"].value == h["mc"]["acc_norm"]
+
+        doc_items, docs, tokens = ours[c]["docs"]
+        for row_id, ll in h["docs"]["samples"].items():
+            assert float(doc_items[row_id][0]) == pytest.approx(ll, rel=REL)
+        for m in ("word_perplexity", "byte_perplexity", "bits_per_byte"):
+            assert docs[m].value == pytest.approx(h["docs"][m], rel=REL)
+        assert tokens == sum(int(doc_items[i][1]) for i in doc_items) > 0
+        assert docs["token_perplexity"].value == pytest.approx(
+            math.exp(-sum(h["docs"]["samples"].values()) / tokens), rel=REL)
+
+        gen_items, gen, _ = ours[c]["sums"]
+        answers = dict(zip(*pq.read_table(example / "data" / "gen.parquet",
+                                          columns=["id", "answer"]).to_pydict().values()))
+        for row_id, text in h["gen"]["samples"].items():
+            assert float(gen_items[row_id]) == float(text.strip() == answers[row_id].strip())
+        assert gen["exact_match"].value == h["gen"]["exact_match"]
+    # the checkpoints differ, so the comparison is not of two identical models
+    first, last = checkpoints[0], checkpoints[-1]
+    assert harness[first]["docs"]["word_perplexity"] != harness[last]["docs"]["word_perplexity"]
+
+
+@pytest.mark.ray
+def test_ray_runs_with_1_and_3_workers_equal_the_harness(example, checkpoints, harness,
+                                                          tmp_path):
+    runs = {}
+    for workers in (1, 3):
+        out = tmp_path / f"store{workers}"
+        proc = rayeval_cli("run", str(example / "sweep.yaml"), "--workers", str(workers),
+                           "--output", str(out), timeout=600)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        rows = latest_rows(ResultStore(str(out)).read())
+        assert len(rows) == len(checkpoints) * 7
+        for r in rows:
+            theirs = harness[r["checkpoint"]][EVALS[r["dataset"]]]
+            assert r["world_size"] == workers
+            assert r["ci_low"] <= r["value"] <= r["ci_high"]
+            if r["metric"] == "token_perplexity":
+                assert r["num_tokens"] > 0
+            elif r["metric"] in ("acc", "acc_norm", "exact_match"):
+                assert r["value"] == theirs[r["metric"]]
+            else:
+                assert r["value"] == pytest.approx(theirs[r["metric"]], rel=REL)
+        runs[workers] = {(r["checkpoint"], r["dataset"], r["metric"]): r for r in rows}
+    # The intervals do not depend on the world size: exactly for counts, to float rounding for
+    # sums of log-likelihoods (the batches' padding differs).
+    for key, r in runs[3].items():
+        one = runs[1][key]
+        for k in ("value", "ci_low", "ci_high"):
+            if key[2] in ("acc", "acc_norm", "exact_match"):
+                assert r[k] == one[k]
+            else:
+                assert r[k] == pytest.approx(one[k], rel=1e-6)
+
+
+def test_a_factory_returning_a_transformers_model_scores_the_same(example, tmp_path):
+    """model.factory + model.tokenizer instead of the folders' config: the same numbers."""
+    ex = _copy(example, tmp_path)
+    first = sorted((ex / "ckpts").iterdir())[0]
+    (ex / "hf_factory.py").write_text(
+        "import transformers\n\n"
+        "def gpt2(folder):\n"
+        "    return transformers.AutoModelForCausalLM.from_config(\n"
+        "        transformers.AutoConfig.from_pretrained(folder))\n")
+    _edit_sweep(ex, lambda raw: raw.update(model={
+        "factory": "hf_factory:gpt2", "kwargs": {"folder": str(first)},
+        "tokenizer": str(first)}))
+    by_factory = reference(str(ex / "sweep.yaml"))
+    by_folder = reference(str(example / "sweep.yaml"))
+    for (_, evals), (_, theirs) in zip(sorted(by_factory.items()), sorted(by_folder.items())):
+        for name, (_, results, _) in evals.items():
+            for metric, r in results.items():
+                assert r.value == pytest.approx(theirs[name][1][metric].value, rel=1e-9)
+
+
+# --- bad input: one line, before Ray, nothing written ---------------------------------------
+
+def _copy(example, tmp_path):
+    dst = tmp_path / "ex"
+    shutil.copytree(example, dst, ignore=shutil.ignore_patterns("results"))
+    return dst
+
+
+def _fails(folder, *, sweep="sweep.yaml", env=None):
+    proc = rayeval_cli("run", str(folder / sweep), cwd=str(folder), timeout=120, env=env)
+    assert proc.returncode != 0
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert not (folder / "results").exists()
+    return lines[0]
+
+
+def _edit_sweep(folder, change):
+    raw = yaml.safe_load((folder / "sweep.yaml").read_text())
+    change(raw)
+    (folder / "sweep.yaml").write_text(yaml.safe_dump(raw))
+
+
+def _rewrite(path, column, values, typ=None):
+    t = pq.read_table(path)
+    i = t.schema.get_field_index(column)
+    pq.write_table(t.set_column(i, column, pa.array(values, typ)), path)
+
+
+def test_bad_text_input_is_one_line_before_ray(example, tmp_path):
+    ex = _copy(example, tmp_path)
+    first = sorted((ex / "ckpts").iterdir())[0]
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        if (first / name).exists():
+            (first / name).unlink()
+    assert "no tokenizer files" in _fails(ex) and "model.tokenizer" in _fails(ex)
+
+    cases = [
+        ("mc.parquet", "prompt", lambda n: list(range(n)), None, "evals[0].dataset.prompt", "strings"),
+        ("mc.parquet", "choices", lambda n: [[]] + [["a", "b"]] * (n - 1), pa.list_(pa.string()),
+         "evals[0].dataset.choices: no choices", "id = 0"),
+        ("mc.parquet", "label", lambda n: [0] * (n - 1) + [7], pa.int64(),
+         "evals[0].dataset.target", "outside its"),
+        ("gen.parquet", "answer", lambda n: list(range(n)), pa.int64(), "evals[2].dataset.target",
+         "string answer"),
+        ("docs.parquet", "text", lambda n: [None] + ["x"] * (n - 1), pa.string(),
+         "evals[1].dataset.text: a null value", "id = 0"),
+    ]
+    for file, column, values, typ, where, what in cases:
+        ex = _copy(example, tmp_path / column)
+        path = ex / "data" / file
+        _rewrite(path, column, values(pq.read_metadata(path).num_rows), typ)
+        line = _fails(ex)
+        assert where in line and what in line, line
+
+
+def test_spec_errors_name_the_key(example, tmp_path):
+    ex = _copy(example, tmp_path)
+    _edit_sweep(ex, lambda raw: raw["evals"][1]["dataset"].pop("text"))
+    assert "evals[1].dataset.text: missing required key" in _fails(ex)
+    ex = _copy(example, tmp_path / "b")
+    _edit_sweep(ex, lambda raw: raw["evals"][0].update(generation={"max_new_tokens": 3}))
+    assert "evals[0].generation: only a generation task decodes" in _fails(ex)
+    ex = _copy(example, tmp_path / "c")
+    _edit_sweep(ex, lambda raw: raw.update(model={"factory": "models:build"}))
+    assert "model.tokenizer" in _fails(ex)
+    ex = _copy(example, tmp_path / "d")         # no model: key, and not a Hugging Face folder
+    _edit_sweep(ex, lambda raw: raw.update(checkpoints=["data/mc.parquet"]))
+    assert "not a Hugging Face folder (no config.json); set model.factory" in _fails(ex)
+
+
+def test_without_transformers_one_line_names_the_extra(example, tmp_path):
+    ex = _copy(example, tmp_path)
+    blocker = tmp_path / "blocker" / "transformers"
+    blocker.mkdir(parents=True)
+    (blocker / "__init__.py").write_text("raise ImportError('blocked for this test')\n")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [str(blocker.parent)] + [p for p in sys.path if p]))
+    assert "pip install 'rayeval[hf]'" in _fails(ex, env=env)
+
+
+def test_a_generation_that_never_stops_ends_at_max_new_tokens(example, tmp_path):
+    ex = _copy(example, tmp_path)
+    _edit_sweep(ex, lambda raw: raw.update(evals=[dict(raw["evals"][2], generation={
+        "until": ["never appears"], "max_new_tokens": 5})]))
+    sweep = load_sweep(str(ex / "sweep.yaml"))
+    plan = driver.prepare(sweep, force=True)
+    ev = plan.evaluations[0]
+    source = ModelSource(sweep.model, sweep.base_dir)
+    ref = plan.by_checkpoint()[-1][0]
+    model, _ = source.loader(torch.device("cpu"), sweep.checkpoint).load(ref.location)
+    tok = source.tokenizer(ref.location, model)
+    from rayeval.core.tasks.text import _greedy, _hf_generate
+
+    decode = Decoder(ev.spec, ev.data, sweep.base_dir)
+    decode.use(tok)
+    x, _, _ = decode(next(read_batches(ev.data, ev.spec.dataset, 8)))
+    p = Pass(model, [], ev.output_size, torch.device("cpu"), ev.spec.task, text=tok,
+             generation=ev.spec.generation, batch=8)
+    with torch.inference_mode():
+        cached, plain = _hf_generate(model, x.rows, p), _greedy(model, x.rows, p)
+    assert all(0 < len(t) <= 5 for t in cached)
+    # the KV-cache path and the plain greedy loop pick the same tokens up to the end token
+    eos = tok.eos_id
+    trim = (lambda t: t[:t.index(eos)] if eos in t else t)
+    assert [trim(t) for t in cached] == [trim(t) for t in plain]
