@@ -26,7 +26,7 @@ if TYPE_CHECKING:                               # types only: importing these pu
     from rich.console import Console
 
     from rayeval._internal.execution.driver import RunReport
-    from rayeval.results.boards import Board
+    from rayeval.reporting.boards import Board
 
 __all__ = ["run", "load_sweep", "results", "leaderboard"]
 
@@ -117,7 +117,7 @@ def results(store: str | os.PathLike, *, sweep: str | None = None,
     ``s3://bucket/prefix``-style URI. ``sweep`` and ``evaluation`` keep only that sweep's rows
     and only that evaluation's (the store's ``dataset`` column).
 
-    Returns a ``pyarrow.Table`` with the store's schema (``rayeval.results.store.SCHEMA``; its columns
+    Returns a ``pyarrow.Table`` with the store's schema (``rayeval.reporting.store.SCHEMA``; its columns
     are listed in the README's *The result store*), in store order, with no rows when nothing
     matches; ``.to_pandas()`` gives a DataFrame when pandas is installed, ``.to_pylist()``
     dicts. When a metric of a checkpoint was stored by several cells (the checkpoint rewritten
@@ -126,7 +126,7 @@ def results(store: str | os.PathLike, *, sweep: str | None = None,
     Raises :class:`rayeval.StoreError` when there is no store there (a local folder that does
     not exist, a missing bucket, denied access) or it cannot be read.
     """
-    from rayeval.results.store import newest
+    from rayeval.reporting.store import newest
 
     return newest(store, sweep=sweep, evaluation=evaluation, what="store")
 
@@ -141,19 +141,19 @@ def leaderboard(store: str | os.PathLike, *, metric: str | None = None,
     evaluation only, or ``aggregate``; default: the aggregate (the mean of each evaluation's
     first metric, lower-is-better ones negated) with several evaluations, else the first metric.
 
-    Returns a ``Board`` (``rayeval.results.boards.Board``): ``entries`` in rank order, each with
+    Returns a ``Board`` (``rayeval.reporting.boards.Board``): ``entries`` in rank order, each with
     ``rank``, ``sweep``, ``checkpoint``, ``step``, ``best``, ``value(column)``, ``rows[column]``
     (the stored row, or the aggregate's, with ``value``, ``ci_low``, ``ci_high``) and
     ``marks[column]`` (``"*"`` the best, ``"~"`` not distinguishable from it); ``columns``
     (``.name``, ``.evaluation``, ``.metric``, ``.higher_is_better``; ``metrics``, their names),
     ``rank_by``, ``higher_is_better``, ``evaluations``, ``averaged`` (the columns the aggregate
-    averages) and ``notes`` (the warnings shown under the table). ``rayeval.results.render`` turns it
+    averages) and ``notes`` (the warnings shown under the table). ``rayeval.reporting.render`` turns it
     into the command's outputs (``to_csv``, ``to_markdown``, ``to_html``, ``render_rich``).
 
     Raises :class:`rayeval.StoreError` as :func:`results` does, when the rows hold nothing to
     rank, and when ``metric`` names no column (the message lists the choices).
     """
-    from rayeval.results.boards import build_board
+    from rayeval.reporting.boards import build_board
 
     rows = results(store, sweep=sweep, evaluation=evaluation).to_pylist()
     return build_board(rows, metric)

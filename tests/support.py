@@ -195,3 +195,13 @@ def single_process_passes(sweep):
                      ev.spec.bootstrap.k, ev.spec.dataset, text=tok,
                      generation=ev.spec.generation, batch=ev.spec.batch_size)
             yield ref, ev, model, decode, p, metrics
+
+
+def lightning_ckpt(path, sd, attr="model", step=1234):
+    """What Lightning's trainer.save_checkpoint writes, for a LightningModule holding the
+    network as ``self.<attr>``."""
+    torch.save({"epoch": 2, "global_step": step, "pytorch-lightning_version": "2.4.0",
+                "state_dict": {f"{attr}.{k}": v for k, v in sd.items()},
+                "loops": {}, "callbacks": {},
+                "optimizer_states": [{"state": {}, "param_groups": [{"lr": 0.1}]}],
+                "lr_schedulers": []}, path)

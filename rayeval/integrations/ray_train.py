@@ -192,7 +192,7 @@ def _inner_pattern(sweep: Sweep) -> str | None:
 def _check(sweep: Sweep) -> None:
     """What ``rayeval run`` checks before Ray starts that does not need a checkpoint."""
     from rayeval._internal.execution import driver
-    from rayeval.results.store import ResultStore
+    from rayeval.reporting.store import ResultStore
 
     if sweep.model.hugging_face:            # the model is built from a checkpoint's config
         ResultStore(sweep.output).check(write=True)
@@ -312,7 +312,7 @@ class RayevalValidation:
         from rayeval._internal.execution import driver, signals
         from rayeval.plan.cells import checkpoint_fingerprint
         from rayeval._internal.execution.coordinator import console_display
-        from rayeval.results.store import ResultStore
+        from rayeval.reporting.store import ResultStore
 
         sweep = self.sweep.replace(checkpoints=(location,))
         ref = self.ref(location, step, epoch)
@@ -346,7 +346,7 @@ class RayevalValidation:
         matrices left out), and ``prefix/aggregate`` as the leaderboard computes it."""
         import pyarrow.parquet as pq
 
-        from rayeval.results.boards import aggregates
+        from rayeval.reporting.boards import aggregates
 
         rows = []
         for key in keys:

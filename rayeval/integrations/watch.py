@@ -22,7 +22,7 @@ import fnmatch
 
 from rayeval._internal.execution import driver, signals
 from rayeval.io import paths
-from rayeval.results import trackers
+from rayeval.reporting import trackers
 from rayeval.io.checkpoints import CheckpointRef, expand_checkpoints
 from rayeval.config.schema import Sweep, WatchSpec
 from rayeval.errors import RunError

@@ -235,9 +235,9 @@ def _run(args, out: Console, err: Console) -> int:
     from rayeval._internal.execution.profile import since_process_start
 
     _STARTED["imports"] = since_process_start()
-    from rayeval.results.boards import build_board, latest_rows, render_rich
+    from rayeval.reporting.boards import build_board, latest_rows, render_rich
     from rayeval.config.loader import load_sweep, with_trackers
-    from rayeval.results.store import ResultStore
+    from rayeval.reporting.store import ResultStore
 
     sweep = args.sweep
     if args.mlflow is not None or args.wandb is not None:
@@ -360,14 +360,14 @@ def _jobs(args, out: Console, err: Console) -> int:
 def _stored_rows(args) -> list[dict]:
     """The newest stored rows of a STORE argument, filtered by --sweep / --dataset
     (``rayeval.results``, as dicts)."""
-    from rayeval.results.store import newest
+    from rayeval.reporting.store import newest
 
     return newest(args.store, sweep=getattr(args, "sweep", None) or None,
                   evaluation=getattr(args, "dataset", None) or None, what="STORE").to_pylist()
 
 
 def _leaderboard(args, out: Console) -> int:
-    from rayeval.results.boards import (AGGREGATE, aggregates, build_board, columns_of,
+    from rayeval.reporting.boards import (AGGREGATE, aggregates, build_board, columns_of,
                                         render_rich, resolve_metric, to_csv, to_html, to_json,
                                         to_markdown)
 
@@ -376,7 +376,7 @@ def _leaderboard(args, out: Console) -> int:
     # json lists what is stored, even nothing; every other output needs a board.
     board = None if args.format == "json" and not args.plot else build_board(rows, args.metric)
     if args.plot:
-        from rayeval.results.plot import plot
+        from rayeval.reporting.plot import plot
 
         columns = [board.column(args.metric)] if args.metric else board.columns
         plot(board, columns, args.plot, title=f"rayeval: {args.store}")
@@ -408,7 +408,7 @@ def _push(args, rows: list[dict]) -> bool:
     """``--to-mlflow`` / ``--to-wandb``: the rows shown, to the trackers; whether all went."""
     from rayeval.config.schema import MlflowTracker, Trackers, WandbTracker
     from rayeval.errors import SpecError
-    from rayeval.results.trackers import push
+    from rayeval.reporting.trackers import push
 
     if args.experiment is not None and args.to_mlflow is None:
         raise SpecError("--experiment: only with --to-mlflow URI")
@@ -435,8 +435,8 @@ def _compare(args, out: Console) -> int:
     from rich.text import Text
 
     from rayeval.errors import StoreError
-    from rayeval.results.boards import AGGREGATE, compare, find_checkpoint
-    from rayeval.results.render import format_value
+    from rayeval.reporting.boards import AGGREGATE, compare, find_checkpoint
+    from rayeval.reporting.render import format_value
 
     rows = _stored_rows(args)
     a_rows = find_checkpoint(rows, args.a, "A")
@@ -470,7 +470,7 @@ def _confusion(args, out: Console) -> int:
     from rich.text import Text
 
     from rayeval.errors import StoreError
-    from rayeval.results.boards import find_checkpoint
+    from rayeval.reporting.boards import find_checkpoint
 
     rows = [r for r in find_checkpoint(_stored_rows(args), args.checkpoint, "CHECKPOINT")
             if r["matrix"]]

@@ -20,8 +20,8 @@ from rich.console import Console
 import rayeval
 from rayeval.ui import cli
 from rayeval.errors import DataError, RayevalError, SpecError, StoreError
-from rayeval.results.boards import latest_rows
-from rayeval.results.store import SCHEMA, ResultStore
+from rayeval.reporting.boards import latest_rows
+from rayeval.reporting.store import SCHEMA, ResultStore
 from support import (build_model, make_data, reference_metrics, write_model_module,
                      write_parquet, write_sweep)
 
@@ -64,15 +64,22 @@ def test_every_public_name_resolves_and_the_errors_form_one_tree():
     assert {"run", "load_sweep", "results", "leaderboard", "RunReport", "Sweep",
             "RayevalError"} <= set(rayeval.__all__)
     from rayeval._internal.execution.driver import RunReport
-    from rayeval.results.boards import Board
+    from rayeval.reporting.boards import Board
 
     assert rayeval.RunReport is RunReport and rayeval.Board is Board
     for name in ("SpecError", "DataError", "ModelError", "MetricError", "CheckpointError",
                  "StoreError", "RunError", "GroupError"):
         assert issubclass(getattr(rayeval, name), rayeval.RayevalError), name
-    importlib.import_module("rayeval.results.boards")     # the boards' module: no clash with the function
+    # Importing a subpackage binds its name on rayeval: none may shadow a public function.
+    importlib.import_module("rayeval.reporting.boards")
+    importlib.import_module("rayeval.reporting.store")
+    for name in ("run", "results", "leaderboard", "load_sweep"):
+        assert callable(getattr(rayeval, name)), name
+        assert getattr(rayeval, name).__module__ == "rayeval.api", name
+    import pkgutil
 
-    assert callable(rayeval.leaderboard) and rayeval.leaderboard.__module__ == "rayeval.api"
+    packages = {m.name for m in pkgutil.iter_modules(rayeval.__path__)}
+    assert not packages & set(rayeval.__all__), packages & set(rayeval.__all__)
     with pytest.raises(AttributeError):
         rayeval.no_such_name
 

@@ -21,9 +21,9 @@ from PIL import Image
 
 from rayeval._internal.execution.driver import prepare, run_sweep
 from rayeval.errors import RayevalError
-from rayeval.results.boards import latest_rows
+from rayeval.reporting.boards import latest_rows
 from rayeval.config.loader import load_sweep
-from rayeval.results.store import ResultStore
+from rayeval.reporting.store import ResultStore
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DIGITS = os.path.join(REPO, "configs", "digits")

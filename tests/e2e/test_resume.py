@@ -11,8 +11,8 @@ import time
 import pytest
 import torch
 
-from rayeval.results.boards import latest_rows
-from rayeval.results.store import ResultStore
+from rayeval.reporting.boards import latest_rows
+from rayeval.reporting.store import ResultStore
 from support import (build_model, make_data, rayeval_cli, reference_metrics, write_model_module,
                      write_parquet, write_sweep)
 

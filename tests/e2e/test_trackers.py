@@ -27,8 +27,8 @@ from rayeval.ui import cli
 from rayeval.config.schema import MlflowTracker, Trackers, WandbTracker
 from rayeval.errors import SpecError
 from rayeval.config.loader import parse_sweep, trackers_spec, with_trackers
-from rayeval.results.store import ResultStore
-from rayeval.results.trackers import metric_name, points, wandb_run_id
+from rayeval.reporting.store import ResultStore
+from rayeval.reporting.trackers import metric_name, points, wandb_run_id
 from support import build_model, make_data, rayeval_cli, write_model_module, write_parquet
 
 STEPS = (100, 200)

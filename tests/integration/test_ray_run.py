@@ -12,9 +12,9 @@ from safetensors.torch import save_file
 
 from rayeval._internal.execution.driver import evaluate, prepare, run_sweep
 from rayeval.errors import DataError
-from rayeval.results.boards import latest_rows
+from rayeval.reporting.boards import latest_rows
 from rayeval.config.loader import load_sweep
-from rayeval.results.store import ResultStore
+from rayeval.reporting.store import ResultStore
 from support import (build_model, make_data, reference_metrics, write_model_module,
                      write_parquet, write_sweep)
 
@@ -82,7 +82,7 @@ def test_every_layout_through_run(ray_cluster, tmp_path):
                        nprocs=2, join=True, start_method="spawn")
     from huggingface_hub import save_torch_state_dict
 
-    from test_layouts import lightning_ckpt
+    from support import lightning_ckpt
 
     sd.update({s: build_model(seed=s).state_dict() for s in range(8, 14)})
     lightning_ckpt(ck / "epoch=1-step=8.ckpt", sd[8], step=8)

@@ -18,10 +18,10 @@ import torch
 
 import rayeval
 from rayeval.errors import CheckpointError, SpecError
-from rayeval.results.boards import latest_rows
+from rayeval.reporting.boards import latest_rows
 from rayeval.integrations.ray_train import RayevalValidation, validation_config
 from rayeval.config.loader import load_sweep
-from rayeval.results.store import ResultStore
+from rayeval.reporting.store import ResultStore
 from support import make_data, write_model_module, write_parquet
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

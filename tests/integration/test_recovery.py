@@ -12,7 +12,7 @@ import pytest
 
 from rayeval._internal.execution.driver import run_sweep
 from rayeval.errors import GroupError
-from rayeval.results.store import ResultStore
+from rayeval.reporting.store import ResultStore
 from support import build_model, reference_metrics
 from test_ray_run import setup_sweep, stored
 

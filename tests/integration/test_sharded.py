@@ -26,12 +26,12 @@ import yaml
 
 from support import rayeval_cli, script, single_process_passes
 
-from rayeval.results.boards import latest_rows
+from rayeval.reporting.boards import latest_rows
 from rayeval.config.schema import Parallelism
 from rayeval.io.data import read_batches
 from rayeval.core.evaluate import finalize
 from rayeval.config.loader import load_sweep
-from rayeval.results.store import ResultStore
+from rayeval.reporting.store import ResultStore
 
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))   # tests/: sharded_ranks.py
 REPO = os.path.dirname(HERE)

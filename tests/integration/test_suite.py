@@ -12,9 +12,9 @@ import yaml
 
 from rayeval.ui.cli import main
 from rayeval._internal.execution.driver import run_sweep
-from rayeval.results.boards import latest_rows
+from rayeval.reporting.boards import latest_rows
 from rayeval.config.loader import load_sweep
-from rayeval.results.store import ResultStore
+from rayeval.reporting.store import ResultStore
 from support import build_model, make_data, reference_metrics, write_model_module, write_parquet
 
 pytestmark = pytest.mark.ray

@@ -12,22 +12,12 @@ from safetensors.torch import save_file
 from rayeval.errors import CheckpointError
 from rayeval.io.layouts import read
 from rayeval.io.loading import CheckpointSpec, LeanLoader, describe, load_into
-from support import build_model, rayeval_cli, write_model_module, write_sweep
+from support import build_model, lightning_ckpt, rayeval_cli, write_model_module, write_sweep
 
 
 def same(a, b):
     sa, sb = a.state_dict(), b.state_dict()
     return sa.keys() == sb.keys() and all(torch.equal(sa[k].float(), sb[k].float()) for k in sa)
-
-
-def lightning_ckpt(path, sd, attr="model", step=1234):
-    """What Lightning's trainer.save_checkpoint writes, for a LightningModule holding the
-    network as ``self.<attr>``."""
-    torch.save({"epoch": 2, "global_step": step, "pytorch-lightning_version": "2.4.0",
-                "state_dict": {f"{attr}.{k}": v for k, v in sd.items()},
-                "loops": {}, "callbacks": {},
-                "optimizer_states": [{"state": {}, "param_groups": [{"lr": 0.1}]}],
-                "lr_schedulers": []}, path)
 
 
 def test_lightning_checkpoint_gives_its_global_step(tmp_path):

@@ -18,10 +18,10 @@ from rich.text import Text
 
 from rayeval.ui import cli
 from rayeval.errors import StoreError
-from rayeval.results.boards import (aggregate_row, aggregates, build_board, compare,
+from rayeval.reporting.boards import (aggregate_row, aggregates, build_board, compare,
                                  find_checkpoint, latest_rows, paired)
-from rayeval.results.render import render_rich, to_csv, to_html, to_json, to_markdown
-from rayeval.results.store import ResultStore
+from rayeval.reporting.render import render_rich, to_csv, to_html, to_json, to_markdown
+from rayeval.reporting.store import ResultStore
 
 B = 200
 KEY = f"seed=0;buckets=1024;replicates={B};confidence=0.95"
@@ -424,7 +424,7 @@ def test_wide_tables_print_every_shown_number_whole(width, terminal):
 
 def test_plot_keeps_one_colour_per_sweep_and_the_title_clear_of_the_panels():
     pytest.importorskip("matplotlib")
-    from rayeval.results.plot import figure
+    from rayeval.reporting.plot import figure
 
     rows = suite(CKPTS, {"val": ["accuracy"], "ood": ["accuracy"]}, sweep="alpha") + \
         suite(CKPTS, {"val": ["accuracy"], "ood": ["accuracy"]}, sweep="beta", seed=1)
@@ -460,8 +460,8 @@ def test_tiny_data_warns_and_identical_values_crown_nobody():
     from rich.console import Console
     import io
 
-    from rayeval.results.boards import build_board
-    from rayeval.results.render import render_rich
+    from rayeval.reporting.boards import build_board
+    from rayeval.reporting.render import render_rich
 
     def row(ckpt, step, value):
         return {"sweep": "s", "checkpoint": f"/c/{ckpt}", "step": step, "dataset": "one",
@@ -484,7 +484,7 @@ def test_tiny_data_warns_and_identical_values_crown_nobody():
 
 
 def test_language_modeling_boards_say_how_many_tokens_were_scored():
-    from rayeval.results.boards import build_board
+    from rayeval.reporting.boards import build_board
 
     row = {"sweep": "s", "checkpoint": "/c/a.pt", "step": 1, "dataset": "docs",
            "metric": "perplexity", "value": 12.5, "ci_low": None, "ci_high": None,

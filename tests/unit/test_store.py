@@ -10,8 +10,8 @@ import pyarrow.dataset as pads
 import pytest
 
 from rayeval.errors import StoreError
-from rayeval.results.boards import build_board, latest_rows, to_csv, to_json, to_markdown
-from rayeval.results.store import SCHEMA, ResultStore
+from rayeval.reporting.boards import build_board, latest_rows, to_csv, to_json, to_markdown
+from rayeval.reporting.store import SCHEMA, ResultStore
 
 
 def rows(checkpoint, step, values, sweep="s", dataset="d", when=None):
@@ -64,7 +64,7 @@ def test_unwritable_store_is_one_clear_error(tmp_path):
 
 
 def test_latest_row_wins():
-    from rayeval.results.store import SCHEMA as S
+    from rayeval.reporting.store import SCHEMA as S
     import pyarrow as pa
 
     t0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
@@ -140,7 +140,7 @@ def test_best_and_not_distinguishable_marks_use_paired_replicates():
     board = build_board(data)
     marks = {e.checkpoint.rsplit("/", 1)[-1]: e.marks.get("accuracy", "") for e in board.entries}
     assert marks == {"best.pt": "*", "tied.pt": "~", "worse.pt": ""}
-    from rayeval.results.boards import paired
+    from rayeval.reporting.boards import paired
 
     p = paired(data[0], data[2])
     assert p.difference == pytest.approx(0.1) and p.a_better == 1.0
@@ -156,7 +156,7 @@ def test_files_written_before_epoch_and_num_tokens_read_with_nulls(tmp_path):
     import pyarrow.parquet as pq
 
     from rayeval.core.evaluate import MetricResult
-    from rayeval.results.store import cell_rows
+    from rayeval.reporting.store import cell_rows
 
     old_schema = pa.schema([f for f in SCHEMA if f.name not in ("epoch", "num_tokens")])
     now = datetime(2026, 1, 1, tzinfo=timezone.utc)
@@ -197,7 +197,7 @@ def epoch_rows(checkpoint, step, epoch, value, sweep="s"):
     ([("last.pt", None, None), ("epoch_8.pt", None, 8)], "epoch", [8]),
 ])
 def test_plot_draws_against_the_epoch_when_no_point_has_a_step(names, axis, xs):
-    from rayeval.results.plot import LABELS, axis_of, series
+    from rayeval.reporting.plot import LABELS, axis_of, series
 
     data = []
     for i, (name, step, epoch) in enumerate(names):
@@ -210,7 +210,7 @@ def test_plot_draws_against_the_epoch_when_no_point_has_a_step(names, axis, xs):
 
 
 def test_plot_of_several_evaluations_takes_the_epoch_from_the_rows_under_the_aggregate():
-    from rayeval.results.plot import axis_of, series
+    from rayeval.reporting.plot import axis_of, series
 
     data = []
     for epoch in (1, 2, 3):
@@ -228,7 +228,7 @@ def test_plot_labels_an_epoch_axis(tmp_path):
     pytest.importorskip("matplotlib")
     import matplotlib.pyplot as plt
 
-    from rayeval.results.plot import figure, plot
+    from rayeval.reporting.plot import figure, plot
 
     data = epoch_rows("/c/epoch_8.pt", None, 8, 0.5) + epoch_rows("/c/epoch_9.pt", None, 9, 0.6)
     board = build_board(data)

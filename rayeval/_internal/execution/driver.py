@@ -28,7 +28,7 @@ from rayeval.io.loading import fit_error
 from rayeval.io.model import ModelSource
 from rayeval.plan.cells import CellOutcome, Evaluation, Plan, make_plan
 from rayeval._internal.execution.profile import Timer
-from rayeval.results.store import ResultStore
+from rayeval.reporting.store import ResultStore
 
 
 @dataclass
@@ -184,7 +184,7 @@ def run_sweep(sweep: Sweep, *, address: str | None = None, force: bool = False,
     as it finishes and the leaderboard at the end; ``say`` takes their summary lines.
     ``ready``: the checkpoints to evaluate, as (CheckpointRef, fingerprint) pairs with their
     step, instead of the sweep's globs (``ray_train``'s validation of one checkpoint)."""
-    from rayeval.results import trackers
+    from rayeval.reporting import trackers
 
     start = time.perf_counter()
     timer = Timer()

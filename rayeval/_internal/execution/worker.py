@@ -39,7 +39,7 @@ from rayeval.io.model import ModelSource
 from rayeval.plan.cells import Cell, CellOutcome, Evaluation, Plan
 from rayeval._internal.execution.profile import Timer
 from rayeval._internal.execution.coordinator import WorkerProgress
-from rayeval.results.store import ResultStore, cell_rows
+from rayeval.reporting.store import ResultStore, cell_rows
 
 _FAILED = "_failed"            # extra entries in the reduced vector: any rank failed the cell,
 _CACHE_OVERFLOW = "_overflow"  # any rank's shard was too big to keep,

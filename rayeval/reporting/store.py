@@ -195,7 +195,7 @@ def newest(store: str | os.PathLike, *, sweep: str | None = None,
     ``STORE``, a sweep's ``output``)."""
     import pyarrow.compute as pc
 
-    from rayeval.results.boards import latest_rows
+    from rayeval.reporting.boards import latest_rows
 
     given = os.fspath(store)
     location = paths.resolve(given, os.getcwd())

@@ -7,7 +7,7 @@ hold a single evaluation — and, with two or more evaluations, an ``aggregate``
 (see :func:`aggregate_row`). Every column marks its best value ``*`` and the values not
 distinguishable from it ``~``, from paired bootstrap replicates.
 
-This module turns rows into boards and comparisons; :mod:`rayeval.results.render` prints them.
+This module turns rows into boards and comparisons; :mod:`rayeval.reporting.render` prints them.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 import pyarrow as pa
 
 from rayeval.errors import StoreError
-from rayeval.results.render import render_rich, to_csv, to_html, to_json, to_markdown  # noqa: F401 (re-exported)
+from rayeval.reporting.render import render_rich, to_csv, to_html, to_json, to_markdown  # noqa: F401 (re-exported)
 
 AGGREGATE = "aggregate"
 

@@ -104,7 +104,7 @@ def _finite(v) -> bool:
 def board_table(rows: list[dict]) -> tuple[list[str], list[list]] | None:
     """The leaderboard of ``rows`` as (columns, data): rank, sweep, checkpoint, step, then each
     column's value and interval; None when nothing there is ranked."""
-    from rayeval.results.boards import build_board
+    from rayeval.reporting.boards import build_board
 
     try:
         board = build_board(rows)
@@ -385,7 +385,7 @@ class Publisher:
     summary lines (None: silent); ``warn``: the warning lines (stderr by default)."""
 
     def __init__(self, sweep: Sweep, *, say: Say | None = None, warn: Say | None = None):
-        from rayeval.results.store import ResultStore
+        from rayeval.reporting.store import ResultStore
 
         self.sweep = sweep
         self.say = say
@@ -416,7 +416,7 @@ class Publisher:
         """The sweep's leaderboard, every stored cell of it, as a table in every tracker."""
         if not self.live:
             return
-        from rayeval.results.store import newest
+        from rayeval.reporting.store import newest
 
         try:
             rows = newest(self.sweep.output, sweep=self.sweep.name, what="output").to_pylist()
