@@ -138,11 +138,12 @@ def reason(error: BaseException, *, typed: bool = False, last: bool = False) -> 
 
 
 def wrap(error: BaseException, cls: type[E], what: str, *, typed: bool = False,
-         last: bool = False, detail: str | None = None, **fields: Any) -> E:
-    """The rayeval error for a foreign one: ``cls("{what}: {reason(error)}")`` with the foreign
+         last: bool = False, sep: str = ": ", detail: str | None = None, **fields: Any) -> E:
+    """The rayeval error for a foreign one: ``cls(what + sep + reason(error))`` with the foreign
     type and line kept as the ``cause`` and ``reason`` fields, and ``fields`` (key_path,
     location, ...). Raise it ``from None``: the foreign traceback is noise for bad input (pass
-    ``detail=traceback_of(error)`` when it is the user's code that failed)."""
+    ``detail=traceback_of(error)`` when it is the user's code that failed). ``sep=" "`` reads
+    as a sentence with ``typed``: "f() raised ValueError: ..."."""
     line = reason(error, last=last)
     shown = reason(error, typed=typed, last=last)
-    return cls(f"{what}: {shown}", detail, cause=type(error).__name__, reason=line, **fields)
+    return cls(f"{what}{sep}{shown}", detail, cause=type(error).__name__, reason=line, **fields)

@@ -29,7 +29,7 @@ def import_callable(ref: str, base_dir: str, what: str = "model.factory") -> Cal
                           detail=traceback_of(e), key_path=what) from None
     except Exception as e:  # the user's module raised while being imported
         raise errors.wrap(e, ModelError, f"{what}: importing {module_name!r} raised",
-                          typed=True, detail=traceback_of(e), key_path=what) from None
+                          typed=True, sep=" ", detail=traceback_of(e), key_path=what) from None
     obj = module
     for part in attr.split("."):
         if not hasattr(obj, part):
@@ -54,7 +54,7 @@ def build_model(spec: ModelSpec, base_dir: str, device: torch.device | str = "cp
                           key_path="model.kwargs") from None
     except Exception as e:
         raise errors.wrap(e, ModelError, f"model.factory: {spec.factory}(**{spec.kwargs}) "
-                          "raised", typed=True, detail=traceback_of(e),
+                          "raised", typed=True, sep=" ", detail=traceback_of(e),
                           key_path="model.factory") from None
     if not isinstance(model, torch.nn.Module):
         raise ModelError(f"model.factory: {spec.factory} returned {type(model).__name__}, "

@@ -143,3 +143,35 @@ def test_a_corrupt_checkpoint_keeps_its_location(tmp_path):
         layouts.read(str(f))
     assert info.value.location == str(f) and info.value.cause
     assert str(info.value).startswith(f"{f}: ") and "\n" not in str(info.value)
+
+
+def test_user_code_that_raised_reads_as_a_sentence(tmp_path):
+    from rayeval.config.schema import ModelSpec
+    from rayeval.io.model import build_model, import_callable
+
+    (tmp_path / "boom_models.py").write_text(
+        "def build():\n    raise ValueError('no weights\\n  at layer 3')\n")
+    (tmp_path / "boom_import.py").write_text("raise KeyError('cfg')\n")
+    with pytest.raises(ModelError) as info:
+        build_model(ModelSpec(factory="boom_models:build"), str(tmp_path))
+    assert str(info.value) == "model.factory: boom_models:build(**{}) raised ValueError: no weights"
+    assert info.value.key_path == "model.factory" and "at layer 3" in info.value.detail
+    with pytest.raises(ModelError) as info:
+        import_callable("boom_import:f", str(tmp_path), what="metrics")
+    assert str(info.value) == "metrics: importing 'boom_import' raised KeyError: 'cfg'"
+
+
+def test_a_transform_that_raised_names_its_key():
+    from rayeval.config.schema import DatasetSpec
+    from rayeval.core.tasks import base
+
+    def flaky(table):
+        raise ValueError("cannot decode row 150\nmore context")
+
+    spec = DatasetSpec(path="d", inputs=("x",), target="y", transform="shapes:flaky",
+                       key_path="evals[2].dataset")
+    with pytest.raises(DataError) as info:
+        base._transformed(flaky, pa.table({"x": [1.0], "y": [0]}), spec)
+    assert str(info.value) == ("evals[2].dataset.transform: shapes:flaky raised ValueError: "
+                               "cannot decode row 150")
+    assert info.value.key_path == "evals[2].dataset.transform"

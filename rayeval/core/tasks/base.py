@@ -435,7 +435,7 @@ def _transformed(transform, table, spec: DatasetSpec) -> Inputs:
     except DataError:
         raise
     except Exception as e:
-        raise errors.wrap(e, DataError, f"{key}: {spec.transform} raised", typed=True,
+        raise errors.wrap(e, DataError, f"{key}: {spec.transform} raised", typed=True, sep=" ",
                           detail=traceback_of(e), key_path=key) from None
     n = table.num_rows
 
