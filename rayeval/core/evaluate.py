@@ -19,6 +19,7 @@ import torch
 from rayeval.core import stats, tasks
 from rayeval.config.schema import OFF, Bootstrap, EvalSpec, Generation
 from rayeval.io.data import DatasetInfo
+from rayeval import errors
 from rayeval.errors import MetricError, ModelError, traceback_of
 from rayeval.core.metrics import IGNORE, Indexed, Metric
 from rayeval.io.model import import_callable
@@ -70,9 +71,9 @@ def output_size(model: torch.nn.Module, task: tasks.Task, x: tasks.Inputs,
         with torch.inference_mode():
             out = tasks.call_model(model, tasks.move(x, torch.device(device), float_dtype(model)))
     except Exception as e:
-        raise ModelError(f"model.factory: the model cannot take {describe_inputs(x)}: "
-                         f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}",
-                         traceback_of(e)) from None
+        raise errors.wrap(e, ModelError, f"model.factory: the model cannot take "
+                          f"{describe_inputs(x)}", typed=True, detail=traceback_of(e),
+                          key_path="model.factory") from None
     return task.output_size(out)
 
 
@@ -230,8 +231,8 @@ def metric_errors(key: str, when: str):
     try:
         yield
     except Exception as e:
-        raise MetricError(f"metric {key!r} failed {when}: {type(e).__name__}: "
-                          f"{str(e).splitlines()[0] if str(e) else ''}", traceback_of(e)) from None
+        raise errors.wrap(e, MetricError, f"metric {key!r} failed {when}", typed=True,
+                          detail=traceback_of(e)) from None
 
 
 def _finalize_one(key: str, m: Metric, states, size: int, bootstrap: Bootstrap) -> MetricResult:

@@ -30,7 +30,9 @@ from typing import Any, ClassVar, NamedTuple
 import torch
 
 from rayeval.config.schema import MetricSpec
-from rayeval.errors import ModelError, SpecError
+from rayeval._internal.registry import Registry
+from rayeval import errors
+from rayeval.errors import ModelError, RegistryError, SpecError
 from rayeval.io.model import import_callable
 
 # Part of every cell's content key: raise it whenever a built-in metric's numbers change, so a
@@ -86,6 +88,34 @@ class Metric:
         raise NotImplementedError
 
 
+# task -> that task's built-in metrics by name. A task's module may register its own metrics
+# (``@metrics.register`` on a Metric subclass naming the task); ``for_task`` sees them once
+# rayeval.core.tasks, which imports every task module, is imported.
+REGISTRY: dict[str, Registry[type[Metric]]] = {}
+
+
+def _registry(task: str) -> Registry[type[Metric]]:
+    if task not in REGISTRY:
+        REGISTRY[task] = Registry(f"metric for task {task!r}")
+    return REGISTRY[task]
+
+
+def register(cls: type[Metric]) -> type[Metric]:
+    """Class decorator: a built-in metric, under its ``task`` and ``name``; a name its task
+    already has is a RegistryError."""
+    if not cls.task:
+        raise RegistryError(f"metric {cls.__qualname__} names no task; set its task attribute",
+                            kind="metric", name=cls.name)
+    _registry(cls.task).add(cls.name, cls)
+    return cls
+
+
+def for_task(task: str) -> Registry[type[Metric]]:
+    """The built-in metrics a task allows, by name (empty for a task without any)."""
+    import rayeval.core.tasks  # noqa: F401 - registers the metrics the task modules define
+    return REGISTRY.get(task) or Registry(f"metric for task {task!r}")
+
+
 def _ratio(num: torch.Tensor, den: torch.Tensor) -> torch.Tensor:
     num, den = num.to(torch.float64), den.to(torch.float64)
     return torch.where(den > 0, num / den.clamp(min=1e-300), torch.full_like(num, float("nan")))
@@ -114,6 +144,7 @@ class _Classification(Metric):
     batched_compute = True
 
 
+@register
 class Accuracy(_Hits, _Classification):
     name = "accuracy"
 
@@ -122,6 +153,7 @@ class Accuracy(_Hits, _Classification):
         return outputs.argmax(dim=1) == targets
 
 
+@register
 class TopKAccuracy(Accuracy):
     name = "top_k_accuracy"
     params = {"k": (int, 5)}
@@ -151,6 +183,7 @@ class _RowMean(_Classification):
         return _ratio(s["sum"], s["total"])
 
 
+@register
 class NLL(_RowMean):
     """Mean negative log-likelihood of the target class (log-softmax of logits, float64)."""
     name = "nll"
@@ -197,6 +230,7 @@ def _per_class(score: str, average: str) -> type[_PerClass]:
                 {"name": f"{average}_{score}", "average": average, "score": score})
 
 
+@register
 class BalancedAccuracy(_PerClass):
     """Mean recall over the classes that occur in the targets."""
     name = "balanced_accuracy"
@@ -208,6 +242,7 @@ class BalancedAccuracy(_PerClass):
         return _ratio((recall * present).sum(-1), present.sum(-1))
 
 
+@register
 class ConfusionMatrix(_Classification):
     """Counts[target, prediction]; stored with the results, shown by ``rayeval confusion``."""
     name = "confusion_matrix"
@@ -224,6 +259,7 @@ class ConfusionMatrix(_Classification):
         return s["counts"]
 
 
+@register
 class ECE(_Classification):
     """Expected calibration error of the top-class confidence over equal-width bins."""
     name = "ece"
@@ -248,6 +284,7 @@ class ECE(_Classification):
         return _ratio(gap.sum(-1), n.sum(-1))
 
 
+@register
 class Brier(_RowMean):
     """Mean over rows of sum over classes of (probability - one-hot target)**2."""
     name = "brier"
@@ -287,6 +324,7 @@ class _Binned(_Classification):
         return _ratio(per_class.sum(-1), valid.to(torch.float64).sum(-1))
 
 
+@register
 class AUROC(_Binned):
     name = "auroc"
 
@@ -298,6 +336,7 @@ class AUROC(_Binned):
         return pairs / (pos.sum(-1) * neg.sum(-1)).clamp(min=1)
 
 
+@register
 class AUPRC(_Binned):
     """Average precision (scikit-learn's step-wise definition) on binned scores."""
     name = "auprc"
@@ -330,6 +369,7 @@ class _Regression(Metric):
         return {k: every[k]() for k in self.sums}
 
 
+@register
 class MSE(_Regression):
     name = "mse"
     sums = ("n", "se")
@@ -338,6 +378,7 @@ class MSE(_Regression):
         return _ratio(s["se"], s["n"])
 
 
+@register
 class RMSE(MSE):
     name = "rmse"
 
@@ -345,6 +386,7 @@ class RMSE(MSE):
         return _ratio(s["se"], s["n"]).sqrt()
 
 
+@register
 class MAE(_Regression):
     name = "mae"
     sums = ("n", "ae")
@@ -353,6 +395,7 @@ class MAE(_Regression):
         return _ratio(s["ae"], s["n"])
 
 
+@register
 class R2(_Regression):
     name = "r2"
     higher_is_better = True
@@ -365,6 +408,7 @@ class R2(_Regression):
                            torch.full_like(total, float("nan")))
 
 
+@register
 class Pearson(_Regression):
     name = "pearson"
     higher_is_better = True
@@ -399,6 +443,7 @@ class _LanguageModel(Metric):
                 "correct": hit.sum(dim=1)}
 
 
+@register
 class TokenNLL(_LanguageModel):
     """Mean next-token negative log-likelihood over every unmasked token of the corpus."""
     name = "nll"
@@ -408,6 +453,7 @@ class TokenNLL(_LanguageModel):
         return _ratio(s["nll"], s["tokens"])
 
 
+@register
 class Perplexity(_LanguageModel):
     """Corpus perplexity: exp(total nll / total tokens), not a mean of per-sequence values."""
     name = "perplexity"
@@ -417,6 +463,7 @@ class Perplexity(_LanguageModel):
         return _ratio(s["nll"], s["tokens"]).exp()
 
 
+@register
 class TokenAccuracy(_LanguageModel):
     name = "token_accuracy"
 
@@ -436,6 +483,7 @@ class _MultipleChoice(_Hits):
         return self.scores(outputs).argmax(dim=1) == targets
 
 
+@register
 class ChoiceAccuracy(_MultipleChoice):
     """The choice with the highest log-likelihood is the right one."""
     name = "acc"
@@ -445,6 +493,7 @@ class ChoiceAccuracy(_MultipleChoice):
         return outputs[..., 0]
 
 
+@register
 class ChoiceAccuracyNorm(_MultipleChoice):
     """The choice with the highest log-likelihood per character is the right one."""
     name = "acc_norm"
@@ -473,21 +522,25 @@ class _TextPerplexity(Metric):
         return (-_ratio(s["ll"], s["units"])).exp()
 
 
+@register
 class TokenPerplexity(_TextPerplexity):
     name = "token_perplexity"
     unit = 1
 
 
+@register
 class WordPerplexity(_TextPerplexity):
     name = "word_perplexity"
     unit = 2
 
 
+@register
 class BytePerplexity(_TextPerplexity):
     name = "byte_perplexity"
     unit = 3
 
 
+@register
 class BitsPerByte(_TextPerplexity):
     name = "bits_per_byte"
     unit = 3
@@ -496,6 +549,7 @@ class BitsPerByte(_TextPerplexity):
         return -_ratio(s["ll"], s["units"]) / math.log(2)
 
 
+@register
 class ExactMatch(_Hits):
     """Outputs (rows,): 1 where the generation, cut at the first stop string and stripped,
     equals the stripped target."""
@@ -507,14 +561,9 @@ class ExactMatch(_Hits):
         return outputs.round() == 1
 
 
-REGISTRY: dict[str, dict[str, type[Metric]]] = {}     # task -> name -> class
-for _cls in [Accuracy, TopKAccuracy, NLL, BalancedAccuracy, ConfusionMatrix, ECE, Brier, AUROC,
-             AUPRC, MSE, RMSE, MAE, R2, Pearson, TokenNLL, Perplexity, TokenAccuracy,
-             ChoiceAccuracy, ChoiceAccuracyNorm, TokenPerplexity, WordPerplexity,
-             BytePerplexity, BitsPerByte, ExactMatch] + [
-        _per_class(score, avg) for score in ("precision", "recall", "f1")
-        for avg in ("macro", "micro", "weighted")]:
-    REGISTRY.setdefault(_cls.task, {})[_cls.name] = _cls
+for _score in ("precision", "recall", "f1"):
+    for _average in ("macro", "micro", "weighted"):
+        register(_per_class(_score, _average))
 ALIASES = {"top5_accuracy": ("top_k_accuracy", {"k": 5}),
            "top1_accuracy": ("top_k_accuracy", {"k": 1})}
 
@@ -524,7 +573,7 @@ def build(spec: MetricSpec) -> Metric:
     if spec.custom:
         cls = import_callable(spec.name, spec.base_dir, what="metrics")
         return CustomMetric(cls(**dict(spec.params)))
-    return REGISTRY[spec.task][spec.name](**dict(spec.params))
+    return for_task(spec.task).get(spec.name)(**dict(spec.params))
 
 
 def build_all(specs) -> list[tuple[str, Metric]]:
@@ -571,7 +620,7 @@ def parse_metric(item: Any, task: str, base_dir: str = "") -> MetricSpec:
     if name in ALIASES:
         name, preset = ALIASES[name]
         raw = {**preset, **raw}
-    known = REGISTRY.get(task, {})
+    known = for_task(task)
     if name not in known:
         other = [t for t, reg in REGISTRY.items() if name in reg]
         if other:
@@ -610,6 +659,7 @@ def _parse_custom(ref: str, raw: dict, task: str, base_dir: str) -> MetricSpec:
     try:
         metric = CustomMetric(cls(**raw))
     except TypeError as e:
-        raise SpecError(f"custom metric {ref!r}: bad parameters {raw}: {e}") from None
+        raise errors.wrap(e, SpecError, f"custom metric {ref!r}: bad parameters {raw}"
+                          ) from None
     return MetricSpec(name=ref, task=task, params=tuple(sorted(raw.items())), base_dir=base_dir,
                       key=metric.key)

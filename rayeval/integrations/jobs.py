@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import yaml
 
 from rayeval.io import paths
+from rayeval import errors
 from rayeval.errors import RunError, SpecError
 from rayeval.config.schema import Sweep
 from rayeval.config.loader import (is_relative_local, load_sweep, with_overrides, with_trackers,
@@ -99,8 +100,8 @@ def client(address: str | None):
                        "cluster (RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH or ~/.ray/auth_token)") \
             from None
     except (ConnectionError, RuntimeError, ValueError) as e:
-        raise RunError(f"--address: cannot use the Jobs API at {address}: "
-                       f"{str(e).splitlines()[0]}") from None
+        raise errors.wrap(e, RunError, f"--address: cannot use the Jobs API at {address}",
+                          location=address) from None
 
 
 def call(what: str, fn, *args, **kwargs):
@@ -113,8 +114,7 @@ def call(what: str, fn, *args, **kwargs):
         raise RunError(f"{what}: the cluster refused the token; use that cluster's token "
                        "(RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH or ~/.ray/auth_token)") from None
     except RuntimeError as e:
-        lines = [ln for ln in str(e).splitlines() if ln.strip()]
-        text = lines[-1] if lines else repr(e)
+        text = errors.reason(e, last=True)     # the Jobs API puts the server's answer last
         if "does not exist" in text or "404" in text:
             raise RunError(f"{what}: no such job on this cluster; `rayeval jobs list` shows "
                            "them") from None

@@ -18,6 +18,7 @@ import pyarrow.dataset as pads
 import torch
 
 from rayeval.io import paths
+from rayeval import errors
 from rayeval.errors import DataError
 from rayeval.config.schema import DatasetSpec
 
@@ -67,8 +68,8 @@ def open_dataset(files: list[str] | tuple[str, ...], key: str = "dataset.path") 
         return pads.dataset([paths.filesystem(f)[1] for f in files], filesystem=fs,
                             format="parquet")
     except (pa.ArrowInvalid, OSError) as e:
-        raise DataError(f"{key}: cannot read {files[0]!r} as parquet: "
-                        f"{str(e).splitlines()[0]}") from None
+        raise errors.wrap(e, DataError, f"{key}: cannot read {files[0]!r} as parquet",
+                          key_path=key, location=files[0]) from None
 
 
 def inspect_dataset(spec: DatasetSpec, task) -> DatasetInfo:
@@ -91,8 +92,8 @@ def inspect_dataset(spec: DatasetSpec, task) -> DatasetInfo:
         file_rows = tuple(f.count_rows() for f in ds.get_fragments())   # from the footers
         num_rows = sum(file_rows)
     except (pa.ArrowInvalid, OSError) as e:
-        raise DataError(f"{key}.path: cannot read {spec.path!r}: "
-                        f"{str(e).splitlines()[0]}") from None
+        raise errors.wrap(e, DataError, f"{key}.path: cannot read {spec.path!r}",
+                          key_path=f"{key}.path", location=spec.path) from None
     if num_rows == 0:
         raise DataError(f"{key}.path: the data set at {spec.path!r} has no rows; "
                         "evaluate on a non-empty data set")
@@ -324,8 +325,8 @@ class RowRange:
                         if at >= hi:
                             break
             except (pa.ArrowInvalid, OSError) as e:
-                raise DataError(f"{self.key}: cannot read {location!r}: "
-                                f"{str(e).splitlines()[0]}") from None
+                raise errors.wrap(e, DataError, f"{self.key}: cannot read {location!r}",
+                                  key_path=self.key, location=location) from None
 
     def _file_rows(self) -> tuple[int, ...]:
         if self.info.file_rows:

@@ -23,6 +23,7 @@ from typing import Any
 import torch
 
 from rayeval.io import paths
+from rayeval import errors
 from rayeval.errors import CheckpointError, SpecError
 
 CONFIG = "config.json"
@@ -144,8 +145,8 @@ class Builder:
             try:
                 self._configs[digest] = transformers.AutoConfig.from_pretrained(folder)
             except Exception as e:       # noqa: BLE001 - a config transformers cannot read
-                raise CheckpointError(f"{path}: transformers cannot read it: "
-                                      f"{type(e).__name__}: {str(e).splitlines()[0]}") from None
+                raise errors.wrap(e, CheckpointError, f"{path}: transformers cannot read it",
+                                  typed=True, location=path) from None
         return self._configs[digest]
 
     def meta(self, folder: str) -> torch.nn.Module:
@@ -156,8 +157,8 @@ class Builder:
             with _parameters_on_meta():
                 model = transformers.AutoModelForCausalLM.from_config(config)
         except ValueError as e:
-            raise CheckpointError(f"{folder}: {CONFIG} is not a causal language model "
-                                  f"transformers knows: {str(e).splitlines()[0]}") from None
+            raise errors.wrap(e, CheckpointError, f"{folder}: {CONFIG} is not a causal "
+                              "language model transformers knows", location=folder) from None
         return model.eval()
 
 
@@ -259,8 +260,9 @@ def load_tokenizer(folder: str, *, what: str, model: torch.nn.Module | None = No
     try:
         tok = transformers.AutoTokenizer.from_pretrained(folder)
     except Exception as e:               # noqa: BLE001 - files transformers cannot read
-        raise error(f"{what}: {folder}: transformers cannot load the tokenizer: "
-                    f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from None
+        raise errors.wrap(e, error, f"{what}: {folder}: transformers cannot load the tokenizer",
+                          typed=True, location=folder,
+                          key_path=what if error is SpecError else None) from None
     if tok.eos_token_id is None and tok.bos_token_id is None:
         raise error(f"{what}: {folder}: the tokenizer has neither an end-of-sequence nor a "
                     "beginning-of-sequence token; text tasks need one to condition on")

@@ -29,7 +29,7 @@ import sys
 import warnings
 import zipfile
 from dataclasses import dataclass, field
-from typing import Mapping
+from typing import Callable, Mapping
 
 import torch
 import torch.distributed.checkpoint as dcp
@@ -37,6 +37,8 @@ from torch.distributed.checkpoint import FileSystemReader
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.metadata import StorageMeta, TensorStorageMetadata
 
+from rayeval._internal.registry import Registry
+from rayeval import errors
 from rayeval.errors import CheckpointError
 
 log = logging.getLogger("rayeval")
@@ -151,17 +153,51 @@ def read(path: str, trust_pickle: bool = False, lazy: bool = False) -> Raw:
     (``read_rows``), so a rank of a sharded model reads only its own slices."""
     layout = detect_format(path)
     target = detect_folder(path)[1] if os.path.isdir(path) else path
-    if layout == "dcp":
-        return _read_dcp_metadata(target)
-    if lazy and layout in ("safetensors", "safetensors-sharded"):
-        return _open_safetensors(target, layout, path)
-    if layout == "safetensors":
-        tensors = _safetensors(target)
-        return _raw("safetensors", path, tensors, files=(target,))
-    if layout in ("safetensors-sharded", "torch-sharded"):
-        return _read_sharded(target, layout, trust_pickle)
-    obj = torch_load(target, trust_pickle)
-    step = None
+    return READERS.get(layout)(Source(layout, target, path, trust_pickle, lazy))
+
+
+@dataclass(frozen=True)
+class Source:
+    """What a layout's reader is handed: the detected layout, the file or folder to read
+    (``target``: inside a checkpoint folder, the index or file found there), the path the sweep
+    named, and the sweep's checkpoint options."""
+    layout: str
+    target: str
+    path: str
+    trust_pickle: bool = False
+    lazy: bool = False
+
+
+# Layout name (as ``detect_format`` names it) -> its reader. Adding a layout is teaching
+# ``detect_format`` its files and registering a reader here.
+READERS: Registry[Callable[[Source], Raw]] = Registry("checkpoint layout")
+
+
+@READERS.register("dcp")
+def _read_dcp(src: Source) -> Raw:
+    return _read_dcp_metadata(src.target)
+
+
+@READERS.register("safetensors")
+@READERS.register("safetensors-sharded")
+def _read_safetensors(src: Source) -> Raw:
+    if src.lazy:
+        return _open_safetensors(src.target, src.layout, src.path)
+    if src.layout == "safetensors-sharded":
+        return _read_sharded(src.target, src.layout, src.trust_pickle)
+    return _raw("safetensors", src.path, _safetensors(src.target), files=(src.target,))
+
+
+@READERS.register("torch-sharded")
+def _read_torch_sharded(src: Source) -> Raw:
+    return _read_sharded(src.target, src.layout, src.trust_pickle)
+
+
+@READERS.register("torch")
+def _read_torch(src: Source) -> Raw:
+    """A torch.save file; a Lightning checkpoint is one with its step and version keys."""
+    obj = torch_load(src.target, src.trust_pickle)
+    layout, step = "torch", None
     if isinstance(obj, Mapping):
         gs = obj.get("global_step")
         if isinstance(gs, int) and not isinstance(gs, bool):
@@ -169,10 +205,9 @@ def read(path: str, trust_pickle: bool = False, lazy: bool = False) -> Raw:
         if "pytorch-lightning_version" in obj or "lightning_version" in obj or \
                 ("state_dict" in obj and "global_step" in obj):
             layout = "lightning"
-    tensors = flatten(obj, target)
-    raw = _raw(layout, path, tensors, files=(target,))
+    raw = _raw(layout, src.path, flatten(obj, src.target), files=(src.target,))
     raw.step = step
-    raw.mapped = target not in _NOT_MAPPED
+    raw.mapped = src.target not in _NOT_MAPPED
     return raw
 
 
@@ -209,8 +244,8 @@ def torch_load(path: str, trust_pickle: bool = False):
         except pickle.UnpicklingError as e:
             found = re.search(r"Unsupported global: GLOBAL ([\w.]+)", str(e))
             if not found:
-                raise CheckpointError(f"{path}: corrupt checkpoint: {str(e).splitlines()[0]}"
-                                      ) from None
+                raise errors.wrap(e, CheckpointError, f"{path}: corrupt checkpoint",
+                                  location=path) from None
             if not trust_pickle:
                 raise CheckpointError(
                     f"{path}: refused: this pickle needs more than weights_only=True (it "
@@ -225,13 +260,18 @@ def torch_load(path: str, trust_pickle: bool = False):
     except CheckpointError:
         raise
     except (EOFError, zipfile.BadZipFile) as e:
-        raise CheckpointError(f"{path}: truncated or corrupt checkpoint ({type(e).__name__}: "
-                              f"{e})") from None
+        raise _corrupt(e, f"{path}: truncated or corrupt checkpoint", location=path) from None
     except RuntimeError as e:
-        detail = str(e).split("\n")[0]
-        raise CheckpointError(f"{path}: truncated or corrupt checkpoint: {detail}") from None
+        raise errors.wrap(e, CheckpointError, f"{path}: truncated or corrupt checkpoint",
+                          location=path) from None
     except Exception as e:   # a damaged pickle stream fails in many ways (IndexError, KeyError...)
-        raise CheckpointError(f"{path}: corrupt checkpoint ({type(e).__name__}: {e})") from None
+        raise _corrupt(e, f"{path}: corrupt checkpoint", location=path) from None
+
+
+def _corrupt(e: BaseException, what: str, tail: str = "", **fields) -> CheckpointError:
+    """``what (Type: line)tail``: the foreign error in parentheses, kept as fields."""
+    return CheckpointError(f"{what} ({errors.reason(e, typed=True)}){tail}",
+                           cause=type(e).__name__, reason=errors.reason(e), **fields)
 
 
 _NOT_MAPPED: set[str] = set()      # torch.save files that could not be memory-mapped
@@ -276,7 +316,8 @@ def _safetensors(path: str) -> dict[str, torch.Tensor]:
     try:
         return load_file(path, device="cpu")
     except (SafetensorError, OSError, ValueError) as e:
-        raise CheckpointError(f"{path}: corrupt safetensors file: {e}") from None
+        raise errors.wrap(e, CheckpointError, f"{path}: corrupt safetensors file",
+                          location=path) from None
 
 
 def _read_sharded(index: str, layout: str, trust_pickle: bool) -> Raw:
@@ -284,8 +325,8 @@ def _read_sharded(index: str, layout: str, trust_pickle: bool) -> Raw:
         with open(index, encoding="utf-8") as f:
             weight_map = json.load(f)["weight_map"]
     except (OSError, ValueError, KeyError, TypeError) as e:
-        raise CheckpointError(f"{index}: not a valid shard index ({type(e).__name__}: {e}); "
-                              "expected JSON with a weight_map") from None
+        raise _corrupt(e, f"{index}: not a valid shard index",
+                       "; expected JSON with a weight_map", location=index) from None
     folder = os.path.dirname(index)
     tensors: dict[str, torch.Tensor] = {}
     shards = sorted(set(weight_map.values()))
@@ -344,7 +385,8 @@ def _safetensors_header(path: str) -> dict[str, tuple[str, int, torch.dtype, tup
             (length,) = struct.unpack("<Q", f.read(8))
             header = json.loads(f.read(length))
     except (OSError, ValueError, struct.error) as e:
-        raise CheckpointError(f"{path}: corrupt safetensors file: {e}") from None
+        raise errors.wrap(e, CheckpointError, f"{path}: corrupt safetensors file",
+                          location=path) from None
     out = {}
     for key, entry in header.items():
         if key == "__metadata__":
@@ -365,8 +407,8 @@ def _open_safetensors(target: str, layout: str, path: str) -> Raw:
             with open(target, encoding="utf-8") as f:
                 weight_map = json.load(f)["weight_map"]
         except (OSError, ValueError, KeyError, TypeError) as e:
-            raise CheckpointError(f"{target}: not a valid shard index ({type(e).__name__}: "
-                                  f"{e}); expected JSON with a weight_map") from None
+            raise _corrupt(e, f"{target}: not a valid shard index",
+                           "; expected JSON with a weight_map", location=target) from None
         folder = os.path.dirname(target)
         files = [os.path.join(folder, s) for s in sorted(set(weight_map.values()))]
         for f in files:
@@ -443,8 +485,8 @@ def _read_dcp_metadata(path: str) -> Raw:
     except CheckpointError:
         raise
     except Exception as e:
-        raise CheckpointError(f"{path}: corrupt torch.distributed.checkpoint metadata: "
-                              f"{type(e).__name__}: {e}") from None
+        raise errors.wrap(e, CheckpointError, f"{path}: corrupt torch.distributed.checkpoint "
+                          "metadata", typed=True, location=path) from None
     shapes = {k: (tuple(m.size), m.properties.dtype)
               for k, m in metadata.state_dict_metadata.items()
               if isinstance(m, TensorStorageMetadata)}
@@ -474,5 +516,4 @@ def dcp_failure(e: BaseException) -> str:
         if isinstance(inner, tuple):      # (exception, traceback) on some versions
             inner = inner[0]
         e = inner
-    text = str(e).strip().splitlines()
-    return f"{type(e).__name__}: {text[-1] if text else ''}"
+    return errors.reason(e, typed=True, last=True)

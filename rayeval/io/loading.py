@@ -22,6 +22,7 @@ import torch
 from rayeval.io import layouts
 from rayeval.io.checkpoints import parse_epoch, parse_step
 from rayeval.config.schema import CheckpointSpec
+from rayeval import errors
 from rayeval.errors import CheckpointError
 
 WRAPPER_KEYS = ("model", "state_dict", "model_state_dict", "module", "ema")
@@ -213,8 +214,8 @@ def load_into(model: torch.nn.Module, path: str, spec: CheckpointSpec = Checkpoi
     try:
         model.load_state_dict(state, strict=True)
     except RuntimeError as e:
-        raise CheckpointError(f"{path}: cannot load into the model: "
-                              f"{str(e).splitlines()[0]}") from None
+        raise errors.wrap(e, CheckpointError, f"{path}: cannot load into the model",
+                          location=path) from None
     return raw.layout
 
 
@@ -273,8 +274,8 @@ class LeanLoader:
         try:
             missing = model.load_state_dict(state, strict=False, assign=True).missing_keys
         except RuntimeError as e:
-            raise CheckpointError(f"{path}: cannot load into the model: "
-                                  f"{str(e).splitlines()[0]}") from None
+            raise errors.wrap(e, CheckpointError, f"{path}: cannot load into the model",
+                              location=path) from None
         _tie(model, tied, set(state))
         if set(missing) - satisfied_by_ties(set(missing), set(state), tied):   # fit checked: a bug
             raise CheckpointError(f"{path}: keys left unloaded: {few(sorted(missing))}")

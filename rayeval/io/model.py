@@ -8,6 +8,7 @@ from typing import Callable
 
 import torch
 
+from rayeval import errors
 from rayeval.errors import ModelError, traceback_of
 from rayeval.config.schema import ModelSpec
 
@@ -24,11 +25,11 @@ def import_callable(ref: str, base_dir: str, what: str = "model.factory") -> Cal
             raise ModelError(
                 f"{what}: cannot import module {module_name!r}: put {module_name}.py next to the "
                 f"sweep file ({base_dir}) or on PYTHONPATH") from None
-        raise ModelError(f"{what}: importing {module_name!r} failed: {e}",
-                         traceback_of(e)) from None
+        raise errors.wrap(e, ModelError, f"{what}: importing {module_name!r} failed",
+                          detail=traceback_of(e), key_path=what) from None
     except Exception as e:  # the user's module raised while being imported
-        raise ModelError(f"{what}: importing {module_name!r} raised "
-                         f"{type(e).__name__}: {e}", traceback_of(e)) from None
+        raise errors.wrap(e, ModelError, f"{what}: importing {module_name!r} raised",
+                          typed=True, sep=" ", detail=traceback_of(e), key_path=what) from None
     obj = module
     for part in attr.split("."):
         if not hasattr(obj, part):
@@ -48,11 +49,13 @@ def build_model(spec: ModelSpec, base_dir: str, device: torch.device | str = "cp
         with torch.device(device):
             model = factory(**spec.kwargs)
     except TypeError as e:
-        raise ModelError(f"model.factory: calling {spec.factory} with model.kwargs "
-                         f"{spec.kwargs} failed: {e}", traceback_of(e)) from None
+        raise errors.wrap(e, ModelError, f"model.factory: calling {spec.factory} with "
+                          f"model.kwargs {spec.kwargs} failed", detail=traceback_of(e),
+                          key_path="model.kwargs") from None
     except Exception as e:
-        raise ModelError(f"model.factory: {spec.factory}(**{spec.kwargs}) raised "
-                         f"{type(e).__name__}: {e}", traceback_of(e)) from None
+        raise errors.wrap(e, ModelError, f"model.factory: {spec.factory}(**{spec.kwargs}) "
+                          "raised", typed=True, sep=" ", detail=traceback_of(e),
+                          key_path="model.factory") from None
     if not isinstance(model, torch.nn.Module):
         raise ModelError(f"model.factory: {spec.factory} returned {type(model).__name__}, "
                          "not a torch.nn.Module")

@@ -14,6 +14,8 @@ from typing import Iterable
 
 import pyarrow.fs as pafs
 
+from rayeval import errors
+
 _SCHEME = re.compile(r"^[a-zA-Z][a-zA-Z0-9+.-]*://")
 _GLOB_CHARS = set("*?[")
 
@@ -88,11 +90,10 @@ def explain(error: Exception, location: str) -> str:
         return (f"access denied to {location}; check the credentials (AWS_PROFILE, or "
                 "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY) and the bucket's policy")
     if "NETWORK_CONNECTION" in text or "curlCode" in text:
-        detail = text.split("Details:", 1)[-1].strip().splitlines()[0]
+        detail = errors.line(text.split("Details:", 1)[-1]) or errors.reason(error)
         return (f"cannot reach the object store for {location} ({detail}); check "
                 "AWS_ENDPOINT_URL and the network")
-    first = next((ln.strip() for ln in text.splitlines() if ln.strip()), repr(error))
-    return f"{location}: {first}"
+    return f"{location}: {errors.reason(error)}"
 
 
 def missing_bucket(location: str) -> str | None:

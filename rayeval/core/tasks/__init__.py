@@ -3,8 +3,13 @@
 A task owns everything that used to be tested by string across the code base: the columns it
 needs and their checks, turning a pyarrow batch into model inputs, row ids for the bootstrap,
 scoring a batch with the model, the model's output size, the metrics it allows, its fields in
-the content key, and what its data set needs in the sweep file. Adding a task is adding one
-class (listed in ``TASKS`` below), with metric classes that name it as their ``task``.
+the content key, and what its data set needs in the sweep file.
+
+Adding a task is adding one module here: a Task subclass registered with
+``@TASKS.register(instance=True)``, and the metrics it allows, registered with
+``@metrics.register`` (a Metric subclass whose ``task`` is the task's name). Every module of this
+package whose name does not start with ``_`` is imported below, in name order, so the module is
+the whole change (with the README's task list and its tests).
 
     base   the Task base class and the tensor tasks: classification, regression, language
            modeling over token ids
@@ -12,18 +17,22 @@ class (listed in ``TASKS`` below), with metric classes that name it as their ``t
            multiple_choice, text_perplexity, generation
 """
 
-from rayeval.core.tasks.base import (TOKENS, Classification, Inputs, LanguageModeling,
+import importlib
+import pkgutil
+
+from rayeval.core.tasks.base import (TASKS, TOKENS, Classification, Inputs, LanguageModeling,
                                      Regression, Task, call_model, check_finite_inputs,
                                      logits_of, move, nbytes, pin, repeat, rows_of)
 from rayeval.core.tasks.text import Generation, MultipleChoice, TextPerplexity
 
-TASKS: dict[str, Task] = {t.name: t for t in (
-    Classification(), Regression(), LanguageModeling(), MultipleChoice(), TextPerplexity(),
-    Generation())}
+for _module in sorted(m.name for m in pkgutil.iter_modules(__path__)):
+    if not _module.startswith("_"):
+        importlib.import_module(f"{__name__}.{_module}")
 
 
 def get(name: str) -> Task:
-    return TASKS[name]
+    """The task called ``name``; a RegistryError listing the tasks if there is none."""
+    return TASKS.get(name)
 
 
 __all__ = ["TASKS", "TOKENS", "Inputs", "Task", "get", "call_model", "check_finite_inputs",

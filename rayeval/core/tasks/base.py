@@ -5,7 +5,8 @@ A task owns everything that used to be tested by string across the code base: th
 needs and their checks, turning a pyarrow batch into tensors, row ids for the bootstrap, the
 model's output size, aligning outputs with targets, the metrics it allows, and its fields in the
 content key, and what its data set needs in the sweep file. Adding a task is adding one class
-here (listed in ``TASKS``), with metric classes that name it as their ``task``.
+registered in ``TASKS`` (``@TASKS.register(instance=True)``), with metric classes that name it
+as their ``task`` (``@metrics.register``).
 
 Plain torch and pyarrow: the driver uses tasks to check data and probe the model before Ray
 starts, the workers to evaluate.
@@ -24,11 +25,17 @@ import torch
 from rayeval.io import data
 from rayeval.core import stats
 from rayeval.config.schema import DatasetSpec
+from rayeval import errors
 from rayeval.errors import CheckpointError, DataError, ModelError, traceback_of
-from rayeval.core.metrics import IGNORE, REGISTRY
+from rayeval._internal.registry import Registry
+from rayeval.core import metrics as _metrics
+from rayeval.core.metrics import IGNORE
 
 Inputs = Any      # a tensor, or a mapping of keyword name -> tensor
 TOKENS = "_tokens"  # the state of scored target tokens that an LM pass keeps (evaluate.Accumulator)
+
+# Every task, by name, as an instance: ``@TASKS.register(instance=True)`` on a Task subclass.
+TASKS: Registry[Task] = Registry("task")
 
 
 class Task:
@@ -46,7 +53,7 @@ class Task:
     @property
     def metrics(self) -> dict:
         """The built-in metrics this task allows, by name."""
-        return REGISTRY.get(self.name, {})
+        return _metrics.for_task(self.name)
 
     def spec_problem(self, spec: DatasetSpec) -> tuple[str, str] | None:
         """(key, problem) when the sweep's dataset keys do not suit the task."""
@@ -172,6 +179,7 @@ class Task:
         return None
 
 
+@TASKS.register(instance=True)
 class Classification(Task):
     name = "classification"
     needs = "logits of shape (batch, classes)"
@@ -208,6 +216,7 @@ class Classification(Task):
                             "size")
 
 
+@TASKS.register(instance=True)
 class Regression(Task):
     name = "regression"
     needs = "one prediction per row, shape (batch,) or (batch, 1)"
@@ -235,6 +244,7 @@ class Regression(Task):
         return out.reshape(-1), y
 
 
+@TASKS.register(instance=True)
 class LanguageModeling(Task):
     """Next-token prediction over token-id sequences, right-padded in a batch."""
     name = "language_modeling"
@@ -408,11 +418,14 @@ def _raise_if_not_finite(t: torch.Tensor, table, spec: DatasetSpec, what: str) -
     bad = ~torch.isfinite(t.reshape(t.shape[0], -1)).all(dim=1)
     if bool(bad.any()):
         i = int(bad.nonzero()[0])
+        row_id = None
         if spec.id is not None:
-            row = f"the row with {spec.id} = {data.column_array(table, spec.id)[i].as_py()!r}"
+            row_id = data.column_array(table, spec.id)[i].as_py()
+            row = f"the row with {spec.id} = {row_id!r}"
         else:
             row = f"a row (set {spec.key_path}.id to name it)"
-        raise DataError(f"{what} NaN or infinite values in {row}; drop or fill such rows")
+        raise DataError(f"{what} NaN or infinite values in {row}; drop or fill such rows",
+                        key_path=spec.key_path, row_id=row_id)
 
 
 def _transformed(transform, table, spec: DatasetSpec) -> Inputs:
@@ -422,8 +435,8 @@ def _transformed(transform, table, spec: DatasetSpec) -> Inputs:
     except DataError:
         raise
     except Exception as e:
-        raise DataError(f"{key}: {spec.transform} raised {type(e).__name__}: {e}",
-                        traceback_of(e)) from None
+        raise errors.wrap(e, DataError, f"{key}: {spec.transform} raised", typed=True, sep=" ",
+                          detail=traceback_of(e), key_path=key) from None
     n = table.num_rows
 
     def tensor(name, value):

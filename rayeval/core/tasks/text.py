@@ -40,7 +40,7 @@ from rayeval.io import data
 from rayeval.core import stats
 from rayeval.config.schema import DatasetSpec
 from rayeval.errors import CheckpointError, DataError
-from rayeval.core.tasks.base import Task, logits_of
+from rayeval.core.tasks.base import TASKS, Task, logits_of
 
 LOGITS_BUDGET_BYTES = 512 << 20     # float32 logits one forward pass may produce
 
@@ -149,6 +149,7 @@ class _TextTask(Task):
         raise NotImplementedError
 
 
+@TASKS.register(instance=True)
 class MultipleChoice(_TextTask):
     name = "multiple_choice"
     reads = ("prompt", "choices")
@@ -217,6 +218,7 @@ class MultipleChoice(_TextTask):
         return out, y
 
 
+@TASKS.register(instance=True)
 class TextPerplexity(_TextTask):
     name = "text_perplexity"
     reads = ("text",)
@@ -262,6 +264,7 @@ class TextPerplexity(_TextTask):
         return int(states[TOKENS])
 
 
+@TASKS.register(instance=True)
 class Generation(_TextTask):
     name = "generation"
     reads = ("prompt",)
