@@ -89,8 +89,9 @@ class Metric:
 
 
 # task -> that task's built-in metrics by name. A task's module may register its own metrics
-# (``@metrics.register`` on a Metric subclass naming the task); ``for_task`` sees them once
-# rayeval.core.tasks, which imports every task module, is imported.
+# (``@metrics.register`` on a Metric subclass naming the task); they are there once
+# rayeval.core.tasks, which imports every task module, is imported (the loader, the planner and
+# the worker import it). This module does not import the tasks: they import it.
 REGISTRY: dict[str, Registry[type[Metric]]] = {}
 
 
@@ -112,7 +113,6 @@ def register(cls: type[Metric]) -> type[Metric]:
 
 def for_task(task: str) -> Registry[type[Metric]]:
     """The built-in metrics a task allows, by name (empty for a task without any)."""
-    import rayeval.core.tasks  # noqa: F401 - registers the metrics the task modules define
     return REGISTRY.get(task) or Registry(f"metric for task {task!r}")
 
 

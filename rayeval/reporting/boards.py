@@ -20,7 +20,6 @@ from dataclasses import dataclass, field
 import pyarrow as pa
 
 from rayeval.errors import StoreError
-from rayeval.reporting.render import render_rich, to_csv, to_html, to_json, to_markdown  # noqa: F401 (re-exported)
 
 AGGREGATE = "aggregate"
 

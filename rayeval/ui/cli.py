@@ -235,7 +235,8 @@ def _run(args, out: Console, err: Console) -> int:
     from rayeval._internal.execution.profile import since_process_start
 
     _STARTED["imports"] = since_process_start()
-    from rayeval.reporting.boards import build_board, latest_rows, render_rich
+    from rayeval.reporting.boards import build_board, latest_rows
+    from rayeval.reporting.render import render_rich
     from rayeval.config.loader import load_sweep, with_trackers
     from rayeval.reporting.store import ResultStore
 
@@ -368,8 +369,8 @@ def _stored_rows(args) -> list[dict]:
 
 def _leaderboard(args, out: Console) -> int:
     from rayeval.reporting.boards import (AGGREGATE, aggregates, build_board, columns_of,
-                                        render_rich, resolve_metric, to_csv, to_html, to_json,
-                                        to_markdown)
+                                          resolve_metric)
+    from rayeval.reporting.render import render_rich, to_csv, to_html, to_json, to_markdown
 
     rows = _stored_rows(args)
     code = EXIT_OK if _push(args, rows) else EXIT_CELLS_FAILED

@@ -10,7 +10,8 @@ import pyarrow.dataset as pads
 import pytest
 
 from rayeval.errors import StoreError
-from rayeval.reporting.boards import build_board, latest_rows, to_csv, to_json, to_markdown
+from rayeval.reporting.boards import build_board, latest_rows
+from rayeval.reporting.render import to_csv, to_json, to_markdown
 from rayeval.reporting.store import SCHEMA, ResultStore
 
 
