@@ -116,10 +116,12 @@ def _ours(error: BaseException) -> RayevalError | None:
     return None
 
 
-def classify(error: BaseException, phase_of, started: bool) -> Loss | None:
+def classify(error: BaseException, phase_of, started: bool, workers: int = 0
+             ) -> Loss | None:
     """The loss a failed fit came to, or None when a restart would not help (see the
     module's docstring). ``phase_of(rank)``: where that rank was (the tracker's last word);
-    ``started``: whether this attempt's workers reached their loop."""
+    ``started``: whether this attempt's workers reached their loop; ``workers``: the group's
+    size (a survivor that lost an unnamed peer names it when only one rank is unaccounted)."""
     import ray.train
     from ray.exceptions import RayActorError
 
@@ -136,8 +138,9 @@ def classify(error: BaseException, phase_of, started: bool) -> Loss | None:
         return (phase_of(rank) or "before its first checkpoint") if started else STARTING
 
     for rank in sorted(failures):               # a worker that died says the most
-        if isinstance(failures[rank], RayActorError):
-            return Loss(f"worker rank {rank}", when(rank), first_line(failures[rank]))
+        died = getattr(failures[rank], "health_check_failure", failures[rank])  # Ray wraps
+        if isinstance(died, RayActorError):
+            return Loss(f"worker rank {rank}", when(rank), first_line(died))
     for rank in sorted(failures):
         ours = _ours(failures[rank])
         if isinstance(ours, GroupError):
@@ -145,11 +148,13 @@ def classify(error: BaseException, phase_of, started: bool) -> Loss | None:
                 return Loss(f"worker rank {rank}", when(rank), ours.message, stalled=ours)
             # A survivor saw its peer go (often before Ray's health check saw the death):
             # the peer is the loss, at the phase it last reported.
-            peer = re.search(r"worker rank (\d+) did not reach", ours.message)
+            named = re.search(r"worker rank (\d+) did not reach", ours.message)
+            silent = set(range(workers)) - set(failures)   # the dead raise nothing themselves
+            peer = int(named.group(1)) if named else \
+                (silent.pop() if len(silent) == 1 else None)
             if peer is None:
                 return Loss(f"a peer of worker rank {rank}", when(rank), ours.message)
-            return Loss(f"worker rank {peer.group(1)}", when(int(peer.group(1))),
-                        f"rank {rank}: {ours.message}")
+            return Loss(f"worker rank {peer}", when(peer), f"rank {rank}: {ours.message}")
         if ours is not None:
             return None        # bad input: the tracker has it, a restart would meet it again
     for rank in sorted(failures):
@@ -202,13 +207,14 @@ class Restarting:
 
         while True:
             attempts = ray.get(self.tracker.get_attempts.remote())
+            trainer = self.make_trainer()
             try:
-                return self.make_trainer().fit()
+                return trainer.fit()
             except ray.train.TrainingFailedError as e:
                 error = e
             started = ray.get(self.tracker.get_attempts.remote()) > attempts
             loss = classify(error, lambda r: ray.get(self.tracker.phase_of.remote(r)),
-                            started)
+                            started, trainer.scaling_config.num_workers)
             if loss is None or ray.get(self.tracker.get_fatal.remote()) is not None \
                     or ray.get(self.tracker.stopping.remote()):
                 raise error
