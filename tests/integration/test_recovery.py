@@ -1,7 +1,10 @@
 """Tier 3: failures in a real local Ray run. A worker killed by SIGKILL mid-sweep is replaced
 and the sweep goes on from the first unfinished checkpoint with the numbers of an undisturbed
 run; a worker that hangs fails the run within the stall timeout, naming the worker and the
-checkpoint."""
+checkpoint. A worker lost at any other moment (while the group starts, loading, during the
+all-reduce, while rank 0 publishes: ``recovery``'s test hook RAYEVAL_TEST_KILL, or a SIGKILL
+from here) is survived the same way, and losses beyond recovery.max_restarts fail the run in
+one line naming the rank, the moment and the restarts."""
 
 import os
 import re
