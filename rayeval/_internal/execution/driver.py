@@ -22,7 +22,7 @@ from rayeval.core import tasks
 from rayeval.config.schema import EvalSpec, Sweep
 from rayeval.io.data import inspect_dataset, open_dataset
 from rayeval.io.checkpoints import expand_checkpoints
-from rayeval.errors import DataError, RayevalError, RunError, SpecError
+from rayeval.errors import DataError, RayevalError, RunError, SpecError, reason
 from rayeval.core.evaluate import Decoder, output_size
 from rayeval.io.loading import fit_error
 from rayeval.io.model import ModelSource
@@ -447,9 +447,9 @@ def _raise_failure(error, tracker, sweep: Sweep) -> None:
         raise _worker_error(error, sweep.recovery.max_restarts) from None
     if isinstance(error, ray.train.ControllerError):      # its own first line is a header
         raise RunError(f"the evaluation run failed in Ray Train's controller: "
-                       f"{recovery.first_line(error.controller_failure)}") from None
+                       f"{reason(error.controller_failure, typed=True)}") from None
     if isinstance(error, ray.train.TrainingFailedError):
-        raise RunError(f"the evaluation run failed: {recovery.first_line(error)}") from None
+        raise RunError(f"the evaluation run failed: {reason(error, typed=True)}") from None
     if error is not None:
         raise error
 

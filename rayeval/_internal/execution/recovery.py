@@ -28,7 +28,7 @@ import os
 import re
 from dataclasses import dataclass
 
-from rayeval.errors import GroupError, RayevalError, RunError
+from rayeval.errors import GroupError, RayevalError, RunError, reason
 
 KILL_ENV = "RAYEVAL_TEST_KILL"
 _KILL = os.environ.get(KILL_ENV) or None       # read once, in each worker process
@@ -86,11 +86,6 @@ class Loss:
         return f"{self.what} was lost {self.when} ({self.why})"
 
 
-def first_line(error: BaseException) -> str:
-    lines = [ln.strip() for ln in str(error).splitlines() if ln.strip()]
-    return f"{type(error).__name__}: {lines[0]}" if lines else type(error).__name__
-
-
 def _is_loss(failure: BaseException) -> bool:
     """Whether a controller's own error is a worker (or its node) lost: Ray's errors about
     actors, tasks and objects, and the worker group's start-up failures. A request the
@@ -129,7 +124,7 @@ def classify(error: BaseException, phase_of, started: bool, workers: int = 0
         failure = error.controller_failure
         if not _is_loss(failure):
             return None
-        return Loss("a worker", STARTING, first_line(failure))
+        return Loss("a worker", STARTING, reason(failure, typed=True))
     if not isinstance(error, ray.train.WorkerGroupError):
         return None
     failures = getattr(error, "worker_failures", {}) or {}
@@ -140,7 +135,7 @@ def classify(error: BaseException, phase_of, started: bool, workers: int = 0
     for rank in sorted(failures):               # a worker that died says the most
         died = getattr(failures[rank], "health_check_failure", failures[rank])  # Ray wraps
         if isinstance(died, RayActorError):
-            return Loss(f"worker rank {rank}", when(rank), first_line(died))
+            return Loss(f"worker rank {rank}", when(rank), reason(died, typed=True))
     for rank in sorted(failures):
         ours = _ours(failures[rank])
         if isinstance(ours, GroupError):
@@ -158,7 +153,7 @@ def classify(error: BaseException, phase_of, started: bool, workers: int = 0
         if ours is not None:
             return None        # bad input: the tracker has it, a restart would meet it again
     for rank in sorted(failures):
-        return Loss(f"worker rank {rank}", when(rank), first_line(failures[rank]))
+        return Loss(f"worker rank {rank}", when(rank), reason(failures[rank], typed=True))
     return None
 
 
@@ -185,7 +180,7 @@ def worker_group_error(error, budget: int) -> RayevalError:
         ours = _ours(failure)
         if ours is not None:
             return ours
-    return RunError(f"the evaluation run failed: {first_line(error)}")
+    return RunError(f"the evaluation run failed: {reason(error, typed=True)}")
 
 
 class Restarting:
