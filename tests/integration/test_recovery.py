@@ -1,7 +1,10 @@
 """Tier 3: failures in a real local Ray run. A worker killed by SIGKILL mid-sweep is replaced
 and the sweep goes on from the first unfinished checkpoint with the numbers of an undisturbed
 run; a worker that hangs fails the run within the stall timeout, naming the worker and the
-checkpoint."""
+checkpoint. A worker lost at any other moment (while the group starts, loading, during the
+all-reduce, while rank 0 publishes: ``recovery``'s test hook RAYEVAL_TEST_KILL, or a SIGKILL
+from here) is survived the same way, and losses beyond recovery.max_restarts fail the run in
+one line naming the rank, the moment and the restarts."""
 
 import os
 import re
@@ -93,3 +96,123 @@ def test_a_hung_worker_fails_the_run_in_bounded_time_naming_it(ray_cluster, tmp_
     assert "recovery.max_restarts is 0" in e.value.message
     published = {k[0] for k in stored(sweep)}
     assert f"step_{found.group(2)}.pt" not in published and "step_1.pt" in published
+
+
+# --- A worker lost at any moment (issue 24): the group restarts within the budget --------------
+
+LOST_SEEDS = (1, 2, 3)
+
+
+def lost_sweep(tmp_path, max_restarts=2):
+    # 600 rows: the passes are short; the run's time is the groups' start-up. stall_timeout_s
+    # bounds a survivor's wait on a peer that is gone, should Ray's health check be late.
+    return setup_sweep(tmp_path, 600, seeds=LOST_SEEDS, workers=2,
+                       recovery={"max_restarts": max_restarts, "stall_timeout_s": 30})
+
+
+def run_watched(sweep):
+    """run_sweep, with the progress lines (restarts and why) kept for the assertions."""
+    import io
+
+    from rayeval._internal.execution.coordinator import LineDisplay
+
+    lines = io.StringIO()
+    report = run_sweep(sweep, display=LineDisplay(stream=lines, interval_s=1e9))
+    return report, lines.getvalue()
+
+
+def assert_undisturbed_numbers(sweep, x, y, seeds):
+    got = stored(sweep)
+    for s in seeds:
+        for metric, value in reference_metrics(build_model(seed=s), x, y).items():
+            row = got[(f"step_{s}.pt", metric)]
+            assert row["num_samples"] == len(y), "every row counted exactly once"
+            assert row["world_size"] == 2
+            assert row["value"] == pytest.approx(value, rel=1e-9), (s, metric)
+    assert ResultStore(sweep.output).read().num_rows == len(seeds) * 3, \
+        "one result per cell and metric: no cell was published twice"
+
+
+@pytest.mark.parametrize("kill, when", [
+    ("load:1:1:2", r"while loading \S+/step_2\.pt"),
+    ("reduce:1:1:2", r"during the all-reduce of the states of \S+/step_2\.pt on \S+"),
+    ("publish:0:1:2", r"while publishing \S+/step_2\.pt on \S+"),
+])
+def test_a_worker_lost_at_any_phase_is_replaced_and_the_numbers_are_exact(
+        ray_cluster, tmp_path, monkeypatch, kill, when):
+    monkeypatch.setenv("RAYEVAL_TEST_KILL", kill)     # the worker kills itself (SIGKILL) there
+    sweep, x, y = lost_sweep(tmp_path)
+    report, lines = run_watched(sweep)
+
+    rank = kill.split(":")[1]
+    assert re.search(rf"worker failure: worker rank {rank} was lost {when} \(\w*Error", lines), \
+        lines
+    assert "restarting the worker group (1 of 2, recovery.max_restarts)" in lines, lines
+    assert [o.ok for o in report.outcomes] == [True] * 3, report.outcomes
+    assert [o.attempt for o in report.outcomes] == [1, 2, 2], \
+        "the first checkpoint was kept; the restarted group evaluated the others"
+    assert_undisturbed_numbers(sweep, x, y, LOST_SEEDS)
+
+
+def train_worker_pids() -> set[int]:
+    import psutil
+
+    pids = set()
+    for p in psutil.process_iter(["cmdline"]):
+        if any("RayTrainWorker" in part for part in p.info["cmdline"] or ()):
+            pids.add(p.pid)
+    return pids
+
+
+def test_a_worker_killed_while_the_group_starts_is_survived(ray_cluster, tmp_path):
+    """The real scenario of a node lost during start-up: a worker process SIGKILLed from
+    outside about a second after it appears (the group is still starting on this machine)."""
+    import signal
+
+    sweep, x, y = lost_sweep(tmp_path)
+    before = train_worker_pids()
+    seen, killed, done = set(), [], threading.Event()
+
+    def killer():
+        appeared = None
+        while not done.is_set():
+            pids = train_worker_pids() - before
+            seen.update(pids)
+            if pids and appeared is None:
+                appeared = time.monotonic()
+            if appeared is not None and not killed and time.monotonic() - appeared > 1.0:
+                victim = min(pids or seen)
+                os.kill(victim, signal.SIGKILL)
+                killed.append(victim)
+            time.sleep(0.05)
+
+    thread = threading.Thread(target=killer, daemon=True)
+    thread.start()
+    try:
+        report, lines = run_watched(sweep)
+    finally:
+        done.set()
+        thread.join(5)
+
+    assert killed, "a worker process was killed"
+    assert len(seen) > 2, f"a second worker group started after the loss: {seen}"
+    assert re.search(r"worker failure: a worker was lost while the worker group started \(\w+"
+                     r"Error: .+\); restarting the worker group \(1 of 2", lines), lines
+    assert [o.ok for o in report.outcomes] == [True] * 3, report.outcomes
+    assert_undisturbed_numbers(sweep, x, y, LOST_SEEDS)
+
+
+def test_losses_beyond_the_budget_fail_in_one_line_naming_what_was_lost_and_when(
+        ray_cluster, tmp_path, monkeypatch):
+    from rayeval.errors import RunError
+
+    monkeypatch.setenv("RAYEVAL_TEST_KILL", "publish:0:*")     # rank 0, in every attempt
+    sweep, _, _ = lost_sweep(tmp_path, max_restarts=1)
+    with pytest.raises(RunError) as e:
+        run_sweep(sweep)
+    message = e.value.message
+    assert "\n" not in message, message
+    assert re.fullmatch(r"worker rank 0 was lost while publishing \S+/step_1\.pt on \S+ after "
+                        r"1 restart\(s\) \(recovery\.max_restarts: 1\): \w*Error: .+", message), \
+        message
+    assert not stored(sweep), "nothing was published"

@@ -38,10 +38,13 @@ class Tracker:
         self.queue: list = []                     # standing group: (index, Cell) to evaluate
         self.taken: list = []                     # handed to the group, maybe unfinished
         self.closed = False                       # standing group: no more cells will come
+        self.phases: dict[int, str] = {}          # rank -> where it is, this attempt (a loss
+                                                  # says it: ``recovery``)
 
     def start_attempt(self) -> int:
         self.attempts += 1
         self.in_flight.clear()      # the nodes are not cleared: another rank may have said hello
+        self.phases.clear()
         # A standing group (watch) that restarts takes again the cells it had not finished.
         self.queue = [c for c in self.taken if c[1] not in self.outcomes] + self.queue
         self.taken = []
@@ -93,6 +96,15 @@ class Tracker:
 
     def stop(self) -> None:
         self.stop_requested = True
+
+    def stopping(self) -> bool:
+        return self.stop_requested
+
+    def phase(self, rank: int, where: str) -> None:
+        self.phases[rank] = where
+
+    def phase_of(self, rank: int) -> str | None:
+        return self.phases.get(rank)
 
     def cell_error(self, key: str, message: str, detail: str | None = None) -> None:
         if key not in self.errors:
@@ -211,6 +223,17 @@ class WorkerProgress:
     def finish(self, key: str, outcome) -> None:
         if self.tracker is not None:
             self._get(self.tracker.finish.remote(key, outcome))
+
+    def attempt(self) -> int:
+        """The attempt the tracker has open now (1 without one)."""
+        return self._get(self.tracker.get_attempts.remote()) if self.tracker is not None else 1
+
+    def phase(self, where: str):
+        """Where this rank is (``during the pass over ...``), for the error if it is lost:
+        fire-and-forget; the reference is returned for the one caller that must wait."""
+        if self.tracker is not None:
+            return self.tracker.phase.remote(self.rank, where)
+        return None
 
     def take(self):
         """Rank 0 of a standing group: the next cells (see ``Tracker.take``)."""

@@ -17,12 +17,12 @@ import uuid
 from dataclasses import dataclass, field
 
 from rayeval.io import paths
-from rayeval._internal.execution import signals
+from rayeval._internal.execution import recovery, signals
 from rayeval.core import tasks
 from rayeval.config.schema import EvalSpec, Sweep
 from rayeval.io.data import inspect_dataset, open_dataset
 from rayeval.io.checkpoints import expand_checkpoints
-from rayeval.errors import DataError, GroupError, RayevalError, RunError, SpecError
+from rayeval.errors import DataError, RayevalError, RunError, SpecError, reason
 from rayeval.core.evaluate import Decoder, output_size
 from rayeval.io.loading import fit_error
 from rayeval.io.model import ModelSource
@@ -312,7 +312,8 @@ def evaluate(plan: Plan, display=None, on_cell=None, timer: Timer | None = None)
             [(c.key, c.checkpoint.location, plan.evaluation(c.evaluation).data.num_rows)
              for c in plan.cells])
         try:
-            fit = Fit(_trainer(plan, tracker), "rayeval-fit")
+            fit = Fit(recovery.Restarting(lambda: _trainer(plan, tracker), tracker,
+                                          sweep.recovery.max_restarts), "rayeval-fit")
             follow(tracker, fit, display, on_cell)
             _raise_failure(fit.error, tracker, sweep)
             finished = ray.get(tracker.results.remote())
@@ -427,13 +428,15 @@ def _trainer(plan: Plan, tracker, standing: bool = False):
             resources_per_worker=dict(sweep.resources_per_worker) or None),
         run_config=ray.train.RunConfig(
             name=f"rayeval-{sweep.name}-{uuid.uuid4().hex[:8]}",
-            failure_config=ray.train.FailureConfig(max_failures=sweep.recovery.max_restarts)),
+            failure_config=recovery.failure_config(),      # restarts: recovery.Restarting
+            worker_runtime_env=recovery.worker_env()),
     )
 
 
 def _raise_failure(error, tracker, sweep: Sweep) -> None:
     """Raise what ended a fit badly: bad input a worker met, the worker group's failure
-    (restarts spent), or any other error; nothing when it ended well."""
+    (restarts spent: ``recovery.Restarting`` says what was lost and when), or any other
+    error; nothing when it ended well."""
     import ray
     import ray.train
 
@@ -442,8 +445,11 @@ def _raise_failure(error, tracker, sweep: Sweep) -> None:
         raise fatal
     if isinstance(error, ray.train.WorkerGroupError):
         raise _worker_error(error, sweep.recovery.max_restarts) from None
+    if isinstance(error, ray.train.ControllerError):      # its own first line is a header
+        raise RunError(f"the evaluation run failed in Ray Train's controller: "
+                       f"{reason(error.controller_failure, typed=True)}") from None
     if isinstance(error, ray.train.TrainingFailedError):
-        raise RunError(f"the evaluation run failed: {str(error).splitlines()[0]}") from None
+        raise RunError(f"the evaluation run failed: {reason(error, typed=True)}") from None
     if error is not None:
         raise error
 
@@ -464,7 +470,9 @@ class Standing:
                     failed=())
         self.env = contextlib.ExitStack()                 # until close: see evaluate()
         self.env.enter_context(quick_health_checks())
-        self.fit = Fit(_trainer(plan, self.tracker, standing=True), "rayeval-standing")
+        self.fit = Fit(recovery.Restarting(lambda: _trainer(plan, self.tracker, standing=True),
+                                           self.tracker, sweep.recovery.max_restarts),
+                       "rayeval-standing")
 
     @property
     def alive(self) -> bool:
@@ -524,27 +532,5 @@ def _wind_down(interrupt: KeyboardInterrupt, tracker, thread) -> KeyboardInterru
 
 
 def _worker_error(e, restarts: int) -> RayevalError:
-    """The most telling error from a failed worker group: a worker that died, then one of ours
-    (a stalled rank, bad data), else the first rank's message."""
-    from ray.exceptions import RayActorError
-
-    failures = getattr(e, "worker_failures", {}) or {}
-    spent = (f" after {restarts} restart(s) (recovery.max_restarts)" if restarts else
-             " (recovery.max_restarts is 0)")
-    for rank in sorted(failures):
-        if isinstance(failures[rank], RayActorError):
-            return RunError(f"worker rank {rank} died{spent}; see the worker logs "
-                            "(--verbose) for why: killed, out of memory, or a crash")
-    for rank in sorted(failures):
-        err = failures[rank]
-        while err is not None:
-            if isinstance(err, GroupError):
-                return GroupError(f"{err.message}{spent}")
-            if isinstance(err, RayevalError):
-                return err
-            err = err.__cause__ or getattr(err, "cause", None)
-    for rank in sorted(failures):
-        lines = [ln for ln in str(failures[rank]).splitlines() if ln.strip()]
-        return RunError(f"worker {rank} failed{spent}: {lines[-1] if lines else failures[rank]!r};"
-                        " run with --verbose for the worker logs")
-    return RunError(f"the evaluation run failed: {str(e).splitlines()[0]}")
+    """The most telling error from a failed worker group (``recovery.worker_group_error``)."""
+    return recovery.worker_group_error(e, restarts)

@@ -26,7 +26,7 @@ import ray.train
 import ray.train.torch
 import torch
 
-from rayeval._internal.execution import dist
+from rayeval._internal.execution import dist, recovery
 from rayeval.io import layouts
 from rayeval.core import tasks
 from rayeval.io.checkpoints import fetch
@@ -357,6 +357,7 @@ class Worker:
         for i, (ref, fingerprint, group) in enumerate(pending):
             start = time.perf_counter()
             self.progress.rows(self.index_of[group[0].key], 0, force=True)
+            self.mark("load", f"while loading {ref.location}")
             with self.timer.span("load"):
                 model, raw, error = self.load_and_agree(ref, fingerprint)
             if i + 1 < len(pending):      # the next one comes in while this one runs
@@ -408,6 +409,13 @@ class Worker:
         self.loaded_rss = peak_rss()
         return loaded[0], loaded[1], None
 
+    def mark(self, phase: str, where: str) -> None:
+        """Tell the tracker where this rank is (an error after its loss says it), then the
+        test hook's fault point (``recovery.fault_point``), which waits for that word."""
+        said = self.progress.phase(where)
+        recovery.fault_point(phase, self.rank, self.progress.attempt,
+                             before=lambda: said is not None and ray.get(said, timeout=10))
+
     def agree(self, location: str, step, where: str) -> str | None:
         """Run one loading step on every rank; why it failed (on any rank), or None."""
         error = None
@@ -444,6 +452,7 @@ class Worker:
         shard = self.shards[ev.name]
         streamed = not shard.use_cache        # read and decoded (not from the kept shard)
         began = time.perf_counter()
+        self.mark("pass", f"during the pass over {cell.checkpoint.location} on {ev.name}")
         with self.timer.span("pass"):
             states, error, stopped = self.one_pass(model, cell, ev)
         if streamed:
@@ -455,6 +464,8 @@ class Worker:
         states[_CACHE_OVERFLOW] = torch.tensor(int(shard.overflowed), dtype=torch.int64)
         states[_STOP] = torch.tensor(int(stopped or self.progress.stopping()), dtype=torch.int64)
         where = f"the end of the pass over {cell.checkpoint.location} on {ev.name}"
+        self.mark("reduce", f"during the all-reduce of the states of "
+                            f"{cell.checkpoint.location} on {ev.name}")
         with self.timer.span("reduce"):
             dist.sync(where, self.timeout)
             merged = dist.all_reduce_states(states, where, self.timeout)   # the one reduce
@@ -473,6 +484,7 @@ class Worker:
                 "see the worker logs"))
         if self.rank != 0:
             return None
+        self.mark("publish", f"while publishing {cell.checkpoint.location} on {ev.name}")
         with self.timer.span("publish"):
             return self.publish(cell, ev, merged, step, layout, start)
 
