@@ -13,6 +13,8 @@ sweep file gives it (``yaml=None``: internal, not a sweep-file key). The loader'
 from __future__ import annotations
 
 import dataclasses
+import types
+import typing
 from dataclasses import dataclass
 from typing import Any, Iterator
 
@@ -54,6 +56,17 @@ def sweep_fields(cls) -> Iterator[tuple[str, dataclasses.Field]]:
 def keys(cls) -> set[str]:
     """The sweep-file keys of a section: what the loader accepts in its mapping."""
     return {key for key, _ in sweep_fields(cls)}
+
+
+def section(cls, f: dataclasses.Field) -> tuple[type, bool] | None:
+    """The schema dataclass a field of ``cls`` holds and whether it holds a tuple of them;
+    None for a plain value."""
+    hint = typing.get_type_hints(cls)[f.name]
+    many = typing.get_origin(hint) is tuple
+    args = typing.get_args(hint) if many or typing.get_origin(hint) in (
+        typing.Union, types.UnionType) else (hint,)
+    found = [a for a in args if dataclasses.is_dataclass(a) and isinstance(a, type)]
+    return (found[0], many) if found else None
 
 
 def numbers_of(value: Any, text: bool) -> Any:

@@ -150,29 +150,21 @@ CACHED = [
 
 
 def _schema_classes():
+    """Every schema dataclass a Sweep holds, directly or inside another."""
     seen, todo = [], [schema.Sweep]
     while todo:
         cls = todo.pop()
-        if cls in seen:
-            continue
-        seen.append(cls)
-        for f in dataclasses.fields(cls):
-            todo += [c for c in _nested(f)]
+        if cls not in seen:
+            seen.append(cls)
+            todo += [held[0] for f in dataclasses.fields(cls)
+                     if (held := schema.section(cls, f))]
     return seen
-
-
-def _nested(f):
-    """The schema dataclasses a field's type names (a section, or a tuple of them)."""
-    return [c for name, c in vars(schema).items()
-            if dataclasses.is_dataclass(c) and isinstance(c, type)
-            and name in str(f.type).replace("[", " ").replace("|", " ").replace(",", " ")
-            .replace("]", " ").split()]
 
 
 def _leaves(which):
     """'Class.field' of every leaf field (not a section) whose declaration ``which`` takes."""
     return {f"{cls.__name__}.{f.name}" for cls in _schema_classes()
-            for f in dataclasses.fields(cls) if not _nested(f) and which(f)}
+            for f in dataclasses.fields(cls) if not schema.section(cls, f) and which(f)}
 
 
 def test_every_field_has_a_doc_and_declares_whether_it_changes_numbers():
