@@ -354,7 +354,8 @@ class Sweep:
                           yaml=None)
     checkpoint: CheckpointSpec = setting("How a checkpoint's state dict is found.",
                                          numbers=True, default=CheckpointSpec())
-    recovery: Recovery = setting("Restarts after a worker fails or stalls.", numbers=False, default=Recovery())
+    recovery: Recovery = setting("Restarts after a worker fails or stalls.", numbers=False,
+                                 default=Recovery())
     resources_per_worker: tuple[tuple[str, float], ...] = setting(
         "Ray resources each worker holds.", numbers=False, default=())
     watch: WatchSpec = setting("What `rayeval watch` waits for.", numbers=False,
