@@ -13,6 +13,7 @@ from typing import Any
 import yaml
 
 from rayeval.io import paths
+from rayeval.config import schema
 from rayeval.config.schema import (DTYPE_NAMES, WATCH_ORDERS, Bootstrap, CheckpointSpec,
                                    DatasetSpec, EvalSpec, Generation, ModelSpec, MlflowTracker,
                                    Parallelism, Recovery, Sweep, Trackers, WANDB_MODES,
@@ -22,21 +23,27 @@ from rayeval.core.metrics import parse_metric
 from rayeval.core.tasks import TASKS
 
 
-SWEEP_KEYS = {
-    "name", "model", "checkpoints", "batch_size", "workers", "use_gpu", "output", "bootstrap",
-    "checkpoint", "recovery", "resources_per_worker", "watch", "parallelism",
-    "trackers",
-}
-SINGLE_FORM_KEYS = {"dataset", "task", "metrics", "generation"}   # the one-evaluation form
-EVAL_KEYS = {"name", "task", "dataset", "metrics", "batch_size", "bootstrap", "generation"}
-DATASET_KEYS = {"path", "inputs", "target", "id", "transform", "ignore_index", "pad_id",
-                "prompt", "choices", "text", "delimiter"}
-MODEL_KEYS = {"factory", "kwargs", "dtype", "tokenizer", "max_length"}
-GENERATION_KEYS = {"until", "max_new_tokens"}
-PARALLELISM_KEYS = {"shard", "wrap"}
-TRACKERS_KEYS = {"mlflow", "wandb"}
-MLFLOW_KEYS = {"uri", "experiment", "run_id"}
-WANDB_KEYS = {"project", "entity", "run_id", "mode"}
+# The keys each mapping accepts, walked from the schema's fields (``schema.keys``): a field
+# added there is a key here. ``evals`` entries' own keys that the top level may give as every
+# evaluation's default (``sweep_default``: batch_size, bootstrap) are top-level keys too.
+EVAL_KEYS = schema.keys(EvalSpec)
+SWEEP_KEYS = schema.keys(Sweep) | {k for k, f in schema.sweep_fields(EvalSpec)
+                                   if f.metadata["sweep_default"]}
+SINGLE_FORM_KEYS = EVAL_KEYS - SWEEP_KEYS     # the one-evaluation form: dataset, task, ...
+SINGLE_FORM_DATASET_KEYS = {f.metadata["single_form"].split(".", 1)[1]   # dataset.name
+                            for _, f in schema.sweep_fields(EvalSpec)
+                            if f.metadata["single_form"]}
+DATASET_KEYS = schema.keys(DatasetSpec)
+MODEL_KEYS = schema.keys(ModelSpec)
+GENERATION_KEYS = schema.keys(Generation)
+PARALLELISM_KEYS = schema.keys(Parallelism)
+TRACKERS_KEYS = schema.keys(Trackers)
+MLFLOW_KEYS = schema.keys(MlflowTracker)
+WANDB_KEYS = schema.keys(WandbTracker)
+CHECKPOINT_KEYS = schema.keys(CheckpointSpec)
+RECOVERY_KEYS = schema.keys(Recovery)
+BOOTSTRAP_KEYS = schema.keys(Bootstrap)
+WATCH_KEYS = schema.keys(WatchSpec)
 
 
 def with_overrides(sweep: Sweep, *, workers: int | None = None,
@@ -83,9 +90,9 @@ def load_sweep(path: str) -> Sweep:
 def parse_sweep(raw: Any, *, base_dir: str, source: str = "<sweep>") -> Sweep:
     """Validate an already-parsed sweep mapping (what ``load_sweep`` reads from YAML)."""
     r = _Reader(source)
-    top = r.mapping(raw, "", SWEEP_KEYS | SINGLE_FORM_KEYS | {"evals"})
-    batch_size = r.integer(top, "batch_size", default=256, minimum=1)
-    bootstrap = _bootstrap(r, r.get(top, "bootstrap", default={}), "bootstrap", Bootstrap())
+    top = r.mapping(raw, "", SWEEP_KEYS | SINGLE_FORM_KEYS)
+    batch_size = r.integer(top, "batch_size", default=EvalSpec.batch_size, minimum=1)
+    bootstrap = _bootstrap(r, r.get(top, "bootstrap", default={}), "bootstrap", EvalSpec.bootstrap)
     if "evals" in top:
         both = sorted(k for k in SINGLE_FORM_KEYS if k in top)
         if both:
@@ -96,7 +103,7 @@ def parse_sweep(raw: Any, *, base_dir: str, source: str = "<sweep>") -> Sweep:
         missing = [k for k in ("dataset", "task", "metrics") if top.get(k) is None]
         if missing:
             r.fail(missing[0], "missing required key (or list the evaluations under evals:)")
-        ds_raw = r.mapping(top["dataset"], "dataset", DATASET_KEYS | {"name"})
+        ds_raw = r.mapping(top["dataset"], "dataset", DATASET_KEYS | SINGLE_FORM_DATASET_KEYS)
         name = r.string(ds_raw, "name", path="dataset.name")
         if name is not None and ("/" in name or name == "aggregate"):
             r.fail("dataset.name", f"{name!r} cannot name an evaluation ('/' separates the "
@@ -106,7 +113,7 @@ def parse_sweep(raw: Any, *, base_dir: str, source: str = "<sweep>") -> Sweep:
             name = _stem(paths.resolve(r.string(ds_raw, "path", path="dataset.path",
                                                 required=True), base_dir))
         evals = (_evaluation(r, {**top, "name": name}, "", base_dir, batch_size, bootstrap,
-                             dataset_extra={"name"}),)
+                             dataset_extra=SINGLE_FORM_DATASET_KEYS),)
     model = _model(r, top, base_dir)
     text = [e for e in evals if TASKS[e.task].uses_text]
     if text and not model.hugging_face and model.tokenizer is None:
@@ -229,9 +236,10 @@ def _dataset(r: "_Reader", raw: Any, path: str, task: str, base_dir: str,
         path=location, inputs=inputs,
         target=r.string(m, "target", path=f"{path}.target", required=TASKS[task].needs_target),
         id=r.string(m, "id", path=f"{path}.id"), transform=transform,
-        ignore_index=r.integer(m, "ignore_index", default=-100, minimum=None,
+        ignore_index=r.integer(m, "ignore_index", default=DatasetSpec.ignore_index, minimum=None,
                                path=f"{path}.ignore_index"),
-        pad_id=r.integer(m, "pad_id", default=0, minimum=0, path=f"{path}.pad_id"),
+        pad_id=r.integer(m, "pad_id", default=DatasetSpec.pad_id, minimum=0,
+                         path=f"{path}.pad_id"),
         prompt=r.string(m, "prompt", path=f"{path}.prompt"),
         choices=r.string(m, "choices", path=f"{path}.choices"),
         text=r.string(m, "text", path=f"{path}.text"),
@@ -244,7 +252,7 @@ def _dataset(r: "_Reader", raw: Any, path: str, task: str, base_dir: str,
 
 
 def _delimiter(r: "_Reader", m: dict, path: str) -> str:
-    value = r.get(m, "delimiter", path=path, default=" ")
+    value = r.get(m, "delimiter", path=path, default=DatasetSpec.delimiter)
     if not isinstance(value, str):
         r.fail(path, f"expected a string (\" \" by default, \"\" for none), got {_show(value)}")
     return value
@@ -292,12 +300,12 @@ def _checkpoints(r: "_Reader", top: dict, base_dir: str) -> tuple[str, ...]:
 
 
 def _checkpoint(r: "_Reader", top: dict) -> CheckpointSpec:
-    m = r.mapping(r.get(top, "checkpoint", default={}), "checkpoint",
-                  {"key", "strip_prefix", "trust_pickle"})
+    m = r.mapping(r.get(top, "checkpoint", default={}), "checkpoint", CHECKPOINT_KEYS)
     return CheckpointSpec(
         key=r.string(m, "key", path="checkpoint.key"),
         strip_prefix=r.string(m, "strip_prefix", path="checkpoint.strip_prefix"),
-        trust_pickle=r.boolean(m, "trust_pickle", default=False, path="checkpoint.trust_pickle"),
+        trust_pickle=r.boolean(m, "trust_pickle", default=CheckpointSpec.trust_pickle,
+                               path="checkpoint.trust_pickle"),
     )
 
 
@@ -318,7 +326,7 @@ def watch_spec(raw: Any, *, source: str = "<sweep>", base: WatchSpec = WatchSpec
     """The ``watch:`` mapping (or the CLI's ``--ready``/``--order`` over ``base``, with
     ``prefix="--"``): keys left out come from ``base``."""
     r = _Reader(source)
-    m = r.mapping(raw, prefix.rstrip("."), {"ready", "order"}) if prefix == "watch." else raw
+    m = r.mapping(raw, prefix.rstrip("."), WATCH_KEYS) if prefix == "watch." else raw
     ready = m.get("ready", base.ready)
     if ready is not None and (not isinstance(ready, str) or not ready.strip() or "/" in ready
                               or ready.count("*") > 1):
@@ -394,7 +402,8 @@ def with_trackers(sweep: Sweep, *, mlflow: str | None = None,
 
 def _parallelism(r: "_Reader", top: dict) -> Parallelism:
     m = r.mapping(r.get(top, "parallelism", default={}), "parallelism", PARALLELISM_KEYS)
-    shard = r.integer(m, "shard", default=1, minimum=1, path="parallelism.shard")
+    shard = r.integer(m, "shard", default=Parallelism.shard, minimum=1,
+                      path="parallelism.shard")
     wrap = m.get("wrap", [])
     if isinstance(wrap, str):
         wrap = [wrap]
@@ -410,8 +419,7 @@ def _parallelism(r: "_Reader", top: dict) -> Parallelism:
 
 
 def _recovery(r: "_Reader", top: dict) -> Recovery:
-    m = r.mapping(r.get(top, "recovery", default={}), "recovery",
-                  {"max_restarts", "stall_timeout_s"})
+    m = r.mapping(r.get(top, "recovery", default={}), "recovery", RECOVERY_KEYS)
     return Recovery(
         max_restarts=r.integer(m, "max_restarts", default=Recovery.max_restarts,
                                minimum=0, path="recovery.max_restarts"),
@@ -445,7 +453,7 @@ def is_relative_local(value: str) -> bool:
 
 def _bootstrap(r: "_Reader", raw, path: str, base: Bootstrap) -> Bootstrap:
     """A ``bootstrap:`` mapping; keys it leaves out come from ``base`` (the sweep's)."""
-    m = r.mapping(raw, path, {"replicates", "confidence", "seed", "buckets"})
+    m = r.mapping(raw, path, BOOTSTRAP_KEYS)
     confidence = r.get(m, "confidence", path=f"{path}.confidence", default=base.confidence)
     if isinstance(confidence, bool) or not isinstance(confidence, (int, float)) \
             or not 0 < confidence < 1:

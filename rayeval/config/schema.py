@@ -2,24 +2,106 @@
 
 A leaf module: it imports nothing of rayeval's and neither torch nor Ray, so every other module
 (and a user's tooling) can hold a sweep without pulling in checkpoint readers or a cluster.
-``spec.load_sweep`` builds these from YAML; raw dicts go no further than that loader.
+``loader.load_sweep`` builds these from YAML; raw dicts go no further than that loader.
+
+The single source: every field is declared with ``setting(doc, numbers=...)``: what it means,
+whether it changes a cell's numbers (and so belongs in the cell's cache key), and the key the
+sweep file gives it (``yaml=None``: internal, not a sweep-file key). The loader's key sets,
+``plan.cells.cell_key`` and the README test all walk these declarations.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field
-from typing import Any
+import types
+import typing
+from dataclasses import dataclass
+from typing import Any, Iterator
 
 DTYPE_NAMES = ("float32", "float16", "bfloat16", "float64")
+
+TEXT = "text"     # ``numbers=TEXT``: changes the numbers of text tasks' cells only
+_SAME = object()  # ``yaml=_SAME``: the sweep-file key is the field's name
+
+
+def setting(doc: str, *, numbers: bool | str, default: Any = dataclasses.MISSING,
+            default_factory: Any = dataclasses.MISSING, yaml: str | None | object = _SAME,
+            sweep_default: bool = False, single_form: str | None = None) -> Any:
+    """A dataclass field with its declaration. ``numbers``: True when a different value gives
+    a cell different stored results (its numbers, or the labels its rows carry), False when it
+    does not (how fast, where, who is told), ``TEXT`` when only text tasks' cells change.
+    ``sweep_default``: an evaluation key the sweep's top level may also give, as the default
+    of every evaluation. ``single_form``: the key that gives it in the one-evaluation form."""
+    if numbers not in (True, False, TEXT):
+        raise ValueError(f"numbers must be True, False or TEXT, got {numbers!r}")
+    meta = {"doc": doc, "numbers": numbers, "sweep_default": sweep_default,
+            "single_form": single_form}
+    if yaml is not _SAME:
+        meta["yaml"] = yaml
+    return dataclasses.field(default=default, default_factory=default_factory, metadata=meta)
+
+
+def yaml_key(f: dataclasses.Field) -> str | None:
+    """The sweep-file key of a field; None for an internal one."""
+    return f.metadata.get("yaml", f.name)
+
+
+def sweep_fields(cls) -> Iterator[tuple[str, dataclasses.Field]]:
+    """(sweep-file key, field) of each field of ``cls`` the sweep file may give."""
+    for f in dataclasses.fields(cls):
+        if yaml_key(f) is not None:
+            yield yaml_key(f), f
+
+
+def keys(cls) -> set[str]:
+    """The sweep-file keys of a section: what the loader accepts in its mapping."""
+    return {key for key, _ in sweep_fields(cls)}
+
+
+def section(cls, f: dataclasses.Field) -> tuple[type, bool] | None:
+    """The schema dataclass a field of ``cls`` holds and whether it holds a tuple of them;
+    None for a plain value."""
+    hint = typing.get_type_hints(cls)[f.name]
+    many = typing.get_origin(hint) is tuple
+    args = typing.get_args(hint) if many or typing.get_origin(hint) in (
+        typing.Union, types.UnionType) else (hint,)
+    found = [a for a in args if dataclasses.is_dataclass(a) and isinstance(a, type)]
+    return (found[0], many) if found else None
+
+
+def numbers_of(value: Any, text: bool) -> Any:
+    """The parts of a spec that change a cell's numbers, as plain JSON-able data: each
+    dataclass walked field by field (nested ones and tuples of them too), keeping the fields
+    declared ``numbers=True`` (and ``TEXT`` ones when ``text``). A field added to the schema
+    is in every key that walks it: its declaration cannot be forgotten."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        out = {}
+        for f in dataclasses.fields(value):
+            flag = f.metadata["numbers"]
+            if flag is True or (flag == TEXT and text):
+                out[f.name] = numbers_of(getattr(value, f.name), text)
+        return out
+    if isinstance(value, (tuple, list)):
+        return [numbers_of(v, text) for v in value]
+    if isinstance(value, dict):
+        return {str(k): numbers_of(v, text) for k, v in value.items()}
+    return value
 
 
 @dataclass(frozen=True)
 class Bootstrap:
-    replicates: int = 1000
-    confidence: float = 0.95
-    seed: int = 0
-    buckets: int = 1024
+    replicates: int = setting(
+        "Bootstrap replicates for confidence intervals; 0 turns intervals off. Changes the "
+        "stored intervals.", numbers=True, default=1000)
+    confidence: float = setting(
+        "The intervals' confidence level: a different level stores different ci_low/ci_high.",
+        numbers=True, default=0.95)
+    seed: int = setting(
+        "Seeds the row buckets and replicate weights: another seed, other resamples.",
+        numbers=True, default=0)
+    buckets: int = setting(
+        "Hashed row buckets the replicate states keep: how rows are grouped for resampling.",
+        numbers=True, default=1024)
 
     @property
     def enabled(self) -> bool:
@@ -43,20 +125,36 @@ OFF = Bootstrap(replicates=0)
 @dataclass(frozen=True)
 class CheckpointSpec:
     """The sweep's ``checkpoint:`` section."""
-    key: str | None = None            # dotted path to the state dict inside the checkpoint
-    strip_prefix: str | None = None   # a prefix to remove from every key
-    trust_pickle: bool = False        # allow full pickles (runs their code), with a warning
+    key: str | None = setting(
+        "Dotted path to the state dict inside the checkpoint: another key, other weights.",
+        numbers=True, default=None)
+    strip_prefix: str | None = setting(
+        "A prefix removed from every key: decides which tensors fill which parameters.",
+        numbers=True, default=None)
+    trust_pickle: bool = setting(
+        "Allow full pickles (runs their code), with a warning. Only decides whether such a "
+        "file loads at all; a file that loads gives the same weights either way.",
+        numbers=False, default=False)
 
 
 @dataclass(frozen=True)
 class MetricSpec:
     """A metric as the sweep names it: a registry name or a custom ``module:Class``, plus
-    validated parameters. ``metrics.build`` turns it into a Metric."""
-    name: str
-    task: str
-    params: tuple[tuple[str, Any], ...] = ()
-    base_dir: str = ""                      # where a custom metric's module is found
-    key: str = ""                           # the name results are stored under
+    validated parameters. ``metrics.build`` turns it into a Metric. Not sweep-file keys: the
+    ``metrics`` list's entries are parsed by ``core.metrics.parse_metric``."""
+    name: str = setting("The registry name or custom 'module:Class'.", numbers=True,
+                        yaml=None)
+    task: str = setting("The evaluation's task the metric is built for.", numbers=True,
+                        yaml=None)
+    params: tuple[tuple[str, Any], ...] = setting(
+        "Validated parameters (k, bins, ...): they change what is computed.", numbers=True,
+        default=(), yaml=None)
+    base_dir: str = setting(
+        "Where a custom metric's module is found. Not in the key itself: the module's source "
+        "digest is, so moving the same code elsewhere reuses its results.", numbers=False,
+        default="", yaml=None)
+    key: str = setting("The name results are stored under (top5_accuracy): rows carry it.",
+                       numbers=True, default="", yaml=None)
 
     @property
     def custom(self) -> bool:
@@ -67,11 +165,20 @@ class MetricSpec:
 class ModelSpec:
     """The sweep's ``model:`` section. Without a factory the checkpoints are Hugging Face
     folders: the model is built from each folder's config.json, its tokenizer read beside it."""
-    factory: str | None = None           # "module:callable"; None: Hugging Face folders
-    kwargs: dict = field(default_factory=dict)
-    dtype: str | None = None             # evaluation dtype; None: the model's own
-    tokenizer: str | None = None         # resolved location of a tokenizer folder (text tasks)
-    max_length: int | None = None        # text tasks: the context; None: from the config
+    factory: str | None = setting(
+        "'module:callable' building the model; None: Hugging Face folders. The module's "
+        "source digest is in the key too.", numbers=True, default=None)
+    kwargs: dict = setting("Keyword arguments for the factory: another model.", numbers=True,
+                           default_factory=dict)
+    dtype: str | None = setting("Evaluation dtype; None: the model's own.", numbers=True,
+                                default=None)
+    tokenizer: str | None = setting(
+        "Resolved location of a tokenizer folder (text tasks); its files' fingerprint is in "
+        "text cells' keys as well, since a folder at the same place may be rewritten.",
+        numbers=TEXT, default=None)
+    max_length: int | None = setting(
+        "Text tasks: the context in tokens (rolling windows, truncation); None: from the "
+        "config.", numbers=TEXT, default=None)
 
     @property
     def hugging_face(self) -> bool:
@@ -80,18 +187,33 @@ class ModelSpec:
 
 @dataclass(frozen=True)
 class DatasetSpec:
-    path: str                            # resolved location: file, folder or glob
-    inputs: tuple[str, ...] = ()         # columns fed to the model (several: as keywords)
-    target: str | None = None
-    id: str | None = None
-    transform: str | None = None         # "module:callable": pyarrow batch -> model inputs
-    ignore_index: int = -100             # language modeling: target ids that are not scored
-    pad_id: int = 0                      # language modeling: fills short input sequences
-    prompt: str | None = None            # text tasks: the column of prompts (strings)
-    choices: str | None = None           # multiple choice: the column of lists of choices
-    text: str | None = None              # text perplexity: the column of documents
-    delimiter: str = " "                 # multiple choice: put between prompt and choice
-    key_path: str = "dataset"            # where it is in the sweep file, for messages
+    path: str = setting(
+        "Resolved location: file, folder or glob. Not in the key itself: the data "
+        "fingerprint is, and it names every file the location resolves to (with its size, "
+        "modification time and the schema), so an equivalent spelling of the same files "
+        "reuses results and any other files are a new cell.", numbers=False)
+    inputs: tuple[str, ...] = setting("Columns fed to the model (several: as keywords).",
+                                      numbers=True, default=())
+    target: str | None = setting("The column scored against.", numbers=True, default=None)
+    id: str | None = setting("The row-id column that keys each row's bootstrap weights.",
+                             numbers=True, default=None)
+    transform: str | None = setting(
+        "'module:callable': pyarrow batch -> model inputs; its module's source digest is in "
+        "the key too.", numbers=True, default=None)
+    ignore_index: int = setting("Language modeling: target ids that are not scored.",
+                                numbers=True, default=-100)
+    pad_id: int = setting("Language modeling: fills short input sequences.", numbers=True,
+                          default=0)
+    prompt: str | None = setting("Text tasks: the column of prompts (strings).", numbers=True,
+                                 default=None)
+    choices: str | None = setting("Multiple choice: the column of lists of choices.",
+                                  numbers=True, default=None)
+    text: str | None = setting("Text perplexity: the column of documents.", numbers=True,
+                               default=None)
+    delimiter: str = setting("Multiple choice: put between prompt and choice.", numbers=True,
+                             default=" ")
+    key_path: str = setting("Where it is in the sweep file, for messages.", numbers=False,
+                            default="dataset", yaml=None)
 
     @property
     def columns(self) -> list[str] | None:
@@ -106,21 +228,28 @@ class DatasetSpec:
 @dataclass(frozen=True)
 class Generation:
     """How a generation task decodes: greedily, until a stop string or a token budget."""
-    until: tuple[str, ...] = ()          # stop strings; the end-of-sequence token always stops
-    max_new_tokens: int = 256
+    until: tuple[str, ...] = setting(
+        "Stop strings; the end-of-sequence token always stops.", numbers=True, default=())
+    max_new_tokens: int = setting("At most this many new tokens.", numbers=True, default=256)
 
 
 @dataclass(frozen=True)
 class EvalSpec:
     """One evaluation of a suite: a data set, a task and its metrics."""
-    name: str
-    task: str
-    dataset: DatasetSpec
-    metrics: tuple[MetricSpec, ...]
-    batch_size: int = 256
-    bootstrap: Bootstrap = Bootstrap()
-    generation: Generation = Generation()
-    key_path: str = "evals[0]"
+    name: str = setting("The evaluation's name: stored rows carry it (their dataset column).",
+                        numbers=True, single_form="dataset.name")
+    task: str = setting("The kind of evaluation.", numbers=True)
+    dataset: DatasetSpec = setting("The data set and how its columns are read.", numbers=True)
+    metrics: tuple[MetricSpec, ...] = setting("What is computed, in order.", numbers=True)
+    batch_size: int = setting(
+        "Rows per forward pass: how fast, not what is counted (every row once).",
+        numbers=False, default=256, sweep_default=True)
+    bootstrap: Bootstrap = setting("Confidence intervals (keys left out: the sweep's).",
+                                   numbers=True, default=Bootstrap(), sweep_default=True)
+    generation: Generation = setting("Generation tasks: how to decode.", numbers=True,
+                                     default=Generation())
+    key_path: str = setting("Where it is in the sweep file, for messages.", numbers=False,
+                            default="evals[0]", yaml=None)
 
 
 WATCH_ORDERS = ("oldest", "newest", "bisect")
@@ -128,9 +257,12 @@ WATCH_ORDERS = ("oldest", "newest", "bisect")
 
 @dataclass(frozen=True)
 class WatchSpec:
-    """The sweep's ``watch:`` section, read by ``rayeval watch``."""
-    ready: str | None = None             # a marker: "COMPLETE" inside a folder, "*.done" beside
-    order: str = "oldest"                # which ready checkpoints go first: see WATCH_ORDERS
+    """The sweep's ``watch:`` section, read by ``rayeval watch``: when and in which order
+    checkpoints are evaluated, not how."""
+    ready: str | None = setting(
+        "A marker: 'COMPLETE' inside a folder, '*.done' beside.", numbers=False, default=None)
+    order: str = setting("Which ready checkpoints go first: see WATCH_ORDERS.", numbers=False,
+                         default="oldest")
 
 
 WANDB_MODES = ("online", "offline")
@@ -138,28 +270,37 @@ WANDB_MODES = ("online", "offline")
 
 @dataclass(frozen=True)
 class MlflowTracker:
-    """``trackers.mlflow``: where each finished cell's metrics are logged."""
-    uri: str | None = None               # tracking URI; None: MLFLOW_TRACKING_URI
-    experiment: str | None = None        # for the sweep's own run; None: "rayeval"
-    run_id: str | None = None            # a training run to log into (at the checkpoints' steps)
-    key_path: str = "trackers.mlflow"    # or the CLI flag that set it, for messages
+    """``trackers.mlflow``: where each finished cell's metrics are logged (a copy; the store
+    keeps the results)."""
+    uri: str | None = setting("Tracking URI; None: MLFLOW_TRACKING_URI.", numbers=False,
+                              default=None)
+    experiment: str | None = setting("For the sweep's own run; None: 'rayeval'.",
+                                     numbers=False, default=None)
+    run_id: str | None = setting("A training run to log into (at the checkpoints' steps).",
+                                 numbers=False, default=None)
+    key_path: str = setting("Where it was set (or the CLI flag), for messages.",
+                            numbers=False, default="trackers.mlflow", yaml=None)
 
 
 @dataclass(frozen=True)
 class WandbTracker:
     """``trackers.wandb``."""
-    project: str
-    entity: str | None = None
-    run_id: str | None = None            # a training run to resume and log into
-    mode: str | None = None              # "online" or "offline"; None: W&B's own (WANDB_MODE)
-    key_path: str = "trackers.wandb"
+    project: str = setting("The W&B project that gets every result too.", numbers=False)
+    entity: str | None = setting("The W&B team or user.", numbers=False, default=None)
+    run_id: str | None = setting("A training run to resume and log into.", numbers=False,
+                                 default=None)
+    mode: str | None = setting("'online' or 'offline'; None: W&B's own (WANDB_MODE).",
+                               numbers=False, default=None)
+    key_path: str = setting("Where it was set (or the CLI flag), for messages.",
+                            numbers=False, default="trackers.wandb", yaml=None)
 
 
 @dataclass(frozen=True)
 class Trackers:
     """The sweep's ``trackers:`` section: experiment trackers that get every result too."""
-    mlflow: MlflowTracker | None = None
-    wandb: WandbTracker | None = None
+    mlflow: MlflowTracker | None = setting("MLflow, if set.", numbers=False, default=None)
+    wandb: WandbTracker | None = setting("Weights & Biases, if set.", numbers=False,
+                                         default=None)
 
     @property
     def any(self) -> bool:
@@ -168,16 +309,22 @@ class Trackers:
 
 @dataclass(frozen=True)
 class Recovery:
-    max_restarts: int = 3                # worker-group restarts after a worker dies or stalls
-    stall_timeout_s: int = 600           # a rank this late to a sync point fails the group
+    max_restarts: int = setting(
+        "Worker-group restarts after a worker dies or stalls.", numbers=False, default=3)
+    stall_timeout_s: int = setting(
+        "A rank this late to a sync point fails the group.", numbers=False, default=600)
 
 
 @dataclass(frozen=True)
 class Parallelism:
     """How each model copy is spread over the workers: ``shard`` ranks hold one copy between
     them (FSDP2), so ``workers / shard`` copies (replicas) run side by side."""
-    shard: int = 1                       # 1: every worker holds the whole model
-    wrap: tuple[str, ...] = ()           # module class names sharded as units; () = automatic
+    shard: int = setting(
+        "Ranks holding one copy; 1: every worker holds the whole model. Where the weights "
+        "live, not what they compute (the states are integer or float64 sums).",
+        numbers=False, default=1)
+    wrap: tuple[str, ...] = setting(
+        "Module class names sharded as units; () = automatic.", numbers=False, default=())
 
     @property
     def sharded(self) -> bool:
@@ -186,21 +333,37 @@ class Parallelism:
 
 @dataclass(frozen=True)
 class Sweep:
-    name: str
-    model: ModelSpec
-    checkpoints: tuple[str, ...]         # resolved locations or globs
-    evals: tuple[EvalSpec, ...]          # the suite: at least one
-    workers: int
-    use_gpu: bool
-    output: str                          # resolved location of the result store
-    base_dir: str                        # the sweep file's folder: model modules are found here
-    source: str = ""                     # the sweep file, for messages
-    checkpoint: CheckpointSpec = CheckpointSpec()
-    recovery: Recovery = Recovery()
-    resources_per_worker: tuple[tuple[str, float], ...] = ()   # Ray resources each worker holds
-    watch: WatchSpec = WatchSpec()
-    trackers: Trackers = Trackers()
-    parallelism: Parallelism = Parallelism()
+    name: str = setting("The sweep's name: stored rows carry it.", numbers=True)
+    model: ModelSpec = setting("The model the checkpoints are loaded into.", numbers=True)
+    checkpoints: tuple[str, ...] = setting(
+        "Resolved locations or globs. Not in the key as written: each cell's own checkpoint "
+        "location and fingerprint are.", numbers=False)
+    evals: tuple[EvalSpec, ...] = setting(
+        "The suite: at least one. A cell's key walks its own evaluation only: adding or "
+        "changing another evaluation leaves it cached.", numbers=False)
+    workers: int = setting("Ray Train workers: every row is counted once on any number.",
+                           numbers=False)
+    use_gpu: bool = setting(
+        "Workers on GPUs. Floating-point sums may differ in their last bits; that is not "
+        "treated as another evaluation.", numbers=False)
+    output: str = setting("Resolved location of the result store.", numbers=False)
+    base_dir: str = setting(
+        "The sweep file's folder: model modules are found here (their source digests are in "
+        "the key).", numbers=False, yaml=None)
+    source: str = setting("The sweep file, for messages.", numbers=False, default="",
+                          yaml=None)
+    checkpoint: CheckpointSpec = setting("How a checkpoint's state dict is found.",
+                                         numbers=True, default=CheckpointSpec())
+    recovery: Recovery = setting("Restarts after a worker fails or stalls.", numbers=False,
+                                 default=Recovery())
+    resources_per_worker: tuple[tuple[str, float], ...] = setting(
+        "Ray resources each worker holds.", numbers=False, default=())
+    watch: WatchSpec = setting("What `rayeval watch` waits for.", numbers=False,
+                               default=WatchSpec())
+    trackers: Trackers = setting("Experiment trackers that get a copy of every result.",
+                                 numbers=False, default=Trackers())
+    parallelism: Parallelism = setting("How each model copy is spread over the workers.",
+                                       numbers=False, default=Parallelism())
 
     def evaluation(self, name: str) -> EvalSpec:
         return next(e for e in self.evals if e.name == name)

@@ -7,6 +7,7 @@ CellOutcome per cell.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 from dataclasses import dataclass
@@ -16,7 +17,7 @@ import pyarrow.fs as pafs
 from rayeval.io import paths
 from rayeval.core import tasks
 from rayeval.io.checkpoints import CheckpointRef, expand_checkpoints, parse_epoch
-from rayeval.config.schema import EvalSpec, Sweep
+from rayeval.config.schema import OFF, EvalSpec, Sweep, numbers_of
 from rayeval.io.data import DatasetInfo
 from rayeval.core.metrics import VERSION as METRICS_VERSION
 from rayeval.io.model import source_digest
@@ -86,36 +87,29 @@ def checkpoint_fingerprint(location: str) -> str:
 
 def cell_key(sweep: Sweep, evaluation: Evaluation, checkpoint: CheckpointRef,
              fingerprint: str | None = None) -> str:
-    """Everything a cell's numbers depend on: the checkpoint's bytes (by fingerprint), the data
-    set's, how they are read and scored, and the version of rayeval's metric code. Not the
-    batch size or the worker count, which do not change the numbers. The sweep name, the
-    checkpoint's path and the evaluation's name are in it because the stored rows carry them."""
+    """Everything a cell's numbers depend on: the sweep's and the evaluation's fields declared
+    to change them (walked from the schema, ``schema.numbers_of``, so a new field cannot be
+    left out), the checkpoint's bytes (by fingerprint), the data set's and the tokenizer's,
+    the user's code and the version of rayeval's metric code. Not the batch size, the worker
+    count or anything else declared ``numbers=False``. The sweep name, the checkpoint's path
+    and the evaluation's name are in it because the stored rows carry them."""
     spec = evaluation.spec
-    ds = spec.dataset
-    boot = spec.bootstrap
+    text = tasks.get(spec.task).uses_text
+    if not spec.bootstrap.enabled:          # without replicates, seed/buckets/confidence unused
+        spec = dataclasses.replace(spec, bootstrap=OFF)
     ident = {
-        "sweep": sweep.name,
+        "sweep": numbers_of(sweep, text),
+        "evaluation": numbers_of(spec, text),
         "checkpoint": checkpoint.location,
         "checkpoint_fingerprint": fingerprint or checkpoint_fingerprint(checkpoint.location),
-        "checkpoint_options": [sweep.checkpoint.key, sweep.checkpoint.strip_prefix],
-        "evaluation": spec.name,
         "dataset_fingerprint": evaluation.data.fingerprint,
-        "columns": [list(ds.inputs), ds.target, ds.id, ds.transform],
-        "task": spec.task,
-        "task_fields": tasks.get(spec.task).key_fields(ds),
-        "model": [sweep.model.factory, sweep.model.kwargs, sweep.model.dtype],
-        "metrics": [[m.key, m.name, m.params] for m in spec.metrics],
         "code": _code_digests(sweep, spec),
         "metrics_version": METRICS_VERSION,
-        "bootstrap": boot.key if boot.enabled else None,
     }
-    if tasks.get(spec.task).uses_text:
-        # The tokenizer's own files are in the checkpoint's fingerprint, or in this one's.
-        tokenizer = sweep.model.tokenizer
-        ident["text"] = {"tokenizer": tokenizer, "max_length": sweep.model.max_length,
-                         "tokenizer_fingerprint": tokenizer and checkpoint_fingerprint(tokenizer),
-                         "generation": [list(spec.generation.until),
-                                        spec.generation.max_new_tokens]}
+    if text and sweep.model.tokenizer:
+        # The tokenizer's own files: a folder at the same place may be rewritten. (Hugging
+        # Face folders' own tokenizers are in the checkpoint's fingerprint.)
+        ident["tokenizer_fingerprint"] = checkpoint_fingerprint(sweep.model.tokenizer)
     blob = json.dumps(ident, sort_keys=True, default=str).encode()
     return hashlib.sha256(blob).hexdigest()[:24]
 

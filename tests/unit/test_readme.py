@@ -1,4 +1,5 @@
-"""The README's Quickstart block holds exactly two commands, and CI runs the second."""
+"""The README's Quickstart block holds exactly two commands, and CI runs the second; its sweep
+file table documents exactly the schema's keys."""
 
 import os
 import re
@@ -25,23 +26,79 @@ def test_ci_runs_the_readme_test_command():
     assert quickstart_commands()[1] in ci
 
 
-def test_every_sweep_key_is_documented():
-    from rayeval.config.loader import (DATASET_KEYS, EVAL_KEYS, MLFLOW_KEYS, PARALLELISM_KEYS, SWEEP_KEYS,
-                              WANDB_KEYS)
+WALKED = "walked"
 
+
+def sweep_file_keys() -> dict[str, object]:
+    """Every key the sweep file takes, walked from the schema (``config/schema.py``), as the
+    README's table names it, mapped to its ``numbers`` declaration: None for a row of a whole
+    section, WALKED for a section whose keys have rows (it needs none itself). Sections are
+    walked into once each: a section met again (an evaluation's ``bootstrap``, after the
+    sweep's defaults) is one row; a list of sections (``evals``) is a row and its entries'
+    keys ``evals[i].KEY``."""
+    from rayeval.config import schema
+
+    out: dict[str, object] = {}
+    walked: set[type] = set()
+
+    def walk(cls, prefix: str, fields) -> None:
+        for key, f in fields:
+            path = prefix + key
+            held = schema.section(cls, f)
+            if held is None or not schema.keys(held[0]):   # a value, or a list of values
+                out[path] = f.metadata["numbers"]
+            elif held[0] in walked:
+                out[path] = None
+            else:
+                walked.add(held[0])
+                out[path] = None if held[1] else WALKED
+                walk(held[0], f"{path}[i]." if held[1] else f"{path}.",
+                     schema.sweep_fields(held[0]))
+
+    defaults = [(k, f) for k, f in schema.sweep_fields(schema.EvalSpec)
+                if f.metadata["sweep_default"]]
+    walk(schema.EvalSpec, "", defaults)            # the sweep's batch_size, bootstrap.*
+    walk(schema.Sweep, "", schema.sweep_fields(schema.Sweep))
+    for _, f in schema.sweep_fields(schema.EvalSpec):
+        if f.metadata["single_form"]:
+            out[f.metadata["single_form"]] = f.metadata["numbers"]
+    return out
+
+
+def sweep_table_rows() -> dict[str, list[str]]:
+    """The README's sweep-file key table: each row's keys (its first cell's `names`) and
+    cells."""
     text = open(os.path.join(REPO, "README.md"), encoding="utf-8").read()
-    sections = {"model", "bootstrap", "checkpoint", "recovery", "watch", "trackers",
-                "parallelism"}
-    keys = sorted(SWEEP_KEYS - sections) + ["evals", "dataset.name"]
-    keys += [f"evals[i].{k}" for k in sorted(EVAL_KEYS - {"dataset"})]
-    keys += [f"evals[i].dataset.{k}" for k in sorted(DATASET_KEYS)]
-    keys += ["model.factory", "model.kwargs", "model.dtype", "checkpoint.key",
-             "checkpoint.strip_prefix", "checkpoint.trust_pickle", "bootstrap.replicates",
-             "bootstrap.confidence", "bootstrap.seed", "bootstrap.buckets",
-             "recovery.max_restarts", "recovery.stall_timeout_s", "model.tokenizer",
-             "model.max_length", "watch.ready", "watch.order"]
-    keys += [f"parallelism.{k}" for k in sorted(PARALLELISM_KEYS)]
-    keys += [f"trackers.mlflow.{k}" for k in sorted(MLFLOW_KEYS)]
-    keys += [f"trackers.wandb.{k}" for k in sorted(WANDB_KEYS)]
-    for key in keys:
-        assert f"| `{key}` |" in text, key
+    section = text.split("## The sweep file", 1)[1].split("\n### ", 1)[0]
+    rows = {}
+    for line in section.splitlines():
+        if line.startswith("| `"):
+            cells = [c.strip() for c in line.strip("|").split(" | ")]
+            for key in re.findall(r"`([^`]+)`", cells[0]):
+                rows[key] = cells
+    return rows
+
+
+def test_every_sweep_key_is_documented():
+    keys = sweep_file_keys()
+    assert {"evals[i].dataset.delimiter", "dataset.name", "bootstrap.confidence",
+            "trackers.wandb.mode", "evals[i].generation.until"} <= set(keys), "the walk"
+    rows = sweep_table_rows()
+    text = open(os.path.join(REPO, "README.md"), encoding="utf-8").read()
+    for key, numbers in keys.items():
+        assert numbers == WALKED or f"| `{key}` |" in text, key
+    from rayeval.config.loader import SINGLE_FORM_KEYS
+
+    unknown = set(rows) - set(keys) - SINGLE_FORM_KEYS
+    assert not unknown, f"the README documents keys the schema does not have: {unknown}"
+
+
+def test_the_table_says_which_keys_change_a_cells_numbers():
+    """The table's "new cell" column agrees with each field's ``numbers`` declaration."""
+    from rayeval.config import schema
+
+    words = {True: "yes", False: "no", schema.TEXT: "text tasks"}
+    rows = sweep_table_rows()
+    for key, numbers in sweep_file_keys().items():
+        if numbers not in (None, WALKED):
+            assert rows[key][1] == words[numbers], (key, rows[key][1])

@@ -169,10 +169,6 @@ class Task:
         """Outputs and targets in the shapes the task's metrics take."""
         return out.float(), y
 
-    def key_fields(self, spec: DatasetSpec) -> dict:
-        """What, beyond columns and metrics, changes this task's numbers."""
-        return {}
-
     def scored_units(self, states: Mapping[str, torch.Tensor]) -> int | None:
         """How many units were scored, from a cell's merged states, when that is not the row
         count (language modeling: unmasked target tokens); None when the rows are the units."""
@@ -326,9 +322,6 @@ class LanguageModeling(Task):
 
     def align(self, out, y):
         return out[:, :-1].float(), y[:, 1:]     # position t predicts token t + 1
-
-    def key_fields(self, spec):
-        return {"tokens": [spec.ignore_index, spec.pad_id]}
 
     def scored_units(self, states):
         return int(states[TOKENS])

@@ -1,0 +1,295 @@
+"""Tier 1: a cell's cache key is walked from the schema. Changing any field declared to change
+a cell's numbers re-evaluates the cell; changing any other field serves it from the store.
+Checked with the real planner (``make_plan``) over a real ``ResultStore`` holding the first
+plan's cells, on sweeps parsed from small mappings over tiny local data."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import os
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from rayeval.config import schema
+from rayeval.config.loader import parse_sweep
+from rayeval.core import tasks
+from rayeval.io.data import inspect_dataset
+from rayeval.plan.cells import Evaluation, make_plan
+from rayeval.reporting.store import ResultStore
+from support import FEATURES, MODEL_MODULE
+
+MODELS = "cachekey_models"          # module names of their own: sys.modules caches by name
+DECODE = "cachekey_decode"
+DECODE_MODULE = ("import torch\n\ndef to_inputs(table):\n"
+                 "    return torch.tensor(table.column('x').to_pylist())\n")
+
+TENSOR = {
+    "name": "t",
+    "model": {"factory": f"{MODELS}:build", "kwargs": {"hidden": 16}},
+    "checkpoints": ["ckpts/*"],
+    "evals": [{"name": "clean", "task": "classification", "metrics": [
+        "accuracy", {"name": "top_k_accuracy", "k": 2}],
+        "dataset": {"path": "tensor.parquet", "inputs": "x", "target": "y"}}],
+    "bootstrap": {"replicates": 10},
+    "output": "out",
+}
+NO_BOOTSTRAP = {**TENSOR, "bootstrap": {"replicates": 0}}
+LM = {**TENSOR, "evals": [{"name": "lm", "task": "language_modeling", "metrics": ["perplexity"],
+                           "dataset": {"path": "lm.parquet", "inputs": "tokens"}}]}
+TEXT_BASE = {"name": "t", "checkpoints": ["hf/*"], "output": "out",
+             "bootstrap": {"replicates": 10}}
+MC = {**TEXT_BASE, "evals": [{"name": "mc", "task": "multiple_choice", "metrics": ["acc"],
+                              "dataset": {"path": "text.parquet", "prompt": "prompt",
+                                          "choices": "choices", "target": "answer"}}]}
+TP = {**TEXT_BASE, "evals": [{"name": "tp", "task": "text_perplexity",
+                              "metrics": ["word_perplexity"],
+                              "dataset": {"path": "text.parquet", "text": "text"}}]}
+GEN = {**TEXT_BASE, "evals": [{"name": "gen", "task": "generation", "metrics": ["exact_match"],
+                               "dataset": {"path": "text.parquet", "prompt": "prompt",
+                                           "target": "answer_text"},
+                               "generation": {"until": ["\n"], "max_new_tokens": 8}}]}
+BASES = {"tensor": TENSOR, "no_bootstrap": NO_BOOTSTRAP, "lm": LM, "mc": MC, "tp": TP,
+         "gen": GEN}
+
+
+def _eval0(s, **changes):
+    return s.replace(evals=(dataclasses.replace(s.evals[0], **changes),) + s.evals[1:])
+
+
+def _metric1(s, **changes):
+    ev = s.evals[0]
+    metrics = (ev.metrics[0], dataclasses.replace(ev.metrics[1], **changes))
+    return _eval0(s, metrics=metrics)
+
+
+def _second_eval(raw):
+    raw["evals"].append({**raw["evals"][0], "name": "other"})
+    return raw
+
+
+# (the field it changes, the sweep it starts from, the change: a (dotted path, value) in the
+# mapping, a function of the mapping, or a function of the parsed Sweep for what the sweep file
+# cannot change alone). Dotted paths index lists with numbers.
+RE_EVALUATED = [
+    ("Sweep.name", "tensor", ("name", "t2")),
+    ("ModelSpec.factory", "tensor", ("model.factory", f"{MODELS}:build_relu")),
+    ("ModelSpec.kwargs", "tensor", ("model.kwargs", {"hidden": 8})),
+    ("ModelSpec.dtype", "tensor", ("model.dtype", "float64")),
+    ("ModelSpec.tokenizer", "mc", ("model.tokenizer", "tok_a")),
+    ("ModelSpec.max_length", "tp", ("model.max_length", 64)),
+    ("CheckpointSpec.key", "tensor", ("checkpoint.key", "ema")),
+    ("CheckpointSpec.strip_prefix", "tensor", ("checkpoint.strip_prefix", "module.")),
+    ("EvalSpec.name", "tensor", ("evals.0.name", "clean2")),
+    ("EvalSpec.task", "tensor", lambda s: _eval0(s, task="regression")),
+    ("DatasetSpec.inputs", "tensor", ("evals.0.dataset.inputs", "x2")),
+    ("DatasetSpec.target", "tensor", ("evals.0.dataset.target", "y2")),
+    ("DatasetSpec.id", "tensor", ("evals.0.dataset.id", "row")),
+    ("DatasetSpec.transform", "tensor", ("evals.0.dataset.transform", f"{DECODE}:to_inputs")),
+    ("DatasetSpec.ignore_index", "lm", ("evals.0.dataset.ignore_index", -1)),
+    ("DatasetSpec.pad_id", "lm", ("evals.0.dataset.pad_id", 1)),
+    ("DatasetSpec.prompt", "mc", ("evals.0.dataset.prompt", "prompt2")),
+    ("DatasetSpec.prompt", "gen", ("evals.0.dataset.prompt", "prompt2")),
+    ("DatasetSpec.choices", "mc", ("evals.0.dataset.choices", "choices2")),
+    ("DatasetSpec.delimiter", "mc", ("evals.0.dataset.delimiter", "::")),
+    ("DatasetSpec.text", "tp", ("evals.0.dataset.text", "text2")),
+    ("DatasetSpec.target", "gen", ("evals.0.dataset.target", "answer_text2")),
+    ("MetricSpec.name", "tensor", ("evals.0.metrics.0", "nll")),
+    ("MetricSpec.params", "tensor", lambda s: _metric1(s, params=(("k", 3),))),
+    ("MetricSpec.key", "tensor", lambda s: _metric1(s, key="top2")),
+    ("MetricSpec.task", "tensor", lambda s: _metric1(s, task="regression")),
+    ("Bootstrap.replicates", "tensor", ("bootstrap.replicates", 20)),
+    ("Bootstrap.replicates", "tensor", ("evals.0.bootstrap", {"replicates": 20})),
+    ("Bootstrap.confidence", "tensor", ("bootstrap.confidence", 0.9)),
+    ("Bootstrap.seed", "tensor", ("bootstrap.seed", 1)),
+    ("Bootstrap.buckets", "tensor", ("bootstrap.buckets", 64)),
+    ("Generation.until", "gen", ("evals.0.generation.until", ["\n\n"])),
+    ("Generation.max_new_tokens", "gen", ("evals.0.generation.max_new_tokens", 16)),
+]
+
+CACHED = [
+    ("Sweep.checkpoints", "tensor", ("checkpoints", ["ckpts/step_*.pt"])),
+    ("Sweep.evals", "tensor", _second_eval),
+    ("Sweep.workers", "tensor", ("workers", 2)),
+    ("Sweep.use_gpu", "tensor", ("use_gpu", True)),
+    ("Sweep.output", "tensor", ("output", "elsewhere")),
+    ("Sweep.resources_per_worker", "tensor", ("resources_per_worker", {"CPU": 2})),
+    ("Sweep.source", "tensor", lambda s: s.replace(source="other.yaml")),
+    ("EvalSpec.batch_size", "tensor", ("batch_size", 7)),
+    ("EvalSpec.batch_size", "mc", ("evals.0.batch_size", 7)),
+    ("EvalSpec.key_path", "tensor", lambda s: _eval0(s, key_path="elsewhere")),
+    ("DatasetSpec.path", "tensor", ("evals.0.dataset.path", "tens*.parquet")),
+    ("DatasetSpec.key_path", "tensor", lambda s: _eval0(s, dataset=dataclasses.replace(
+        s.evals[0].dataset, key_path="elsewhere"))),
+    ("CheckpointSpec.trust_pickle", "tensor", ("checkpoint.trust_pickle", True)),
+    ("ModelSpec.tokenizer", "tensor", ("model.tokenizer", "tok_a")),      # text tasks only
+    ("ModelSpec.max_length", "tensor", ("model.max_length", 64)),
+    ("Bootstrap.seed", "no_bootstrap", ("bootstrap.seed", 1)),         # no replicates drawn
+    ("Bootstrap.confidence", "no_bootstrap", ("bootstrap.confidence", 0.5)),
+    ("Bootstrap.buckets", "no_bootstrap", ("bootstrap.buckets", 8)),
+    ("Recovery.max_restarts", "tensor", ("recovery.max_restarts", 0)),
+    ("Recovery.stall_timeout_s", "tensor", ("recovery.stall_timeout_s", 5)),
+    ("Parallelism.shard", "tensor", lambda raw: {**raw, "workers": 2,
+                                                  "parallelism": {"shard": 2}}),
+    ("Parallelism.wrap", "tensor", ("parallelism.wrap", ["Linear"])),
+    ("WatchSpec.ready", "tensor", ("watch.ready", "COMPLETE")),
+    ("WatchSpec.order", "tensor", ("watch.order", "newest")),
+    ("Trackers.mlflow", "tensor", ("trackers.mlflow", {})),
+    ("MlflowTracker.uri", "tensor", ("trackers.mlflow.uri", "file:/tmp/mlruns")),
+    ("MlflowTracker.experiment", "tensor", ("trackers.mlflow.experiment", "e")),
+    ("MlflowTracker.run_id", "tensor", ("trackers.mlflow.run_id", "abc")),
+    ("Trackers.wandb", "tensor", ("trackers.wandb.project", "p")),
+    ("WandbTracker.project", "tensor", ("trackers.wandb.project", "q")),
+    ("WandbTracker.entity", "tensor", ("trackers.wandb", {"project": "p", "entity": "me"})),
+    ("WandbTracker.run_id", "tensor", ("trackers.wandb", {"project": "p", "run_id": "r"})),
+    ("WandbTracker.mode", "tensor", ("trackers.wandb", {"project": "p", "mode": "offline"})),
+]
+
+
+def _schema_classes():
+    """Every schema dataclass a Sweep holds, directly or inside another."""
+    seen, todo = [], [schema.Sweep]
+    while todo:
+        cls = todo.pop()
+        if cls not in seen:
+            seen.append(cls)
+            todo += [held[0] for f in dataclasses.fields(cls)
+                     if (held := schema.section(cls, f))]
+    return seen
+
+
+def _leaves(which):
+    """'Class.field' of every leaf field (not a section) whose declaration ``which`` takes."""
+    return {f"{cls.__name__}.{f.name}" for cls in _schema_classes()
+            for f in dataclasses.fields(cls) if not schema.section(cls, f) and which(f)}
+
+
+def test_every_field_has_a_doc_and_declares_whether_it_changes_numbers():
+    classes = _schema_classes()
+    assert {c.__name__ for c in classes} >= {"Sweep", "EvalSpec", "DatasetSpec", "ModelSpec",
+                                             "MetricSpec", "Bootstrap", "Generation",
+                                             "CheckpointSpec", "WandbTracker"}
+    for cls in classes:
+        for f in dataclasses.fields(cls):
+            where = f"{cls.__name__}.{f.name}"
+            assert f.metadata.get("numbers") in (True, False, schema.TEXT), where
+            assert len(f.metadata.get("doc", "").split()) >= 3, where
+    internal = {f"{c.__name__}.{f.name}" for c in classes for f in dataclasses.fields(c)
+                if schema.yaml_key(f) is None}
+    assert {"Sweep.base_dir", "Sweep.source", "DatasetSpec.key_path",
+            "EvalSpec.key_path"} <= internal
+
+
+def test_every_field_is_covered_by_a_case_below():
+    """A field added to the schema fails here until a case changes it."""
+    changes_numbers = _leaves(lambda f: f.metadata["numbers"])
+    assert {c for c, _, _ in RE_EVALUATED} == changes_numbers
+    others = _leaves(lambda f: not f.metadata["numbers"] and schema.yaml_key(f) is not None)
+    assert others <= {c for c, _, _ in CACHED}
+
+
+@pytest.fixture(scope="module")
+def home(tmp_path_factory):
+    """Tiny data (tensor, token and text columns), model and transform modules, a torch
+    checkpoint, a Hugging Face-like folder and two tokenizer folders."""
+    d = tmp_path_factory.mktemp("cachekey")
+    (d / f"{MODELS}.py").write_text(MODEL_MODULE)
+    (d / f"{DECODE}.py").write_text(DECODE_MODULE)
+    rng = np.random.default_rng(0)
+    vec = pa.list_(pa.float32(), FEATURES)
+    pq.write_table(pa.table({
+        "row": pa.array(np.arange(6), pa.int64()),
+        "x": pa.array(rng.normal(size=(6, FEATURES)).astype(np.float32).tolist(), vec),
+        "x2": pa.array(rng.normal(size=(6, FEATURES)).astype(np.float32).tolist(), vec),
+        "y": pa.array([0, 1, 2, 3, 0, 1], pa.int64()),
+        "y2": pa.array([1, 1, 2, 2, 0, 0], pa.int64())}), d / "tensor.parquet")
+    pq.write_table(pa.table({"tokens": pa.array([[1, 2, 3], [4, 5]], pa.list_(pa.int64()))}),
+                   d / "lm.parquet")
+    pq.write_table(pa.table({
+        "prompt": ["Q: one", "Q: two"], "prompt2": ["one?", "two?"],
+        "choices": [["a", "b"], ["c", "d"]], "choices2": [["x", "y"], ["z", "w"]],
+        "answer": pa.array([0, 1], pa.int64()), "answer_text": ["a", "d"],
+        "answer_text2": ["b", "c"], "text": ["some words", "more words"],
+        "text2": ["other words", "yet more"]}), d / "text.parquet")
+    (d / "ckpts").mkdir()
+    (d / "ckpts" / "step_1.pt").write_bytes(b"weights")
+    (d / "hf" / "checkpoint-1").mkdir(parents=True)
+    (d / "hf" / "checkpoint-1" / "config.json").write_text("{}")
+    for name, body in (("tok_a", "{}"), ("tok_b", "{\"b\": 1}")):
+        (d / name).mkdir()
+        (d / name / "tokenizer.json").write_text(body)
+    return d
+
+
+def plan(raw, home, store, edit=None):
+    sweep = parse_sweep(copy.deepcopy(raw), base_dir=str(home), source="sweep.yaml")
+    if edit is not None:
+        sweep = edit(sweep)
+    evaluations = tuple(Evaluation(spec, inspect_dataset(spec.dataset, tasks.get(spec.task)), 4)
+                        for spec in sweep.evals)
+    return make_plan(sweep, evaluations, store)
+
+
+def stored(home, base, where):
+    """A store (in the folder ``where``) holding the base sweep's cells, and their count."""
+    store = ResultStore(str(where / "store"))
+    first = plan(BASES[base], home, store)
+    assert first.cells and not first.cached
+    for cell in first.cells:
+        if not store.has(cell.key):
+            store.write_cell(cell.key, [{
+                "sweep": "t", "checkpoint": cell.checkpoint.location, "step": 1,
+                "dataset": cell.evaluation, "metric": "m", "value": 0.5, "ci_low": None,
+                "ci_high": None, "num_samples": 1, "world_size": 1,
+                "higher_is_better": True}])
+    again = plan(BASES[base], home, store)
+    assert not again.cells and len(again.cached) == len(first.cells), "unchanged: all cached"
+    return store, len(first.cells)
+
+
+def changed_plan(home, store, base, change):
+    raw, edit = copy.deepcopy(BASES[base]), None
+    if isinstance(change, tuple):
+        path, value = change
+        keys = [int(k) if k.isdigit() else k for k in path.split(".")]
+        node = raw
+        for k in keys[:-1]:
+            node = node[k] if isinstance(k, int) else node.setdefault(k, {})
+        node[keys[-1]] = value
+    elif change.__code__.co_varnames[:1] == ("raw",):
+        raw = change(raw)
+    else:
+        edit = change
+    return plan(raw, home, store, edit)
+
+
+@pytest.mark.parametrize("field,base,change", RE_EVALUATED,
+                         ids=[f"{c}-{b}" for c, b, _ in RE_EVALUATED])
+def test_a_number_changing_field_re_evaluates_the_cell(home, tmp_path, field, base, change):
+    store, n = stored(home, base, tmp_path)
+    p = changed_plan(home, store, base, change)
+    assert len(p.cells) == n and not p.cached, f"{field}: a changed value served old numbers"
+
+
+@pytest.mark.parametrize("field,base,change", CACHED, ids=[f"{c}-{b}" for c, b, _ in CACHED])
+def test_any_other_field_keeps_the_cell_cached(home, tmp_path, field, base, change):
+    store, n = stored(home, base, tmp_path)
+    p = changed_plan(home, store, base, change)
+    assert len(p.cached) == n, f"{field}: re-evaluated though the numbers cannot change"
+
+
+def test_the_tokenizers_files_are_in_a_text_cells_key(home, tmp_path):
+    """Rewriting the tokenizer folder at the same place is a new cell too."""
+    raw = {**MC, "model": {"tokenizer": "tok_b"}}
+    store = ResultStore(str(tmp_path / "store"))
+    first = plan(raw, home, store)
+    store.write_cell(first.cells[0].key, [{
+        "sweep": "t", "checkpoint": "c", "step": 1, "dataset": "mc", "metric": "acc",
+        "value": 0.5, "ci_low": None, "ci_high": None, "num_samples": 1, "world_size": 1,
+        "higher_is_better": True}])
+    assert plan(raw, home, store).cached
+    (home / "tok_b" / "tokenizer.json").write_text("{\"b\": 22}")
+    assert not plan(raw, home, store).cached
