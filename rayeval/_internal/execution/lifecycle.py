@@ -195,7 +195,8 @@ def _use_token_if_available() -> None:
     cluster without auth ignores it), unless the user chose a mode."""
     if constants.RAY_AUTH_MODE_ENV in os.environ:
         return
-    if constants.ray_auth_token() or os.path.exists(constants.ray_auth_token_path()):
+    if os.environ.get(constants.RAY_AUTH_TOKEN_ENV) or os.path.exists(
+            constants.ray_auth_token_path()):
         os.environ[constants.RAY_AUTH_MODE_ENV] = constants.RAY_AUTH_MODE_TOKEN
 
 
