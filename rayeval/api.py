@@ -89,10 +89,9 @@ def run(sweep: Sweep | str | os.PathLike, *, workers: int | None = None,
     raises ``KeyboardInterrupt``; every cell already stored is complete. The process's SIGINT
     and SIGTERM handlers are restored when the call returns.
     """
-    from rayeval._internal.execution import signals
     from rayeval._internal.execution.driver import run_sweep
-    from rayeval._internal.execution.coordinator import console_display, console_say
     from rayeval.config.loader import with_overrides
+    from rayeval.ui.display import console_callbacks, console_say
 
     if isinstance(sweep, (str, os.PathLike)):
         sweep = load_sweep(sweep)
@@ -103,10 +102,9 @@ def run(sweep: Sweep | str | os.PathLike, *, workers: int | None = None,
                            output=None if output is None else os.fspath(output))
     if trackers is not None:
         sweep = sweep.replace(trackers=_trackers(trackers, sweep.trackers))
-    display, on_plan = console_display(progress)
-    with signals.restored():
-        return run_sweep(sweep, address=address, force=force, verbose=verbose,
-                         display=display, on_plan=on_plan, say=console_say(progress))
+    # The run's lifecycle puts the process's signal handlers back when it ends.
+    return run_sweep(sweep, address=address, force=force, verbose=verbose,
+                     callbacks=console_callbacks(progress), say=console_say(progress))
 
 
 def results(store: str | os.PathLike, *, sweep: str | None = None,

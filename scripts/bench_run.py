@@ -6,7 +6,7 @@ again), so that a noisy machine slows every kind of run alike; each run is a fre
 subprocess, timed from the command to its exit:
 
   floor     a trivial Ray Train fit: `python -c` that imports torch and Ray, starts a local Ray
-            as `rayeval run` does (driver.start_ray's options), fits a TorchTrainer whose 2
+            as `rayeval run` does (lifecycle.start_ray's options), fits a TorchTrainer whose 2
             workers (CPU, gloo) do one all-reduce, and shuts Ray down. What any Ray Train
             program pays on this machine.
   digits    `rayeval run configs/digits/sweep.yaml --force --quiet --profile` (4 checkpoints x
@@ -63,7 +63,7 @@ def build(features=64, hidden=256, classes=10):
                                torch.nn.Linear(hidden, classes))
 '''
 
-# The floor: the least a Ray Train program does. Ray is started with driver.start_ray's
+# The floor: the least a Ray Train program does. Ray is started with lifecycle.start_ray's
 # options for a local Ray; prints its own phases as one JSON line.
 FLOOR_SOURCE = '''
 import time

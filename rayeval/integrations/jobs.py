@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 import yaml
 
+from rayeval._internal import constants
 from rayeval.io import paths
 from rayeval import errors
 from rayeval.errors import RunError, SpecError
@@ -29,14 +30,14 @@ from rayeval.config.schema import Sweep
 from rayeval.config.loader import (is_relative_local, load_sweep, with_overrides, with_trackers,
                                    written_locations)
 
-MAX_UPLOAD_MB = 100              # what may travel with a job; RAYEVAL_MAX_UPLOAD_MB overrides
+MAX_UPLOAD_MB = constants.DEFAULT_MAX_UPLOAD_MB    # what may travel with a job (constants)
 AGENT_WAIT_S = 90                # how long a new cluster's job agent may take to come up
 EXCLUDES = [".git", "__pycache__", "*.pyc", ".pytest_cache", ".ipynb_checkpoints"]
 EXIT_JOB_FAILED = 1
 
 
 def normalize_address(address: str | None) -> str:
-    address = address or os.environ.get("RAY_API_SERVER_ADDRESS") or os.environ.get("RAY_ADDRESS")
+    address = address or constants.ray_address()
     if not address:
         raise RunError("--address: give the cluster's dashboard address, e.g. "
                        "http://HEAD:8265 (or set RAY_ADDRESS)")
@@ -49,9 +50,9 @@ def normalize_address(address: str | None) -> str:
 
 
 def find_token() -> str | None:
-    if os.environ.get("RAY_AUTH_TOKEN"):
-        return os.environ["RAY_AUTH_TOKEN"].strip()
-    path = os.environ.get("RAY_AUTH_TOKEN_PATH") or os.path.expanduser("~/.ray/auth_token")
+    if constants.ray_auth_token() is not None:
+        return constants.ray_auth_token()
+    path = constants.ray_auth_token_path()
     try:
         with open(path, encoding="utf-8") as f:
             return f.read().strip() or None
@@ -173,7 +174,7 @@ def package(sweep_path: str, sweep: Sweep, output_override: str | None) -> Packa
                 total += os.path.getsize(os.path.join(root, name))
             except OSError:
                 pass
-    limit = int(float(os.environ.get("RAYEVAL_MAX_UPLOAD_MB", MAX_UPLOAD_MB)) * (1 << 20))
+    limit = constants.max_upload_bytes()
     if total > limit:
         raise SpecError(f"{folder}: the sweep's folder holds {total / (1 << 20):.0f} MiB, over "
                         f"the {limit / (1 << 20):.0f} MiB that may travel with a job; put the data "

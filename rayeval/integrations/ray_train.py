@@ -309,19 +309,18 @@ class RayevalValidation:
         checkpoint and its step given instead of globs), on the Ray this task runs in, which
         it leaves running (or one it starts and shuts down, when called outside Ray); the
         metrics of its cells, read back from the store (cached cells too)."""
-        from rayeval._internal.execution import driver, signals
+        from rayeval._internal.execution import driver
         from rayeval.plan.cells import checkpoint_fingerprint
-        from rayeval._internal.execution.coordinator import console_display
         from rayeval.reporting.store import ResultStore
+        from rayeval.ui.display import console_callbacks
 
         sweep = self.sweep.replace(checkpoints=(location,))
         ref = self.ref(location, step, epoch)
-        display, on_plan = console_display(self.progress)
-        say = print if self.progress else None
-        with signals.restored():             # run_sweep installs rayeval's if it starts Ray
-            report = driver.run_sweep(sweep, force=self.force, display=display,
-                                      on_plan=on_plan, say=say,
-                                      ready=[(ref, checkpoint_fingerprint(location))])
+        # The run's lifecycle puts the task's signal handlers back if it starts Ray.
+        report = driver.run_sweep(sweep, force=self.force,
+                                  callbacks=console_callbacks(self.progress),
+                                  say=print if self.progress else None,
+                                  ready=[(ref, checkpoint_fingerprint(location))])
         plan, outcomes = report.plan, report.outcomes
         store = ResultStore(sweep.output)
         failed = [o for o in outcomes if not o.ok]

@@ -21,12 +21,15 @@ from typing import Callable
 import fnmatch
 
 from rayeval._internal.execution import driver, signals
+from rayeval._internal.execution.callbacks import PublishToTrackers, RunCallback
+from rayeval._internal.execution.lifecycle import RayLifecycle
 from rayeval.io import paths
 from rayeval.reporting import trackers
 from rayeval.io.checkpoints import CheckpointRef, expand_checkpoints
 from rayeval.config.schema import Sweep, WatchSpec
 from rayeval.errors import RunError
 from rayeval.plan.cells import checkpoint_fingerprint
+from rayeval.ui.display import DisplayCallback
 
 
 class Settling:
@@ -129,12 +132,43 @@ class WatchState:
     known: set[str] = field(default_factory=set)      # cell keys the store holds
 
 
+class WatchMessages(RunCallback):
+    """``watch``'s lines about each poll, as callbacks of its run: the cells that failed
+    before any worker and the new checkpoints (each plan), a new worker group, and each
+    evaluated cell's metrics or error (each poll's outcomes)."""
+
+    def __init__(self, say: Callable[[str], None], workers: int):
+        self.say = say
+        self.workers = workers
+
+    def on_plan(self, plan) -> None:
+        for o in plan.failed:
+            self.say(f"[rayeval] failed: {o.error}")
+        if plan.cells:
+            names = dict.fromkeys(c.checkpoint.name for c in plan.cells)
+            self.say(f"[rayeval] {len(names)} new checkpoint(s): " + ", ".join(names))
+
+    def on_group_start(self) -> None:
+        # One worker group for every poll; a new one only after a failure.
+        self.say(f"[rayeval] worker group started ({self.workers} worker(s)); it stays up for "
+                 "the next checkpoints")
+
+    def on_outcomes(self, outcomes) -> None:
+        for o in outcomes:
+            name = o.checkpoint.rstrip("/").rsplit("/", 1)[-1]
+            if o.ok:
+                values = ", ".join(f"{k} {v:.4f}" for k, v in o.values if isinstance(v, float))
+                self.say(f"[rayeval] {name} (step {o.step}) on {o.evaluation}: {values}")
+            else:
+                self.say(f"[rayeval] failed: {o.error}")
+
+
 def watch(sweep: Sweep, *, interval_s: float, settle_s: float, address: str | None = None,
           verbose: bool = False, display_for: Callable = lambda: None,
           say: Callable[[str], None] = print, stop: threading.Event | None = None) -> WatchState:
     """Poll until ``stop`` is set or Ctrl-C (KeyboardInterrupt; SIGTERM is treated alike).
     The sweep's trackers get each cell as it finishes, and the leaderboard after each poll
-    that added to it."""
+    that added to it. ``display_for()``: the progress display of each poll's fit."""
     trackers.require(sweep.trackers)
     evaluations, store = driver.check_inputs(sweep)
     spec: WatchSpec = sweep.watch
@@ -142,16 +176,18 @@ def watch(sweep: Sweep, *, interval_s: float, settle_s: float, address: str | No
     marked = Marked(spec.ready) if spec.ready else None
     state = WatchState()
     stop = stop or threading.Event()
-    started = False
-    signals.install()
-    when = (f"ready once the trainer writes {spec.ready} "
-            + ("beside it" if "*" in spec.ready else "inside it") if marked
-            else f"ready when unchanged for {settle_s:g} s")
-    say(f"[rayeval] watching {', '.join(sweep.checkpoints)} every {interval_s:g} s "
-        f"({when}; {spec.order} first); Ctrl-C stops")
-    publisher = trackers.Publisher(sweep, say=say, warn=say)
-    group: driver.Standing | None = None
-    try:
+    with RayLifecycle(sweep, address=address, verbose=verbose) as life:
+        signals.install()
+        when = (f"ready once the trainer writes {spec.ready} "
+                + ("beside it" if "*" in spec.ready else "inside it") if marked
+                else f"ready when unchanged for {settle_s:g} s")
+        say(f"[rayeval] watching {', '.join(sweep.checkpoints)} every {interval_s:g} s "
+            f"({when}; {spec.order} first); Ctrl-C stops")
+        run = life.callbacks
+        run.add(WatchMessages(say, sweep.workers))
+        run.add(DisplayCallback(display_for))
+        run.add(PublishToTrackers(trackers.Publisher(sweep, say=say, warn=say),
+                                  only_when_added=True))
         while True:
             refs = expand_checkpoints(sweep.checkpoints, allow_empty=True)
             if marked:
@@ -163,54 +199,29 @@ def watch(sweep: Sweep, *, interval_s: float, settle_s: float, address: str | No
             plan = driver.plan_cells(sweep, evaluations, store, ready=ready,
                                      skip=state.failed | state.known)
             state.known.update(c.key for c in plan.cached)
-            for o in plan.failed:
-                state.failed.add(o.key)
-                say(f"[rayeval] failed: {o.error}")
+            state.failed.update(o.key for o in plan.failed)
+            run.on_plan(plan)
             if plan.cells:
-                if not started:
-                    started = driver.start_ray(sweep, address, verbose)
-                names = dict.fromkeys(c.checkpoint.name for c in plan.cells)
-                say(f"[rayeval] {len(names)} new checkpoint(s): " + ", ".join(names))
-                if group is None or not group.alive:
-                    # One worker group for every poll; a new one only after a failure.
-                    group = driver.Standing(sweep, evaluations)
-                    say(f"[rayeval] worker group started ({sweep.workers} worker(s)); it "
-                        "stays up for the next checkpoints")
-                try:
-                    outcomes = group.run(plan, display_for(),
-                                         on_cell=publisher.cell if publisher.live else None)
-                except KeyboardInterrupt as e:
-                    # Ray is shut down only when no thread is left inside it (see run_sweep).
-                    started = started and getattr(e, "group_stopped", False)
-                    group = None
-                    raise
-                except RunError as e:      # workers lost beyond the restart budget: next poll
-                    say(f"[rayeval] run failed: {e.message}; trying again at the next poll")
-                    group.close(timeout_s=5)
-                    group, outcomes = None, []
-                finally:
-                    store.discard_partial(c.key for c in plan.cells)
-                for o in outcomes:
-                    name = o.checkpoint.rstrip("/").rsplit("/", 1)[-1]
-                    if o.ok:
-                        state.known.add(o.key)
-                        state.evaluated += 1
-                        values = ", ".join(f"{k} {v:.4f}" for k, v in o.values
-                                           if isinstance(v, float))
-                        say(f"[rayeval] {name} (step {o.step}) on {o.evaluation}: {values}")
-                    else:
-                        state.failed.add(o.key)
-                        say(f"[rayeval] failed: {o.error}")
-                if any(o.ok for o in outcomes):
-                    publisher.board()
+                _poll(life, plan, evaluations, state, say)
             if stop.wait(interval_s):
                 return state
-    finally:
-        with signals.held():
-            if group is not None:
-                group.close()
-            if started:
-                import ray
 
-                ray.shutdown()
-            publisher.close()
+
+def _poll(life: RayLifecycle, plan, evaluations, state: WatchState, say) -> None:
+    """One poll's cells evaluated on the standing worker group (started if need be)."""
+    life.ensure_ray()
+    group = life.standing_group(evaluations)
+    try:
+        with life.following((c.key for c in plan.cells), discard_now=True):
+            outcomes = group.run(plan, life.callbacks)
+    except RunError as e:          # workers lost beyond the restart budget: next poll
+        say(f"[rayeval] run failed: {e.message}; trying again at the next poll")
+        life.drop_group(timeout_s=5)
+        return
+    for o in outcomes:
+        if o.ok:
+            state.known.add(o.key)
+            state.evaluated += 1
+        else:
+            state.failed.add(o.key)
+    life.callbacks.on_outcomes(outcomes)

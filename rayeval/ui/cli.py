@@ -276,7 +276,7 @@ def _run(args, out: Console, err: Console) -> int:
 
 def _watch(args, out: Console, err: Console) -> int:
     from rayeval.errors import SpecError
-    from rayeval._internal.execution.coordinator import make_display
+    from rayeval.ui.display import make_display
     from rayeval.config.loader import load_sweep, watch_spec, with_overrides, with_trackers
     from rayeval.integrations.watch import watch
 

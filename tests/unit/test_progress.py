@@ -3,7 +3,8 @@
 import io
 
 from rayeval.plan.cells import CellOutcome
-from rayeval._internal.execution.coordinator import LineDisplay, Rate, Tracker, fmt_duration, line, make_display
+from rayeval._internal.execution.coordinator import Tracker
+from rayeval.ui.display import LineDisplay, Rate, fmt_duration, line, make_display
 
 
 def cells(n, rows=100):

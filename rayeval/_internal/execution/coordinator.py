@@ -1,23 +1,22 @@
-"""Where a run stands, from the workers to the driver's screen.
+"""The run's coordinator: where a run stands, between the workers and the driver.
 
 One small ``Tracker`` actor, owned by the driver, outlives worker-group restarts. The workers
 tell it how many rows they have done in the checkpoint in flight (throttled, fire-and-forget)
-and rank 0 tells it each finished cell with its outcome. The driver reads it to draw progress,
-and a restarted group reads it to go on from the first unfinished checkpoint.
+and rank 0 tells it each finished cell with its outcome. The driver reads it to follow the run
+(the display is ``rayeval.ui.display``), and a restarted group reads it to go on from the first
+unfinished checkpoint.
 
-The display is a rich progress bar on a terminal, plain periodic lines otherwise (CI, Ray Job
-logs), or nothing (``--quiet``).
+Each side has a typed client, so that no caller names the actor's methods as strings of
+``.remote`` calls: ``WorkerProgress`` for the workers, ``TrackerClient`` for the driver.
 """
 
 from __future__ import annotations
 
-import sys
 import time
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from rayeval.plan.cells import Plan
+    from rayeval.plan.cells import Cell, CellOutcome, Plan
 
 
 class Tracker:
@@ -275,212 +274,74 @@ class WorkerProgress:
                 pass
 
 
-@dataclass
-class Status:
-    """What the display shows, derived from a tracker snapshot."""
-    total: int
-    done: int
-    failed: int
-    current: str | None
-    rows_per_s: float | None
-    eta_s: float | None
-    fraction: float           # of all rows to evaluate in this run
-    attempts: int
-    problems: list[str]
+class TrackerClient:
+    """The driver's side of the tracker: one method per call the driver makes, each waiting
+    for the answer (``timeout`` in seconds where a call must not hang on a Ray going down)."""
 
+    def __init__(self, handle):
+        self.handle = handle          # the actor; the workers get it in their loop's config
 
-class Rate:
-    """Rows per second over the last ``window_s`` of snapshots, else since the workers began."""
+    @classmethod
+    def start(cls, cells: list[tuple[str, str, int]]) -> TrackerClient:
+        """A new tracker actor for these cells ((key, location, rows), plan order). It holds
+        no CPU: it must never wait for the workers' resources."""
+        import ray
 
-    def __init__(self, window_s: float = 20.0):
-        self.window_s = window_s
-        self.samples: list[tuple[float, int]] = []
-        self.began: float | None = None        # the first snapshot with the workers up
+        return cls(ray.remote(Tracker).options(num_cpus=0).remote(cells))
 
-    def status(self, snap: dict, now: float) -> Status:
-        total_rows = snap["rows_total"]
-        processed = min(snap["rows_done"] + snap["rows_in_flight"], total_rows)
-        if snap["attempts"] and self.began is None:
-            self.began = now
-        if processed:             # start-up time is not part of the rate
-            self.samples.append((now, processed))
-        while len(self.samples) > 2 and now - self.samples[1][0] > self.window_s:
-            self.samples.pop(0)
-        (t0, r0), (t1, r1) = (self.samples[0], self.samples[-1]) if self.samples else \
-            ((now, 0), (now, 0))
-        rate, measured = None, False
-        if t1 > t0 and r1 > r0:
-            rate, measured = (r1 - r0) / (t1 - t0), True
-        elif self.began is not None and now > self.began and processed:
-            rate = processed / (now - self.began)
-        left = total_rows - processed
-        # The time left only from a rate measured between two snapshots: the average since the
-        # workers began still holds their start-up (the first read, the first load)
-        # and once promised ~52 hours for a minute's work.
-        eta = 0.0 if left == 0 else (left / rate if rate and measured else None)
-        return Status(total=snap["total"], done=snap["done"], failed=snap["failed"],
-                      current=snap["current"], rows_per_s=rate, eta_s=eta,
-                      fraction=processed / total_rows if total_rows else 1.0,
-                      attempts=snap["attempts"], problems=snap["problems"])
+    @classmethod
+    def of(cls, tracker) -> TrackerClient:
+        """A client for a tracker actor, or the client itself."""
+        return tracker if isinstance(tracker, TrackerClient) else cls(tracker)
 
+    @staticmethod
+    def cells_of(plan: Plan, cells: tuple[Cell, ...] | None = None) -> list[tuple[str, str, int]]:
+        """What the tracker holds of each cell: (key, checkpoint location, rows)."""
+        return [(c.key, c.checkpoint.location, plan.evaluation(c.evaluation).data.num_rows)
+                for c in (plan.cells if cells is None else cells)]
 
-def fmt_duration(seconds: float | None) -> str:
-    if seconds is None:
-        return "?"
-    seconds = int(round(seconds))
-    h, rest = divmod(seconds, 3600)
-    m, s = divmod(rest, 60)
-    return f"{h}:{m:02d}:{s:02d}" if h else f"{m}:{s:02d}"
+    def _get(self, ref, timeout: float | None = None):
+        import ray
 
+        return ray.get(ref, timeout=timeout)
 
-def fmt_rate(rate: float | None) -> str:
-    if rate is None:
-        return "? rows/s"
-    return f"{rate / 1000:,.1f}k rows/s" if rate >= 10_000 else f"{rate:,.0f} rows/s"
+    def snapshot(self) -> dict:
+        return self._get(self.handle.snapshot.remote())
 
+    def results(self) -> dict[str, CellOutcome]:
+        return self._get(self.handle.results.remote())
 
-def short(location: str | None) -> str:
-    return location.rstrip("/").rsplit("/", 1)[-1] if location else "-"
+    def timings(self) -> dict:
+        return self._get(self.handle.timings.remote())
 
+    def node_count(self) -> int:
+        return self._get(self.handle.node_count.remote())
 
-def line(s: Status, elapsed: float) -> str:
-    """One plain progress line."""
-    if s.attempts == 0:
-        return f"[rayeval] starting the worker group, elapsed {fmt_duration(elapsed)}"
-    parts = [f"[rayeval] {s.done}/{s.total} cells", f"{s.fraction:.0%} of rows",
-             fmt_rate(s.rows_per_s), f"elapsed {fmt_duration(elapsed)}",
-             f"left ~{fmt_duration(s.eta_s)}"]
-    if s.failed:
-        parts.insert(1, f"{s.failed} failed")
-    if s.current:
-        parts.append(f"now {short(s.current)}")
-    return ", ".join(parts)
+    def load_counts(self) -> dict[tuple[int, str], int]:
+        return self._get(self.handle.load_counts.remote())
 
+    def get_fatal(self) -> Exception | None:
+        return self._get(self.handle.get_fatal.remote())
 
-class LineDisplay:
-    """Periodic plain lines, for logs."""
+    def add_cells(self, plan: Plan) -> None:
+        """The plan's cells for the standing group, pickled here (see ``Tracker.add_cells``)."""
+        import pickle
 
-    def __init__(self, stream=None, interval_s: float = 10.0):
-        self.stream = stream or sys.stderr
-        self.interval_s = interval_s
-        self.last = -float("inf")
-        self.attempts_seen = 1
-        self.problems_seen = 0
+        self._get(self.handle.add_cells.remote(self.cells_of(plan),
+                                               [pickle.dumps(c) for c in plan.cells]))
 
-    def __enter__(self):
-        return self
+    def finished(self, keys: list[str]) -> bool:
+        return self._get(self.handle.finished.remote(keys))
 
-    def __exit__(self, *exc):
-        return False
+    def stop(self, timeout: float) -> None:
+        """Ask the workers to stop at their next sync point (SIGINT/SIGTERM)."""
+        self._get(self.handle.stop.remote(), timeout)
 
-    def say(self, text: str) -> None:
-        print(text, file=self.stream, flush=True)
+    def close(self, timeout: float) -> None:
+        """No more cells for the standing group."""
+        self._get(self.handle.close.remote(), timeout)
 
-    def update(self, s: Status, elapsed: float, final: bool = False) -> None:
-        for p in s.problems[self.problems_seen:]:
-            self.say(f"[rayeval] worker failure: {p}")
-        self.problems_seen = len(s.problems)
-        if s.attempts > self.attempts_seen:
-            self.attempts_seen = s.attempts
-            self.say(f"[rayeval] worker group restarted (attempt {s.attempts}); going on from "
-                     f"the first unfinished checkpoint")
-        finished = s.total > 0 and s.done == s.total
-        if final or (elapsed - self.last >= self.interval_s and not finished):
-            self.last = elapsed            # (the final line reports a finished run, once)
-            self.say(line(s, elapsed))
+    def kill(self) -> None:
+        import ray
 
-
-class RichDisplay(LineDisplay):
-    """A live progress bar on a terminal; restarts and failures print above it."""
-
-    def __init__(self, console):
-        super().__init__()
-        from rich.progress import BarColumn, Progress, TextColumn
-
-        self.console = console
-        self.bar = Progress(TextColumn("[bold]{task.fields[cells]}"), BarColumn(),
-                            TextColumn("{task.percentage:>3.0f}%  {task.fields[rate]}  "
-                                       "elapsed {task.fields[elapsed]}  left ~{task.fields[eta]}"
-                                       "  {task.fields[now]}"),
-                            console=console, transient=False)
-        self.task = self.bar.add_task("eval", total=1.0, cells="", rate="", elapsed="",
-                                      eta="", now="")
-
-    def __enter__(self):
-        self.bar.start()
-        return self
-
-    def __exit__(self, *exc):
-        self.bar.stop()
-        return False
-
-    def say(self, text: str) -> None:
-        self.console.print(text, markup=False, highlight=False)
-
-    def update(self, s: Status, elapsed: float, final: bool = False) -> None:
-        self.last = elapsed     # the bar is always current: no periodic lines
-        super().update(s, elapsed, final=False)
-        failed = f" ({s.failed} failed)" if s.failed else ""
-        self.bar.update(self.task, completed=s.fraction,
-                        cells=f"{s.done}/{s.total} cells{failed}",
-                        rate=fmt_rate(s.rows_per_s), elapsed=fmt_duration(elapsed),
-                        eta=fmt_duration(s.eta_s),
-                        now=f"now {short(s.current)}" if s.current else "")
-
-
-class NullDisplay(LineDisplay):
-    def say(self, text: str) -> None:
-        pass
-
-
-def make_display(mode: str, console=None, interval_s: float = 10.0):
-    """``mode``: "auto" (rich on a terminal, lines otherwise), "lines", or "quiet"."""
-    if mode == "quiet":
-        return NullDisplay()
-    if mode == "auto" and console is not None and console.is_terminal:
-        return RichDisplay(console)
-    return LineDisplay(interval_s=interval_s)
-
-
-# --- rayeval.run's progress argument (the Python API and Ray Train validation) -------------
-
-def console_say(progress):
-    """Where the trackers' summary lines go: nowhere without ``progress``."""
-    if progress is False or progress is None:
-        return None
-    from rich.console import Console
-
-    console = progress if isinstance(progress, Console) else \
-        Console(stderr=True, highlight=False)
-    return lambda text: console.print(text, markup=False, highlight=False, soft_wrap=True)
-
-
-def console_display(progress):
-    """The display and the plan callback for ``run``'s ``progress`` argument."""
-    if progress is False or progress is None:
-        return None, None
-    from rich.console import Console
-
-    if progress is not True and not isinstance(progress, Console):
-        raise TypeError(f"progress: expected a bool or a rich Console, got "
-                        f"{type(progress).__name__}")
-    console = progress if isinstance(progress, Console) else \
-        Console(stderr=True, highlight=False)
-
-    def say(plan: Plan) -> None:
-        console.print(plan_line(plan), markup=False, highlight=False, soft_wrap=True)
-
-    return make_display("auto", console), say
-
-
-def plan_line(plan: Plan) -> str:
-    """The line that says what a run will do, before it starts: checkpoints, evaluations,
-    cells, how many the store holds and how many are left."""
-    checkpoints = len({c.checkpoint.location for c in plan.cells + plan.cached}
-                      | {o.checkpoint for o in plan.failed})
-    evals = ", ".join(f"{e.name} ({e.data.num_rows} rows)" for e in plan.evaluations)
-    total = len(plan.cells) + len(plan.cached) + len(plan.failed)
-    failed = f", {len(plan.failed)} failed before any worker" if plan.failed else ""
-    return (f"[rayeval] {plan.sweep.name}: {checkpoints} checkpoint(s) x "
-            f"{len(plan.evaluations)} evaluation(s) [{evals}]: {total} cell(s), "
-            f"{len(plan.cached)} already in the store{failed}, {len(plan.cells)} to evaluate")
+        ray.kill(self.handle)

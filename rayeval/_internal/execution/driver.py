@@ -2,22 +2,27 @@
 evaluates every pending cell (checkpoint x evaluation) of the sweep.
 
 Public entry points, used by the CLI, `watch` and the tests: ``prepare`` (checks and plan, no
-Ray), ``start_ray``, ``evaluate`` (one fit over a plan) and ``run_sweep`` (all three).
+Ray), ``evaluate`` (one fit over a plan, on the Ray this process is connected to) and
+``run_sweep`` (both, inside the one Ray lifecycle of ``lifecycle.RayLifecycle``).
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
-import logging
 import os
 import tempfile
 import time
 import uuid
 from dataclasses import dataclass, field
+from typing import Iterable
 
 from rayeval.io import paths
-from rayeval._internal.execution import recovery, signals
+from rayeval._internal.execution import recovery
+from rayeval._internal.execution.callbacks import Callbacks, PublishToTrackers, RunCallback
+from rayeval._internal.execution.coordinator import TrackerClient
+# follow and quick_health_checks: evaluate()'s and Standing's, from the one lifecycle
+from rayeval._internal.execution.lifecycle import RayLifecycle, follow, quick_health_checks
 from rayeval.core import tasks
 from rayeval.config.schema import EvalSpec, Sweep
 from rayeval.io.data import inspect_dataset, open_dataset
@@ -177,11 +182,12 @@ def _local_problem(location: str, source: ModelSource, sweep: Sweep, text: bool)
 
 
 def run_sweep(sweep: Sweep, *, address: str | None = None, force: bool = False,
-              verbose: bool = False, display=None, on_plan=None, say=None,
-              ready=None) -> RunReport:
-    """Evaluate every cell of the sweep the store does not hold yet. ``display``: a progress
-    display (``progress.make_display``); none by default. The sweep's trackers get each cell
-    as it finishes and the leaderboard at the end; ``say`` takes their summary lines.
+              verbose: bool = False, callbacks: RunCallback | Iterable[RunCallback] = (),
+              say=None, ready=None) -> RunReport:
+    """Evaluate every cell of the sweep the store does not hold yet. ``callbacks``: what
+    watches the run (``callbacks.RunCallback``: the plan line and progress display of
+    ``rayeval.ui.display``, ...); none by default. The sweep's trackers get each cell as it
+    finishes and the leaderboard at the end; ``say`` takes their summary lines.
     ``ready``: the checkpoints to evaluate, as (CheckpointRef, fingerprint) pairs with their
     step, instead of the sweep's globs (``ray_train``'s validation of one checkpoint)."""
     from rayeval.reporting import trackers
@@ -191,108 +197,26 @@ def run_sweep(sweep: Sweep, *, address: str | None = None, force: bool = False,
     trackers.require(sweep.trackers)        # a missing package fails before anything starts
     with timer.span("inputs"):
         plan = prepare(sweep, force=force, ready=ready)
-    if on_plan is not None:
-        on_plan(plan)
+    run = Callbacks(Callbacks.of(callbacks).callbacks)    # a copy: the publisher joins it
+    run.on_plan(plan)
     report = RunReport(plan, outcomes=list(plan.failed), timer=timer)
-    publisher = trackers.Publisher(sweep, say=say)
-    if plan.cells:
-        try:
-            with timer.span("ray start"):
-                started = start_ray(sweep, address, verbose)
-        except BaseException:
-            publisher.close()
-            raise
-        try:
-            done = evaluate(plan, display, on_cell=publisher.cell if publisher.live else None,
-                            timer=timer)
-            report.outcomes += done.outcomes
-            report.nodes, report.loads = done.nodes, done.loads
-            report.worker_times = done.worker_times
-            publisher.board()
-        except KeyboardInterrupt as e:
-            # A thread still inside Ray's client must not see it shut down under it (a crash,
-            # not a clean exit): then Ray goes down with this process instead.
-            started = started and getattr(e, "group_stopped", False)
-            raise
-        finally:
-            with signals.held():                # a second Ctrl-C must not cut the teardown
-                if started:
-                    import ray
-
-                    with timer.span("ray shutdown"):
-                        ray.shutdown()
-                ResultStore(sweep.output).discard_partial(c.key for c in plan.cells)
-                publisher.close()
-    else:
-        publisher.board()
-        publisher.close()
+    run.add(PublishToTrackers(trackers.Publisher(sweep, say=say)))
+    with RayLifecycle(sweep, address=address, verbose=verbose, callbacks=run,
+                      timer=timer) as life:
+        if not plan.cells:
+            run.on_outcomes([])
+        else:
+            life.ensure_ray()
+            with life.following(c.key for c in plan.cells):
+                run.on_group_start()
+                done = evaluate(plan, run, timer=timer)   # ``display``: the run's callbacks
+                report.outcomes += done.outcomes
+                report.nodes, report.loads = done.nodes, done.loads
+                report.worker_times = done.worker_times
+                run.on_outcomes(done.outcomes)
     report.outcomes = plan.in_order(report.outcomes)
     report.seconds = time.perf_counter() - start
     return report
-
-
-def start_ray(sweep: Sweep, address: str | None, verbose: bool) -> bool:
-    """Connect to a cluster (``address``), reuse the current one, or start one in-process with
-    more logical CPUs than workers (Train's controller and the progress tracker run beside
-    them). Returns whether this call started Ray."""
-    if address:
-        _use_token_if_available()       # before Ray is imported: it reads the mode then
-    import ray
-
-    if ray.is_initialized():
-        return False
-    kwargs = dict(log_to_driver=verbose, logging_level=logging.INFO if verbose else logging.ERROR,
-                  configure_logging=True)
-    if address:
-        _probe(address)
-        try:
-            ray.init(address=address, **kwargs)
-        except (ConnectionError, RuntimeError, ValueError) as e:
-            raise RunError(f"--address: cannot connect to Ray at {address!r}: "
-                           f"{str(e).splitlines()[0]}; if the cluster uses token auth, put "
-                           "its token in RAY_AUTH_TOKEN or ~/.ray/auth_token") from None
-        signals.install()
-        return True
-    num_cpus = max(os.cpu_count() or 1, sweep.workers + 2)
-    # Train and its controller start several processes at once; without a higher
-    # start-up concurrency the raylet warns about it on every run of a small machine.
-    ray.init(num_cpus=num_cpus, include_dashboard=False,
-             _system_config={"worker_maximum_startup_concurrency": max(8, num_cpus)}, **kwargs)
-    signals.install()               # Ray's native SIGTERM handler would print a stack and die
-    if sweep.use_gpu:
-        gpus = int(ray.cluster_resources().get("GPU", 0))
-        if gpus < sweep.workers:
-            ray.shutdown()
-            raise RunError(f"use_gpu: true needs {sweep.workers} GPU(s) for workers: "
-                           f"{sweep.workers}, this machine has {gpus}; lower workers or set "
-                           "use_gpu: false")
-    return True
-
-
-def _probe(address: str, timeout: float = 5.0) -> None:
-    """Fail fast on an address where nothing listens: Ray's own client retries for minutes."""
-    import socket
-
-    if "://" in address or ":" not in address:      # auto, local, ray://...: Ray resolves them
-        return
-    host, _, port = address.rpartition(":")
-    try:
-        with socket.create_connection((host, int(port)), timeout=timeout):
-            pass
-    except (OSError, ValueError):
-        raise RunError(f"--address: nothing answers at {address!r}; start the cluster with "
-                       "`ray start --head` and pass the address it prints (HOST:6379)") from None
-
-
-def _use_token_if_available() -> None:
-    """Ray 2.60 clusters started with ``ray start --head`` use token auth when a token exists,
-    but a client only sends one when RAY_AUTH_MODE=token. Send it whenever one is at hand (a
-    cluster without auth ignores it), unless the user chose a mode."""
-    if "RAY_AUTH_MODE" in os.environ:
-        return
-    path = os.environ.get("RAY_AUTH_TOKEN_PATH") or os.path.expanduser("~/.ray/auth_token")
-    if os.environ.get("RAY_AUTH_TOKEN") or os.path.exists(path):
-        os.environ["RAY_AUTH_MODE"] = "token"
 
 
 def evaluate(plan: Plan, display=None, on_cell=None, timer: Timer | None = None) -> Evaluated:
@@ -336,22 +260,6 @@ def evaluate(plan: Plan, display=None, on_cell=None, timer: Timer | None = None)
                 pass
 
 
-@contextlib.contextmanager
-def quick_health_checks():
-    """Ray Train's controller looks at its workers every 2 s by default: up to 2 s after the
-    last worker is done before fit() returns. Every 0.5 s, unless the user chose; the
-    controller reads it when it starts (it inherits this process's environment), so it is
-    set until the fit that starts one has ended."""
-    if HEALTH_CHECK_ENV in os.environ:
-        yield
-        return
-    os.environ[HEALTH_CHECK_ENV] = "0.5"
-    try:
-        yield
-    finally:
-        os.environ.pop(HEALTH_CHECK_ENV, None)
-
-
 class Fit:
     """``trainer.fit()`` on a thread, so that the main thread shows progress and takes the
     signals; its error and the time it ended are kept for the caller."""
@@ -376,39 +284,6 @@ class Fit:
     @property
     def alive(self) -> bool:
         return self.thread.is_alive()
-
-
-def follow(tracker, fit: Fit, display=None, on_cell=None, done=None, keys=None) -> None:
-    """Show the tracker's progress every 0.5 s until the fit ends or ``done()`` says so, and
-    hand each finished cell (of ``keys``, else any) to ``on_cell`` once. SIGINT or SIGTERM
-    winds the worker group down (``_wind_down``) and is raised again."""
-    import ray
-
-    from rayeval._internal.execution.coordinator import NullDisplay, Rate
-
-    display = display or NullDisplay()
-    rate, began, handed = Rate(), time.monotonic(), set()
-    try:
-        with display:
-            finished = False
-            while not finished:
-                fit.thread.join(0.5)
-                finished = not fit.alive or (done is not None and done())
-                snap = ray.get(tracker.snapshot.remote())
-                display.update(rate.status(snap, time.monotonic()),
-                               time.monotonic() - began, final=finished)
-                if on_cell is None or snap["done"] <= len(handed):
-                    continue
-                for key, o in ray.get(tracker.results.remote()).items():
-                    if key not in handed and (keys is None or key in keys):
-                        handed.add(key)
-                        on_cell(o)
-    except KeyboardInterrupt as e:
-        raise _wind_down(e, tracker, fit.thread) from None
-
-
-STOP_GRACE_S = 30.0
-HEALTH_CHECK_ENV = "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"
 
 
 def _trainer(plan: Plan, tracker, standing: bool = False):
@@ -457,78 +332,48 @@ def _raise_failure(error, tracker, sweep: Sweep) -> None:
 class Standing:
     """One worker group kept up across ``rayeval watch``'s polls: each poll's cells are fed to
     it through the progress tracker (``worker.Worker.stand``), so a new checkpoint costs its
-    load and passes, not a new worker group. After a failure the caller starts another."""
+    load and passes, not a new worker group. After a failure the caller starts another
+    (``lifecycle.RayLifecycle.standing_group``)."""
 
     def __init__(self, sweep: Sweep, evaluations):
-        import ray
-
-        from rayeval._internal.execution.coordinator import Tracker
-
         self.sweep = sweep
-        self.tracker = ray.remote(Tracker).options(num_cpus=0).remote([])
+        self.tracker = TrackerClient.start([])
         plan = Plan(sweep=sweep, evaluations=tuple(evaluations), cells=(), cached=(),
                     failed=())
         self.env = contextlib.ExitStack()                 # until close: see evaluate()
         self.env.enter_context(quick_health_checks())
-        self.fit = Fit(recovery.Restarting(lambda: _trainer(plan, self.tracker, standing=True),
-                                           self.tracker, sweep.recovery.max_restarts),
+        handle = self.tracker.handle
+        self.fit = Fit(recovery.Restarting(lambda: _trainer(plan, handle, standing=True),
+                                           handle, sweep.recovery.max_restarts),
                        "rayeval-standing")
 
     @property
     def alive(self) -> bool:
         return self.fit.alive
 
-    def run(self, plan: Plan, display=None, on_cell=None) -> list[CellOutcome]:
+    def run(self, plan: Plan, callbacks: RunCallback | None = None) -> list[CellOutcome]:
         """Evaluate the plan's cells on the standing group; their outcomes in plan order.
         Raises as ``evaluate`` does when the group fails (then it is gone)."""
-        import pickle
-
-        import ray
-
         keys = [c.key for c in plan.cells]
-        ray.get(self.tracker.add_cells.remote(
-            [(c.key, c.checkpoint.location, plan.evaluation(c.evaluation).data.num_rows)
-             for c in plan.cells], [pickle.dumps(c) for c in plan.cells]))
-        follow(self.tracker, self.fit, display, on_cell, keys=set(keys),
-               done=lambda: ray.get(self.tracker.finished.remote(keys)))
-        finished = ray.get(self.tracker.results.remote())
+        self.tracker.add_cells(plan)
+        follow(self.tracker, self.fit, callbacks, keys=set(keys),
+               done=lambda: self.tracker.finished(keys))
+        finished = self.tracker.results()
         if not all(k in finished for k in keys):
-            _raise_failure(self.fit.error, self.tracker, self.sweep)
+            _raise_failure(self.fit.error, self.tracker.handle, self.sweep)
             raise RunError("the worker group ended before evaluating every cell")
         return [finished[k] for k in keys]
 
     def close(self, timeout_s: float = 60.0) -> None:
         """No more cells: the group ends (bounded wait), and its tracker with it."""
-        import ray
-
         try:
-            ray.get(self.tracker.close.remote(), timeout=5)
+            self.tracker.close(timeout=5)
             self.fit.thread.join(timeout_s)
-            ray.kill(self.tracker)
+            self.tracker.kill()
         except Exception:         # noqa: BLE001 - Ray may be going down (a signal)
             pass
         finally:
             self.env.close()
-
-
-def _wind_down(interrupt: KeyboardInterrupt, tracker, thread) -> KeyboardInterrupt:
-    """After SIGINT/SIGTERM: ask the workers to stop (they agree at their next sync point,
-    publishing nothing half-done) and wait for the fit to return, so Ray is shut down with no
-    thread inside it. ``group_stopped`` says whether that happened in time; a second signal
-    while waiting gives up at once."""
-    import ray
-
-    stopped = not thread.is_alive()
-    try:
-        ray.get(tracker.stop.remote(), timeout=5)
-        thread.join(STOP_GRACE_S)
-        stopped = not thread.is_alive()
-    except KeyboardInterrupt:
-        pass
-    except Exception:           # noqa: BLE001 - Ray itself may be going down
-        pass
-    interrupt.group_stopped = stopped
-    return interrupt
 
 
 def _worker_error(e, restarts: int) -> RayevalError:

@@ -26,6 +26,7 @@ import ray.train
 import ray.train.torch
 import torch
 
+from rayeval._internal import constants
 from rayeval._internal.execution import dist, recovery
 from rayeval.io import layouts
 from rayeval.core import tasks
@@ -58,8 +59,9 @@ def cache_budget_bytes() -> int:
     """How much decoded shard a worker may keep, over all evaluations:
     RAYEVAL_SHARD_CACHE_BYTES, else a quarter of this node's available memory shared by the
     workers on it."""
-    if "RAYEVAL_SHARD_CACHE_BYTES" in os.environ:
-        return int(os.environ["RAYEVAL_SHARD_CACHE_BYTES"])
+    given = constants.shard_cache_bytes()
+    if given is not None:
+        return given
     import psutil
 
     local = max(1, ray.train.get_context().get_local_world_size())
@@ -291,7 +293,7 @@ class Worker:
         # A sharded model reads its slices when it loads (collectively): only fetch ahead.
         self.ahead = Prefetch(self.cache_dir, None if self.lockstep else (
             lambda path: layouts.read(path, sweep.checkpoint.trust_pickle)),
-            cache_budget_bytes(), enabled=os.environ.get("RAYEVAL_PREFETCH", "1") != "0")
+            cache_budget_bytes(), enabled=constants.prefetch_enabled())
         self.index_of = {c.key: i for i, c in enumerate(plan.cells)}
         self.tokenizer = None
         self.outcomes: list[CellOutcome] = []

@@ -1,0 +1,88 @@
+"""Every environment variable rayeval reads or sets, in one place (Ray Train v2 keeps its own in
+``ray/train/v2/_internal/constants.py``): its name, its default and why it exists.
+
+Values are read when they are needed, never at import time: a test or a user may set one
+between two runs of the same process. This module imports nothing but ``os``.
+
+Other services' variables stay with their clients: ``AWS_*`` (rayeval.io.paths) and
+``MLFLOW_*`` (rayeval.reporting.trackers, which bounds MLflow's retries while it logs).
+"""
+
+from __future__ import annotations
+
+import os
+
+# --- rayeval's own knobs ------------------------------------------------------------------
+
+# How many bytes of decoded shard a worker may keep between passes, over all evaluations.
+# Unset: a quarter of the node's available memory, shared by the workers on it. Tests set it
+# low to force the streaming path.
+SHARD_CACHE_BYTES_ENV = "RAYEVAL_SHARD_CACHE_BYTES"
+
+# "0" turns off fetching and reading the next checkpoint while the current one is evaluated
+# (to measure what prefetching saves, or to save the memory of one more checkpoint).
+PREFETCH_ENV = "RAYEVAL_PREFETCH"
+DEFAULT_PREFETCH = "1"
+
+# What may travel with a Ray Job (`rayeval submit`): the sweep's folder, in MiB. Data and
+# checkpoints belong in object storage; this catches a folder that holds them by mistake.
+MAX_UPLOAD_MB_ENV = "RAYEVAL_MAX_UPLOAD_MB"
+DEFAULT_MAX_UPLOAD_MB = 100
+
+# Attempts of each S3 request (pyarrow's retry strategy): a 503 storm of an object store is
+# ridden out, a dead endpoint is not waited on for long. Read by rayeval.io.paths (which still
+# spells the name out; that layer is being reworked apart from this change).
+S3_MAX_ATTEMPTS_ENV = "RAYEVAL_S3_MAX_ATTEMPTS"
+DEFAULT_S3_MAX_ATTEMPTS = 10
+
+# --- Ray's knobs that rayeval reads or sets -------------------------------------------------
+
+# Ray 2.60 sends the cluster's token only when RAY_AUTH_MODE=token; rayeval sets it before Ray
+# is imported when a token is at hand and the user chose no mode (see lifecycle).
+RAY_AUTH_MODE_ENV = "RAY_AUTH_MODE"
+RAY_AUTH_MODE_TOKEN = "token"
+# The token itself, or the file that holds it (Ray's own default: ~/.ray/auth_token).
+RAY_AUTH_TOKEN_ENV = "RAY_AUTH_TOKEN"
+RAY_AUTH_TOKEN_PATH_ENV = "RAY_AUTH_TOKEN_PATH"
+DEFAULT_RAY_AUTH_TOKEN_PATH = "~/.ray/auth_token"
+
+# The Jobs API's address for `rayeval submit` / `rayeval jobs` when --address is not given,
+# in the order Ray's own job CLI reads them.
+RAY_ADDRESS_ENVS = ("RAY_API_SERVER_ADDRESS", "RAY_ADDRESS")
+
+# Ray Train's controller looks at its workers every 2 s by default: up to 2 s after the last
+# worker is done before fit() returns. rayeval sets 0.5 s for its own fits unless the user
+# chose; the controller reads it when it starts (it inherits the driver's environment).
+HEALTH_CHECK_INTERVAL_ENV = "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"
+DEFAULT_HEALTH_CHECK_INTERVAL_S = "0.5"
+
+
+def ray_auth_token_path() -> str:
+    """The file Ray reads the cluster's token from."""
+    return os.environ.get(RAY_AUTH_TOKEN_PATH_ENV) or os.path.expanduser(
+        DEFAULT_RAY_AUTH_TOKEN_PATH)
+
+
+def ray_auth_token() -> str | None:
+    """The token given in the environment, stripped; None when none is."""
+    token = os.environ.get(RAY_AUTH_TOKEN_ENV)
+    return token.strip() if token else None
+
+
+def shard_cache_bytes() -> int | None:
+    """RAYEVAL_SHARD_CACHE_BYTES, or None when unset (the worker then asks the node)."""
+    value = os.environ.get(SHARD_CACHE_BYTES_ENV)
+    return None if value is None else int(value)
+
+
+def prefetch_enabled() -> bool:
+    return os.environ.get(PREFETCH_ENV, DEFAULT_PREFETCH) != "0"
+
+
+def max_upload_bytes() -> int:
+    return int(float(os.environ.get(MAX_UPLOAD_MB_ENV, DEFAULT_MAX_UPLOAD_MB)) * (1 << 20))
+
+
+def ray_address() -> str | None:
+    """The Jobs API address from the environment, if any."""
+    return next((os.environ[k] for k in RAY_ADDRESS_ENVS if os.environ.get(k)), None)

@@ -1,0 +1,267 @@
+"""The one Ray lifecycle of a run, written once for ``run_sweep``, ``rayeval watch`` and the Ray
+Train validation backend (which runs ``run_sweep``):
+
+    with RayLifecycle(sweep, address=..., callbacks=...) as life:
+        life.ensure_ray()                      # start Ray in-process, connect, or reuse
+        with life.following(keys):             # a fit over these cells is in flight
+            ...                                # SIGINT/SIGTERM winds the group down (follow)
+    # SIGINT/SIGTERM held: the standing group closed, the Ray this process started shut
+    # down, the partial store files of unfinished cells removed, callbacks.on_end(error),
+    # the process's signal handlers as they were before
+
+``follow`` is the loop that shows a fit's progress through the run's callbacks and hands
+them each finished cell; ``_wind_down`` is what a signal does to a fit in flight.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import time
+from typing import TYPE_CHECKING, Iterable
+
+from rayeval._internal import constants
+from rayeval._internal.execution import signals
+from rayeval._internal.execution.callbacks import Callbacks, OnCell, RunCallback
+from rayeval._internal.execution.coordinator import TrackerClient
+from rayeval.errors import RunError
+
+if TYPE_CHECKING:
+    from rayeval._internal.execution.driver import Standing
+    from rayeval._internal.execution.profile import Timer
+    from rayeval.config.schema import Sweep
+
+STOP_GRACE_S = 30.0            # how long a signal waits for the workers to agree to stop
+HEALTH_CHECK_ENV = constants.HEALTH_CHECK_INTERVAL_ENV
+
+
+class RayLifecycle:
+    """Ray for one run, from start (or connection) to shutdown: see the module docstring.
+    Only what this process started is shut down; Ray that was already up is left running.
+    ``timer``: the driver's phases (``ray start``, ``ray shutdown``) for --profile."""
+
+    def __init__(self, sweep: Sweep, *, address: str | None = None, verbose: bool = False,
+                 callbacks: RunCallback | Iterable[RunCallback] | None = None,
+                 timer: Timer | None = None):
+        self.sweep = sweep
+        self.address = address
+        self.verbose = verbose
+        self.callbacks = Callbacks.of(callbacks)
+        self.timer = timer
+        self.started = False           # this process started Ray: it shuts it down at the end
+        self.connected = False
+        self.group: Standing | None = None          # watch's worker group, kept across fits
+        self.partial: set[str] = set()              # cells whose temporary files may be left
+        self._signals = contextlib.ExitStack()
+
+    def __enter__(self) -> RayLifecycle:
+        # rayeval's handlers go in once Ray is up (start_ray); the caller's come back at the end.
+        self._signals.enter_context(signals.restored())
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        try:
+            with signals.held():            # a second Ctrl-C must not cut the teardown
+                try:
+                    self._tear_down()
+                finally:
+                    self.callbacks.on_end(exc)
+        finally:
+            self._signals.close()
+        return False
+
+    def _tear_down(self) -> None:
+        if self.group is not None:
+            self.group.close()
+            self.group = None
+        if self.started:
+            import ray
+
+            with self._span("ray shutdown"):
+                ray.shutdown()
+        if self.partial:
+            from rayeval.reporting.store import ResultStore
+
+            ResultStore(self.sweep.output).discard_partial(self.partial)
+
+    def _span(self, name: str):
+        return self.timer.span(name) if self.timer is not None else contextlib.nullcontext()
+
+    def ensure_ray(self) -> None:
+        """Ray up for the run's fits, once: connected to ``address``, the Ray this process
+        already has, or one started here (``start_ray``)."""
+        if self.connected:
+            return
+        with self._span("ray start"):
+            self.started = start_ray(self.sweep, self.address, self.verbose)
+        self.connected = True
+
+    def standing_group(self, evaluations) -> Standing:
+        """``watch``'s worker group: the one kept up across polls, or a new one when there is
+        none or it failed (``callbacks.on_group_start`` then)."""
+        from rayeval._internal.execution.driver import Standing
+
+        if self.group is None or not self.group.alive:
+            self.callbacks.on_group_start()
+            self.group = Standing(self.sweep, evaluations)
+        return self.group
+
+    def drop_group(self, timeout_s: float) -> None:
+        """The standing group failed: close what is left of it; the next fit starts another."""
+        if self.group is not None:
+            self.group.close(timeout_s=timeout_s)
+            self.group = None
+
+    @contextlib.contextmanager
+    def following(self, keys: Iterable[str], discard_now: bool = False):
+        """A fit over these cells is in flight in the block. Their temporary store files are
+        removed at the end of the run, or as the block ends (``discard_now``: ``watch``, whose
+        run goes on). A SIGINT/SIGTERM that leaves a thread inside Ray's client (the workers
+        did not stop in time, see ``_wind_down``) must not see Ray shut down under it (a crash,
+        not a clean exit): then Ray goes down with this process instead."""
+        keys = list(keys)
+        self.partial.update(keys)
+        try:
+            yield
+        except KeyboardInterrupt as e:
+            if not getattr(e, "group_stopped", False):
+                self.started = False
+            self.group = None             # wound down (or given up on) by _wind_down
+            raise
+        finally:
+            if discard_now:
+                from rayeval.reporting.store import ResultStore
+
+                ResultStore(self.sweep.output).discard_partial(keys)
+
+
+def start_ray(sweep: Sweep, address: str | None, verbose: bool) -> bool:
+    """Connect to a cluster (``address``), reuse the current one, or start one in-process with
+    more logical CPUs than workers (Train's controller and the progress tracker run beside
+    them). Returns whether this call started Ray."""
+    if address:
+        _use_token_if_available()       # before Ray is imported: it reads the mode then
+    import ray
+
+    if ray.is_initialized():
+        return False
+    kwargs = dict(log_to_driver=verbose, logging_level=logging.INFO if verbose else logging.ERROR,
+                  configure_logging=True)
+    if address:
+        _probe(address)
+        try:
+            ray.init(address=address, **kwargs)
+        except (ConnectionError, RuntimeError, ValueError) as e:
+            raise RunError(f"--address: cannot connect to Ray at {address!r}: "
+                           f"{str(e).splitlines()[0]}; if the cluster uses token auth, put "
+                           "its token in RAY_AUTH_TOKEN or ~/.ray/auth_token") from None
+        signals.install()
+        return True
+    num_cpus = max(os.cpu_count() or 1, sweep.workers + 2)
+    # Train and its controller start several processes at once; without a higher
+    # start-up concurrency the raylet warns about it on every run of a small machine.
+    ray.init(num_cpus=num_cpus, include_dashboard=False,
+             _system_config={"worker_maximum_startup_concurrency": max(8, num_cpus)}, **kwargs)
+    signals.install()               # Ray's native SIGTERM handler would print a stack and die
+    if sweep.use_gpu:
+        gpus = int(ray.cluster_resources().get("GPU", 0))
+        if gpus < sweep.workers:
+            ray.shutdown()
+            raise RunError(f"use_gpu: true needs {sweep.workers} GPU(s) for workers: "
+                           f"{sweep.workers}, this machine has {gpus}; lower workers or set "
+                           "use_gpu: false")
+    return True
+
+
+def _probe(address: str, timeout: float = 5.0) -> None:
+    """Fail fast on an address where nothing listens: Ray's own client retries for minutes."""
+    import socket
+
+    if "://" in address or ":" not in address:      # auto, local, ray://...: Ray resolves them
+        return
+    host, _, port = address.rpartition(":")
+    try:
+        with socket.create_connection((host, int(port)), timeout=timeout):
+            pass
+    except (OSError, ValueError):
+        raise RunError(f"--address: nothing answers at {address!r}; start the cluster with "
+                       "`ray start --head` and pass the address it prints (HOST:6379)") from None
+
+
+def _use_token_if_available() -> None:
+    """Ray 2.60 clusters started with ``ray start --head`` use token auth when a token exists,
+    but a client only sends one when RAY_AUTH_MODE=token. Send it whenever one is at hand (a
+    cluster without auth ignores it), unless the user chose a mode."""
+    if constants.RAY_AUTH_MODE_ENV in os.environ:
+        return
+    if os.environ.get(constants.RAY_AUTH_TOKEN_ENV) or os.path.exists(
+            constants.ray_auth_token_path()):
+        os.environ[constants.RAY_AUTH_MODE_ENV] = constants.RAY_AUTH_MODE_TOKEN
+
+
+@contextlib.contextmanager
+def quick_health_checks():
+    """Ray Train's controller looks at its workers every 2 s by default: up to 2 s after the
+    last worker is done before fit() returns. Every 0.5 s, unless the user chose; the
+    controller reads it when it starts (it inherits this process's environment), so it is
+    set until the fit that starts one has ended."""
+    if HEALTH_CHECK_ENV in os.environ:
+        yield
+        return
+    os.environ[HEALTH_CHECK_ENV] = constants.DEFAULT_HEALTH_CHECK_INTERVAL_S
+    try:
+        yield
+    finally:
+        os.environ.pop(HEALTH_CHECK_ENV, None)
+
+
+def follow(tracker, fit, callbacks=None, on_cell=None, done=None, keys=None) -> None:
+    """Follow a fit (``driver.Fit``) every 0.5 s until it ends or ``done()`` says so: the
+    tracker's progress to ``callbacks.on_progress``, each finished cell (of ``keys``, else
+    any) once to ``callbacks.on_cell`` (and to ``on_cell``, a plain function), between
+    ``on_fit_start`` and ``on_fit_end``. ``callbacks``: a ``RunCallback`` or several (the
+    parameter ``driver.evaluate`` calls ``display``). SIGINT or SIGTERM winds the worker group
+    down (``_wind_down``) and is raised again."""
+    tracker = TrackerClient.of(tracker)
+    callbacks = Callbacks.of(callbacks)
+    if on_cell is not None:
+        callbacks = Callbacks([*callbacks.callbacks, OnCell(on_cell)])
+    began, handed = time.monotonic(), set()
+    try:
+        callbacks.on_fit_start()
+        try:
+            finished = False
+            while not finished:
+                fit.thread.join(0.5)
+                finished = not fit.alive or (done is not None and done())
+                snap = tracker.snapshot()
+                callbacks.on_progress(snap, time.monotonic() - began, finished)
+                if not callbacks.wants_cells or snap["done"] <= len(handed):
+                    continue
+                for key, o in tracker.results().items():
+                    if key not in handed and (keys is None or key in keys):
+                        handed.add(key)
+                        callbacks.on_cell(o)
+        finally:
+            callbacks.on_fit_end()
+    except KeyboardInterrupt as e:
+        raise _wind_down(e, tracker, fit.thread) from None
+
+
+def _wind_down(interrupt: KeyboardInterrupt, tracker, thread) -> KeyboardInterrupt:
+    """After SIGINT/SIGTERM: ask the workers to stop (they agree at their next sync point,
+    publishing nothing half-done) and wait for the fit to return, so Ray is shut down with no
+    thread inside it. ``group_stopped`` says whether that happened in time; a second signal
+    while waiting gives up at once."""
+    stopped = not thread.is_alive()
+    try:
+        TrackerClient.of(tracker).stop(timeout=5)
+        thread.join(STOP_GRACE_S)
+        stopped = not thread.is_alive()
+    except KeyboardInterrupt:
+        pass
+    except Exception:           # noqa: BLE001 - Ray itself may be going down
+        pass
+    interrupt.group_stopped = stopped
+    return interrupt
