@@ -5,7 +5,8 @@
     python scripts/layers.py --json
 
 An arrow is one rayeval module importing another (``from rayeval.x import y`` and relative
-imports alike), counted once per pair; arrows written inside functions are counted apart. A
+imports alike), counted once per pair; arrows written inside functions are counted apart, and
+imports under ``if TYPE_CHECKING:`` (annotations only, never run) are not arrows. A
 "deferred" import is one inside a function that names a rayeval module but no heavy or optional
 dependency comes with it that the caller could avoid: those are the ones the layering should
 remove. Cycles are strongly connected components of the module graph, and of the graph of
@@ -64,6 +65,8 @@ def imports_of(module: str, path: str, known: set[str]) -> list[tuple[str, int, 
 
     def visit(node, in_function: bool):
         for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.If) and "TYPE_CHECKING" in ast.unparse(child.test):
+                continue            # names for annotations only: never imported at run time
             inner = in_function or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef))
             if isinstance(child, ast.Import):
                 for alias in child.names:

@@ -17,7 +17,7 @@ from typing import Iterable
 import torch
 
 from rayeval.core import stats, tasks
-from rayeval.config.schema import OFF, Bootstrap, EvalSpec, Generation
+from rayeval.config.schema import OFF, Bootstrap, DatasetSpec, EvalSpec, Generation
 from rayeval.io.data import DatasetInfo
 from rayeval import errors
 from rayeval.errors import MetricError, ModelError, traceback_of
@@ -273,8 +273,6 @@ class Pass:
                  device: torch.device, task: tasks.Task | str = "classification",
                  buckets: int = 1, spec=None, text=None, generation: Generation = Generation(),
                  batch: int = 256):
-        from rayeval.config.schema import DatasetSpec
-
         self.model = model
         self.task = tasks.get(task) if isinstance(task, str) else task
         self.spec = spec or DatasetSpec(path="")

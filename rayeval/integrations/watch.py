@@ -210,7 +210,7 @@ def watch(sweep: Sweep, *, interval_s: float, settle_s: float, address: str | No
 def _poll(life: RayLifecycle, plan, evaluations, state: WatchState, say) -> None:
     """One poll's cells evaluated on the standing worker group (started if need be)."""
     life.ensure_ray()
-    group = life.standing_group(evaluations)
+    group = life.standing_group(evaluations, driver.Standing)
     try:
         with life.following((c.key for c in plan.cells), discard_now=True):
             outcomes = group.run(plan, life.callbacks)

@@ -13,7 +13,12 @@ from rich.markup import escape
 
 from rayeval import __version__
 from rayeval._internal.execution import signals
-from rayeval.errors import RayevalError
+from rayeval._internal.execution.profile import render as render_profile, since_process_start
+from rayeval.config.schema import MlflowTracker, Trackers, WandbTracker
+from rayeval.errors import CheckpointError, RayevalError, SpecError, StoreError
+from rayeval.reporting.render import (format_value, render_rich, to_csv, to_html, to_json,
+                                      to_markdown)
+from rayeval.ui.display import make_display
 
 EXIT_OK, EXIT_CELLS_FAILED, EXIT_BAD_INPUT = 0, 1, 2
 
@@ -232,11 +237,9 @@ def main(argv: list[str] | None = None) -> int:
 def _run(args, out: Console, err: Console) -> int:
     from rayeval import api  # noqa: F401 - imported here so --profile counts it as imports
     from rayeval._internal.execution import driver
-    from rayeval._internal.execution.profile import since_process_start
 
     _STARTED["imports"] = since_process_start()
     from rayeval.reporting.boards import build_board, latest_rows
-    from rayeval.reporting.render import render_rich
     from rayeval.config.loader import load_sweep, with_trackers
     from rayeval.reporting.store import ResultStore
 
@@ -266,17 +269,14 @@ def _run(args, out: Console, err: Console) -> int:
         if args.debug and f.detail:
             err.print(f.detail, markup=False, highlight=False, soft_wrap=True)
     if args.profile:
-        from rayeval._internal.execution.profile import render, since_process_start
 
         report.timer.add("imports", _STARTED.get("imports", 0.0))
-        for line in render(report.timer, report.worker_times, since_process_start()):
+        for line in render_profile(report.timer, report.worker_times, since_process_start()):
             err.print(line, markup=False, highlight=False, soft_wrap=True)
     return EXIT_CELLS_FAILED if report.failures else EXIT_OK
 
 
 def _watch(args, out: Console, err: Console) -> int:
-    from rayeval.errors import SpecError
-    from rayeval.ui.display import make_display
     from rayeval.config.loader import load_sweep, watch_spec, with_overrides, with_trackers
     from rayeval.integrations.watch import watch
 
@@ -370,7 +370,6 @@ def _stored_rows(args) -> list[dict]:
 def _leaderboard(args, out: Console) -> int:
     from rayeval.reporting.boards import (AGGREGATE, aggregates, build_board, columns_of,
                                           resolve_metric)
-    from rayeval.reporting.render import render_rich, to_csv, to_html, to_json, to_markdown
 
     rows = _stored_rows(args)
     code = EXIT_OK if _push(args, rows) else EXIT_CELLS_FAILED
@@ -407,8 +406,6 @@ def _leaderboard(args, out: Console) -> int:
 
 def _push(args, rows: list[dict]) -> bool:
     """``--to-mlflow`` / ``--to-wandb``: the rows shown, to the trackers; whether all went."""
-    from rayeval.config.schema import MlflowTracker, Trackers, WandbTracker
-    from rayeval.errors import SpecError
     from rayeval.reporting.trackers import push
 
     if args.experiment is not None and args.to_mlflow is None:
@@ -435,9 +432,7 @@ def _compare(args, out: Console) -> int:
     from rich.table import Table
     from rich.text import Text
 
-    from rayeval.errors import StoreError
     from rayeval.reporting.boards import AGGREGATE, compare, find_checkpoint
-    from rayeval.reporting.render import format_value
 
     rows = _stored_rows(args)
     a_rows = find_checkpoint(rows, args.a, "A")
@@ -470,7 +465,6 @@ def _confusion(args, out: Console) -> int:
     from rich.table import Table
     from rich.text import Text
 
-    from rayeval.errors import StoreError
     from rayeval.reporting.boards import find_checkpoint
 
     rows = [r for r in find_checkpoint(_stored_rows(args), args.checkpoint, "CHECKPOINT")
@@ -498,7 +492,6 @@ def _inspect(args, out: Console) -> int:
 
     from rich.table import Table
 
-    from rayeval.errors import CheckpointError, SpecError
     from rayeval.io.loading import CheckpointSpec, describe, prefix_label
 
     path = os.path.abspath(args.path)

@@ -20,7 +20,7 @@ from typing import Iterable
 from rayeval.io import paths
 from rayeval._internal.execution import recovery
 from rayeval._internal.execution.callbacks import Callbacks, PublishToTrackers, RunCallback
-from rayeval._internal.execution.coordinator import TrackerClient
+from rayeval._internal.execution.coordinator import Tracker, TrackerClient
 # follow and quick_health_checks: evaluate()'s and Standing's, from the one lifecycle
 from rayeval._internal.execution.lifecycle import RayLifecycle, follow, quick_health_checks
 from rayeval.core import tasks
@@ -33,6 +33,7 @@ from rayeval.io.loading import fit_error
 from rayeval.io.model import ModelSource
 from rayeval.plan.cells import CellOutcome, Evaluation, Plan, make_plan
 from rayeval._internal.execution.profile import Timer
+from rayeval.reporting import trackers
 from rayeval.reporting.store import ResultStore
 
 
@@ -190,8 +191,6 @@ def run_sweep(sweep: Sweep, *, address: str | None = None, force: bool = False,
     finishes and the leaderboard at the end; ``say`` takes their summary lines.
     ``ready``: the checkpoints to evaluate, as (CheckpointRef, fingerprint) pairs with their
     step, instead of the sweep's globs (``ray_train``'s validation of one checkpoint)."""
-    from rayeval.reporting import trackers
-
     start = time.perf_counter()
     timer = Timer()
     trackers.require(sweep.trackers)        # a missing package fails before anything starts
@@ -226,8 +225,6 @@ def evaluate(plan: Plan, display=None, on_cell=None, timer: Timer | None = None)
     input. ``on_cell`` gets each cell's outcome once, soon after it finishes (its rows are
     in the store by then), also when the run fails later."""
     import ray
-
-    from rayeval._internal.execution.coordinator import Tracker
 
     sweep = plan.sweep
     with quick_health_checks():

@@ -19,12 +19,13 @@ import contextlib
 import logging
 import os
 import time
-from typing import TYPE_CHECKING, Iterable
+from typing import TYPE_CHECKING, Callable, Iterable
 
 from rayeval._internal import constants
 from rayeval._internal.execution import signals
 from rayeval._internal.execution.callbacks import Callbacks, OnCell, RunCallback
 from rayeval._internal.execution.coordinator import TrackerClient
+from rayeval import errors
 from rayeval.errors import RunError
 
 if TYPE_CHECKING:
@@ -97,14 +98,13 @@ class RayLifecycle:
             self.started = start_ray(self.sweep, self.address, self.verbose)
         self.connected = True
 
-    def standing_group(self, evaluations) -> Standing:
-        """``watch``'s worker group: the one kept up across polls, or a new one when there is
-        none or it failed (``callbacks.on_group_start`` then)."""
-        from rayeval._internal.execution.driver import Standing
-
+    def standing_group(self, evaluations, start: Callable[..., Standing]) -> Standing:
+        """``watch``'s worker group: the one kept up across polls, or a new one,
+        ``start(sweep, evaluations)`` (``driver.Standing``, which imports this module), when
+        there is none or it failed (``callbacks.on_group_start`` then)."""
         if self.group is None or not self.group.alive:
             self.callbacks.on_group_start()
-            self.group = Standing(self.sweep, evaluations)
+            self.group = start(self.sweep, evaluations)
         return self.group
 
     def drop_group(self, timeout_s: float) -> None:
@@ -154,7 +154,7 @@ def start_ray(sweep: Sweep, address: str | None, verbose: bool) -> bool:
             ray.init(address=address, **kwargs)
         except (ConnectionError, RuntimeError, ValueError) as e:
             raise RunError(f"--address: cannot connect to Ray at {address!r}: "
-                           f"{str(e).splitlines()[0]}; if the cluster uses token auth, put "
+                           f"{errors.reason(e)}; if the cluster uses token auth, put "
                            "its token in RAY_AUTH_TOKEN or ~/.ray/auth_token") from None
         signals.install()
         return True

@@ -26,6 +26,7 @@ import ray.train
 import ray.train.torch
 import torch
 
+from rayeval import errors
 from rayeval._internal import constants
 from rayeval._internal.execution import dist, recovery
 from rayeval.io import layouts
@@ -245,7 +246,7 @@ def train_loop(config: dict) -> list[CellOutcome]:
         progress.fatal(e)
         raise
     except Exception as e:
-        progress.problem(f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
+        progress.problem(errors.reason(e, typed=True))
         raise
 
 
@@ -541,7 +542,7 @@ class Worker:
         except Exception as e:               # noqa: BLE001 - the user's model on these rows
             self.details[cell.key] = traceback_of(e)
             return (f"{cell.checkpoint.location}: {ev.name}: the model failed on a batch: "
-                    f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
+                    f"{errors.reason(e, typed=True)}")
         return None
 
     def publish(self, cell: Cell, ev: Evaluation, merged, step, layout, start) -> CellOutcome:
