@@ -1,4 +1,4 @@
-"""One rank of the sharded-loading check, started by ``torchrun`` from tests/test_sharded.py.
+"""One rank of the sharded-loading check, started by ``torchrun`` from tests/integration/test_sharded.py.
 
 Every rank builds the same tiny models, rank 0 writes their checkpoints in each layout (and a
 DCP checkpoint written by all ranks through FSDP2 over the whole world, so it is read back at
