@@ -39,7 +39,7 @@ def load_sweep(path: str | os.PathLike) -> Sweep:
     path at fault (a missing file, invalid YAML, an unknown, missing or mistyped key, a bad
     value). Nothing is evaluated, no data is read and no Ray is started.
     """
-    from rayeval.config.loader import load_sweep as _load
+    from rayeval.plan.loader import load_sweep as _load
 
     return _load(os.fspath(path))
 
@@ -90,8 +90,8 @@ def run(sweep: Sweep | str | os.PathLike, *, workers: int | None = None,
     and SIGTERM handlers are restored when the call returns.
     """
     from rayeval._internal.execution.driver import run_sweep
-    from rayeval.config.loader import with_overrides
-    from rayeval.ui.display import console_callbacks, console_say
+    from rayeval.plan.loader import with_overrides
+    from rayeval.reporting.display import console_callbacks, console_say
 
     if isinstance(sweep, (str, os.PathLike)):
         sweep = load_sweep(sweep)
@@ -163,6 +163,6 @@ def _trackers(given, base: Trackers) -> Trackers:
     """``run``'s ``trackers=``: a Trackers as it is, a mapping over the sweep's."""
     if isinstance(given, Trackers):
         return given
-    from rayeval.config.loader import trackers_spec
+    from rayeval.plan.loader import trackers_spec
 
     return trackers_spec(given, source="rayeval.run(trackers=...)", base=base, removable=True)

@@ -58,7 +58,7 @@ def main(argv=None) -> int:
     import torch.distributed.checkpoint as dcp
 
     from rayeval._internal.execution.driver import run_sweep
-    from rayeval.config.loader import load_sweep
+    from rayeval.plan.loader import load_sweep
 
     figures = []
     with tempfile.TemporaryDirectory(prefix="rayeval-mem-") as root:

@@ -303,7 +303,7 @@ def bootstrap_pass_cost(root: str, sweeps: tuple[str, str]) -> tuple[float, floa
     from rayeval.io.data import inspect_dataset
     from rayeval.core.evaluate import Pass, decoded_batches, finalize
     from rayeval.core.metrics import build_all
-    from rayeval.config.loader import load_sweep
+    from rayeval.plan.loader import load_sweep
 
     configs = []
     for path in sweeps:

@@ -27,7 +27,7 @@ from rayeval.io import paths
 from rayeval import errors
 from rayeval.errors import RunError, SpecError
 from rayeval.config.schema import Sweep
-from rayeval.config.loader import (is_relative_local, load_sweep, with_overrides, with_trackers,
+from rayeval.plan.loader import (is_relative_local, load_sweep, with_overrides, with_trackers,
                                    written_locations)
 
 MAX_UPLOAD_MB = constants.DEFAULT_MAX_UPLOAD_MB    # what may travel with a job (constants)

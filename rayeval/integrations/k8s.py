@@ -15,7 +15,7 @@ import re
 import yaml
 
 from rayeval.errors import SpecError
-from rayeval.config.loader import is_relative_local, load_sweep, written_locations
+from rayeval.plan.loader import is_relative_local, load_sweep, written_locations
 
 MOUNT = "/etc/rayeval"
 CONFIGMAP_LIMIT = 900 * 1024      # a ConfigMap holds at most 1 MiB, metadata included

@@ -118,7 +118,7 @@ def validation_config(sweep: Sweep | str | os.PathLike, *, workers: int | None =
     import ray.train
 
     from rayeval import api
-    from rayeval.config.loader import with_overrides
+    from rayeval.plan.loader import with_overrides
 
     if isinstance(sweep, (str, os.PathLike)):
         sweep = api.load_sweep(sweep)
@@ -312,7 +312,7 @@ class RayevalValidation:
         from rayeval._internal.execution import driver
         from rayeval.plan.cells import checkpoint_fingerprint
         from rayeval.reporting.store import ResultStore
-        from rayeval.ui.display import console_callbacks
+        from rayeval.reporting.display import console_callbacks
 
         sweep = self.sweep.replace(checkpoints=(location,))
         ref = self.ref(location, step, epoch)

@@ -21,7 +21,7 @@ from typing import Callable
 import fnmatch
 
 from rayeval._internal.execution import driver, signals
-from rayeval._internal.execution.callbacks import PublishToTrackers, RunCallback
+from rayeval.reporting.callbacks import PublishToTrackers, RunCallback
 from rayeval._internal.execution.lifecycle import RayLifecycle
 from rayeval.io import paths
 from rayeval.reporting import trackers
@@ -29,7 +29,7 @@ from rayeval.io.checkpoints import CheckpointRef, expand_checkpoints
 from rayeval.config.schema import Sweep, WatchSpec
 from rayeval.errors import RunError
 from rayeval.plan.cells import checkpoint_fingerprint
-from rayeval.ui.display import DisplayCallback
+from rayeval.reporting.display import DisplayCallback
 
 
 class Settling:

@@ -1,2 +1,2 @@
 """Reading the world: locations, checkpoints and their layouts, loading into models, Hugging Face
-folders, sharded models, data sets."""
+folders and tokenizers, data sets."""

@@ -1,1 +1,3 @@
-"""From a sweep to the cells a run must evaluate, and what became of each."""
+"""From a sweep file to the cells a run must evaluate: the loader (YAML to the config's types,
+validated against the tasks and metrics that core registers), the cells and their content keys,
+and what became of each."""

@@ -1,1 +1,2 @@
-"""What a run leaves: the result store, leaderboards and their renderings, plots, trackers."""
+"""What a run shows and leaves: the run callbacks (the progress display, the trackers' publisher),
+the result store, leaderboards and their renderings, plots and trackers."""

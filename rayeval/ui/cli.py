@@ -18,7 +18,7 @@ from rayeval.config.schema import MlflowTracker, Trackers, WandbTracker
 from rayeval.errors import CheckpointError, RayevalError, SpecError, StoreError
 from rayeval.reporting.render import (format_value, render_rich, to_csv, to_html, to_json,
                                       to_markdown)
-from rayeval.ui.display import make_display
+from rayeval.reporting.display import make_display
 
 EXIT_OK, EXIT_CELLS_FAILED, EXIT_BAD_INPUT = 0, 1, 2
 
@@ -240,7 +240,7 @@ def _run(args, out: Console, err: Console) -> int:
 
     _STARTED["imports"] = since_process_start()
     from rayeval.reporting.boards import build_board, latest_rows
-    from rayeval.config.loader import load_sweep, with_trackers
+    from rayeval.plan.loader import load_sweep, with_trackers
     from rayeval.reporting.store import ResultStore
 
     sweep = args.sweep
@@ -277,7 +277,7 @@ def _run(args, out: Console, err: Console) -> int:
 
 
 def _watch(args, out: Console, err: Console) -> int:
-    from rayeval.config.loader import load_sweep, watch_spec, with_overrides, with_trackers
+    from rayeval.plan.loader import load_sweep, watch_spec, with_overrides, with_trackers
     from rayeval.integrations.watch import watch
 
     if args.interval <= 0 or (args.settle is not None and args.settle < 0):
@@ -506,7 +506,7 @@ def _inspect(args, out: Console) -> int:
         raise SpecError(f"--shard: must be at least 1, got {shard}")
     folder = hf.describe(path) if os.path.isdir(path) and hf.is_folder(path) else None
     if args.sweep:
-        from rayeval.config.loader import load_sweep
+        from rayeval.plan.loader import load_sweep
 
         sweep = load_sweep(args.sweep)
         model = ModelSource(sweep.model, sweep.base_dir).meta(path)
@@ -521,7 +521,7 @@ def _inspect(args, out: Console) -> int:
     if folder is not None:
         info["hugging_face"] = folder
     if model is not None:
-        from rayeval.io.sharding import memory
+        from rayeval._internal.execution.sharding import memory
 
         need = memory(model, shard or 1, args.sweep and sweep.parallelism.wrap or (), dtype)
         info["memory"] = {"shard": need.shard, "weights_bytes": need.total,

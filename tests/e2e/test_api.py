@@ -87,7 +87,7 @@ def test_every_public_name_resolves_and_the_errors_form_one_tree():
 def test_load_sweep_is_the_spec_loader(tmp_path):
     from pathlib import Path
 
-    from rayeval.config.loader import load_sweep
+    from rayeval.plan.loader import load_sweep
 
     path = write_sweep(str(tmp_path), workers=2)
     sweep = rayeval.load_sweep(Path(path))

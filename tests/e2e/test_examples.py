@@ -22,7 +22,7 @@ from PIL import Image
 from rayeval._internal.execution.driver import prepare, run_sweep
 from rayeval.errors import RayevalError
 from rayeval.reporting.boards import latest_rows
-from rayeval.config.loader import load_sweep
+from rayeval.plan.loader import load_sweep
 from rayeval.reporting.store import ResultStore
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

@@ -12,7 +12,7 @@ import pytest
 from rayeval.io import paths
 from rayeval._internal.execution.driver import run_sweep
 from rayeval.reporting.boards import latest_rows
-from rayeval.config.loader import load_sweep, with_overrides
+from rayeval.plan.loader import load_sweep, with_overrides
 from rayeval.reporting.store import ResultStore
 from s3server import CREDENTIALS, FlakyProxy, MotoServer
 from support import rayeval_cli

@@ -26,7 +26,7 @@ import rayeval
 from rayeval.ui import cli
 from rayeval.config.schema import MlflowTracker, Trackers, WandbTracker
 from rayeval.errors import SpecError
-from rayeval.config.loader import parse_sweep, trackers_spec, with_trackers
+from rayeval.plan.loader import parse_sweep, trackers_spec, with_trackers
 from rayeval.reporting.store import ResultStore
 from rayeval.reporting.trackers import metric_name, points, wandb_run_id
 from support import build_model, make_data, rayeval_cli, write_model_module, write_parquet

@@ -13,7 +13,7 @@ import yaml
 
 from rayeval.io.checkpoints import CheckpointRef
 from rayeval.errors import SpecError
-from rayeval.config.loader import load_sweep, watch_spec
+from rayeval.plan.loader import load_sweep, watch_spec
 from rayeval.integrations.watch import Marked, ordered
 from support import (build_model, make_data, wait_for, write_model_module, write_parquet,
                      write_sweep)

@@ -13,7 +13,7 @@ from safetensors.torch import save_file
 from rayeval._internal.execution.driver import evaluate, prepare, run_sweep
 from rayeval.errors import DataError
 from rayeval.reporting.boards import latest_rows
-from rayeval.config.loader import load_sweep
+from rayeval.plan.loader import load_sweep
 from rayeval.reporting.store import ResultStore
 from support import (build_model, make_data, reference_metrics, write_model_module,
                      write_parquet, write_sweep)

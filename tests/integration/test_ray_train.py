@@ -20,7 +20,7 @@ import rayeval
 from rayeval.errors import CheckpointError, SpecError
 from rayeval.reporting.boards import latest_rows
 from rayeval.integrations.ray_train import RayevalValidation, validation_config
-from rayeval.config.loader import load_sweep
+from rayeval.plan.loader import load_sweep
 from rayeval.reporting.store import ResultStore
 from support import make_data, write_model_module, write_parquet
 

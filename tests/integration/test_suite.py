@@ -13,7 +13,7 @@ import yaml
 from rayeval.ui.cli import main
 from rayeval._internal.execution.driver import run_sweep
 from rayeval.reporting.boards import latest_rows
-from rayeval.config.loader import load_sweep
+from rayeval.plan.loader import load_sweep
 from rayeval.reporting.store import ResultStore
 from support import build_model, make_data, reference_metrics, write_model_module, write_parquet
 

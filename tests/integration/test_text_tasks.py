@@ -29,7 +29,7 @@ from rayeval.io.data import read_batches  # noqa: E402
 from rayeval.core.evaluate import Decoder, Pass, finalize  # noqa: E402
 from rayeval.reporting.boards import latest_rows  # noqa: E402
 from rayeval.io.model import ModelSource  # noqa: E402
-from rayeval.config.loader import load_sweep  # noqa: E402
+from rayeval.plan.loader import load_sweep  # noqa: E402
 from rayeval.reporting.store import ResultStore  # noqa: E402
 from rayeval.core.tasks.text import rolling_windows  # noqa: E402
 

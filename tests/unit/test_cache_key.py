@@ -15,7 +15,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from rayeval.config import schema
-from rayeval.config.loader import parse_sweep
+from rayeval.plan.loader import parse_sweep
 from rayeval.core import tasks
 from rayeval.io.data import inspect_dataset
 from rayeval.plan.cells import Evaluation, make_plan

@@ -9,11 +9,11 @@ import types
 import pytest
 
 from rayeval._internal.execution import lifecycle
-from rayeval._internal.execution.callbacks import Callbacks, PublishToTrackers, RunCallback
+from rayeval.reporting.callbacks import Callbacks, PublishToTrackers, RunCallback
 from rayeval._internal.execution.coordinator import TrackerClient
 from rayeval._internal.execution.lifecycle import RayLifecycle, follow
 from rayeval.plan.cells import CellOutcome
-from rayeval.ui.display import DisplayCallback, LineDisplay
+from rayeval.reporting.display import DisplayCallback, LineDisplay
 
 
 def outcome(key, error=None):

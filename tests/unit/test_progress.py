@@ -4,7 +4,7 @@ import io
 
 from rayeval.plan.cells import CellOutcome
 from rayeval._internal.execution.coordinator import Tracker
-from rayeval.ui.display import LineDisplay, Rate, fmt_duration, line, make_display
+from rayeval.reporting.display import LineDisplay, Rate, fmt_duration, line, make_display
 
 
 def cells(n, rows=100):

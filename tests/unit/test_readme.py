@@ -87,7 +87,7 @@ def test_every_sweep_key_is_documented():
     text = open(os.path.join(REPO, "README.md"), encoding="utf-8").read()
     for key, numbers in keys.items():
         assert numbers == WALKED or f"| `{key}` |" in text, key
-    from rayeval.config.loader import SINGLE_FORM_KEYS
+    from rayeval.plan.loader import SINGLE_FORM_KEYS
 
     unknown = set(rows) - set(keys) - SINGLE_FORM_KEYS
     assert not unknown, f"the README documents keys the schema does not have: {unknown}"

@@ -145,7 +145,7 @@ def toy_registered(monkeypatch):
 
 
 def test_a_registered_task_is_all_the_sweep_loader_needs(toy_registered, tmp_path):
-    from rayeval.config.loader import load_sweep
+    from rayeval.plan.loader import load_sweep
 
     (tmp_path / "sweep.yaml").write_text(
         "name: s\ncheckpoints: ['ckpt/*.pt']\nmodel: {factory: 'm:f'}\noutput: out\n"

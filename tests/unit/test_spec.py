@@ -6,7 +6,7 @@ import pytest
 import yaml
 
 from rayeval.errors import SpecError
-from rayeval.config.loader import load_sweep, with_overrides
+from rayeval.plan.loader import load_sweep, with_overrides
 
 VALID = {
     "name": "digits",

@@ -3,7 +3,7 @@
 One small ``Tracker`` actor, owned by the driver, outlives worker-group restarts. The workers
 tell it how many rows they have done in the checkpoint in flight (throttled, fire-and-forget)
 and rank 0 tells it each finished cell with its outcome. The driver reads it to follow the run
-(the display is ``rayeval.ui.display``), and a restarted group reads it to go on from the first
+(the display is ``rayeval.reporting.display``), and a restarted group reads it to go on from the first
 unfinished checkpoint.
 
 Each side has a typed client, so that no caller names the actor's methods as strings of

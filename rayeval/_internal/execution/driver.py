@@ -19,7 +19,7 @@ from typing import Iterable
 
 from rayeval.io import paths
 from rayeval._internal.execution import recovery
-from rayeval._internal.execution.callbacks import Callbacks, PublishToTrackers, RunCallback
+from rayeval.reporting.callbacks import Callbacks, PublishToTrackers, RunCallback
 from rayeval._internal.execution.coordinator import Tracker, TrackerClient
 # follow and quick_health_checks: evaluate()'s and Standing's, from the one lifecycle
 from rayeval._internal.execution.lifecycle import RayLifecycle, follow, quick_health_checks
@@ -76,7 +76,7 @@ def inspect_evaluations(sweep: Sweep) -> tuple[Evaluation, ...]:
     first = _first_folder(sweep) if sweep.model.hugging_face else None
     meta = source.meta(first)              # imports and calls the factory, or reads config.json
     if sweep.parallelism.sharded:
-        from rayeval.io.sharding import units
+        from rayeval._internal.execution.sharding import units
 
         units(meta, sweep.parallelism.wrap)    # parallelism.wrap must name classes it has
     tokenizer = source.tokenizer(first, meta) if text else None
@@ -187,7 +187,7 @@ def run_sweep(sweep: Sweep, *, address: str | None = None, force: bool = False,
               say=None, ready=None) -> RunReport:
     """Evaluate every cell of the sweep the store does not hold yet. ``callbacks``: what
     watches the run (``callbacks.RunCallback``: the plan line and progress display of
-    ``rayeval.ui.display``, ...); none by default. The sweep's trackers get each cell as it
+    ``rayeval.reporting.display``, ...); none by default. The sweep's trackers get each cell as it
     finishes and the leaderboard at the end; ``say`` takes their summary lines.
     ``ready``: the checkpoints to evaluate, as (CheckpointRef, fingerprint) pairs with their
     step, instead of the sweep's globs (``ray_train``'s validation of one checkpoint)."""

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Callable, Iterable
 
 from rayeval._internal import constants
 from rayeval._internal.execution import signals
-from rayeval._internal.execution.callbacks import Callbacks, OnCell, RunCallback
+from rayeval.reporting.callbacks import Callbacks, OnCell, RunCallback
 from rayeval._internal.execution.coordinator import TrackerClient
 from rayeval import errors
 from rayeval.errors import RunError

@@ -271,7 +271,7 @@ class Worker:
         self.loader = self.source.loader(self.device, sweep.checkpoint)
         self.lockstep = None           # a sharded model's replica runs its forwards in step
         if sweep.parallelism.sharded:
-            from rayeval.io.sharding import Lockstep, ShardedLoader, give_back_gathered_memory
+            from rayeval._internal.execution.sharding import Lockstep, ShardedLoader, give_back_gathered_memory
 
             give_back_gathered_memory()
             mesh = dist.replica_mesh(sweep.parallelism.shard)
