@@ -114,10 +114,11 @@ def run_watched(sweep):
     """run_sweep, with the progress lines (restarts and why) kept for the assertions."""
     import io
 
-    from rayeval._internal.execution.coordinator import LineDisplay
+    from rayeval.reporting.display import DisplayCallback, LineDisplay
 
     lines = io.StringIO()
-    report = run_sweep(sweep, display=LineDisplay(stream=lines, interval_s=1e9))
+    display = LineDisplay(stream=lines, interval_s=1e9)
+    report = run_sweep(sweep, callbacks=DisplayCallback(lambda: display))
     return report, lines.getvalue()
 
 
