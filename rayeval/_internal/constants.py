@@ -24,6 +24,11 @@ SHARD_CACHE_BYTES_ENV = "RAYEVAL_SHARD_CACHE_BYTES"
 PREFETCH_ENV = "RAYEVAL_PREFETCH"
 DEFAULT_PREFETCH = "1"
 
+# "ray" sends local parquet through Ray Data as well (every other source always goes through
+# it): to compare the direct read (the fast path) with the pipeline on the same files.
+DATA_PLANE_ENV = "RAYEVAL_DATA_PLANE"
+DEFAULT_DATA_PLANE = "auto"
+
 # What may travel with a Ray Job (`rayeval submit`): the sweep's folder, in MiB. Data and
 # checkpoints belong in object storage; this catches a folder that holds them by mistake.
 MAX_UPLOAD_MB_ENV = "RAYEVAL_MAX_UPLOAD_MB"
@@ -77,6 +82,11 @@ def shard_cache_bytes() -> int | None:
 
 def prefetch_enabled() -> bool:
     return os.environ.get(PREFETCH_ENV, DEFAULT_PREFETCH) != "0"
+
+
+def data_plane() -> str:
+    """``auto`` (local parquet read directly by the workers) or ``ray`` (Ray Data for all)."""
+    return os.environ.get(DATA_PLANE_ENV, DEFAULT_DATA_PLANE)
 
 
 def max_upload_bytes() -> int:

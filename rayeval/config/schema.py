@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any, Iterator
 
 DTYPE_NAMES = ("float32", "float16", "bfloat16", "float64")
+DATA_FORMATS = ("parquet", "json", "csv", "hf", "images")   # dataset.format
 
 TEXT = "text"     # ``numbers=TEXT``: changes the numbers of text tasks' cells only
 _SAME = object()  # ``yaml=_SAME``: the sweep-file key is the field's name
@@ -192,6 +193,19 @@ class DatasetSpec:
         "fingerprint is, and it names every file the location resolves to (with its size, "
         "modification time and the schema), so an equivalent spelling of the same files "
         "reuses results and any other files are a new cell.", numbers=False)
+    format: str | None = setting(
+        "How the files are read: parquet, json (JSON lines), csv, hf (a Hugging Face "
+        "save_to_disk folder) or images (a folder of image files); None: from the path. Not in "
+        "the key itself: the data fingerprint has the schema the files were read with.",
+        numbers=False, default=None)
+    cpus: float | None = setting(
+        "CPUs of each Ray Data task that reads and preprocesses this data set (runs the "
+        "transform); giving it sends even local parquet through Ray Data, so the cluster's "
+        "CPUs do that work instead of the evaluation workers. None: 1 CPU a task, and local "
+        "parquet is read by the workers directly.", numbers=False, default=None)
+    concurrency: int | None = setting(
+        "At most this many preprocessing tasks at once; None: as many as Ray Data's "
+        "resources allow.", numbers=False, default=None)
     inputs: tuple[str, ...] = setting("Columns fed to the model (several: as keywords).",
                                       numbers=True, default=())
     target: str | None = setting("The column scored against.", numbers=True, default=None)

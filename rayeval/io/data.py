@@ -1,8 +1,10 @@
 """An evaluation's data set: found, opened, counted, and its columns turned into arrays.
 
 What the columns must hold and how a batch becomes the model's inputs is the task's business
-(``tasks``); this module knows parquet. Row counts and schema come from parquet metadata, so
-inspecting a data set reads no row data beyond the first row of a variable-length list column.
+(``tasks``); how each format is read is ``sources``'. For parquet, row counts and schema come
+from metadata, so inspecting it reads no row data beyond the first row of a variable-length
+list column. ``RowRange`` is the direct read of local parquet (the fast path); every other
+source reaches the workers through Ray Data (``_internal/execution/pipeline``).
 """
 
 from __future__ import annotations
@@ -17,21 +19,30 @@ import pyarrow.compute as pc
 import pyarrow.dataset as pads
 import torch
 
-from rayeval.io import paths
+from rayeval.io import paths, sources
 from rayeval import errors
 from rayeval.errors import DataError
 from rayeval.config.schema import DatasetSpec
 
-PARQUET_SUFFIXES = (".parquet", ".pq", ".parq")
+PARQUET_SUFFIXES = sources.SUFFIXES["parquet"]
 
 
 @dataclass(frozen=True)
 class DatasetInfo:
-    files: tuple[str, ...]            # locations of the parquet files, sorted
+    files: tuple[str, ...]            # locations of the data files, in reading order
     num_rows: int
     input_shapes: tuple[tuple[str, tuple[int, ...]], ...]   # column -> one row's shape
     fingerprint: str                  # changes when a file, its size or mtime, or the schema does
     file_rows: tuple[int, ...] = ()   # rows of each file, in ``files`` order
+    format: str = "parquet"           # one of sources.FORMATS
+    schema: pa.Schema | None = None   # the columns' types, as the driver read them
+    root: str | None = None           # a folder of images: paths and labels are relative to it
+
+    @property
+    def direct(self) -> bool:
+        """Read straight from the files by each worker (``RowRange``): local parquet. Any
+        other source goes through Ray Data."""
+        return self.format == "parquet" and not any(paths.is_uri(f) for f in self.files)
 
     def shard_rows(self, rank: int, world: int) -> tuple[int, int]:
         """The rows [start, stop) of worker ``rank`` of ``world``: an even split, disjoint,
@@ -45,39 +56,27 @@ class DatasetInfo:
 
 def find_files(location: str, key: str = "dataset.path") -> list[str]:
     """The parquet files of a data set given as a file, a folder or a glob."""
-    try:
-        if paths.has_glob(location):
-            files = [f for f in paths.glob(location) if not paths.is_dir(f)]
-        elif paths.is_dir(location):
-            files = paths.list_files(location, PARQUET_SUFFIXES) or paths.list_files(location)
-        else:
-            files = paths.glob(location)
-    except OSError as e:
-        raise DataError(f"{key}: {paths.explain(e, location)}") from None
-    if not files and (why := paths.missing_bucket(location)):
-        raise DataError(f"{key}: {why}")
-    if not files:
-        raise DataError(f"{key}: no parquet file found at {location!r}; check the path "
-                        "(relative paths start at the sweep file's folder)")
-    return files
+    return sources.find_files(location, "parquet", key.removesuffix(".path"))
 
 
 def open_dataset(files: list[str] | tuple[str, ...], key: str = "dataset.path") -> pads.Dataset:
-    fs, _ = paths.filesystem(files[0])
-    try:
-        return pads.dataset([paths.filesystem(f)[1] for f in files], filesystem=fs,
-                            format="parquet")
-    except (pa.ArrowInvalid, OSError) as e:
-        raise errors.wrap(e, DataError, f"{key}: cannot read {files[0]!r} as parquet",
-                          key_path=key, location=files[0]) from None
+    """Parquet files as one pyarrow dataset (no rows read)."""
+    return sources.open_probe("parquet", files, key.removesuffix(".path"))
+
+
+def probe_dataset(info: DatasetInfo, key: str) -> pads.Dataset:
+    """Any source as a pyarrow dataset for the driver's checks (``sources.open_probe``)."""
+    return sources.open_probe(info.format, info.files, key, info.root)
 
 
 def inspect_dataset(spec: DatasetSpec, task) -> DatasetInfo:
     """Check the data set against the evaluation's columns and task (a ``tasks.Task``), and
     count its rows (from metadata)."""
     key = spec.key_path
-    files = find_files(spec.path, f"{key}.path")
-    ds = open_dataset(files, f"{key}.path")
+    fmt = sources.detect(spec.path, spec.format, key)
+    files = sources.find_files(spec.path, fmt, key)
+    root = sources.root_of(spec.path, files) if fmt == "images" else None
+    ds = sources.open_probe(fmt, files, key, root)
     schema = ds.schema
     names = schema.names
     named = [(f"{key}.inputs", c) for c in spec.inputs]
@@ -88,19 +87,16 @@ def inspect_dataset(spec: DatasetSpec, task) -> DatasetInfo:
             raise DataError(f"{where}: no column {column!r} in {spec.path!r}; its columns are: "
                             f"{', '.join(names)}")
     task.check_schema(spec, schema)
-    try:
-        file_rows = tuple(f.count_rows() for f in ds.get_fragments())   # from the footers
-        num_rows = sum(file_rows)
-    except (pa.ArrowInvalid, OSError) as e:
-        raise errors.wrap(e, DataError, f"{key}.path: cannot read {spec.path!r}",
-                          key_path=f"{key}.path", location=spec.path) from None
+    file_rows = sources.count_rows(fmt, ds, files, key)
+    num_rows = sum(file_rows)
     if num_rows == 0:
         raise DataError(f"{key}.path: the data set at {spec.path!r} has no rows; "
                         "evaluate on a non-empty data set")
     shapes = task.input_shapes(ds, spec)
     return DatasetInfo(files=tuple(files), num_rows=num_rows,
                        input_shapes=tuple(shapes.items()),
-                       fingerprint=_fingerprint(files, schema), file_rows=file_rows)
+                       fingerprint=_fingerprint(files, schema), file_rows=file_rows,
+                       format=fmt, schema=schema, root=root)
 
 
 def leaf_type(typ: pa.DataType) -> tuple[pa.DataType, int]:
@@ -218,13 +214,32 @@ def _is_list(typ: pa.DataType) -> bool:
 
 
 def read_batches(info: DatasetInfo, spec: DatasetSpec, batch_size: int, columns=None):
-    """Every row as pyarrow record batches, in one process (the driver's probe and the
-    single-process reference path)."""
-    ds = open_dataset(info.files, f"{spec.key_path}.path")
-    for batch in ds.to_batches(columns=columns if columns is not None else spec.columns,
-                               batch_size=batch_size):
-        if batch.num_rows:
-            yield batch
+    """Every row as pyarrow tables of ``batch_size`` rows, in one process, in file order (the
+    driver's probe and the single-process reference path), from any source."""
+    columns = columns if columns is not None else spec.columns
+    tables = (t for f in info.files
+              for t in sources.read_file(info.format, f, schema=info.schema, columns=columns,
+                                         root=info.root, chunk_rows=batch_size,
+                                         key=spec.key_path))
+    yield from rebatch(tables, batch_size)
+
+
+def rebatch(tables, batch_size: int):
+    """Tables of any sizes as tables of ``batch_size`` rows (the last may be shorter)."""
+    held: list[pa.Table] = []
+    count = 0
+    for table in tables:
+        if not table.num_rows:
+            continue
+        held.append(table)
+        count += table.num_rows
+        while count >= batch_size:
+            joined = pa.concat_tables(held) if len(held) > 1 else held[0]
+            yield joined.slice(0, batch_size)
+            rest = joined.slice(batch_size)
+            held, count = ([rest], rest.num_rows) if rest.num_rows else ([], 0)
+    if count:
+        yield pa.concat_tables(held) if len(held) > 1 else held[0]
 
 
 class RowRange:
@@ -282,18 +297,7 @@ class RowRange:
             stop.set()
 
     def _batches(self, batch_size: int):
-        held: list[pa.Table] = []
-        count = 0
-        for table in self._pieces(batch_size):
-            held.append(table)
-            count += table.num_rows
-            while count >= batch_size:
-                joined = pa.concat_tables(held) if len(held) > 1 else held[0]
-                yield joined.slice(0, batch_size)
-                rest = joined.slice(batch_size)
-                held, count = ([rest], rest.num_rows) if rest.num_rows else ([], 0)
-        if count:
-            yield pa.concat_tables(held) if len(held) > 1 else held[0]
+        return rebatch(self._pieces(batch_size), batch_size)
 
     def _pieces(self, batch_size: int):
         """The range's rows as tables, file by file, from the row groups that hold them

@@ -14,9 +14,9 @@ import yaml
 
 from rayeval.io import paths
 from rayeval.config import schema
-from rayeval.config.schema import (DTYPE_NAMES, WATCH_ORDERS, Bootstrap, CheckpointSpec,
-                                   DatasetSpec, EvalSpec, Generation, ModelSpec, MlflowTracker,
-                                   Parallelism, Recovery, Sweep, Trackers, WANDB_MODES,
+from rayeval.config.schema import (DATA_FORMATS, DTYPE_NAMES, WATCH_ORDERS, Bootstrap,
+                                   CheckpointSpec, DatasetSpec, EvalSpec, Generation, ModelSpec,
+                                   MlflowTracker, Parallelism, Recovery, Sweep, Trackers, WANDB_MODES,
                                    WandbTracker, WatchSpec)
 from rayeval.errors import SpecError
 from rayeval.core.metrics import parse_metric
@@ -244,11 +244,37 @@ def _dataset(r: "_Reader", raw: Any, path: str, task: str, base_dir: str,
         choices=r.string(m, "choices", path=f"{path}.choices"),
         text=r.string(m, "text", path=f"{path}.text"),
         delimiter=_delimiter(r, m, f"{path}.delimiter"),
+        format=_format(r, m, f"{path}.format"),
+        cpus=_cpus(r, m, f"{path}.cpus"),
+        concurrency=_optional_integer(r, m, "concurrency", f"{path}.concurrency", minimum=1),
         key_path=path)
     problem = TASKS[task].spec_problem(spec)
     if problem:
         r.fail(f"{path}.{problem[0]}", problem[1])
     return spec
+
+
+def _format(r: "_Reader", m: dict, path: str) -> str | None:
+    value = r.string(m, "format", path=path)
+    if value is not None and value not in DATA_FORMATS:
+        r.fail(path, f"unknown format {value!r}; choose one of: {', '.join(DATA_FORMATS)} "
+                     "(or leave it out: the path's suffix says)")
+    return value
+
+
+def _cpus(r: "_Reader", m: dict, path: str) -> float | None:
+    value = r.get(m, "cpus", path=path)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        r.fail(path, f"expected a positive number of CPUs (e.g. 1 or 0.5), got {_show(value)}")
+    return float(value)
+
+
+def _optional_integer(r: "_Reader", m: dict, key: str, path: str, minimum: int) -> int | None:
+    if r.get(m, key, path=path) is None:
+        return None
+    return r.integer(m, key, default=None, minimum=minimum, path=path)
 
 
 def _delimiter(r: "_Reader", m: dict, path: str) -> str:

@@ -111,6 +111,9 @@ RE_EVALUATED = [
 ]
 
 CACHED = [
+    ("DatasetSpec.format", "tensor", ("evals.0.dataset.format", "parquet")),
+    ("DatasetSpec.cpus", "tensor", ("evals.0.dataset.cpus", 2)),
+    ("DatasetSpec.concurrency", "tensor", ("evals.0.dataset.concurrency", 3)),
     ("Sweep.checkpoints", "tensor", ("checkpoints", ["ckpts/step_*.pt"])),
     ("Sweep.evals", "tensor", _second_eval),
     ("Sweep.workers", "tensor", ("workers", 2)),

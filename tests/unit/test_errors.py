@@ -171,7 +171,7 @@ def test_a_transform_that_raised_names_its_key():
     spec = DatasetSpec(path="d", inputs=("x",), target="y", transform="shapes:flaky",
                        key_path="evals[2].dataset")
     with pytest.raises(DataError) as info:
-        base._transformed(flaky, pa.table({"x": [1.0], "y": [0]}), spec)
+        base.transformed(flaky, pa.table({"x": [1.0], "y": [0]}), spec)
     assert str(info.value) == ("evals[2].dataset.transform: shapes:flaky raised ValueError: "
                                "cannot decode row 150")
     assert info.value.key_path == "evals[2].dataset.transform"

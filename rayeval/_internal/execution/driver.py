@@ -25,7 +25,7 @@ from rayeval._internal.execution.coordinator import Tracker, TrackerClient
 from rayeval._internal.execution.lifecycle import RayLifecycle, follow, quick_health_checks
 from rayeval.core import tasks
 from rayeval.config.schema import EvalSpec, Sweep
-from rayeval.io.data import inspect_dataset, open_dataset
+from rayeval.io.data import inspect_dataset, probe_dataset
 from rayeval.io.checkpoints import expand_checkpoints
 from rayeval.errors import DataError, RayevalError, RunError, SpecError, reason
 from rayeval.core.evaluate import Decoder, output_size
@@ -85,8 +85,7 @@ def inspect_evaluations(sweep: Sweep) -> tuple[Evaluation, ...]:
         task = tasks.get(spec.task)
         info = inspect_dataset(spec.dataset, task)
         size = _probe_output_size(sweep, spec, info, source, meta, tokenizer)
-        task.check_values(open_dataset(info.files, f"{spec.dataset.key_path}.path"),
-                          spec.dataset, size)
+        task.check_values(probe_dataset(info, spec.dataset.key_path), spec.dataset, size)
         out.append(Evaluation(spec=spec, data=info, output_size=size))
     return tuple(out)
 
@@ -109,8 +108,7 @@ def _probe_output_size(sweep: Sweep, spec: EvalSpec, info, source: ModelSource, 
                        tokenizer) -> int:
     decoder = Decoder(spec, info, sweep.base_dir)
     decoder.use(tokenizer)
-    head = open_dataset(info.files, f"{spec.dataset.key_path}.path").head(
-        4, columns=spec.dataset.columns)
+    head = probe_dataset(info, spec.dataset.key_path).head(4, columns=spec.dataset.columns)
     x, _, _ = decoder(head)
     task = tasks.get(spec.task)
     try:
@@ -288,12 +286,17 @@ def _trainer(plan: Plan, tracker, standing: bool = False):
     import ray.train
     from ray.train.torch import TorchConfig, TorchTrainer
 
+    from rayeval._internal.execution import pipeline
     from rayeval._internal.execution.worker import train_loop
 
     sweep = plan.sweep
+    data = pipeline.datasets(plan)          # the evaluations that Ray Data feeds
     return TorchTrainer(
         train_loop,
-        train_loop_config={"plan": plan, "tracker": tracker, "standing": standing},
+        train_loop_config={"plan": plan, "tracker": tracker, "standing": standing,
+                           "ray_data": sorted(data)},
+        datasets=data or None,
+        dataset_config=pipeline.exact_split() if data else None,
         torch_config=TorchConfig(timeout_s=sweep.recovery.stall_timeout_s),
         scaling_config=ray.train.ScalingConfig(
             num_workers=sweep.workers, use_gpu=sweep.use_gpu,

@@ -8,9 +8,9 @@ before the next load. Its steps:
     reduce            ONE all-reduce of the states per cell (no collective per batch)
     publish           rank 0 checks the row count against the data set and writes the cell
 
-Each worker reads its own rows of every evaluation's data set straight from the parquet files
-(``data.RowRange``: rank r of W takes rows [n*r/W, n*(r+1)/W), so every row is read exactly
-once). After a first pass a worker keeps its decoded shard of an evaluation in memory when every
+Each worker reads its own rows of every evaluation's data set: local parquet straight from
+its files (``data.RowRange``: rank r of W takes rows [n*r/W, n*(r+1)/W), so every row is read
+exactly once), any other source from its split of a Ray Data pipeline (``pipeline``). After a first pass a worker keeps its decoded shard of an evaluation in memory when every
 worker's fits (one memory budget shared by the evaluations); otherwise it streams it again.
 """
 
@@ -29,6 +29,7 @@ import torch
 from rayeval import errors
 from rayeval._internal import constants
 from rayeval._internal.execution import dist, recovery
+from rayeval._internal.execution.pipeline import SplitRows
 from rayeval.io import layouts
 from rayeval.core import tasks
 from rayeval.io.checkpoints import fetch
@@ -129,7 +130,7 @@ class Shard:
     ``Slab``s; in page-locked memory with ``pin``: a GPU worker's). A batch that cannot be
     decoded comes as a BadBatch (and the shard is not kept)."""
 
-    def __init__(self, rows: RowRange, decoder: Decoder, batch_size: int, budget: Budget,
+    def __init__(self, rows: RowRange | SplitRows, decoder: Decoder, batch_size: int, budget: Budget,
                  pin: bool = False):
         self.rows = rows
         self.pin = pin
@@ -232,7 +233,7 @@ def train_loop(config: dict) -> list[CellOutcome]:
     try:
         timer = Timer()
         with timer.span("setup"):
-            worker = Worker(plan, progress, attempt, timer)
+            worker = Worker(plan, progress, attempt, timer, config.get("ray_data", ()))
         if config.get("standing"):
             outcomes = worker.stand()
         else:
@@ -254,7 +255,7 @@ class Worker:
     """One rank's state for a run: the model loader, the shards, the store (rank 0)."""
 
     def __init__(self, plan: Plan, progress: WorkerProgress, attempt: int,
-                 timer: Timer | None = None):
+                 timer: Timer | None = None, ray_data=()):
         sweep = plan.sweep
         self.timer = timer or Timer()
         ctx = ray.train.get_context()
@@ -282,9 +283,12 @@ class Worker:
         self.shards = {}
         self.metrics = {}
         for ev in plan.evaluations:
-            start, stop = ev.data.shard_rows(self.rank, self.world)
-            rows = RowRange(ev.data, ev.spec.dataset.columns, start, stop,
-                            f"{ev.spec.dataset.key_path}.path")
+            if ev.name in ray_data:
+                rows = SplitRows(ev.name, ev.data, self.rank, self.world)
+            else:
+                start, stop = ev.data.shard_rows(self.rank, self.world)
+                rows = RowRange(ev.data, ev.spec.dataset.columns, start, stop,
+                                f"{ev.spec.dataset.key_path}.path")
             self.shards[ev.name] = Shard(rows, Decoder(ev.spec, ev.data, sweep.base_dir),
                                          ev.spec.batch_size, budget,
                                          pin=self.device.type == "cuda")

@@ -23,7 +23,7 @@ import pyarrow.dataset as pads
 import torch
 
 from rayeval.io import data
-from rayeval.core import stats
+from rayeval.core import prepared, stats
 from rayeval.config.schema import DatasetSpec
 from rayeval import errors
 from rayeval.errors import CheckpointError, DataError, ModelError, traceback_of
@@ -89,8 +89,10 @@ class Task:
     def inputs(self, table, spec: DatasetSpec, shapes: Mapping[str, tuple[int, ...]],
                transform=None) -> Inputs:
         """The model's inputs: the transform's output, one column's tensor, or keywords."""
-        if transform is not None:
-            x = _transformed(transform, table, spec)
+        if prepared.is_prepared(table):      # the transform ran on a Ray Data stage
+            x = prepared.inputs(table)
+        elif transform is not None:
+            x = transformed(transform, table, spec)
         elif len(spec.inputs) == 1:
             c = spec.inputs[0]
             x = data.number_tensor(table, c, shapes[c], f"{spec.key_path}.inputs")
@@ -421,7 +423,9 @@ def _raise_if_not_finite(t: torch.Tensor, table, spec: DatasetSpec, what: str) -
                         key_path=spec.key_path, row_id=row_id)
 
 
-def _transformed(transform, table, spec: DatasetSpec) -> Inputs:
+def transformed(transform, table, spec: DatasetSpec) -> Inputs:
+    """The transform's output for a batch, checked: tensors whose first dimension is the
+    batch; a DataError naming the key otherwise."""
     key = f"{spec.key_path}.transform"
     try:
         out = transform(table if isinstance(table, pa.Table) else pa.Table.from_batches([table]))

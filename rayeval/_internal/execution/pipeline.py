@@ -1,0 +1,215 @@
+"""Ray Data as the data plane: every source other than local parquet reaches the workers as
+a Ray Data pipeline, split over them with nothing dropped or repeated.
+
+    read      ``RowsDatasource``: ``sources.read_file`` in Ray Data read tasks (parquet by row
+              ranges, other formats by files), on any node's CPUs, with the types the driver
+              checked
+    prepare   ``dataset.transform`` as a ``map_batches`` stage (``dataset.cpus`` CPUs a task,
+              at most ``dataset.concurrency`` at once): the worker gets the model's inputs
+              ready (``core.prepared``)
+    split     ``ExactSplit``: ``streaming_split(equal=False)``. The default DataConfig splits
+              with ``equal=True``, which drops rows so that every shard is equally long
+    consume   ``SplitRows`` in each worker: ``get_dataset_shard``, batches as pyarrow tables
+
+Local parquet without ``dataset.cpus`` is read by each worker straight from its files
+(``data.RowRange``): no pipeline, no coordinator, and the same numbers (``RAYEVAL_DATA_PLANE=
+ray`` sends it through Ray Data too, for comparisons). Every row is counted once either way:
+each pass is one epoch of the split, and a worker that keeps its shard after the first pass
+keeps exactly the rows that epoch gave it (it is kept only if every worker keeps its own).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+import pyarrow as pa
+from ray.data.datasource import Datasource    # loaded with ray.train anyway
+
+from rayeval._internal import constants
+from rayeval.core import prepared
+from rayeval.errors import DataError
+from rayeval.io import sources
+
+if TYPE_CHECKING:
+    from rayeval.io.data import DatasetInfo
+    from rayeval.plan.cells import Evaluation, Plan
+
+MIN_TASK_ROWS = 1024           # a read task reads at least this many rows (parquet ranges)
+TASKS_PER_WORKER = 4           # ... and there are about this many per worker, so the split can
+                               # balance the shards (it hands out whole blocks)
+MAX_BLOCK_BYTES = 64 << 20
+
+
+def uses_ray_data(ev: Evaluation) -> bool:
+    """Whether an evaluation's rows come through Ray Data (else: the direct parquet read)."""
+    return not ev.data.direct or ev.spec.dataset.cpus is not None or \
+        constants.data_plane() == "ray"
+
+
+def datasets(plan: Plan) -> dict:
+    """The Ray Data pipeline of each evaluation that uses one, by evaluation name."""
+    return {ev.name: pipeline(ev, plan.sweep.workers, plan.sweep.base_dir)
+            for ev in plan.evaluations if uses_ray_data(ev)}
+
+
+def pipeline(ev: Evaluation, workers: int, base_dir: str):
+    import ray.data
+
+    spec = ev.spec.dataset
+    cpus = spec.cpus if spec.cpus is not None else 1.0
+    source = RowsDatasource(ev.data, _read_columns(ev), spec.key_path, workers)
+    ds = ray.data.read_datasource(source, num_cpus=cpus)
+    if spec.transform:
+        keep = [c for c in (spec.target, spec.id) if c]
+        ds = ds.map_batches(Prepare(spec, base_dir, keep), batch_format="pyarrow",
+                            batch_size=None, num_cpus=cpus, concurrency=spec.concurrency,
+                            zero_copy_batch=True)
+    # Small blocks: the split hands out whole blocks, so a few large ones would leave a
+    # worker idle (the default target is 128 MiB).
+    size = sum(_file_size(f) for f in ev.data.files)
+    ds.context.target_max_block_size = int(min(MAX_BLOCK_BYTES, max(
+        1 << 20, size / max(1, workers * TASKS_PER_WORKER))))
+    return ds
+
+
+def _read_columns(ev: Evaluation) -> list[str] | None:
+    return ev.spec.dataset.columns
+
+
+def _file_size(location: str) -> int:
+    from rayeval.io import paths
+
+    fs, path = paths.filesystem(location)
+    return fs.get_file_info(path).size or 0
+
+
+class RowsDatasource(Datasource):
+    """A Ray Data datasource over ``sources.read_file``: parquet split into row ranges (one
+    file can feed every worker), other formats file by file (images in groups)."""
+
+    def __init__(self, info: DatasetInfo, columns: list[str] | None, key: str, workers: int):
+        super().__init__()
+        self.info = info
+        self.columns = columns
+        self.key = key
+        self.workers = workers
+
+    def get_name(self) -> str:
+        return f"Read{self.info.format.capitalize()}"
+
+    def estimate_inmemory_data_size(self) -> int | None:
+        return sum(_file_size(f) for f in self.info.files) or None
+
+    def get_read_tasks(self, parallelism: int, per_task_row_limit=None, data_context=None):
+        from ray.data.block import BlockMetadata
+        from ray.data.datasource import ReadTask
+
+        wanted = max(1, self.workers * TASKS_PER_WORKER)
+        tasks = []
+        for piece in self._pieces(wanted):
+            meta = BlockMetadata(num_rows=piece[2], size_bytes=None, exec_stats=None,
+                                 input_files=piece[0])
+            tasks.append(ReadTask(_reader(self.info, self.columns, self.key, piece), meta))
+        return tasks
+
+    def _pieces(self, wanted: int):
+        """(files, (start, stop) of parquet rows or None, rows) of each read task."""
+        info = self.info
+        if info.format == "parquet":
+            n = info.num_rows
+            count = max(1, min(wanted, n // MIN_TASK_ROWS))
+            for i in range(count):
+                start, stop = n * i // count, n * (i + 1) // count
+                yield info.files, (start, stop), stop - start
+            return
+        files = list(info.files)
+        rows = list(info.file_rows) or [None] * len(files)
+        per = max(1, math.ceil(len(files) / wanted)) if info.format == "images" else 1
+        for i in range(0, len(files), per):
+            part = rows[i:i + per]
+            yield tuple(files[i:i + per]), None, (sum(part) if None not in part else None)
+
+
+def _reader(info: DatasetInfo, columns, key: str, piece):
+    files, rows, _ = piece
+
+    def read():
+        if rows is not None:
+            from rayeval.io.data import RowRange
+
+            yield from RowRange(info, columns, rows[0], rows[1], f"{key}.path") \
+                ._pieces(8192)
+            return
+        if info.format == "images":
+            table = sources.read_images(list(files), info.root, info.schema)
+            yield table.select(columns) if columns is not None else table
+            return
+        for f in files:
+            yield from sources.read_file(info.format, f, schema=info.schema, columns=columns,
+                                         root=info.root, key=key)
+
+    return read
+
+
+class Prepare:
+    """The transform as a Ray Data stage: each batch becomes the model's inputs plus the
+    columns the worker still needs (target, id); a batch it fails on becomes a failed batch
+    of the same rows (``core.prepared``)."""
+
+    def __init__(self, spec, base_dir: str, keep: list[str]):
+        self.spec = spec
+        self.base_dir = base_dir
+        self.keep = keep
+        self.fn = None
+
+    def __call__(self, table: pa.Table) -> pa.Table:
+        from rayeval.core.tasks.base import transformed
+        from rayeval.io.model import import_callable
+
+        try:
+            if self.fn is None:
+                self.fn = import_callable(self.spec.transform, self.base_dir,
+                                          what=f"{self.spec.key_path}.transform")
+            return prepared.attach(table, transformed(self.fn, table, self.spec), self.keep)
+        except DataError as e:
+            return prepared.failed(table, e)
+
+
+def exact_split():
+    """A DataConfig that splits every data set with ``equal=False``: uneven shards, no row
+    dropped (the default, ``equal=True``, drops rows to even them out)."""
+    from ray.train import DataConfig
+
+    class ExactSplit(DataConfig):
+        def configure(self, datasets, world_size, worker_handles, worker_node_ids, **kwargs):
+            shards = [{} for _ in range(world_size)]
+            for name, ds in datasets.items():
+                ds = ds.copy(ds)
+                ds.context.execution_options = self._resolve_execution_options(name)
+                for rank, it in enumerate(ds.streaming_split(
+                        world_size, equal=False, locality_hints=worker_node_ids)):
+                    shards[rank][name] = it
+            return shards
+
+    return ExactSplit()
+
+
+class SplitRows:
+    """One worker's split of an evaluation's pipeline, read like ``data.RowRange``:
+    ``iter_batches`` gives pyarrow tables, one epoch of the split per call. How many rows an
+    epoch gives a worker is not known before it ends; ``num_rows`` is an even share, which
+    sizes the kept shard's blocks (rows beyond it are kept as they come)."""
+
+    def __init__(self, name: str, info: DatasetInfo, rank: int, world: int):
+        import ray.train
+
+        self.it = ray.train.get_dataset_shard(name)
+        self.num_rows = -(-info.num_rows // world)
+
+    def iter_batches(self, batch_size: int, prefetch: int = 2):
+        for table in self.it.iter_batches(batch_size=batch_size, batch_format="pyarrow",
+                                          prefetch_batches=prefetch, drop_last=False):
+            if isinstance(table, pa.RecordBatch):
+                table = pa.Table.from_batches([table])
+            yield table

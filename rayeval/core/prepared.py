@@ -1,0 +1,87 @@
+"""A batch prepared on a Ray Data CPU stage: the transform's tensors carried in the table.
+
+A stage runs ``dataset.transform`` where the data is read, away from the evaluation worker,
+and hands the worker a table whose ``INPUTS`` columns hold the model's inputs, each row's
+bytes exactly as the transform made them (any dtype, bfloat16 too: no rounding on the way).
+A batch the transform failed on becomes a table with an ``ERROR`` column and its row count,
+so the worker fails that evaluation's cells as it would have failed them itself, and every
+row is still accounted for.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+
+import numpy as np
+import pyarrow as pa
+import torch
+
+from rayeval.errors import DataError
+
+INPUTS = "__rayeval_inputs"      # one column (a tensor) or INPUTS.<keyword> columns
+ERROR = "__rayeval_error"
+_META = b"rayeval.tensor"
+
+
+def attach(table: pa.Table, x, keep: list[str]) -> pa.Table:
+    """The columns ``keep`` of ``table`` and the inputs ``x`` (a tensor or keyword tensors)."""
+    cols = {c: table.column(c) for c in keep if c in table.column_names}
+    fields = [table.schema.field(c) for c in cols]
+    named = x.items() if isinstance(x, Mapping) else [(None, x)]
+    arrays = list(cols.values())
+    for name, t in named:
+        array, field = _encode(t, INPUTS if name is None else f"{INPUTS}.{name}")
+        arrays.append(array)
+        fields.append(field)
+    return pa.Table.from_arrays(arrays, schema=pa.schema(fields))
+
+
+def failed(table: pa.Table, error: DataError) -> pa.Table:
+    """The stand-in for a batch the transform failed on: its row count and the message."""
+    return pa.table({ERROR: pa.array([error.message] * table.num_rows, pa.string())})
+
+
+def is_prepared(table) -> bool:
+    names = table.column_names if isinstance(table, pa.Table) else table.schema.names
+    return any(n == ERROR or n == INPUTS or n.startswith(INPUTS + ".") for n in names)
+
+
+def inputs(table):
+    """The inputs a stage attached; the stage's DataError for a failed batch."""
+    names = table.schema.names
+    if ERROR in names:
+        raise DataError(table.column(ERROR)[0].as_py())
+    if INPUTS in names:
+        return _decode(table, INPUTS)
+    return {n[len(INPUTS) + 1:]: _decode(table, n) for n in names if n.startswith(INPUTS + ".")}
+
+
+def _encode(t: torch.Tensor, name: str) -> tuple[pa.Array, pa.Field]:
+    t = t.detach().cpu().contiguous()
+    n = t.shape[0]
+    raw = t.reshape(n, -1).view(torch.uint8) if t.numel() else t.new_empty((n, 0)).view(
+        torch.uint8)
+    width = raw.shape[1]
+    data = raw.reshape(-1).numpy()
+    array = pa.Array.from_buffers(pa.binary(width), n, [None, pa.py_buffer(data)]) \
+        if width else pa.array([b""] * n, pa.binary(0))
+    meta = {"dtype": str(t.dtype).removeprefix("torch."), "shape": list(t.shape[1:])}
+    return array, pa.field(name, pa.binary(width), metadata={_META: json.dumps(meta)})
+
+
+def _decode(table, name: str) -> torch.Tensor:
+    field = table.schema.field(name)
+    meta = json.loads(field.metadata[_META])
+    col = table.column(name)
+    if isinstance(col, pa.ChunkedArray):
+        col = col.combine_chunks() if col.num_chunks != 1 else col.chunk(0)
+    width = field.type.byte_width
+    n = len(col)
+    dtype = getattr(torch, meta["dtype"])
+    if width == 0:
+        return torch.empty((n, *meta["shape"]), dtype=dtype)
+    buf = col.buffers()[1]
+    data = np.frombuffer(buf, dtype=np.uint8, count=n * width, offset=col.offset * width)
+    # A copy: the batch may live in read-only Ray object-store memory that a cache must not pin.
+    return torch.from_numpy(data.copy()).view(dtype).reshape(n, *meta["shape"])
