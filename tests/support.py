@@ -97,6 +97,66 @@ def write_parquet(path: str, x: np.ndarray, y: np.ndarray, *, row_group_size: in
     pq.write_table(table, path, row_group_size=row_group_size)
 
 
+STACK_MODULE = textwrap.dedent('''
+    import numpy as np
+    import torch
+
+
+    def stack(table):
+        """The x0..xK columns of a flat source (CSV) as one float32 tensor."""
+        names = sorted((c for c in table.column_names if c.startswith("x")), key=lambda c: int(c[1:]))
+        return torch.from_numpy(np.stack([table.column(c).to_numpy().astype(np.float32)
+                                          for c in names], axis=1))
+
+
+    def stack_list(table):
+        """The x column's fixed-size lists as one float32 tensor (a transform on a stage)."""
+        col = table.column("x").combine_chunks()
+        return torch.from_numpy(col.flatten().to_numpy().astype(np.float32).reshape(len(col), -1))
+''')
+
+# The data sources rayeval reads, each written from the same (x, y) by ``write_source``.
+SOURCES = ("parquet", "parquet_ray_data", "jsonl", "csv", "hf")
+
+
+def write_source(folder: str, form: str, x: np.ndarray, y: np.ndarray) -> dict:
+    """(x, y) written in one of ``SOURCES`` under ``folder``; the sweep's dataset mapping
+    for it. ``parquet_ray_data``: parquet sent through Ray Data (``cpus``) with a transform
+    stage; ``csv``: one column per feature and a transform (``sources_stack:stack``)."""
+    import json
+
+    base = {"target": "y", "id": "row"}
+    if form in ("parquet", "parquet_ray_data"):
+        write_parquet(os.path.join(folder, "data.parquet"), x, y)
+        if form == "parquet":
+            return {**base, "path": "data.parquet", "inputs": "x"}
+    with open(os.path.join(folder, "sources_stack.py"), "w") as f:
+        f.write(STACK_MODULE)
+    if form == "parquet_ray_data":
+        return {**base, "path": "data.parquet", "cpus": 1,
+                "transform": "sources_stack:stack_list"}
+    rows = [{"row": i, "x": x[i].tolist(), "y": int(y[i])} for i in range(len(y))]
+    if form == "jsonl":
+        with open(os.path.join(folder, "data.jsonl"), "w") as f:
+            f.writelines(json.dumps(r) + "\n" for r in rows)
+        return {**base, "path": "data.jsonl", "inputs": "x"}
+    if form == "csv":
+        cols = {f"x{j}": x[:, j].astype(np.float32) for j in range(x.shape[1])}
+        cols.update(row=np.arange(len(y)), y=y)
+        import pyarrow.csv as pacsv
+
+        pacsv.write_csv(pa.table(cols), os.path.join(folder, "data.csv"))
+        return {**base, "path": "data.csv", "transform": "sources_stack:stack"}
+    if form == "hf":
+        import datasets
+
+        write_parquet(os.path.join(folder, "hf.parquet"), x, y)
+        datasets.Dataset(pq.read_table(os.path.join(folder, "hf.parquet"))).save_to_disk(
+            os.path.join(folder, "data_hf"))
+        return {**base, "path": "data_hf", "inputs": "x"}
+    raise ValueError(form)
+
+
 def write_sweep(folder: str, name: str = "sweep.yaml", **overrides) -> str:
     spec = {
         "name": "t",

@@ -19,6 +19,7 @@ import pyarrow.compute as pc
 import pyarrow.dataset as pads
 import torch
 
+from rayeval._internal import constants
 from rayeval.io import paths, sources
 from rayeval import errors
 from rayeval.errors import DataError
@@ -38,11 +39,14 @@ class DatasetInfo:
     schema: pa.Schema | None = None   # the columns' types, as the driver read them
     root: str | None = None           # a folder of images: paths and labels are relative to it
 
-    @property
-    def direct(self) -> bool:
-        """Read straight from the files by each worker (``RowRange``): local parquet. Any
-        other source goes through Ray Data."""
-        return self.format == "parquet" and not any(paths.is_uri(f) for f in self.files)
+    def via_ray_data(self, spec: DatasetSpec) -> bool:
+        """Whether the workers get these rows from a Ray Data pipeline: every source but
+        local parquet, which each worker reads straight from its files (``RowRange``) unless
+        ``dataset.cpus`` asks for preprocessing on Ray Data's CPUs (or RAYEVAL_DATA_PLANE=ray
+        sends everything through it)."""
+        local_parquet = self.format == "parquet" and not any(paths.is_uri(f)
+                                                              for f in self.files)
+        return not local_parquet or spec.cpus is not None or constants.data_plane() == "ray"
 
     def shard_rows(self, rank: int, world: int) -> tuple[int, int]:
         """The rows [start, stop) of worker ``rank`` of ``world``: an even split, disjoint,

@@ -220,12 +220,20 @@ def plan_line(plan: Plan) -> str:
     cells, how many the store holds and how many are left."""
     checkpoints = len({c.checkpoint.location for c in plan.cells + plan.cached}
                       | {o.checkpoint for o in plan.failed})
-    evals = ", ".join(f"{e.name} ({e.data.num_rows} rows)" for e in plan.evaluations)
+    evals = ", ".join(f"{e.name} ({e.data.num_rows} rows{_source(e)})"
+                      for e in plan.evaluations)
     total = len(plan.cells) + len(plan.cached) + len(plan.failed)
     failed = f", {len(plan.failed)} failed before any worker" if plan.failed else ""
     return (f"[rayeval] {plan.sweep.name}: {checkpoints} checkpoint(s) x "
             f"{len(plan.evaluations)} evaluation(s) [{evals}]: {total} cell(s), "
             f"{len(plan.cached)} already in the store{failed}, {len(plan.cells)} to evaluate")
+
+
+def _source(e) -> str:
+    """How an evaluation's rows reach the workers, when not straight from local parquet."""
+    if not e.data.via_ray_data(e.spec.dataset):
+        return ""
+    return f", {e.data.format} through Ray Data"
 
 
 # --- the display as callbacks of a run ------------------------------------------------------

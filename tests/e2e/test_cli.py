@@ -115,6 +115,19 @@ BAD_SWEEPS = {
     "inputs_of_the_wrong_shape": (lambda p: write_sweep(str(p), model={
         "factory": "tiny_models:build", "kwargs": {"features": 5}}),
         ["model.factory: the model cannot take inputs of shape (4, 8)"]),
+    # Every source is checked (and counted) before Ray starts, as parquet is:
+    "jsonl_not_json": (lambda p: ((p / "d.jsonl").write_text('{"x": [1, 2], "y": 0}\n{oops\n'),
+                                  write_sweep(str(p), dataset={"path": "d.jsonl", "inputs": "x",
+                                                               "target": "y"}))[1],
+                       ["dataset.path: cannot read", "d.jsonl' as JSON lines (one object per "
+                        "line)"]),
+    "images_without_images": (lambda p: ((p / "imgs").mkdir(), (p / "imgs" / "a.txt")
+                                         .write_text("x"),
+                                         write_sweep(str(p), dataset={
+                                             "path": "imgs", "format": "images",
+                                             "inputs": "image", "target": "label",
+                                             "transform": "tiny_models:build"}))[2],
+                              ["dataset.path: no image file found at", "set dataset.format"]),
     "wrong_kind_of_output": (lambda p: write_sweep(str(p), model={
         "factory": "tiny_models:flat_output"}),
         ["model.factory: the model returns (16,); task classification needs logits of shape "

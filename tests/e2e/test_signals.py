@@ -12,7 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from support import build_model, make_data, write_model_module, write_parquet, write_sweep
+from support import build_model, make_data, write_model_module, write_source, write_sweep
 
 pytestmark = pytest.mark.ray
 
@@ -38,17 +38,23 @@ def results(folder) -> list:
 # nobody sent, while the run read its data through a Ray Data pipeline (72d15b4 still does so,
 # 1 case in 8 here). With the direct reads that replaced it, 30 cases in a row passed here,
 # idle and with both cores loaded, so the test is strict again: a recurrence must fail CI.
-@pytest.mark.parametrize("signum,group", [(signal.SIGTERM, False), (signal.SIGINT, True)])
-def test_a_signal_stops_the_run_cleanly(tmp_path, signum, group):
+# Each source: local parquet read directly, and every Ray Data pipeline (a transform stage on
+# parquet, JSON lines, CSV with a transform stage, a Hugging Face folder), whose teardown is
+# where the SIGSEGV used to come from.
+@pytest.mark.parametrize("source,signum,group", [
+    ("parquet", signal.SIGTERM, False), ("parquet", signal.SIGINT, True),
+    ("parquet_ray_data", signal.SIGTERM, False), ("jsonl", signal.SIGINT, True),
+    ("csv", signal.SIGTERM, False), ("hf", signal.SIGINT, True)])
+def test_a_signal_stops_the_run_cleanly(tmp_path, source, signum, group):
     write_model_module(str(tmp_path))
     x, y = make_data(3000, seed=1)
-    write_parquet(str(tmp_path / "data.parquet"), x, y)
+    dataset = write_source(str(tmp_path), source, x, y)
     (tmp_path / "ckpts").mkdir()
     for s in range(1, 7):
         torch.save(build_model(seed=s).state_dict(), tmp_path / "ckpts" / f"step_{s}.pt")
     model = {"factory": "tiny_models:Trap",        # a slow model: the run is still going
              "kwargs": {"trap": str(tmp_path / "never"), "delay": 0.15}}
-    sweep = write_sweep(str(tmp_path), model=model, workers=2, batch_size=100)
+    sweep = write_sweep(str(tmp_path), model=model, workers=2, batch_size=100, dataset=dataset)
     before = ray_processes()
     proc = subprocess.Popen([sys.executable, "-m", "rayeval", "run", sweep], cwd=str(tmp_path),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,

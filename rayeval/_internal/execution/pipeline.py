@@ -26,7 +26,6 @@ from typing import TYPE_CHECKING
 import pyarrow as pa
 from ray.data.datasource import Datasource    # loaded with ray.train anyway
 
-from rayeval._internal import constants
 from rayeval.core import prepared
 from rayeval.errors import DataError
 from rayeval.io import sources
@@ -41,16 +40,10 @@ TASKS_PER_WORKER = 4           # ... and there are about this many per worker, s
 MAX_BLOCK_BYTES = 64 << 20
 
 
-def uses_ray_data(ev: Evaluation) -> bool:
-    """Whether an evaluation's rows come through Ray Data (else: the direct parquet read)."""
-    return not ev.data.direct or ev.spec.dataset.cpus is not None or \
-        constants.data_plane() == "ray"
-
-
 def datasets(plan: Plan) -> dict:
     """The Ray Data pipeline of each evaluation that uses one, by evaluation name."""
     return {ev.name: pipeline(ev, plan.sweep.workers, plan.sweep.base_dir)
-            for ev in plan.evaluations if uses_ray_data(ev)}
+            for ev in plan.evaluations if ev.data.via_ray_data(ev.spec.dataset)}
 
 
 def pipeline(ev: Evaluation, workers: int, base_dir: str):

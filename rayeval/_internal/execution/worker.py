@@ -507,7 +507,9 @@ class Worker:
         waited = time.perf_counter()
         for batch in self.shards[ev.name]:
             if waited is not None:
-                self.timer.add("first batch", time.perf_counter() - waited)
+                self.timer.add("first batch (Ray Data)" if isinstance(
+                    self.shards[ev.name].rows, SplitRows) else "first batch",
+                    time.perf_counter() - waited)
                 waited = None
             if self.progress.stopping():
                 stopped = True
