@@ -1,4 +1,5 @@
-"""A batch prepared on a Ray Data CPU stage: the transform's tensors carried in the table.
+"""A batch prepared on a Ray Data CPU stage: the transform's tensors, or a text task's
+tokens, carried in the table.
 
 A stage runs ``dataset.transform`` where the data is read, away from the evaluation worker,
 and hands the worker a table whose ``INPUTS`` columns hold the model's inputs, each row's
@@ -6,6 +7,10 @@ bytes exactly as the transform made them (any dtype, bfloat16 too: no rounding o
 A batch the transform failed on becomes a table with an ``ERROR`` column and its row count,
 so the worker fails that evaluation's cells as it would have failed them itself, and every
 row is still accounted for.
+
+A text task's stage tokenizes (prompts, choices, rolling windows) with the driver's tokenizer
+and adds each row's tokens as a ``TEXT`` column, keyed by the tokenizer; the row's own columns
+stay, so a worker whose checkpoint has another tokenizer tokenizes them itself.
 """
 
 from __future__ import annotations
@@ -21,7 +26,9 @@ from rayeval.errors import DataError
 
 INPUTS = "__rayeval_inputs"      # one column (a tensor) or INPUTS.<keyword> columns
 ERROR = "__rayeval_error"
+TEXT = "__rayeval_text"
 _META = b"rayeval.tensor"
+_TOKENIZER = b"rayeval.tokenizer"
 
 
 def attach(table: pa.Table, x, keep: list[str]) -> pa.Table:
@@ -40,6 +47,32 @@ def attach(table: pa.Table, x, keep: list[str]) -> pa.Table:
 def failed(table: pa.Table, error: DataError) -> pa.Table:
     """The stand-in for a batch the transform failed on: its row count and the message."""
     return pa.table({ERROR: pa.array([error.message] * table.num_rows, pa.string())})
+
+
+def attach_text(table: pa.Table, rows: list, extra: list, tokenizer_key: str) -> pa.Table:
+    """``table`` with each row's tokens (and what scoring needs beside them) in ``TEXT``."""
+    import pickle
+
+    payload = pa.array([pickle.dumps((r, e), protocol=5) for r, e in zip(rows, extra)],
+                       pa.binary())
+    field = pa.field(TEXT, pa.binary(), metadata={_TOKENIZER: tokenizer_key})
+    return table.append_column(field, payload)
+
+
+def text_rows(table, tokenizer_key: str) -> tuple[list, list, int] | None:
+    """(rows, extra, bytes) a stage tokenized with this tokenizer; None when it did not
+    (no stage, or another tokenizer)."""
+    import pickle
+
+    names = table.schema.names
+    if TEXT not in names:
+        return None
+    meta = table.schema.field(TEXT).metadata or {}
+    if meta.get(_TOKENIZER, b"").decode() != tokenizer_key:
+        return None
+    blobs = table.column(TEXT).to_pylist()
+    pairs = [pickle.loads(b) for b in blobs]
+    return [p[0] for p in pairs], [p[1] for p in pairs], 8 * sum(len(b) for b in blobs)
 
 
 def is_prepared(table) -> bool:

@@ -246,6 +246,54 @@ def rebatch(tables, batch_size: int):
         yield pa.concat_tables(held) if len(held) > 1 else held[0]
 
 
+class ReadAhead:
+    """An iterable's items produced on a thread, up to ``prefetch`` ahead of the consumer
+    (pyarrow and Ray Data release the GIL while they read). The thread starts at once, so
+    the reading begins before the first item is asked for; ``close`` lets it go (it stops at
+    its next item)."""
+
+    _DONE = object()
+
+    def __init__(self, items, prefetch: int = 2):
+        import queue
+        import threading
+
+        self.ahead: queue.Queue = queue.Queue(maxsize=max(1, prefetch))
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._produce, args=(items,),
+                                       name="rayeval-read", daemon=True)
+        self.thread.start()
+
+    def _produce(self, items) -> None:
+        import queue
+
+        try:
+            for item in items:
+                while not self.stop.is_set():
+                    try:
+                        self.ahead.put(item, timeout=0.5)
+                        break
+                    except queue.Full:
+                        continue
+                if self.stop.is_set():
+                    return
+            self.ahead.put(self._DONE)
+        except BaseException as e:          # noqa: BLE001 - handed to the consumer
+            self.ahead.put(e)
+
+    def __iter__(self):
+        while True:
+            item = self.ahead.get()
+            if item is self._DONE:
+                return
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+
+    def close(self) -> None:
+        self.stop.set()
+
+
 class RowRange:
     """Rows [start, stop) of a data set, read straight from its parquet files: one worker's
     shard. Only the row groups that hold them are read; batches are read ahead on a thread
@@ -263,42 +311,13 @@ class RowRange:
 
     def iter_batches(self, batch_size: int, prefetch: int = 2):
         """pyarrow Tables of ``batch_size`` rows (the last may be shorter), in row order."""
-        import queue
-        import threading
-
         if self.num_rows <= 0:
             return
-        ahead: queue.Queue = queue.Queue(maxsize=max(1, prefetch))
-        done = object()
-        stop = threading.Event()
-
-        def produce():
-            try:
-                for table in self._batches(batch_size):
-                    while not stop.is_set():
-                        try:
-                            ahead.put(table, timeout=0.5)
-                            break
-                        except queue.Full:
-                            continue
-                    if stop.is_set():
-                        return
-                ahead.put(done)
-            except BaseException as e:          # noqa: BLE001 - handed to the consumer
-                ahead.put(e)
-
-        thread = threading.Thread(target=produce, name="rayeval-read", daemon=True)
-        thread.start()
+        ahead = ReadAhead(self._batches(batch_size), prefetch)
         try:
-            while True:
-                item = ahead.get()
-                if item is done:
-                    return
-                if isinstance(item, BaseException):
-                    raise item
-                yield item
+            yield from ahead
         finally:
-            stop.set()
+            ahead.close()
 
     def _batches(self, batch_size: int):
         return rebatch(self._pieces(batch_size), batch_size)

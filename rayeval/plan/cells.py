@@ -10,7 +10,8 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import pyarrow.fs as pafs
 
@@ -31,6 +32,10 @@ class Evaluation:
     spec: EvalSpec
     data: DatasetInfo
     output_size: int             # classes, vocabulary or 1: probed on the driver
+    # Text tasks: the tokenizer the driver probed with (the first checkpoint's, or
+    # model.tokenizer). A Ray Data stage tokenizes with it; a worker whose checkpoint has
+    # another tokenizer tokenizes again itself.
+    tokenizer: Any = field(default=None, compare=False, repr=False)
 
     @property
     def name(self) -> str:

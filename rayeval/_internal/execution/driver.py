@@ -86,7 +86,8 @@ def inspect_evaluations(sweep: Sweep) -> tuple[Evaluation, ...]:
         info = inspect_dataset(spec.dataset, task)
         size = _probe_output_size(sweep, spec, info, source, meta, tokenizer)
         task.check_values(probe_dataset(info, spec.dataset.key_path), spec.dataset, size)
-        out.append(Evaluation(spec=spec, data=info, output_size=size))
+        out.append(Evaluation(spec=spec, data=info, output_size=size,
+                              tokenizer=tokenizer if task.uses_text else None))
     return tuple(out)
 
 

@@ -6,7 +6,8 @@ a Ray Data pipeline, split over them with nothing dropped or repeated.
               checked
     prepare   ``dataset.transform`` as a ``map_batches`` stage (``dataset.cpus`` CPUs a task,
               at most ``dataset.concurrency`` at once): the worker gets the model's inputs
-              ready (``core.prepared``)
+              ready (``core.prepared``); for a text task, its tokenization with the driver's
+              tokenizer
     split     ``ExactSplit``: ``streaming_split(equal=False)``. The default DataConfig splits
               with ``equal=True``, which drops rows so that every shard is equally long
     consume   ``SplitRows`` in each worker: ``get_dataset_shard``, batches as pyarrow tables
@@ -53,11 +54,14 @@ def pipeline(ev: Evaluation, workers: int, base_dir: str):
     cpus = spec.cpus if spec.cpus is not None else 1.0
     source = RowsDatasource(ev.data, _read_columns(ev), spec.key_path, workers)
     ds = ray.data.read_datasource(source, num_cpus=cpus)
+    stage = None
     if spec.transform:
-        keep = [c for c in (spec.target, spec.id) if c]
-        ds = ds.map_batches(Prepare(spec, base_dir, keep), batch_format="pyarrow",
-                            batch_size=None, num_cpus=cpus, concurrency=spec.concurrency,
-                            zero_copy_batch=True)
+        stage = Prepare(spec, base_dir, [c for c in (spec.target, spec.id) if c])
+    elif ev.tokenizer is not None:
+        stage = Tokenize(ev.spec, ev.tokenizer)
+    if stage is not None:
+        ds = ds.map_batches(stage, batch_format="pyarrow", batch_size=None, num_cpus=cpus,
+                            concurrency=spec.concurrency, zero_copy_batch=True)
     # Small blocks: the split hands out whole blocks, so a few large ones would leave a
     # worker idle (the default target is 128 MiB).
     size = sum(_file_size(f) for f in ev.data.files)
@@ -169,6 +173,31 @@ class Prepare:
             return prepared.failed(table, e)
 
 
+class Tokenize:
+    """A text task's tokenization as a Ray Data stage, with the driver's tokenizer: the
+    worker gets each row's tokens (``prepared.attach_text``). A batch it cannot tokenize
+    (bad text) goes on as it came: the worker checks it, meets the same error and fails
+    the cells."""
+
+    def __init__(self, evaluation, tokenizer):
+        self.evaluation = evaluation
+        self.tokenizer = tokenizer
+
+    def __call__(self, table: pa.Table) -> pa.Table:
+        from types import SimpleNamespace
+
+        from rayeval.core import tasks
+
+        spec = self.evaluation.dataset
+        task = tasks.get(self.evaluation.task)
+        decoder = SimpleNamespace(text=self.tokenizer, generation=self.evaluation.generation)
+        try:
+            x = task.tokenize(table, spec, self.tokenizer, decoder)
+        except Exception:        # noqa: BLE001 - the worker checks the rows and says why
+            return table
+        return prepared.attach_text(table, x.rows, x.extra, self.tokenizer.key)
+
+
 def exact_split():
     """A DataConfig that splits every data set with ``equal=False``: uneven shards, no row
     dropped (the default, ``equal=True``, drops rows to even them out)."""
@@ -192,17 +221,48 @@ class SplitRows:
     """One worker's split of an evaluation's pipeline, read like ``data.RowRange``:
     ``iter_batches`` gives pyarrow tables, one epoch of the split per call. How many rows an
     epoch gives a worker is not known before it ends; ``num_rows`` is an even share, which
-    sizes the kept shard's blocks (rows beyond it are kept as they come)."""
+    sizes the kept shard's blocks (rows beyond it are kept as they come). ``start`` begins
+    the first epoch at once, on a thread, so the pipeline starts (its coordinator, its read
+    and preprocessing tasks) while the worker loads its first checkpoint."""
+
+    PREFETCH = 4
 
     def __init__(self, name: str, info: DatasetInfo, rank: int, world: int):
         import ray.train
 
         self.it = ray.train.get_dataset_shard(name)
         self.num_rows = -(-info.num_rows // world)
+        self.early: tuple[int, object] | None = None    # (batch size, ReadAhead)
 
-    def iter_batches(self, batch_size: int, prefetch: int = 2):
+    def start(self, batch_size: int) -> None:
+        from rayeval.io.data import ReadAhead
+
+        if self.early is None:
+            self.early = batch_size, ReadAhead(self._epoch(batch_size), self.PREFETCH)
+
+    def iter_batches(self, batch_size: int, prefetch: int = PREFETCH):
+        from rayeval.io.data import ReadAhead
+
+        early, self.early = self.early, None
+        if early is not None and early[0] == batch_size:
+            ahead = early[1]
+        else:
+            if early is not None:          # begun with another batch size: never the case
+                early[1].close()
+            ahead = ReadAhead(self._epoch(batch_size), prefetch)
+        try:
+            yield from ahead
+        finally:
+            ahead.close()
+
+    def _epoch(self, batch_size: int):
         for table in self.it.iter_batches(batch_size=batch_size, batch_format="pyarrow",
-                                          prefetch_batches=prefetch, drop_last=False):
+                                          prefetch_batches=1, drop_last=False):
             if isinstance(table, pa.RecordBatch):
                 table = pa.Table.from_batches([table])
             yield table
+
+    def close(self) -> None:
+        if self.early is not None:
+            self.early[1].close()
+            self.early = None

@@ -60,6 +60,7 @@ WORKER_PHASES = (
     ("load", "checkpoint fetched, loaded and agreed on"),
     ("pass", "passes over the worker's rows (scoring)"),
     ("first batch", "  of which waiting for a pass's first batch"),
+    ("ray data", "    of which from a Ray Data pipeline (read, preprocessed, split)"),
     ("streamed", "  of which passes that read and decoded their rows (not kept)"),
     ("reduce", "sync and all-reduce of the states"),
     ("publish", "rank 0 writes the cell to the store"),

@@ -311,12 +311,19 @@ class Worker:
             raise RunError(f"workers disagree on the cells left ({int(-neg_least)} to "
                            f"{int(most)}); please report this bug")
         todo = {c.key for c in cells}
+        for name in {c.evaluation for c in cells}:     # pipelines start while the first
+            rows = self.shards[name].rows              # checkpoint loads
+            if isinstance(rows, SplitRows):
+                rows.start(self.plan.evaluation(name).spec.batch_size)
         try:
             self.run_checkpoints(todo)
         except Stop:
             pass
         finally:
             self.ahead.close()
+            for shard in self.shards.values():
+                if isinstance(shard.rows, SplitRows):
+                    shard.rows.close()
         return self.outcomes
 
     def stand(self) -> list[CellOutcome]:
@@ -507,9 +514,9 @@ class Worker:
         waited = time.perf_counter()
         for batch in self.shards[ev.name]:
             if waited is not None:
-                self.timer.add("first batch (Ray Data)" if isinstance(
-                    self.shards[ev.name].rows, SplitRows) else "first batch",
-                    time.perf_counter() - waited)
+                self.timer.add("first batch", time.perf_counter() - waited)
+                if isinstance(self.shards[ev.name].rows, SplitRows):
+                    self.timer.add("ray data", time.perf_counter() - waited)
                 waited = None
             if self.progress.stopping():
                 stopped = True

@@ -37,7 +37,7 @@ import pyarrow.compute as pc
 import torch
 
 from rayeval.io import data
-from rayeval.core import stats
+from rayeval.core import prepared, stats
 from rayeval.config.schema import DatasetSpec
 from rayeval.errors import CheckpointError, DataError
 from rayeval.core.tasks.base import TASKS, Task, logits_of
@@ -140,7 +140,9 @@ class _TextTask(Task):
         for key in self.reads:
             _no_nulls(table, getattr(spec, key), f"{spec.key_path}.{key}", spec)
         self.check_table(table, spec)
-        return self.tokenize(table, spec, tok, decoder), self.targets(table, spec)
+        done = prepared.text_rows(table, tok.key)       # tokenized on a Ray Data stage
+        x = TextBatch(*done) if done is not None else self.tokenize(table, spec, tok, decoder)
+        return x, self.targets(table, spec)
 
     def targets(self, table, spec):
         return torch.zeros(table.num_rows, dtype=torch.int64)
