@@ -24,6 +24,9 @@ SHARD_CACHE_BYTES_ENV = "RAYEVAL_SHARD_CACHE_BYTES"
 PREFETCH_ENV = "RAYEVAL_PREFETCH"
 DEFAULT_PREFETCH = "1"
 
+# The knobs above that the workers read: a run hands the driver's values to its workers.
+WORKER_ENVS = (SHARD_CACHE_BYTES_ENV, PREFETCH_ENV)
+
 # "ray" sends local parquet through Ray Data as well (every other source always goes through
 # it): to compare the direct read (the fast path) with the pipeline on the same files.
 DATA_PLANE_ENV = "RAYEVAL_DATA_PLANE"

@@ -95,3 +95,49 @@ def test_parquet_through_ray_data_equals_the_direct_read(ray_cluster, forms, tmp
     assert len(a) == 2 * 4 * 3 and a == b
     assert {v[4] for v in b.values()} == {ROWS} and {v[5] for v in b.values()} == {workers}
     assert by_form(b, "parquet") == by_form(b, "jsonl")
+
+
+def test_a_shard_over_the_memory_budget_streams_on_every_pass(ray_cluster, forms, tmp_path,
+                                                             monkeypatch):
+    """Kept after the first pass when it fits; with no memory budget every checkpoint's pass
+    is a new epoch of the split, and the numbers are the same."""
+    _, path = forms
+    base = load_sweep(path)
+    base = base.replace(evals=tuple(e for e in base.evals if e.name == "jsonl"))
+    kept = run_sweep(base.replace(output=str(tmp_path / "kept")))
+    monkeypatch.setenv("RAYEVAL_SHARD_CACHE_BYTES", "0")      # handed to the workers
+    streamed = run_sweep(base.replace(output=str(tmp_path / "streamed")))
+    assert all(o.ok for o in kept.outcomes + streamed.outcomes)
+    assert all(t["streamed"][1] == 1 and t["pass"][1] == 4 for t in kept.worker_times.values())
+    assert all(t["streamed"][1] == 4 for t in streamed.worker_times.values())
+    assert stored(str(tmp_path / "kept")) == stored(str(tmp_path / "streamed"))
+
+
+def test_text_tasks_tokenized_on_a_stage_give_the_numbers_of_parquet(ray_cluster, tmp_path):
+    """The language-model example's three text tasks from JSON lines (tokenized on a Ray
+    Data stage) and from parquet (on the workers): the same values and intervals."""
+    import json
+
+    import pyarrow.parquet as pq
+    import yaml
+
+    lm = os.path.join(make_data_forms.EXAMPLE, "..", "lm")
+    raw = yaml.safe_load(open(os.path.join(lm, "sweep.yaml")))
+    raw["checkpoints"] = [os.path.abspath(os.path.join(lm, c)) for c in raw["checkpoints"]]
+    evals = []
+    for ev in raw["evals"]:
+        source = os.path.join(lm, ev["dataset"]["path"])
+        lines = tmp_path / (ev["name"] + ".jsonl")
+        lines.write_text("".join(json.dumps(r) + "\n" for r in pq.read_table(source).to_pylist()))
+        evals.append({**ev, "dataset": {**ev["dataset"], "path": os.path.abspath(source)}})
+        evals.append({**ev, "name": ev["name"] + "_jsonl",
+                      "dataset": {**ev["dataset"], "path": str(lines)}})
+    raw.update(evals=evals, output=str(tmp_path / "out"))
+    (tmp_path / "sweep.yaml").write_text(yaml.safe_dump(raw))
+    sweep = load_sweep(str(tmp_path / "sweep.yaml"))
+    report = run_sweep(sweep)
+    assert all(o.ok for o in report.outcomes), [o.error for o in report.outcomes if not o.ok]
+    rows = stored(sweep.output)
+    for ev in ("facts_mc", "docs", "sums"):
+        want = by_form(rows, ev)
+        assert want and by_form(rows, ev + "_jsonl") == want, ev

@@ -180,3 +180,45 @@ def test_a_failed_prepared_batch_keeps_its_rows_and_message():
     assert out.num_rows == 3 and prepared.is_prepared(out)
     with pytest.raises(DataError, match="m:f raised ValueError: no"):
         prepared.inputs(out)
+
+
+def test_text_tokenized_on_a_stage_is_what_the_worker_would_tokenize():
+    """The Tokenize stage's rows equal the worker's own tokenization; a worker whose
+    checkpoint has another tokenizer (another key) ignores them and tokenizes itself."""
+    import dataclasses
+    import pathlib
+
+    from rayeval._internal.execution.pipeline import Tokenize
+    from rayeval.config.schema import EvalSpec
+    from rayeval.io import hf
+
+    lm = pathlib.Path(__file__).parents[2] / "configs" / "lm"
+    tok = hf.load_tokenizer(str(lm / "ckpts" / "checkpoint-30"), what="model.tokenizer")
+    table = pq.read_table(lm / "data" / "mc.parquet").slice(0, 9)
+    ev = EvalSpec(name="mc", task="multiple_choice", metrics=(),
+                  dataset=DatasetSpec(path="x", prompt="prompt", choices="choices",
+                                      target="label", id="id"))
+    task = tasks.get("multiple_choice")
+
+    class Decoder:
+        text = tok
+        generation = ev.generation
+
+    staged = Tokenize(ev, tok)(table)
+    assert prepared.TEXT in staged.column_names and staged.num_rows == 9
+    x_stage, y_stage = task.decode(staged, ev.dataset, {}, None, Decoder)
+    x_own, y_own = task.decode(table, ev.dataset, {}, None, Decoder)
+    assert x_stage.rows == x_own.rows and x_stage.extra == x_own.extra
+    assert torch.equal(y_stage, y_own)
+    # the stage's tokens are what the worker uses: its raw prompts are not tokenized again
+    i = staged.column_names.index("prompt")
+    tampered = staged.set_column(i, "prompt", pa.array(["Elsewhere"] * 9))
+    assert task.decode(tampered, ev.dataset, {}, None, Decoder)[0].rows == x_own.rows
+
+    class OtherDecoder(Decoder):
+        text = dataclasses.replace(tok, key="another tokenizer")
+
+    again = task.decode(tampered, ev.dataset, {}, None, OtherDecoder)[0]
+    assert again.rows != x_own.rows
+    assert again.rows == task.decode(table.set_column(i, "prompt", pa.array(["Elsewhere"] * 9)),
+                                     ev.dataset, {}, None, OtherDecoder)[0].rows

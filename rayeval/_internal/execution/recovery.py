@@ -60,9 +60,13 @@ def fault_point(phase: str, rank: int, attempt, before=None) -> None:
 
 
 def worker_env() -> dict:
-    """The workers' runtime environment: the test hook's variable when the driver has it
-    (Ray's worker processes do not inherit a variable set after Ray started), else nothing."""
-    return {"env_vars": {KILL_ENV: os.environ[KILL_ENV]}} if os.environ.get(KILL_ENV) else {}
+    """The workers' runtime environment: rayeval's worker knobs (``constants.WORKER_ENVS``)
+    and the test hook's variable, as the driver has them. Ray's worker processes do not
+    inherit a variable set after Ray started, nor one set on another machine than theirs."""
+    from rayeval._internal import constants
+
+    given = {k: os.environ[k] for k in (*constants.WORKER_ENVS, KILL_ENV) if os.environ.get(k)}
+    return {"env_vars": given} if given else {}
 
 
 def failure_config():
