@@ -14,8 +14,10 @@ def ray_cluster():
     so Ray Data can run beside the Train workers."""
     import ray
 
-    ray.init(num_cpus=5, include_dashboard=False, log_to_driver=False,
-             logging_level="ERROR",
-             _system_config={"worker_maximum_startup_concurrency": 8})
+    from rayeval._internal.execution.lifecycle import start_local_ray
+
+    start_local_ray(num_cpus=5, include_dashboard=False, log_to_driver=False,
+                    logging_level="ERROR",
+                    _system_config={"worker_maximum_startup_concurrency": 8})
     yield
     ray.shutdown()

@@ -154,10 +154,20 @@ def wandb_history(records) -> list[dict]:
             for r in records if r.WhichOneof("record_type") == "history"]
 
 
-def offline_run(wandb_dir, run_id: str) -> str:
-    found = glob.glob(os.path.join(str(wandb_dir), "wandb", f"offline-run-*-{run_id}"))
-    assert len(found) == 1, found
-    return found[0]
+def offline_run(wandb_dir, run_id: str, timeout: float = 120) -> str:
+    """The offline run's folder, once W&B's service has written the run's exit record into its
+    .wandb file (the service writes on its own process: on a busy machine that can trail
+    ``run.finish()``). Bounded by the event, with a generous limit."""
+    pattern = os.path.join(str(wandb_dir), "wandb", f"offline-run-*-{run_id}")
+    deadline = time.monotonic() + timeout
+    while True:
+        found = glob.glob(pattern)
+        if len(found) == 1 and glob.glob(os.path.join(found[0], "*.wandb")) and any(
+                r.WhichOneof("record_type") == "exit" for r in wandb_records(found[0])):
+            return found[0]
+        if time.monotonic() > deadline:
+            raise AssertionError(f"no finished offline run {pattern}: {found}")
+        time.sleep(0.2)
 
 
 def check_wandb_run(run_dir: str, rows: list[dict], project: str, run_id: str):

@@ -161,8 +161,9 @@ def start_ray(sweep: Sweep, address: str | None, verbose: bool) -> bool:
     num_cpus = max(os.cpu_count() or 1, sweep.workers + 2)
     # Train and its controller start several processes at once; without a higher
     # start-up concurrency the raylet warns about it on every run of a small machine.
-    ray.init(num_cpus=num_cpus, include_dashboard=False,
-             _system_config={"worker_maximum_startup_concurrency": max(8, num_cpus)}, **kwargs)
+    start_local_ray(num_cpus=num_cpus, include_dashboard=False,
+                    _system_config={"worker_maximum_startup_concurrency": max(8, num_cpus)},
+                    **kwargs)
     signals.install()               # Ray's native SIGTERM handler would print a stack and die
     if sweep.use_gpu:
         gpus = int(ray.cluster_resources().get("GPU", 0))
@@ -172,6 +173,22 @@ def start_ray(sweep: Sweep, address: str | None, verbose: bool) -> bool:
                            f"{sweep.workers}, this machine has {gpus}; lower workers or set "
                            "use_gpu: false")
     return True
+
+
+def start_local_ray(attempts: int = 3, **kwargs) -> None:
+    """``ray.init`` for a new local node, tried again when the node times out during start-up:
+    Ray gives its raylet a fixed 30 s to register, which a machine under heavy load overruns,
+    and a second try on the same machine then starts in seconds."""
+    import ray
+
+    for attempt in range(1, attempts + 1):
+        try:
+            ray.init(**kwargs)
+            return
+        except Exception as e:  # noqa: BLE001 - Ray raises a bare Exception for this one
+            if "timed out during startup" not in str(e) or attempt == attempts:
+                raise
+            ray.shutdown()      # the half-started node's processes
 
 
 def _probe(address: str, timeout: float = 5.0) -> None:

@@ -1,0 +1,54 @@
+"""The local Ray start-up's retry: Ray gives a new node's raylet a fixed 30 s to register, which a
+machine under heavy load overruns; rayeval tries again, and only for that error."""
+
+import pytest
+import ray
+
+from rayeval._internal.execution.lifecycle import start_local_ray
+
+
+class Calls:
+    def __init__(self, failures):
+        self.failures = list(failures)
+        self.inits, self.shutdowns = [], 0
+
+    def init(self, **kwargs):
+        self.inits.append(kwargs)
+        if self.failures:
+            raise self.failures.pop(0)
+
+    def shutdown(self):
+        self.shutdowns += 1
+
+
+def install(monkeypatch, failures):
+    calls = Calls(failures)
+    monkeypatch.setattr(ray, "init", calls.init)
+    monkeypatch.setattr(ray, "shutdown", calls.shutdown)
+    return calls
+
+
+def timeout():
+    return Exception("The current node timed out during startup. This could happen because "
+                     "some of the raylet failed to startup or the GCS has become overloaded.")
+
+
+def test_a_node_that_times_out_during_start_up_is_started_again(monkeypatch):
+    calls = install(monkeypatch, [timeout()])
+    start_local_ray(num_cpus=3)
+    assert calls.inits == [{"num_cpus": 3}, {"num_cpus": 3}]
+    assert calls.shutdowns == 1            # the half-started node's processes first
+
+
+def test_the_last_attempt_s_error_is_raised(monkeypatch):
+    calls = install(monkeypatch, [timeout(), timeout(), timeout()])
+    with pytest.raises(Exception, match="timed out during startup"):
+        start_local_ray(num_cpus=3)
+    assert len(calls.inits) == 3
+
+
+def test_other_errors_are_not_retried(monkeypatch):
+    calls = install(monkeypatch, [ValueError("bad num_cpus")])
+    with pytest.raises(ValueError, match="bad num_cpus"):
+        start_local_ray(num_cpus=-1)
+    assert len(calls.inits) == 1 and calls.shutdowns == 0
