@@ -7,6 +7,7 @@ The public API (see the README's *Python API*)::
     report = rayeval.run("sweep.yaml")          # evaluate a sweep -> RunReport
     rayeval.results("out").to_pandas()          # newest row per cell -> pyarrow.Table
     rayeval.leaderboard("out").entries          # ranked -> Board
+    rayeval.samples("out", checkpoint="600", evaluation="arc")   # per-item records -> Table
 
 ``import rayeval`` is cheap: it imports neither torch nor Ray. ``RunReport`` and ``Board`` are
 loaded on first use (``RunReport`` lives with the driver, which imports torch).
@@ -14,14 +15,14 @@ loaded on first use (``RunReport`` lives with the driver, which imports torch).
 
 __version__ = "0.1.0"
 
-from rayeval.api import leaderboard, load_sweep, results, run
+from rayeval.api import leaderboard, load_sweep, results, run, samples
 from rayeval.config.schema import Sweep
 from rayeval.errors import (CheckpointError, DataError, GroupError, MetricError, ModelError,
                             RayevalError, RunError, SpecError, StoreError)
 
 __all__ = [
     "__version__",
-    "run", "load_sweep", "results", "leaderboard",
+    "run", "load_sweep", "results", "leaderboard", "samples",
     "RunReport", "Board", "Sweep",
     "RayevalError", "SpecError", "DataError", "ModelError", "MetricError", "CheckpointError",
     "StoreError", "RunError", "GroupError",

@@ -157,6 +157,31 @@ def leaderboard(store: str | os.PathLike, *, metric: str | None = None,
     return build_board(rows, metric)
 
 
+def samples(store: str | os.PathLike, *, checkpoint: str, evaluation: str | None = None,
+            sweep: str | None = None) -> pa.Table:
+    """Each item's record of one checkpoint on one evaluation of a text task: what
+    ``rayeval samples`` shows.
+
+    ``checkpoint``: as the command line takes it (its location, file name, a unique path
+    suffix, file stem or step); ``evaluation``: the evaluation's name (may be left out when the
+    checkpoint has records for one evaluation only); ``sweep``: only that sweep's rows.
+
+    Returns a ``pyarrow.Table``, one row per item, sorted by id: ``id`` (the data set's id
+    column, else the content id), ``context`` (the prompt or document), ``choices`` (multiple
+    choice), ``target`` (the right choice's text, the answer), ``response`` (the choice with the
+    highest log-likelihood, the generated text), ``loglikelihoods`` (each choice's, or the
+    document's), ``tokens`` (perplexity) and one float column per metric that has a value per
+    item (``acc``, ``acc_norm``, ``exact_match`` 1 or 0; a document's perplexities).
+
+    Raises :class:`rayeval.StoreError` when the store, the checkpoint or the evaluation is not
+    there, or the cell kept no records (``samples: false``, or stored before records existed).
+    """
+    from rayeval.reporting.samples import checkpoint_rows, read_cell_samples
+
+    rows = checkpoint_rows(store, checkpoint, sweep, what="checkpoint")
+    return read_cell_samples(store, rows, evaluation, what="evaluation")[1]
+
+
 # --- helpers ---------------------------------------------------------------------------------
 
 def _trackers(given, base: Trackers) -> Trackers:

@@ -262,6 +262,11 @@ class EvalSpec:
                                    numbers=True, default=Bootstrap(), sweep_default=True)
     generation: Generation = setting("Generation tasks: how to decode.", numbers=True,
                                      default=Generation())
+    samples: bool = setting(
+        "Keep each item's record (text tasks; default true for them): which items a "
+        "checkpoint got right, what it generated. Not the numbers: cells already stored "
+        "keep what they were evaluated with.", numbers=False, default=False,
+        sweep_default=True)
     key_path: str = setting("Where it is in the sweep file, for messages.", numbers=False,
                             default="evals[0]", yaml=None)
 

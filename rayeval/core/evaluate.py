@@ -39,6 +39,7 @@ class Decoder:
         self.transform = None
         self.text = None                 # the tokenizer's context: set per checkpoint (text tasks)
         self.generation = evaluation.generation
+        self.samples = evaluation.samples      # keep what per-item records show (text tasks)
         if self.spec.transform:
             self.transform = import_callable(self.spec.transform, base_dir,
                                              what=f"{self.spec.key_path}.transform")
@@ -272,8 +273,9 @@ class Pass:
     def __init__(self, model: torch.nn.Module, metrics: list[tuple[str, Metric]], size: int,
                  device: torch.device, task: tasks.Task | str = "classification",
                  buckets: int = 1, spec=None, text=None, generation: Generation = Generation(),
-                 batch: int = 256):
+                 batch: int = 256, samples: bool = False, on_rows=None):
         self.model = model
+        self.metrics = metrics
         self.task = tasks.get(task) if isinstance(task, str) else task
         self.spec = spec or DatasetSpec(path="")
         self.text = text                   # the hf.Tokenizer (text tasks)
@@ -285,6 +287,10 @@ class Pass:
         self.acc = Accumulator(metrics, size, buckets, device, self.task.counts_tokens)
         self.pending: list = []            # batches a task that batches by length holds back
         self.pending_rows = 0
+        self.scored_rows = 0               # rows scored and added (not only read)
+        self.on_rows = on_rows             # called with the rows scored so far
+        self.scoring = 0                   # rows in the scoring under way
+        self.records = [] if samples else None     # per-item records (text tasks)
 
     @property
     def states(self) -> dict[str, torch.Tensor]:
@@ -322,11 +328,56 @@ class Pass:
                         torch.cat([h[2] for h in held]))
         self.acc.flush()
 
+    def partly(self, done: int, total: int) -> None:
+        """A task's scoring reports its requests done: the rows scored so far, counting the
+        batch under way in proportion (a text task scores up to ``group_rows`` at once)."""
+        if self.on_rows is not None and total:
+            self.on_rows(self.scored_rows + self.scoring * done // total)
+
     @torch.inference_mode()
     def _score(self, x, y, buckets) -> None:
+        self.scoring = int(y.shape[0])
         out, y = self.task.score(self.model, x, y, self)
         tokens = self.task.scored_tokens(out, y) if self.task.counts_tokens else None
         self.acc.add(out, y, buckets, tokens)
+        if self.records is not None:
+            batch = self.task.item_records(x, out)
+            batch.update(item_values(self.metrics, out, y))
+            self.records.append(batch)
+        self.scored_rows += int(y.shape[0])
+        self.scoring = 0
+        if self.on_rows is not None:
+            self.on_rows(self.scored_rows)
+
+    def sample_table(self):
+        """The per-item records of every row scored so far, one row per item (a pyarrow
+        Table), or None when the pass keeps none."""
+        if self.records is None:
+            return None
+        from rayeval.core.samples import records_table
+
+        return records_table(self.records)
+
+
+def item_values(metrics: list[tuple[str, Metric]], outputs, targets) -> dict[str, list]:
+    """Each item's value of each metric that has one: the metric's own ``rows`` and
+    ``compute`` on the item alone (accuracy 1 or 0, a document's perplexity). Metrics over
+    the whole set only (F1, a confusion matrix, a custom metric) have none."""
+    out: dict[str, list] = {}
+    n = int(targets.shape[0])
+    for key, m in metrics:
+        rows_fn = getattr(m, "rows", None)
+        if not (m.scalar and rows_fn and getattr(m, "batched_compute", False)):
+            continue
+        with metric_errors(key, "on an item"):
+            parts = rows_fn(outputs, targets)
+            if not all(isinstance(c, torch.Tensor) and tuple(c.shape) == (n,)
+                       for c in parts.values()):
+                continue
+            values = torch.as_tensor(m.compute(parts), dtype=torch.float64).reshape(-1)
+        if values.shape[0] == n:
+            out[key] = values.tolist()
+    return out
 
 
 def compute(metrics, states, size: int, bootstrap: Bootstrap = OFF) -> dict[str, float]:

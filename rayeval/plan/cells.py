@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -57,6 +58,8 @@ class Plan:
     cells: tuple[Cell, ...]      # pending: to evaluate in this run, checkpoint by checkpoint
     cached: tuple[Cell, ...]     # already in the store
     failed: tuple[CellOutcome, ...] = ()   # failed before any worker (a checkpoint not fitting)
+    # This run's token: its per-item record files are named with it.
+    run_id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
 
     def in_order(self, outcomes) -> list[CellOutcome]:
         """Outcomes in the sweep's checkpoint order (``expand_checkpoints``'), then the

@@ -93,12 +93,13 @@ def parse_sweep(raw: Any, *, base_dir: str, source: str = "<sweep>") -> Sweep:
     top = r.mapping(raw, "", SWEEP_KEYS | SINGLE_FORM_KEYS)
     batch_size = r.integer(top, "batch_size", default=EvalSpec.batch_size, minimum=1)
     bootstrap = _bootstrap(r, r.get(top, "bootstrap", default={}), "bootstrap", EvalSpec.bootstrap)
+    samples = r.boolean(top, "samples", default=True)   # where the task keeps records
     if "evals" in top:
         both = sorted(k for k in SINGLE_FORM_KEYS if k in top)
         if both:
             r.fail(both[0], "give the evaluations either as evals: or as one top-level "
                             "dataset/task/metrics, not both; move it into an entry of evals")
-        evals = _evals(r, top["evals"], base_dir, batch_size, bootstrap)
+        evals = _evals(r, top["evals"], base_dir, batch_size, bootstrap, samples)
     else:
         missing = [k for k in ("dataset", "task", "metrics") if top.get(k) is None]
         if missing:
@@ -113,7 +114,7 @@ def parse_sweep(raw: Any, *, base_dir: str, source: str = "<sweep>") -> Sweep:
             name = _stem(paths.resolve(r.string(ds_raw, "path", path="dataset.path",
                                                 required=True), base_dir))
         evals = (_evaluation(r, {**top, "name": name}, "", base_dir, batch_size, bootstrap,
-                             dataset_extra=SINGLE_FORM_DATASET_KEYS),)
+                             samples, dataset_extra=SINGLE_FORM_DATASET_KEYS),)
     model = _model(r, top, base_dir)
     text = [e for e in evals if TASKS[e.task].uses_text]
     if text and not model.hugging_face and model.tokenizer is None:
@@ -135,7 +136,7 @@ def parse_sweep(raw: Any, *, base_dir: str, source: str = "<sweep>") -> Sweep:
 
 
 def _evals(r: "_Reader", raw: Any, base_dir: str, batch_size: int,
-           bootstrap: Bootstrap) -> tuple[EvalSpec, ...]:
+           bootstrap: Bootstrap, samples: bool) -> tuple[EvalSpec, ...]:
     if not isinstance(raw, list) or not raw:
         r.fail("evals", f"expected a non-empty list of evaluations, got {_show(raw)}")
     evals: list[EvalSpec] = []
@@ -152,12 +153,13 @@ def _evals(r: "_Reader", raw: Any, base_dir: str, batch_size: int,
             r.fail(f"{path}.name", f"{name!r} is used twice (also evals[{seen[name]}].name); "
                                    "give each evaluation its own name")
         seen[name] = i
-        evals.append(_evaluation(r, m, path, base_dir, batch_size, bootstrap))
+        evals.append(_evaluation(r, m, path, base_dir, batch_size, bootstrap, samples))
     return tuple(evals)
 
 
 def _evaluation(r: "_Reader", m: dict, path: str, base_dir: str, batch_size: int,
-                bootstrap: Bootstrap, dataset_extra: frozenset | set = frozenset()) -> EvalSpec:
+                bootstrap: Bootstrap, samples: bool,
+                dataset_extra: frozenset | set = frozenset()) -> EvalSpec:
     """One evaluation; ``path`` is its key path ("" for the top-level single form)."""
     at = (lambda key: f"{path}.{key}" if path else key)
     task = r.string(m, "task", path=at("task"), required=True)
@@ -189,7 +191,20 @@ def _evaluation(r: "_Reader", m: dict, path: str, base_dir: str, batch_size: int
         batch_size=r.integer(m, "batch_size", default=batch_size, minimum=1,
                              path=at("batch_size")) if path else batch_size,
         bootstrap=own_bootstrap, generation=_generation(r, m, at("generation"), task),
-        key_path=path or "(top level)")
+        samples=_samples(r, m, path, task, samples), key_path=path or "(top level)")
+
+
+def _samples(r: "_Reader", m: dict, path: str, task: str, default: bool) -> bool:
+    """Whether an evaluation keeps per-item records: text tasks do unless turned off (here or
+    by the sweep's top-level ``samples``); other tasks keep none."""
+    keeps = TASKS[task].uses_text
+    if not path or m.get("samples") is None:
+        return default and keeps
+    given = r.boolean(m, "samples", default=default, path=f"{path}.samples")
+    if given and not keeps:
+        r.fail(f"{path}.samples", f"task {task} keeps no per-item records (the text tasks "
+                                  "do); remove the key")
+    return given
 
 
 def _generation(r: "_Reader", m: dict, path: str, task: str) -> Generation:

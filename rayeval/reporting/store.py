@@ -40,6 +40,7 @@ SCHEMA = pa.schema([
     pa.field("higher_is_better", pa.bool_(), nullable=False),
     pa.field("cell", pa.string(), nullable=False),
     pa.field("bootstrap", pa.string()),                  # how replicates were drawn
+    pa.field("samples", pa.string()),                    # the per-item records' file set
     pa.field("replicates", pa.list_(pa.float64())),      # the metric on each replicate
     pa.field("matrix", pa.list_(pa.list_(pa.int64()))),  # confusion matrices
 ])
@@ -47,18 +48,20 @@ SCHEMA = pa.schema([
 
 def cell_rows(*, sweep: str, checkpoint: str, step: int | None, evaluation: str, results: dict,
               higher_is_better: dict[str, bool], num_samples: int, world_size: int,
-              bootstrap_key: str, epoch: int | None = None, num_tokens: int | None = None
-              ) -> list[dict]:
+              bootstrap_key: str, epoch: int | None = None, num_tokens: int | None = None,
+              samples: str | None = None) -> list[dict]:
     """A cell's stored rows, one per metric in the sweep's order (the leaderboard takes an
     evaluation's first row as its headline metric). ``results``: metric key -> an object with
     value, ci_low, ci_high, replicates and matrix (``evaluate.MetricResult``). ``num_tokens``:
-    the scored target tokens, for tasks that score tokens rather than rows (None otherwise)."""
+    the scored target tokens, for tasks that score tokens rather than rows (None otherwise).
+    ``samples``: the tag of the cell's per-item record files (None: it kept none)."""
     return [{"sweep": sweep, "checkpoint": checkpoint, "step": step, "epoch": epoch,
              "dataset": evaluation, "metric": key, "value": r.value, "ci_low": r.ci_low,
              "ci_high": r.ci_high, "num_samples": num_samples, "num_tokens": num_tokens,
              "world_size": world_size,
              "higher_is_better": higher_is_better[key], "replicates": r.replicates,
-             "matrix": r.matrix, "bootstrap": bootstrap_key if r.replicates is not None else None}
+             "matrix": r.matrix, "bootstrap": bootstrap_key if r.replicates is not None else None,
+             "samples": samples}
             for key, r in results.items()]
 
 
@@ -69,7 +72,8 @@ class ResultStore:
             self.fs, root = paths.filesystem(location)
         except (pa.ArrowInvalid, OSError) as e:
             raise StoreError(f"output: cannot open result store {location!r}: {e}") from None
-        self.dir = root.rstrip("/") + "/results"
+        self.root = root.rstrip("/")
+        self.dir = self.root + "/results"
 
     def check(self, what: str = "output", write: bool = False) -> None:
         """Fail early, with one line, on a store that cannot be reached (a missing bucket,
@@ -127,13 +131,48 @@ class ResultStore:
         table = pa.Table.from_pylist(
             [{**r, "cell": cell, "created_at": r.get("created_at", now)} for r in rows],
             schema=SCHEMA)
+        return self._put(self.dir, f"{cell}.parquet", table)
+
+    # --- per-item records: {root}/samples/{cell}/{tag}-{rank}-of-{world}.parquet ----------
+
+    def samples_dir(self, cell: str) -> str:
+        return f"{self.root}/samples/{cell}"
+
+    def write_samples(self, cell: str, tag: str, rank: int, world: int, table: pa.Table) -> str:
+        """One worker's per-item records of a cell (its own items), before the cell is
+        published; the cell's rows then name ``tag``, so only a complete set is read."""
+        return self._put(self.samples_dir(cell), sample_file(tag, rank, world), table)
+
+    def read_samples(self, cell: str, tag: str) -> pa.Table:
+        """The per-item records of a published cell: every worker's file of its set."""
+        folder = self.samples_dir(cell)
+        try:
+            infos = self.fs.get_file_info(pafs.FileSelector(folder, allow_not_found=True))
+            names = sorted(i.base_name for i in infos if i.base_name.startswith(f"{tag}-"))
+            world = int(names[0].rsplit("-of-", 1)[1].split(".")[0]) if names else 0
+            if not names or len(names) != world:
+                raise StoreError(f"the per-item records of cell {cell} are incomplete "
+                                 f"({len(names)} of {world or '?'} worker files under "
+                                 f"{folder}); evaluate it again with --force")
+            tables = []
+            for name in names:
+                with self.fs.open_input_file(f"{folder}/{name}") as f:
+                    tables.append(pq.read_table(f))
+        except (pa.ArrowInvalid, OSError) as e:
+            raise StoreError(f"cannot read per-item records: "
+                             f"{paths.explain(e, self.location)}") from None
+        return pa.concat_tables(tables)
+
+    def _put(self, folder: str, name: str, table: pa.Table) -> str:
+        """Write a parquet file atomically (local: a hidden temporary renamed into place;
+        object storage: one PUT)."""
         buf = io.BytesIO()
         pq.write_table(table, buf)
-        target = self._file(cell)
+        target = f"{folder}/{name}"
         try:
-            self.fs.create_dir(self.dir, recursive=True)
+            self.fs.create_dir(folder, recursive=True)
             if isinstance(self.fs, pafs.LocalFileSystem):
-                tmp = f"{self.dir}/.tmp-{uuid.uuid4().hex}-{cell}.parquet"
+                tmp = f"{folder}/.tmp-{uuid.uuid4().hex}-{name}"
                 with open(tmp, "wb") as f:
                     f.write(buf.getvalue())
                     f.flush()
@@ -186,6 +225,10 @@ class ResultStore:
         except (pa.ArrowInvalid, OSError) as e:
             raise StoreError(f"cannot read result store: {paths.explain(e, self.location)}") \
                 from None
+
+
+def sample_file(tag: str, rank: int, world: int) -> str:
+    return f"{tag}-{rank:05d}-of-{world:05d}.parquet"
 
 
 def newest(store: str | os.PathLike, *, sweep: str | None = None,

@@ -4,6 +4,7 @@ checkpoints failed prints their errors and exits 1; tracebacks are for bugs only
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import signal
 import sys
@@ -143,6 +144,21 @@ def _parser() -> argparse.ArgumentParser:
                      help="only this: EVAL/METRIC, METRIC or aggregate (default: all)")
     cmp.add_argument("--dataset", metavar="NAME", help="only this evaluation (data set)")
     cmp.add_argument("--sweep", metavar="NAME", help="only this sweep")
+    cmp.add_argument("--items", action="store_true",
+                     help="list the items one gets right and the other wrong (text tasks' "
+                          "per-item records; --metric picks the right-or-wrong metric)")
+
+    sm = sub.add_parser("samples", help="each item's record of a checkpoint on a text task")
+    sm.add_argument("store", metavar="STORE")
+    sm.add_argument("--checkpoint", metavar="C", required=True,
+                    help="its path, file name, unique suffix, file stem or step")
+    sm.add_argument("--eval", metavar="E", dest="evaluation",
+                    help="the evaluation (default: the only one with records)")
+    sm.add_argument("--sweep", metavar="NAME", help="only this sweep")
+    sm.add_argument("--format", choices=("table", "json", "csv"), default="table")
+    sm.add_argument("--wrong", action="store_true",
+                    help="only the items the checkpoint got wrong (the first right-or-wrong "
+                         "metric is 0)")
 
     ins = sub.add_parser("inspect", help="what a checkpoint holds, and whether it fits a sweep")
     ins.add_argument("path", metavar="PATH", help="a checkpoint file or folder")
@@ -213,7 +229,9 @@ def main(argv: list[str] | None = None) -> int:
                                     namespace=args.namespace, ttl_seconds=args.ttl))
             return EXIT_OK
         if args.command == "compare":
-            return _compare(args, out)
+            return _compare_items(args, out) if args.items else _compare(args, out)
+        if args.command == "samples":
+            return _samples(args, out)
         if args.command == "confusion":
             return _confusion(args, out)
         if args.command == "inspect":
@@ -458,6 +476,98 @@ def _compare(args, out: Console) -> int:
             [f"{p.difference:+.4f}", f"[{p.ci_low:+.4f}, {p.ci_high:+.4f}]", f"{p.a_better:.3f}"])
         table.add_row(Text(c.name), *cells)
     out.print(table)
+    return EXIT_OK
+
+
+def _samples(args, out: Console) -> int:
+    import pyarrow.compute as pc
+
+    from rayeval.reporting.samples import (checkpoint_rows, read_cell_samples,
+                                           right_or_wrong_metric)
+
+    rows = checkpoint_rows(args.store, args.checkpoint, args.sweep)
+    evaluation, table = read_cell_samples(args.store, rows, args.evaluation)
+    if args.wrong:
+        metric = right_or_wrong_metric(table, None, evaluation)
+        table = table.filter(pc.equal(table[metric], 0.0))
+    if args.format == "json":
+        sys.stdout.write(json.dumps(table.to_pylist(), indent=1, default=str) + "\n")
+    elif args.format == "csv":
+        sys.stdout.write(_csv(table))
+    else:
+        _samples_table(out, f"{rows[0]['checkpoint']} on {evaluation}: {table.num_rows} items",
+                       table)
+    return EXIT_OK
+
+
+def _csv(table) -> str:
+    """CSV of records; list columns (choices, log-likelihoods) as JSON."""
+    import csv
+    import io
+
+    buf = io.StringIO()
+    writer = csv.writer(buf, lineterminator="\n")
+    writer.writerow(table.column_names)
+    for r in table.to_pylist():
+        writer.writerow([json.dumps(v) if isinstance(v, list) else ("" if v is None else v)
+                         for v in r.values()])
+    return buf.getvalue()
+
+
+def _samples_table(out: Console, title: str, table, width: int = 60) -> None:
+    from rich.table import Table
+    from rich.text import Text
+
+    from rayeval.reporting.samples import RECORD_COLUMNS
+
+    # multiple choice: the choices and their log-likelihoods stay in json and csv
+    many = "choices" in table.column_names
+    shown = [c for c in table.column_names
+             if not (many and c in ("choices", "loglikelihoods"))]
+    out.print(title, markup=False, highlight=False, soft_wrap=True)
+    view = Table()
+    for c in shown:
+        view.add_column(c, justify="right" if c not in RECORD_COLUMNS else "left",
+                        overflow="fold", max_width=width if c == "context" else None)
+    for r in table.to_pylist():
+        view.add_row(*[Text(_short(r[c], width)) for c in shown])
+    out.print(view)
+
+
+def _short(value, width: int) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return format_value(value)
+    if isinstance(value, list):
+        value = ", ".join(format_value(v) if isinstance(v, float) else str(v) for v in value)
+    text = str(value).replace("\n", "\\n")
+    return text if len(text) <= width else "..." + text[-(width - 3):]
+
+
+def _compare_items(args, out: Console) -> int:
+    from rayeval.reporting.samples import (checkpoint_rows, evaluations_with_samples,
+                                           item_differences, read_cell_samples)
+
+    a_rows = checkpoint_rows(args.store, args.a, args.sweep, what="A")
+    b_rows = checkpoint_rows(args.store, args.b, args.sweep, what="B")
+    evaluations = [args.dataset] if args.dataset else [
+        e for e in evaluations_with_samples(a_rows) if e in evaluations_with_samples(b_rows)]
+    if not evaluations:
+        raise StoreError("--items: A and B have no evaluation with per-item records in common "
+                         "(text tasks keep them; samples: true)")
+    metric = args.metric
+    for evaluation in evaluations:
+        _, a = read_cell_samples(args.store, a_rows, evaluation, what="--dataset")
+        _, b = read_cell_samples(args.store, b_rows, evaluation, what="--dataset")
+        if metric and "/" in metric and not metric.startswith(f"{evaluation}/"):
+            continue
+        d = item_differences(a, b, evaluation, metric)
+        out.print(f"{evaluation} ({d.metric}, {d.items} items): A = {a_rows[0]['checkpoint']}, "
+                  f"B = {b_rows[0]['checkpoint']}", markup=False, highlight=False)
+        for label, part in (("right in A, wrong in B", d.a_only),
+                            ("right in B, wrong in A", d.b_only)):
+            _samples_table(out, f"{label}: {part.num_rows}", part)
     return EXIT_OK
 
 

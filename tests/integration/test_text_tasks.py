@@ -7,6 +7,7 @@ log-likelihood, each document's, each generation) and every metric, in one proce
 local Ray with 1 and 3 workers. Bad input is one line before Ray starts, with nothing written.
 """
 
+import json
 import math
 import os
 import shutil
@@ -119,15 +120,50 @@ def test_every_item_and_metric_equals_the_harness(example, checkpoints, harness)
     assert harness[first]["docs"]["word_perplexity"] != harness[last]["docs"]["word_perplexity"]
 
 
-@pytest.mark.ray
-def test_ray_runs_with_1_and_3_workers_equal_the_harness(example, checkpoints, harness,
-                                                          tmp_path):
-    runs = {}
-    for workers in (1, 3):
-        out = tmp_path / f"store{workers}"
-        proc = rayeval_cli("run", str(example / "sweep.yaml"), "--workers", str(workers),
+def test_progress_counts_items_as_they_are_scored(example):
+    # A real 135M model once showed "67% of rows" for minutes: rows were counted when read,
+    # while a text task holds up to group_rows items back to score them together.
+    sweep = load_sweep(str(example / "sweep.yaml"))
+    for _, ev, model, decode, p, metrics in single_process_passes(sweep):
+        if ev.name != "facts_mc":
+            continue
+        seen = []
+        p = Pass(model, metrics, ev.output_size, torch.device("cpu"), ev.spec.task,
+                 ev.spec.bootstrap.k, ev.spec.dataset, text=p.text, batch=4,
+                 on_rows=seen.append)
+        for table in read_batches(ev.data, ev.spec.dataset, 7):
+            p.update(*decode(table))
+        assert seen == []              # all read, held back to be scored together: none yet
+        p.finish()
+        assert seen == sorted(seen) and seen[-1] == ev.data.num_rows
+        assert len(set(seen)) > 5      # reported while the requests are scored, not at once
+        return
+    raise AssertionError("no facts_mc evaluation")
+
+
+@pytest.fixture(scope="module")
+def ray_stores(example, tmp_path_factory):
+    """The example on a real local Ray with 1 and 3 workers; the 1-worker run keeps no
+    per-item records for docs (``evals[1].samples: false``)."""
+    root = tmp_path_factory.mktemp("ray_stores")
+    sweep = yaml.safe_load(open(example / "sweep.yaml"))
+    sweep["evals"][1]["samples"] = False
+    one = example / "sweep_no_docs_samples.yaml"     # beside it: the same relative paths
+    one.write_text(yaml.safe_dump(sweep))
+    stores = {}
+    for workers, sweep_path in ((1, one), (3, example / "sweep.yaml")):
+        out = root / f"store{workers}"
+        proc = rayeval_cli("run", str(sweep_path), "--workers", str(workers),
                            "--output", str(out), timeout=600)
         assert proc.returncode == 0, proc.stdout + proc.stderr
+        stores[workers] = out
+    return stores
+
+
+@pytest.mark.ray
+def test_ray_runs_with_1_and_3_workers_equal_the_harness(checkpoints, harness, ray_stores):
+    runs = {}
+    for workers, out in ray_stores.items():
         rows = latest_rows(ResultStore(str(out)).read())
         assert len(rows) == len(checkpoints) * 7
         for r in rows:
@@ -150,6 +186,92 @@ def test_ray_runs_with_1_and_3_workers_equal_the_harness(example, checkpoints, h
                 assert r[k] == one[k]
             else:
                 assert r[k] == pytest.approx(one[k], rel=1e-6)
+
+
+@pytest.mark.ray
+def test_per_item_records_equal_the_harness_items(example, checkpoints, harness, ray_stores):
+    import rayeval
+
+    answers = dict(zip(*pq.read_table(example / "data" / "gen.parquet",
+                                      columns=["id", "answer"]).to_pydict().values()))
+    for workers, out in ray_stores.items():
+        for c in checkpoints:
+            h = harness[c]
+            mc = rayeval.samples(out, checkpoint=c, evaluation="facts_mc").to_pylist()
+            assert sorted(r["id"] for r in mc) == sorted(h["mc"]["samples"])   # each once
+            for r in mc:
+                theirs = h["mc"]["samples"][r["id"]]
+                assert r["loglikelihoods"] == pytest.approx(theirs["lls"], rel=REL, abs=1e-5)
+                assert (r["acc"], r["acc_norm"]) == (theirs["acc"], theirs["acc_norm"])
+                assert r["target"] in r["choices"] and r["response"] in r["choices"]
+            gen = rayeval.samples(out, checkpoint=c, evaluation="sums").to_pylist()
+            assert sorted(r["id"] for r in gen) == sorted(h["gen"]["samples"])
+            for r in gen:
+                assert r["response"].strip() == h["gen"]["samples"][r["id"]]
+                assert r["exact_match"] == float(r["response"].strip()
+                                                 == answers[r["id"]].strip())
+                assert r["target"] == answers[r["id"]]
+            if workers == 1:           # samples: false for docs in this run
+                with pytest.raises(rayeval.StoreError, match="kept no per-item records"):
+                    rayeval.samples(out, checkpoint=c, evaluation="docs")
+                continue
+            docs = rayeval.samples(out, checkpoint=c, evaluation="docs").to_pylist()
+            assert sorted(r["id"] for r in docs) == sorted(h["docs"]["samples"])
+            for r in docs:
+                assert r["loglikelihoods"][0] == pytest.approx(h["docs"]["samples"][r["id"]],
+                                                               rel=REL)
+            # the stored corpus figure is the items' total over their total tokens
+            stored = {row["metric"]: row for row in latest_rows(ResultStore(str(out)).read())
+                      if row["checkpoint"] == c and row["dataset"] == "docs"}
+            assert stored["token_perplexity"]["value"] == pytest.approx(math.exp(
+                -sum(r["loglikelihoods"][0] for r in docs) / sum(r["tokens"] for r in docs)),
+                rel=1e-9)
+    # 3 workers wrote 3 files per cell, none gathered; 1 worker, one
+    cells = list((ray_stores[3] / "samples").iterdir())
+    assert len(cells) == len(checkpoints) * 3
+    assert all(len(list(cell.iterdir())) == 3 for cell in cells)
+
+
+@pytest.mark.ray
+def test_samples_and_compare_items_on_the_command_line(checkpoints, harness, ray_stores):
+    out = str(ray_stores[3])
+    first, last = checkpoints[0], checkpoints[-1]
+    proc = rayeval_cli("samples", out, "--checkpoint", last, "--eval", "facts_mc",
+                       "--format", "json")
+    assert proc.returncode == 0, proc.stderr
+    items = json.loads(proc.stdout)
+    assert len(items) == len(harness[last]["mc"]["samples"])
+    proc = rayeval_cli("samples", out, "--checkpoint", last, "--eval", "facts_mc",
+                       "--format", "csv", "--wrong")
+    assert proc.returncode == 0, proc.stderr
+    wrong = sorted(i for i, s in harness[last]["mc"]["samples"].items() if not s["acc"])
+    assert sorted(int(line.split(",", 1)[0]) for line in proc.stdout.splitlines()[1:]) == wrong
+    proc = rayeval_cli("samples", out, "--checkpoint", last, "--eval", "sums")
+    assert proc.returncode == 0 and f"{last} on sums: " in proc.stdout, proc.stderr
+
+    # the items one checkpoint gets right and the other wrong, by the harness's own items
+    proc = rayeval_cli("compare", out, last, first, "--items", "--dataset", "facts_mc",
+                       "--metric", "acc")
+    assert proc.returncode == 0, proc.stderr
+    a, b = harness[last]["mc"]["samples"], harness[first]["mc"]["samples"]
+    a_only = sum(1 for i in a if a[i]["acc"] and not b[i]["acc"])
+    b_only = sum(1 for i in a if b[i]["acc"] and not a[i]["acc"])
+    assert f"facts_mc (acc, {len(a)} items)" in proc.stdout
+    assert f"right in A, wrong in B: {a_only}" in proc.stdout
+    assert f"right in B, wrong in A: {b_only}" in proc.stdout
+    assert a_only + b_only > 0              # the checkpoints differ
+
+    # bad input: one line, exit 2
+    for args, says in ((("samples", out, "--checkpoint", last, "--eval", "nope"),
+                        "no evaluation 'nope'"),
+                       (("samples", out, "--checkpoint", last), "name the evaluation"),
+                       (("compare", out, last, first, "--items", "--dataset", "docs"),
+                        "no right-or-wrong metric"),
+                       (("samples", out, "--checkpoint", "12345", "--eval", "docs"),
+                        "no checkpoint '12345'")):
+        proc = rayeval_cli(*args)
+        assert proc.returncode == 2 and says in proc.stderr, (args, proc.stderr)
+        assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr
 
 
 def test_a_factory_returning_a_transformers_model_scores_the_same(example, tmp_path):

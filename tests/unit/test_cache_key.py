@@ -123,6 +123,7 @@ CACHED = [
     ("Sweep.source", "tensor", lambda s: s.replace(source="other.yaml")),
     ("EvalSpec.batch_size", "tensor", ("batch_size", 7)),
     ("EvalSpec.batch_size", "mc", ("evals.0.batch_size", 7)),
+    ("EvalSpec.samples", "mc", ("evals.0.samples", False)),
     ("EvalSpec.key_path", "tensor", lambda s: _eval0(s, key_path="elsewhere")),
     ("DatasetSpec.path", "tensor", ("evals.0.dataset.path", "tens*.parquet")),
     ("DatasetSpec.key_path", "tensor", lambda s: _eval0(s, dataset=dataclasses.replace(

@@ -294,6 +294,13 @@ class Worker:
                                          pin=self.device.type == "cuda")
             self.metrics[ev.name] = build_all(ev.spec.metrics)
         self.store = ResultStore(sweep.output) if self.rank == 0 else None
+        # Per-item records: every rank writes its own items (never gathered), under the run's
+        # tag, which the published cell names. A restarted group writes a cell's files again
+        # under the same names (the world size does not change), and a cell is published only
+        # after every rank has written: the set a reader takes is complete and the newest.
+        self.samples_store = ResultStore(sweep.output) if any(
+            ev.spec.samples for ev in plan.evaluations) else None
+        self.samples_tag = plan.run_id
         self.cache_dir = os.path.join(tempfile.gettempdir(), "rayeval-checkpoints")
         # A sharded model reads its slices when it loads (collectively): only fetch ahead.
         self.ahead = Prefetch(self.cache_dir, None if self.lockstep else (
@@ -468,9 +475,13 @@ class Worker:
         began = time.perf_counter()
         self.mark("pass", f"during the pass over {cell.checkpoint.location} on {ev.name}")
         with self.timer.span("pass"):
-            states, error, stopped = self.one_pass(model, cell, ev)
+            states, error, stopped, samples = self.one_pass(model, cell, ev)
         if streamed:
             self.timer.add("streamed", time.perf_counter() - began)
+        if samples is not None and not error and not stopped:
+            # before the reduce: once rank 0 publishes, every rank's records are in place
+            with self.timer.span("publish"):
+                error = self.write_samples(cell, ev, samples)
         if error:
             # before the reduce: rank 0 reads it
             self.progress.cell_error(cell.key, error, self.details.get(cell.key))
@@ -506,10 +517,14 @@ class Worker:
         """This worker's states for one cell, the error that stopped it (the pass still drains
         the shard: every rank must finish every pass over its split), and whether the driver
         asked to stop (then the pass ends at once: the group is winding down)."""
+        index = self.index_of[cell.key]
+        skipped = 0                 # rows of batches that could not be decoded
         p = Pass(model, self.metrics[ev.name], ev.output_size, self.device,
                  ev.spec.task, ev.spec.bootstrap.k, ev.spec.dataset, text=self.tokenizer,
-                 generation=ev.spec.generation, batch=ev.spec.batch_size)
-        index = self.index_of[cell.key]
+                 generation=ev.spec.generation, batch=ev.spec.batch_size,
+                 samples=ev.spec.samples,
+                 # progress counts rows as they are scored, not as they are read
+                 on_rows=lambda n: self.progress.rows(index, skipped + n))
         rows, error, stopped = 0, None, False
         waited = time.perf_counter()
         for batch in self.shards[ev.name]:
@@ -526,13 +541,13 @@ class Worker:
                     error = f"{ev.name}: {batch.error.message}"
                     self.details[cell.key] = batch.error.detail
                 rows += batch.rows
+                skipped += batch.rows
                 continue
             x, y, buckets = batch
             if error:
                 continue
             error = self.scored(p.update, (x, y, buckets), cell, ev)
             rows += len(buckets)
-            self.progress.rows(index, rows)
         if not error and not stopped:
             error = self.scored(p.finish, (), cell, ev)
         self.progress.rows(index, rows, force=True)
@@ -540,7 +555,18 @@ class Worker:
             idle = tasks.get(ev.spec.task).idle_input(ev.spec.dataset, ev.data.shapes)
             self.lockstep.drain(model, None if idle is None else
                                 tasks.move(idle, self.device, float_dtype(model)))
-        return dict(p.abandon() if error else p.states), error, stopped
+        samples = None if error or stopped else p.sample_table()
+        return dict(p.abandon() if error else p.states), error, stopped, samples
+
+    def write_samples(self, cell: Cell, ev: Evaluation, table) -> str | None:
+        """This rank's per-item records of a cell; the message that fails the cell when
+        they cannot be written."""
+        try:
+            self.samples_store.write_samples(cell.key, self.samples_tag, self.rank, self.world,
+                                             table)
+        except RayevalError as e:
+            return f"{ev.name}: per-item records: {e.message}"
+        return None
 
     def scored(self, step, args, cell: Cell, ev: Evaluation) -> str | None:
         """Run one scoring step of a pass; the message of the error that fails the cell (with
@@ -576,7 +602,8 @@ class Worker:
             epoch=cell.checkpoint.epoch, evaluation=ev.name, results=results,
             higher_is_better={k: bool(getattr(m, "higher_is_better", True)) for k, m in metrics},
             num_samples=counted, num_tokens=tasks.get(ev.spec.task).scored_units(merged),
-            world_size=self.world, bootstrap_key=ev.spec.bootstrap.key))
+            world_size=self.world, bootstrap_key=ev.spec.bootstrap.key,
+            samples=self.samples_tag if ev.spec.samples else None))
         return CellOutcome(
             key=cell.key, checkpoint=cell.checkpoint.location, evaluation=ev.name, step=step,
             values=tuple((k, r.value) for k, r in results.items()), rows=counted,

@@ -47,10 +47,14 @@ LOGITS_BUDGET_BYTES = 512 << 20     # float32 logits one forward pass may produc
 
 @dataclass
 class TextBatch:
-    """A batch of items as token lists (one entry per row) and what scoring needs of them."""
+    """A batch of items as token lists (one entry per row) and what scoring needs of them.
+    ``items``: what each item's record shows (id, context, target, choices), kept only when
+    the evaluation keeps per-item records; ``responses``: the generated texts, once scored."""
     rows: list
     extra: list = field(default_factory=list)
     nbytes: int = 0
+    items: dict | None = None
+    responses: list | None = None
 
 
 def _is_text(typ: pa.DataType) -> bool:
@@ -116,8 +120,32 @@ class _TextTask(Task):
         return torch.tensor([_content_id(row) for row in zip(*values)], dtype=torch.int64)
 
     def join(self, xs: list[TextBatch]) -> TextBatch:
+        items = None
+        if all(x.items is not None for x in xs):
+            items = {k: [v for x in xs for v in x.items[k]] for k in xs[0].items}
         return TextBatch([r for x in xs for r in x.rows], [e for x in xs for e in x.extra],
-                         sum(x.nbytes for x in xs))
+                         sum(x.nbytes for x in xs), items)
+
+    # --- per-item records ------------------------------------------------------------------
+
+    def item_fields(self, table, spec) -> dict[str, list]:
+        """What an item's record shows of its row: its id (the id column's value, else the
+        content id the bootstrap uses), the context the model saw (text before tokens) and
+        the target as text."""
+        if spec.id is not None:
+            ids = data.column_array(table, spec.id).to_pylist()
+        else:
+            ids = self.row_ids(table, spec, None, None).tolist()
+        context = data.column_array(table, getattr(spec, self.reads[0])).to_pylist()
+        return {"id": ids, "context": context, "target": self.target_texts(table, spec)}
+
+    def target_texts(self, table, spec) -> list:
+        return [None] * table.num_rows
+
+    def item_records(self, x: TextBatch, out: torch.Tensor) -> dict[str, list]:
+        """Each scored item's record (see ``item_fields``) with what the model gave it:
+        ``response`` (the chosen choice or the generated text) and ``loglikelihoods``."""
+        raise NotImplementedError
 
     def probe_input(self, x: TextBatch) -> torch.Tensor:
         return torch.tensor([self.first_tokens(x)[:16]], dtype=torch.int64)
@@ -142,6 +170,9 @@ class _TextTask(Task):
         self.check_table(table, spec)
         done = prepared.text_rows(table, tok.key)       # tokenized on a Ray Data stage
         x = TextBatch(*done) if done is not None else self.tokenize(table, spec, tok, decoder)
+        if getattr(decoder, "samples", False):
+            x.items = self.item_fields(table, spec)
+            x.nbytes += sum(len(str(v)) for column in x.items.values() for v in column)
         return x, self.targets(table, spec)
 
     def targets(self, table, spec):
@@ -181,6 +212,25 @@ class MultipleChoice(_TextTask):
 
     def targets(self, table, spec):
         return data.target_tensor(table, spec.target, f"{spec.key_path}.target")
+
+    def item_fields(self, table, spec):
+        fields = super().item_fields(table, spec)
+        fields["choices"] = data.column_array(table, spec.choices).to_pylist()
+        return fields
+
+    def target_texts(self, table, spec):
+        choices = data.column_array(table, spec.choices).to_pylist()
+        labels = data.column_array(table, spec.target).to_pylist()
+        return [options[label] for options, label in zip(choices, labels)]
+
+    def item_records(self, x, out):
+        records = dict(x.items)
+        lls = [[float(v) for v in row[:len(pairs), 0].tolist()]
+               for row, pairs in zip(out, x.rows)]
+        best = [max(range(len(v)), key=lambda j, v=v: (v[j], -j)) for v in lls]
+        records["response"] = [opts[b] for opts, b in zip(x.items["choices"], best)]
+        records["loglikelihoods"] = lls
+        return records
 
     def tokenize(self, table, spec, tok, decoder):
         prompts = data.column_array(table, spec.prompt).to_pylist()
@@ -257,6 +307,12 @@ class TextPerplexity(_TextTask):
             k += len(windows)
         return out, y
 
+    def item_records(self, x, out):
+        records = dict(x.items)
+        records["loglikelihoods"] = [[float(v)] for v in out[:, 0].tolist()]
+        records["tokens"] = [int(v) for v in out[:, 1].tolist()]
+        return records
+
     def scored_tokens(self, outputs, targets):
         return int(outputs[:, 1].sum().item())
 
@@ -282,6 +338,14 @@ class Generation(_TextTask):
     def check_table(self, table, spec):
         _no_nulls(table, spec.target, f"{spec.key_path}.target", spec)
 
+    def target_texts(self, table, spec):
+        return data.column_array(table, spec.target).to_pylist()
+
+    def item_records(self, x, out):
+        records = dict(x.items)
+        records["response"] = list(x.responses)
+        return records
+
     def tokenize(self, table, spec, tok, decoder):
         budget = tok.max_length - decoder.generation.max_new_tokens
         if budget < 1:
@@ -298,6 +362,7 @@ class Generation(_TextTask):
 
     def score(self, model, x, y, run):
         texts = generate(model, x.rows, run)
+        x.responses = texts
         hit = [float(t.strip() == str(a).strip()) for t, a in zip(texts, x.extra)]
         return torch.tensor(hit, dtype=torch.float64), y
 
@@ -358,7 +423,15 @@ def loglikelihoods(model, requests: list[tuple[list[int], list[int]]], run) -> l
                 picked = logp[k - len(cont):].gather(
                     1, torch.tensor(cont, device=logp.device).view(-1, 1))
                 result[r] = float(picked.double().sum())
+        _partly(run, i, len(unique))
     return result
+
+
+def _partly(run, done: int, total: int) -> None:
+    """Tell the pass how far its scoring is (progress counts scored rows)."""
+    report = getattr(run, "partly", None)
+    if report is not None:
+        report(done, total)
 
 
 def _logits(model, ids: torch.Tensor, run) -> torch.Tensor:
@@ -390,6 +463,7 @@ def generate(model, contexts: list[list[int]], run) -> list[str]:
             if tok.eos_id is not None and tok.eos_id in t:
                 t = t[:t.index(tok.eos_id)]
             out.append(cut(tok.decode(t), gen.until))
+        _partly(run, len(out), len(contexts))
     return out
 
 

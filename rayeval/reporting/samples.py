@@ -1,0 +1,108 @@
+"""Reading per-item records back: a cell's items (``rayeval samples``, ``rayeval.samples``) and
+the items two checkpoints disagree on (``rayeval compare --items``).
+
+A published cell's rows name the tag of its record files (the store's ``samples`` column);
+every worker wrote its own items under that tag (``ResultStore.write_samples``), so the set is
+read whole or not at all.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from rayeval.errors import StoreError
+from rayeval.io import paths
+from rayeval.reporting.boards import find_checkpoint
+from rayeval.reporting.store import ResultStore, newest
+
+# Record columns that are not metric values (core.samples.COLUMNS, and the id)
+RECORD_COLUMNS = ("id", "context", "choices", "target", "response", "loglikelihoods", "tokens")
+
+
+def evaluations_with_samples(rows: list[dict]) -> list[str]:
+    """The evaluations of one checkpoint's rows whose cells kept per-item records."""
+    return list(dict.fromkeys(r["dataset"] for r in rows if r.get("samples")))
+
+
+def read_cell_samples(store: str, rows: list[dict], evaluation: str | None,
+                      what: str = "--eval") -> tuple[str, pa.Table]:
+    """(evaluation, records) of one checkpoint's rows (``find_checkpoint``'s) on one
+    evaluation (the only one with records when None), sorted by item id."""
+    kept = evaluations_with_samples(rows)
+    if evaluation is None:
+        if len(kept) != 1:
+            raise StoreError(f"{what}: name the evaluation; {rows[0]['checkpoint']} has per-item "
+                             f"records for {', '.join(kept) or 'none'}")
+        evaluation = kept[0]
+    mine = [r for r in rows if r["dataset"] == evaluation]
+    if not mine:
+        shown = ", ".join(dict.fromkeys(r["dataset"] for r in rows))
+        raise StoreError(f"{what}: no evaluation {evaluation!r} for {rows[0]['checkpoint']} "
+                         f"(it has {shown})")
+    row = mine[0]
+    if not row.get("samples"):
+        raise StoreError(f"{what}: {row['checkpoint']} on {evaluation} kept no per-item records "
+                         "(samples: false, not a text task, or stored by an older rayeval); "
+                         "evaluate it again with samples on and --force")
+    table = ResultStore(paths.resolve(os.fspath(store), os.getcwd())).read_samples(
+        row["cell"], row["samples"])
+    if "id" in table.column_names and table.num_rows:
+        table = table.sort_by("id")
+    return evaluation, table
+
+
+def checkpoint_rows(store: str | os.PathLike, checkpoint: str, sweep: str | None,
+                    what: str = "--checkpoint") -> list[dict]:
+    """The newest stored rows of the one checkpoint a user named (no wide columns)."""
+    table = newest(store, sweep=sweep, what="STORE")
+    columns = ["sweep", "checkpoint", "step", "dataset", "metric", "value", "cell", "samples"]
+    return find_checkpoint(table.select(columns).to_pylist(), checkpoint, what)
+
+
+def metric_columns(table: pa.Table) -> list[str]:
+    return [c for c in table.column_names if c not in RECORD_COLUMNS]
+
+
+@dataclass
+class ItemDifference:
+    """The items of one evaluation that one checkpoint gets right and the other wrong."""
+    evaluation: str
+    metric: str
+    a_only: pa.Table        # right in A, wrong in B: id, context, target, A's and B's response
+    b_only: pa.Table
+    items: int              # items in both
+
+
+def right_or_wrong_metric(table: pa.Table, metric: str | None, evaluation: str) -> str:
+    """The per-item metric that says right (1) or wrong (0): ``metric``, else the first."""
+    names = [m for m in metric_columns(table)
+             if table.num_rows == 0 or pc.all(pc.is_in(table[m], pa.array([0.0, 1.0]))).as_py()]
+    if metric is not None:
+        bare = metric.split("/", 1)[1] if metric.startswith(f"{evaluation}/") else metric
+        if bare not in names:
+            raise StoreError(f"--metric: {metric!r} is no right-or-wrong metric of "
+                             f"{evaluation}'s items; choose one of: {', '.join(names) or 'none'}")
+        return bare
+    if not names:
+        raise StoreError(f"--items: {evaluation}'s items have no right-or-wrong metric "
+                         f"(they have {', '.join(metric_columns(table)) or 'none'})")
+    return names[0]
+
+
+def item_differences(a: pa.Table, b: pa.Table, evaluation: str,
+                     metric: str | None = None) -> ItemDifference:
+    """Join A's and B's records of one evaluation on the item id."""
+    name = right_or_wrong_metric(a, metric, evaluation)
+    keep = ["id", "context", "target", "response", name]
+    left = a.select(keep).rename_columns(["id", "context", "target", "a_response", "a"])
+    right = b.select(["id", "response", name]).rename_columns(["id", "b_response", "b"])
+    both = left.join(right, "id", join_type="inner").sort_by("id")
+    shown = ["id", "context", "target", "a_response", "b_response"]
+    a_only = both.filter(pc.and_(pc.equal(both["a"], 1.0), pc.equal(both["b"], 0.0)))
+    b_only = both.filter(pc.and_(pc.equal(both["a"], 0.0), pc.equal(both["b"], 1.0)))
+    return ItemDifference(evaluation, name, a_only.select(shown), b_only.select(shown),
+                          both.num_rows)
