@@ -10,7 +10,8 @@ run a fresh `rayeval run ... --force --quiet --profile` subprocess:
             Data (RAYEVAL_DATA_PLANE=ray). One evaluation, one checkpoint, --workers (2),
             RAYEVAL_SHARD_CACHE_BYTES=0. Per source: the slowest worker's pass (reading through
             the pipeline, preprocessing, scoring) and rows/s over it; the wait for the
-            pipeline's first batch; the whole `workers` phase and the wall time. Every source's
+            pipeline's first batch, and rows/s after it (the steady rate); the whole `workers`
+            phase and the wall time. Every source's
             values are checked equal to the direct parquet read's, bit for bit.
   startup   `rayeval run configs/digits/sweep.yaml` at --before (the last revision without Ray
             Data, checked out in a temporary worktree) and at this tree; and this tree with the
@@ -110,6 +111,10 @@ def source_figures(one: dict, rows: int) -> dict:
             "pass_s": passed,
             "rows_per_s": round(rows / passed) if passed else None,
             "first_batch_s": w.get("first batch", {}).get("slowest_s"),
+            # once the first batch is in: the pipeline's steady rate, its start left out
+            "after_first_batch_rows_per_s": round(rows / max(1e-3, passed - first))
+            if passed and (first := w.get("first batch", {}).get("slowest_s")) is not None
+            else None,
             "ray_data_first_batch_s": w.get("ray data", {}).get("slowest_s")}
 
 
@@ -147,8 +152,8 @@ def bench_sources(root: str, rows: int, workers: int, repeats: int) -> dict:
     for source, figures in runs.items():
         out["per_source"][source] = {
             key: summary([f[key] for f in figures])
-            for key in ("rows_per_s", "pass_s", "ray_data_first_batch_s", "workers_phase_s",
-                        "wall_s")}
+            for key in ("rows_per_s", "after_first_batch_rows_per_s", "pass_s",
+                        "ray_data_first_batch_s", "workers_phase_s", "wall_s")}
         out["per_source"][source]["runs"] = figures
     return out
 
