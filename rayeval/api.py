@@ -130,7 +130,8 @@ def results(store: str | os.PathLike, *, sweep: str | None = None,
 
 
 def leaderboard(store: str | os.PathLike, *, metric: str | None = None,
-                sweep: str | None = None, evaluation: str | None = None) -> Board:
+                sweep: str | None = None, evaluation: str | None = None,
+                members: bool = False) -> Board:
     """The board ``rayeval leaderboard`` shows, as data: one entry per (sweep, checkpoint),
     ranked, from the newest stored rows (:func:`results`, with the same ``store``, ``sweep``
     and ``evaluation`` filters).
@@ -148,13 +149,16 @@ def leaderboard(store: str | os.PathLike, *, metric: str | None = None,
     averages) and ``notes`` (the warnings shown under the table). ``rayeval.reporting.render`` turns it
     into the command's outputs (``to_csv``, ``to_markdown``, ``to_html``, ``render_rich``).
 
+    ``members``: also show each lm-eval group's tasks (``NAME/TASK``); by default a group whose
+    aggregate is stored shows as that aggregate (``NAME``) alone.
+
     Raises :class:`rayeval.StoreError` as :func:`results` does, when the rows hold nothing to
     rank, and when ``metric`` names no column (the message lists the choices).
     """
-    from rayeval.reporting.boards import build_board
+    from rayeval.reporting.boards import build_board, without_members
 
     rows = results(store, sweep=sweep, evaluation=evaluation).to_pylist()
-    return build_board(rows, metric)
+    return build_board(rows if members else without_members(rows), metric)
 
 
 def samples(store: str | os.PathLike, *, checkpoint: str, evaluation: str | None = None,

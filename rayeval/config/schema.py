@@ -248,6 +248,35 @@ class Generation:
 
 
 @dataclass(frozen=True)
+class LmEvalSpec:
+    """An lm-evaluation-harness task or group, as lm-eval's own run would evaluate it: its
+    documents, few-shot examples, templates, filters and metrics come from lm-eval; rayeval
+    splits the documents over the workers and scores the requests."""
+    task: str = setting("A task or group lm-eval knows (its registry or include_path's YAMLs).",
+                        numbers=True)
+    include_path: str | None = setting(
+        "A folder of task YAMLs (relative to the sweep file); its tasks come first.",
+        numbers=True, default=None)
+    num_fewshot: int | None = setting(
+        "Few-shot examples per document; None: the task's own (0 if it has none).",
+        numbers=True, default=None)
+    apply_chat_template: bool = setting(
+        "Render each request with the tokenizer's chat template.", numbers=True, default=False)
+    fewshot_as_multiturn: bool = setting(
+        "With a chat template: each few-shot example as its own turn.", numbers=True,
+        default=False)
+    system_instruction: str | None = setting("A system message before every request.",
+                                             numbers=True, default=None)
+    gen_kwargs: dict = setting(
+        "Overrides of the tasks' generation_kwargs (greedy only: until, max_gen_toks).",
+        numbers=True, default_factory=dict)
+    limit: float | None = setting(
+        "The first N documents of each task (a number below 1: that share of them), as lm-eval's "
+        "--limit; for trying a task, not for figures to report.", numbers=True, default=None)
+    fewshot_seed: int = setting("The seed of lm-eval's few-shot sampler (its fewshot_random_seed).", numbers=True, default=1234)
+
+
+@dataclass(frozen=True)
 class EvalSpec:
     """One evaluation of a suite: a data set, a task and its metrics."""
     name: str = setting("The evaluation's name: stored rows carry it (their dataset column).",
@@ -262,6 +291,9 @@ class EvalSpec:
                                    numbers=True, default=Bootstrap(), sweep_default=True)
     generation: Generation = setting("Generation tasks: how to decode.", numbers=True,
                                      default=Generation())
+    lm_eval: LmEvalSpec | None = setting(
+        "An lm-evaluation-harness task or group instead of task/dataset/metrics.",
+        numbers=True, default=None)
     samples: bool = setting(
         "Keep each item's record (text tasks; default true for them): which items a "
         "checkpoint got right, what it generated. Not the numbers: cells already stored "
@@ -351,6 +383,34 @@ class Parallelism:
 
 
 @dataclass(frozen=True)
+class GroupMetric:
+    """One metric of an lm-eval group's aggregate (not a cell's numbers: the aggregate's own
+    cell is keyed by these and its members' cells): the mean of its members' values, each
+    weighted by its number of documents (``weight_by_size``) or not (lm-eval's
+    ``aggregate_subtask_metrics``)."""
+    key: str = setting("The aggregate's metric name (acc; exact_match,strict).", numbers=False,
+                       yaml=None)
+    parts: tuple[tuple[str, str], ...] = setting(
+        "(member evaluation, its metric key) of every member that has the metric.",
+        numbers=False, yaml=None)
+    weight_by_size: bool = setting("Weight each member by its documents.", numbers=False,
+                                   default=True, yaml=None)
+    higher_is_better: bool = setting("The direction of the members' metric.", numbers=False,
+                                     default=True, yaml=None)
+
+
+@dataclass(frozen=True)
+class GroupSpec:
+    """An lm-eval group of a sweep: stored as the evaluation ``name`` (its aggregate), its
+    tasks as ``name/TASK`` (and a subgroup's aggregate as ``name/SUBGROUP``)."""
+    name: str = setting("The aggregate's evaluation name.", numbers=False, yaml=None)
+    members: tuple[str, ...] = setting("Its tasks' evaluation names.", numbers=False, yaml=None)
+    metrics: tuple[GroupMetric, ...] = setting("What it aggregates.", numbers=False, yaml=None)
+    key_path: str = setting("Where it is in the sweep file, for messages.", numbers=False,
+                            default="evals[0]", yaml=None)
+
+
+@dataclass(frozen=True)
 class Sweep:
     name: str = setting("The sweep's name: stored rows carry it.", numbers=True)
     model: ModelSpec = setting("The model the checkpoints are loaded into.", numbers=True)
@@ -383,6 +443,9 @@ class Sweep:
                                  numbers=False, default=Trackers())
     parallelism: Parallelism = setting("How each model copy is spread over the workers.",
                                        numbers=False, default=Parallelism())
+    groups: tuple[GroupSpec, ...] = setting(
+        "lm-eval groups: aggregates of their members' stored results.", numbers=False,
+        default=(), yaml=None)
 
     def evaluation(self, name: str) -> EvalSpec:
         return next(e for e in self.evals if e.name == name)

@@ -15,7 +15,8 @@ import yaml
 from rayeval.io import paths
 from rayeval.config import schema
 from rayeval.config.schema import (DATA_FORMATS, DTYPE_NAMES, WATCH_ORDERS, Bootstrap,
-                                   CheckpointSpec, DatasetSpec, EvalSpec, Generation, ModelSpec,
+                                   CheckpointSpec, DatasetSpec, EvalSpec, Generation,
+                                   GroupMetric, GroupSpec, LmEvalSpec, MetricSpec, ModelSpec,
                                    MlflowTracker, Parallelism, Recovery, Sweep, Trackers, WANDB_MODES,
                                    WandbTracker, WatchSpec)
 from rayeval.errors import SpecError
@@ -36,6 +37,7 @@ SINGLE_FORM_DATASET_KEYS = {f.metadata["single_form"].split(".", 1)[1]   # datas
 DATASET_KEYS = schema.keys(DatasetSpec)
 MODEL_KEYS = schema.keys(ModelSpec)
 GENERATION_KEYS = schema.keys(Generation)
+LM_EVAL_KEYS = schema.keys(LmEvalSpec)
 PARALLELISM_KEYS = schema.keys(Parallelism)
 TRACKERS_KEYS = schema.keys(Trackers)
 MLFLOW_KEYS = schema.keys(MlflowTracker)
@@ -94,13 +96,18 @@ def parse_sweep(raw: Any, *, base_dir: str, source: str = "<sweep>") -> Sweep:
     batch_size = r.integer(top, "batch_size", default=EvalSpec.batch_size, minimum=1)
     bootstrap = _bootstrap(r, r.get(top, "bootstrap", default={}), "bootstrap", EvalSpec.bootstrap)
     samples = r.boolean(top, "samples", default=True)   # where the task keeps records
+    model = _model(r, top, base_dir)
+    rendered = _Rendering(r, top, model, base_dir)
     if "evals" in top:
         both = sorted(k for k in SINGLE_FORM_KEYS if k in top)
         if both:
             r.fail(both[0], "give the evaluations either as evals: or as one top-level "
                             "dataset/task/metrics, not both; move it into an entry of evals")
-        evals = _evals(r, top["evals"], base_dir, batch_size, bootstrap, samples)
+        evals = _evals(r, top["evals"], base_dir, batch_size, bootstrap, samples, rendered)
     else:
+        if top.get("lm_eval") is not None:
+            r.fail("lm_eval", "give an lm-eval task as an entry of evals: "
+                              "(evals: [{name: N, lm_eval: {task: T}}])")
         missing = [k for k in ("dataset", "task", "metrics") if top.get(k) is None]
         if missing:
             r.fail(missing[0], "missing required key (or list the evaluations under evals:)")
@@ -115,13 +122,12 @@ def parse_sweep(raw: Any, *, base_dir: str, source: str = "<sweep>") -> Sweep:
                                                 required=True), base_dir))
         evals = (_evaluation(r, {**top, "name": name}, "", base_dir, batch_size, bootstrap,
                              samples, dataset_extra=SINGLE_FORM_DATASET_KEYS),)
-    model = _model(r, top, base_dir)
     text = [e for e in evals if TASKS[e.task].uses_text]
     if text and not model.hugging_face and model.tokenizer is None:
         r.fail("model.tokenizer", f"task {text[0].task} ({text[0].key_path}) needs a tokenizer:"
                                   " set model.tokenizer to a folder holding one, or drop "
                                   "model.factory to read Hugging Face folders")
-    return Sweep(
+    sweep = Sweep(
         name=r.string(top, "name", required=True),
         model=model, checkpoints=_checkpoints(r, top, base_dir), evals=evals,
         workers=r.integer(top, "workers", default=1, minimum=1),
@@ -132,11 +138,14 @@ def parse_sweep(raw: Any, *, base_dir: str, source: str = "<sweep>") -> Sweep:
         watch=watch_spec(r.get(top, "watch", default={}), source=source),
         parallelism=_parallelism(r, top),
         trackers=trackers_spec(r.get(top, "trackers", default={}), source=source),
+        groups=tuple(rendered.groups),
     )
+    rendered.write()          # the whole file is valid: the lm-eval tasks' requests are kept
+    return sweep
 
 
 def _evals(r: "_Reader", raw: Any, base_dir: str, batch_size: int,
-           bootstrap: Bootstrap, samples: bool) -> tuple[EvalSpec, ...]:
+           bootstrap: Bootstrap, samples: bool, rendered: "_Rendering") -> tuple[EvalSpec, ...]:
     if not isinstance(raw, list) or not raw:
         r.fail("evals", f"expected a non-empty list of evaluations, got {_show(raw)}")
     evals: list[EvalSpec] = []
@@ -153,8 +162,137 @@ def _evals(r: "_Reader", raw: Any, base_dir: str, batch_size: int,
             r.fail(f"{path}.name", f"{name!r} is used twice (also evals[{seen[name]}].name); "
                                    "give each evaluation its own name")
         seen[name] = i
-        evals.append(_evaluation(r, m, path, base_dir, batch_size, bootstrap, samples))
+        if m.get("lm_eval") is not None:
+            evals.extend(rendered.evaluation(m, path, batch_size, bootstrap, samples))
+        else:
+            evals.append(_evaluation(r, m, path, base_dir, batch_size, bootstrap, samples))
     return tuple(evals)
+
+
+class _Rendering:
+    """The ``lm_eval:`` entries: each rendered by lm-eval (plan.harness) into a request table
+    that the evaluation reads as its data set; written into the store once the whole sweep file
+    is valid."""
+
+    def __init__(self, r: "_Reader", top: dict, model: ModelSpec, base_dir: str):
+        self.r, self.top, self.model, self.base_dir = r, top, model, base_dir
+        self.pending: list = []
+        self.groups: list[GroupSpec] = []
+        self._tokenizer = None
+
+    @property
+    def output(self) -> str:
+        """The result store, which keeps the rendered requests."""
+        return paths.resolve(self.r.string(self.top, "output", required=True), self.base_dir)
+
+    def tokenizer(self):
+        """The tokenizer a chat template comes from: model.tokenizer, else the first
+        checkpoint folder's."""
+        if self._tokenizer is None:
+            from rayeval.io.hf import load_tokenizer
+
+            folder = self.model.tokenizer
+            if folder is None:
+                found = [p for pattern in _checkpoints(self.r, self.top, self.base_dir)
+                         for p in paths.glob(pattern)]
+                if not found:
+                    self.r.fail("checkpoints", "no checkpoint matches, so there is no "
+                                               "tokenizer for the chat template")
+                folder = sorted(found)[0]
+            what = "model.tokenizer" if self.model.tokenizer else "checkpoints"
+            self._tokenizer = load_tokenizer(folder, what=what).tokenizer
+        return self._tokenizer
+
+    def evaluation(self, m: dict, path: str, batch_size: int, bootstrap: Bootstrap,
+                   samples: bool) -> list[EvalSpec]:
+        from rayeval.plan import harness
+
+        r = self.r
+        for key in ("task", "dataset", "metrics", "generation"):
+            if m.get(key) is not None:
+                r.fail(f"{path}.{key}", "an lm_eval entry takes its data, metrics and decoding "
+                                        "from lm-eval; remove the key")
+        spec = _lm_eval_spec(r, m["lm_eval"], f"{path}.lm_eval", self.base_dir)
+        where = f"{r.source}: {path}.lm_eval"
+        tasks, groups = harness.render(spec, where, self.tokenizer()
+                                       if spec.apply_chat_template else None)
+        own_bootstrap = bootstrap
+        if m.get("bootstrap") is not None:
+            own_bootstrap = _bootstrap(r, m["bootstrap"], f"{path}.bootstrap", bootstrap)
+        common = dict(
+            batch_size=r.integer(m, "batch_size", default=batch_size, minimum=1,
+                                 path=f"{path}.batch_size"),
+            bootstrap=own_bootstrap,
+            samples=r.boolean(m, "samples", default=samples, path=f"{path}.samples"),
+            lm_eval=spec, key_path=path)
+        name = m["name"]
+        if not groups:                                     # one task: the evaluation NAME
+            return [self._one(tasks[0], name, path, common)]
+        # A group: its tasks as NAME/TASK, its aggregate as NAME, a subgroup's as NAME/SUB.
+        evals = [self._one(t, f"{name}/{t.task}", path, common) for t in tasks]
+        by_task = {t.task: t for t in tasks}
+        for i, group in enumerate(groups):
+            metrics = tuple(GroupMetric(key, tuple((f"{name}/{t}", k) for t, k in parts),
+                                        weight, higher)
+                            for key, parts, weight, higher in
+                            harness.group_metrics(group, by_task))
+            if metrics:
+                self.groups.append(GroupSpec(
+                    name=name if i == 0 else f"{name}/{group.name}",
+                    members=tuple(f"{name}/{t}" for t in group.leaves if t in by_task),
+                    metrics=metrics, key_path=path))
+        return evals
+
+    def _one(self, task, name: str, path: str, common: dict) -> EvalSpec:
+        from rayeval.plan import harness
+
+        self.pending.append(task)
+        data = f"{harness.location(self.output, task.digest)}/{harness.DOCS_FILE}"
+        # The request table's columns, read as they are (the task tokenizes them).
+        dataset = DatasetSpec(path=data, inputs=("context", "target", "choices", "instances"),
+                              id="doc_id", key_path=f"{path}.lm_eval")
+        metrics = tuple(MetricSpec(name=kind, task="lm_eval", key=key,
+                                   params=(("column", column), ("higher", higher)))
+                        for key, kind, column, higher in task.metrics)
+        return EvalSpec(
+            name=name, task="lm_eval", dataset=dataset, metrics=metrics,
+            generation=Generation(until=task.until, max_new_tokens=max(1, task.max_gen_toks)),
+            **common)
+
+    def write(self) -> None:
+        from rayeval.plan import harness
+
+        for task in self.pending:
+            harness.write(self.output, task)
+
+
+def _lm_eval_spec(r: "_Reader", raw: Any, path: str, base_dir: str) -> LmEvalSpec:
+    m = r.mapping(raw, path, LM_EVAL_KEYS)
+    include = r.string(m, "include_path", path=f"{path}.include_path")
+    fewshot = r.get(m, "num_fewshot", path=f"{path}.num_fewshot")
+    if fewshot is not None:
+        fewshot = r.integer(m, "num_fewshot", default=0, minimum=0, path=f"{path}.num_fewshot")
+    gen_kwargs = r.get(m, "gen_kwargs", path=f"{path}.gen_kwargs", default={})
+    if not isinstance(gen_kwargs, dict) or not all(isinstance(k, str) for k in gen_kwargs):
+        r.fail(f"{path}.gen_kwargs", f"expected a mapping (until, max_gen_toks), got "
+                                     f"{_show(gen_kwargs)}")
+    limit = r.get(m, "limit", path=f"{path}.limit")
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, (int, float))
+                              or not limit > 0):
+        r.fail(f"{path}.limit", f"expected a positive number of documents (or a share below "
+                                f"1), got {_show(limit)}")
+    return LmEvalSpec(
+        task=r.string(m, "task", path=f"{path}.task", required=True),
+        include_path=paths.resolve(include, base_dir) if include else None,
+        num_fewshot=fewshot,
+        apply_chat_template=r.boolean(m, "apply_chat_template", default=False,
+                                      path=f"{path}.apply_chat_template"),
+        fewshot_as_multiturn=r.boolean(m, "fewshot_as_multiturn", default=False,
+                                       path=f"{path}.fewshot_as_multiturn"),
+        system_instruction=r.string(m, "system_instruction", path=f"{path}.system_instruction"),
+        gen_kwargs=dict(gen_kwargs), limit=limit,
+        fewshot_seed=r.integer(m, "fewshot_seed", default=LmEvalSpec.fewshot_seed, minimum=None,
+                               path=f"{path}.fewshot_seed"))
 
 
 def _evaluation(r: "_Reader", m: dict, path: str, base_dir: str, batch_size: int,
@@ -163,6 +301,9 @@ def _evaluation(r: "_Reader", m: dict, path: str, base_dir: str, batch_size: int
     """One evaluation; ``path`` is its key path ("" for the top-level single form)."""
     at = (lambda key: f"{path}.{key}" if path else key)
     task = r.string(m, "task", path=at("task"), required=True)
+    if task == "lm_eval":
+        r.fail(at("task"), "an lm-evaluation-harness task is given as lm_eval: {task: NAME} "
+                           "(without task, dataset and metrics)")
     if task not in TASKS:
         r.fail(at("task"), f"unknown task {task!r}; choose one of: {', '.join(TASKS)}")
     dataset = _dataset(r, r.get(m, "dataset", path=at("dataset"), required=True), at("dataset"),

@@ -34,6 +34,15 @@ def latest_rows(table: pa.Table) -> list[dict]:
     return list(newest.values())
 
 
+def without_members(rows: list[dict]) -> list[dict]:
+    """The rows without an lm-eval group's members (``NAME/TASK``) where the group's aggregate
+    (``NAME``) is stored for the same checkpoint: a board shows the group, its members on
+    request."""
+    shown = {(r["sweep"], r["checkpoint"], r["dataset"]) for r in rows}
+    return [r for r in rows if "/" not in r["dataset"] or
+            (r["sweep"], r["checkpoint"], r["dataset"].split("/", 1)[0]) not in shown]
+
+
 def bootstrap_params(key: str | None) -> dict[str, str]:
     return dict(part.split("=", 1) for part in key.split(";")) if key else {}
 

@@ -119,6 +119,8 @@ def _parser() -> argparse.ArgumentParser:
                          "the first metric)")
     lb.add_argument("--sweep", metavar="NAME", help="only this sweep")
     lb.add_argument("--dataset", metavar="NAME", help="only this evaluation (data set)")
+    lb.add_argument("--members", action="store_true",
+                    help="also each lm-eval group's tasks (NAME/TASK), not only its aggregate")
     lb.add_argument("--replicates", action="store_true",
                     help="with --format json: include each row's bootstrap replicate values")
     lb.add_argument("--plot", metavar="FILE.png",
@@ -257,7 +259,7 @@ def _run(args, out: Console, err: Console) -> int:
     from rayeval._internal.execution import driver
 
     _STARTED["imports"] = since_process_start()
-    from rayeval.reporting.boards import build_board, latest_rows
+    from rayeval.reporting.boards import build_board, latest_rows, without_members
     from rayeval.plan.loader import load_sweep, with_trackers
     from rayeval.reporting.store import ResultStore
 
@@ -270,7 +272,10 @@ def _run(args, out: Console, err: Console) -> int:
     plan = report.plan
     sweep = plan.sweep                      # with --workers / --output applied
     keys = report.cell_keys
-    rows = [r for r in latest_rows(ResultStore(sweep.output).read()) if r["cell"] in keys]
+    groups = {g.name for g in sweep.groups}
+    rows = without_members([r for r in latest_rows(ResultStore(sweep.output).read())
+                            if r["cell"] in keys or (r["sweep"] == sweep.name
+                                                     and r["dataset"] in groups)])
     if rows:
         render_rich(build_board(rows), out, title=sweep.name)
     done = sum(1 for o in report.outcomes if o.ok)
@@ -387,10 +392,12 @@ def _stored_rows(args) -> list[dict]:
 
 def _leaderboard(args, out: Console) -> int:
     from rayeval.reporting.boards import (AGGREGATE, aggregates, build_board, columns_of,
-                                          resolve_metric)
+                                          resolve_metric, without_members)
 
     rows = _stored_rows(args)
     code = EXIT_OK if _push(args, rows) else EXIT_CELLS_FAILED
+    if not args.members:
+        rows = without_members(rows)
     # json lists what is stored, even nothing; every other output needs a board.
     board = None if args.format == "json" and not args.plot else build_board(rows, args.metric)
     if args.plot:

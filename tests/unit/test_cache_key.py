@@ -52,8 +52,16 @@ GEN = {**TEXT_BASE, "evals": [{"name": "gen", "task": "generation", "metrics": [
                                "dataset": {"path": "text.parquet", "prompt": "prompt",
                                            "target": "answer_text"},
                                "generation": {"until": ["\n"], "max_new_tokens": 8}}]}
+# An lm-eval task over the same text (YAMLs written by the ``home`` fixture).
+LME = {**TEXT_BASE, "evals": [{"name": "lme", "lm_eval": {"task": "tiny_mc",
+                                                          "include_path": "lmtasks"}}]}
 BASES = {"tensor": TENSOR, "no_bootstrap": NO_BOOTSTRAP, "lm": LM, "mc": MC, "tp": TP,
-         "gen": GEN}
+         "gen": GEN, "lme": LME}
+
+
+def _lm_eval0(**changes):
+    """A change of the parsed sweep's lm-eval entry (what needs a chat tokenizer to render)."""
+    return lambda s: _eval0(s, lm_eval=dataclasses.replace(s.evals[0].lm_eval, **changes))
 
 
 def _eval0(s, **changes):
@@ -108,6 +116,15 @@ RE_EVALUATED = [
     ("Bootstrap.buckets", "tensor", ("bootstrap.buckets", 64)),
     ("Generation.until", "gen", ("evals.0.generation.until", ["\n\n"])),
     ("Generation.max_new_tokens", "gen", ("evals.0.generation.max_new_tokens", 16)),
+    ("LmEvalSpec.task", "lme", ("evals.0.lm_eval.task", "tiny_mc2")),
+    ("LmEvalSpec.include_path", "lme", ("evals.0.lm_eval.include_path", "lmtasks2")),
+    ("LmEvalSpec.num_fewshot", "lme", ("evals.0.lm_eval.num_fewshot", 1)),
+    ("LmEvalSpec.apply_chat_template", "lme", _lm_eval0(apply_chat_template=True)),
+    ("LmEvalSpec.fewshot_as_multiturn", "lme", _lm_eval0(fewshot_as_multiturn=True)),
+    ("LmEvalSpec.system_instruction", "lme", ("evals.0.lm_eval.system_instruction", "Be.")),
+    ("LmEvalSpec.gen_kwargs", "lme", ("evals.0.lm_eval.gen_kwargs", {"max_gen_toks": 4})),
+    ("LmEvalSpec.limit", "lme", ("evals.0.lm_eval.limit", 1)),
+    ("LmEvalSpec.fewshot_seed", "lme", ("evals.0.lm_eval.fewshot_seed", 7)),
 ]
 
 CACHED = [
@@ -225,6 +242,15 @@ def home(tmp_path_factory):
     for name, body in (("tok_a", "{}"), ("tok_b", "{\"b\": 1}")):
         (d / name).mkdir()
         (d / name / "tokenizer.json").write_text(body)
+    for folder in ("lmtasks", "lmtasks2"):          # the same lm-eval tasks in two places
+        (d / folder).mkdir()
+        for task, prompt in (("tiny_mc", "prompt"), ("tiny_mc2", "prompt2")):
+            (d / folder / f"{task}.yaml").write_text(
+                f"task: {task}\ndataset_path: parquet\n"
+                f"dataset_kwargs: {{data_files: {{test: {d / 'text.parquet'}}}}}\n"
+                "test_split: test\noutput_type: multiple_choice\n"
+                f"doc_to_text: '{{{{{prompt}}}}}'\ndoc_to_choice: choices\n"
+                "doc_to_target: answer\nmetric_list: [{metric: acc}]\n")
     return d
 
 

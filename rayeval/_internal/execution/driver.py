@@ -19,6 +19,7 @@ from typing import Iterable
 
 from rayeval.io import paths
 from rayeval._internal.execution import recovery
+from rayeval.reporting import groups
 from rayeval.reporting.callbacks import Callbacks, PublishToTrackers, RunCallback
 from rayeval._internal.execution.coordinator import Tracker, TrackerClient
 # follow and quick_health_checks: evaluate()'s and Standing's, from the one lifecycle
@@ -213,6 +214,7 @@ def run_sweep(sweep: Sweep, *, address: str | None = None, force: bool = False,
                 report.worker_times = done.worker_times
                 run.on_outcomes(done.outcomes)
     report.outcomes = plan.in_order(report.outcomes)
+    groups.publish(sweep)                 # lm-eval groups whose members are all stored
     report.seconds = time.perf_counter() - start
     return report
 

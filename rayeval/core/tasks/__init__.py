@@ -15,6 +15,8 @@ the whole change (with the README's task list and its tests).
            modeling over token ids
     text   the text tasks of language models, scored as lm-evaluation-harness scores them:
            multiple_choice, text_perplexity, generation
+    harness  lm_eval: an lm-evaluation-harness task's rendered requests, scored here and
+           handed back to lm-eval's filters and process_results (plan.harness renders them)
 """
 
 import importlib

@@ -393,8 +393,10 @@ def _forward_rows(run, width: int) -> int:
     return max(1, min(run.batch, LOGITS_BUDGET_BYTES // per_row))
 
 
-def loglikelihoods(model, requests: list[tuple[list[int], list[int]]], run) -> list[float]:
-    """Each (context, continuation)'s summed log-probability of the continuation. The model
+def loglikelihoods(model, requests: list[tuple[list[int], list[int]]], run,
+                   greedy: list[bool] | None = None) -> list[float]:
+    """Each (context, continuation)'s summed log-probability of the continuation (and, into
+    ``greedy`` when given, whether greedy decoding would have produced it). The model
     sees ``(context + continuation)[-(L + 1):][:-1]``; requests with the same input (such as
     the one-token answers of a multiple-choice item) share one forward pass. Inputs are sorted
     by length and right-padded: a causal model's positions do not see the padding after them."""
@@ -405,6 +407,8 @@ def loglikelihoods(model, requests: list[tuple[list[int], list[int]]], run) -> l
         users.setdefault(inp, []).append(r)
     unique = sorted(users, key=lambda t: (-len(t), t))
     result = [0.0] * len(requests)
+    if greedy is not None:
+        greedy[:] = [False] * len(requests)
     i = 0
     while i < len(unique):
         chunk = unique[i:i + _forward_rows(run, len(unique[i]))]
@@ -423,6 +427,9 @@ def loglikelihoods(model, requests: list[tuple[list[int], list[int]]], run) -> l
                 picked = logp[k - len(cont):].gather(
                     1, torch.tensor(cont, device=logp.device).view(-1, 1))
                 result[r] = float(picked.double().sum())
+                if greedy is not None:
+                    tokens = logp[k - len(cont):].argmax(dim=-1).tolist()
+                    greedy[r] = tokens == list(cont)
         _partly(run, i, len(unique))
     return result
 

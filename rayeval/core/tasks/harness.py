@@ -1,0 +1,300 @@
+"""lm-evaluation-harness tasks: the worker's half (the driver's is ``plan.harness``).
+
+A row is one document of an lm-eval task, rendered on the driver: its requests (lm-eval's
+``Instance`` objects, pickled with the document), the context and the target as text. The
+worker tokenizes the requests as lm-eval's Hugging Face model does (the text tasks' tokenizer
+conventions), scores them on rayeval's model path (any checkpoint layout, sharded models) and
+hands the responses back to lm-eval's own code: the task's filters (``apply_filters``' filter
+ensembles) and ``process_results(doc, responses)``, per filter. Each document then contributes
+one float row of its metric values, in the columns ``layout`` assigns, and the metrics below
+reduce those rows into exact sum states (so they merge over workers and resample for the
+bootstrap like every other metric):
+
+    lm_mean                 sum of the values / documents               lm-eval's ``mean``
+    lm_perplexity           exp(-sum / documents)                       ``perplexity``
+    lm_weighted_perplexity  exp(-sum(a) / sum(b)), two columns a, b    ``weighted_perplexity``
+    lm_bits_per_byte        -sum(a) / sum(b) / ln 2                     ``bits_per_byte``
+"""
+
+from __future__ import annotations
+
+import math
+import pickle
+from typing import ClassVar
+
+import pyarrow as pa
+import torch
+
+from rayeval.core import metrics as M
+from rayeval.core.tasks.base import TASKS
+from rayeval.core.tasks.text import (TextBatch, _TextTask, generate, loglikelihoods,
+                                     rolling_windows)
+from rayeval.errors import DataError
+from rayeval.io import data, paths
+
+COLUMNS = ("doc_id", "context", "target", "choices", "instances")
+TASK_FILE = "task.pkl"
+# lm-eval's aggregation function name -> (rayeval metric, columns per document)
+AGGREGATIONS = {"mean": ("lm_mean", 1), "perplexity": ("lm_perplexity", 1),
+                "weighted_perplexity": ("lm_weighted_perplexity", 2),
+                "bits_per_byte": ("lm_bits_per_byte", 2)}
+WIDTH = dict(AGGREGATIONS.values())
+
+
+class NotMergeable(ValueError):
+    """An lm-eval aggregation that needs every item in one place."""
+
+
+def layout(task) -> list[tuple[str, str, int, bool]]:
+    """(result key, rayeval metric, first column, higher is better) of each metric of an
+    lm-eval task under each of its filters, in lm-eval's order. Keys are lm-eval's metric
+    names, with ``,filter`` where the task has more than one filter."""
+    import lm_eval.api.metrics as lm_metrics
+
+    known = {getattr(lm_metrics, fn): fn for fn in AGGREGATIONS}
+    filters = filter_names(task)
+    higher = task.higher_is_better() or {}
+    out, column = [], 0
+    for filter_name in filters:
+        for metric, agg in task.aggregation().items():
+            fn = known.get(agg)
+            if fn is None:
+                raise NotMergeable(f"{metric} aggregates with "
+                                   f"{getattr(agg, '__name__', agg)}")
+            kind, width = AGGREGATIONS[fn]
+            key = metric if len(filters) == 1 else f"{metric},{filter_name}"
+            out.append((key, kind, column, bool(higher.get(metric, True))))
+            column += width
+    return out
+
+
+def filter_names(task) -> list[str]:
+    return [f.name for f in getattr(task, "_filters", None) or []] or ["none"]
+
+
+_TASKS: dict[str, object] = {}
+
+
+def lm_task(data_location: str):
+    """The lm-eval task a request table was rendered from (pickled beside it), once per
+    process."""
+    folder = data_location.rsplit("/", 1)[0]
+    if folder not in _TASKS:
+        fs, path = paths.filesystem(f"{folder}/{TASK_FILE}")
+        try:
+            with fs.open_input_stream(path) as f:
+                blob = f.read()
+        except (FileNotFoundError, OSError) as e:
+            raise DataError(f"{folder}: the lm-eval task rendered for these requests is "
+                            f"missing ({e}); run the sweep again to render it") from None
+        _TASKS[folder] = pickle.loads(blob)
+    return _TASKS[folder]
+
+
+@TASKS.register(instance=True)
+class Harness(_TextTask):
+    name = "lm_eval"
+    generates = True
+    needs_target = False
+    group_rows = 1024
+
+    def spec_problem(self, spec):
+        return None
+
+    def check_schema(self, spec, schema):
+        missing = [c for c in COLUMNS if c not in schema.names]
+        if missing:
+            raise DataError(f"{spec.key_path}: {spec.path} is not a request table rendered "
+                            f"from an lm-eval task (no column {missing[0]!r})")
+
+    def check_values(self, ds, spec, size):
+        pass
+
+    def row_ids(self, table, spec, x, y):
+        return data.id_values(table, "doc_id", f"{spec.key_path}.doc_id")
+
+    def item_fields(self, table, spec):
+        fields = {"id": data.column_array(table, "doc_id").to_pylist(),
+                  "context": data.column_array(table, "context").to_pylist(),
+                  "target": data.column_array(table, "target").to_pylist()}
+        choices = data.column_array(table, "choices").to_pylist()
+        if any(c is not None for c in choices):
+            fields["choices"] = choices
+        return fields
+
+    def output_size(self, out):
+        if isinstance(out, torch.Tensor) and out.dim() == 2:
+            return int(out.shape[1])
+        raise self.wrong_output(out)
+
+    def tokenize(self, table, spec, tok, decoder):
+        kind = lm_task(spec.path).OUTPUT_TYPE
+        blobs = data.column_array(table, "instances").to_pylist()
+        rows, n = [], 0
+        for blob in blobs:
+            instances = pickle.loads(blob)
+            if kind in ("loglikelihood", "multiple_choice"):
+                row = [tok.encode_pair(*inst.args[:2]) for inst in instances]
+            elif kind == "loglikelihood_rolling":
+                row = [rolling_windows(tok.encode(inst.args[0]), tok.prefix_id, tok.max_length)
+                       for inst in instances]
+            else:
+                budget = tok.max_length - decoder.generation.max_new_tokens
+                if budget < 1:
+                    raise DataError(f"{spec.key_path}: max_gen_toks "
+                                    f"{decoder.generation.max_new_tokens} leaves no room for a "
+                                    f"prompt in the model's context of {tok.max_length}")
+                row = [tok.encode(inst.args[0])[-budget:] for inst in instances]
+            n += 8 * sum(len(_flat(r)) for r in row) + len(blob)
+            rows.append(row)
+        return TextBatch(rows, blobs, n)
+
+    def first_tokens(self, x):
+        first = x.rows[0][0]
+        if first and isinstance(first[0], tuple):          # rolling windows
+            first = first[0]
+        if isinstance(first, tuple):
+            return list(first[0]) + list(first[1])
+        return list(first) or [0]
+
+    def score(self, model, x, y, run):
+        task = lm_task(run.spec.path)
+        kind = task.OUTPUT_TYPE
+        docs = [pickle.loads(b) for b in x.extra]
+        flat = [inst for instances in docs for inst in instances]
+        requests = [r for row in x.rows for r in row]
+        if kind in ("loglikelihood", "multiple_choice"):
+            greedy: list[bool] = []
+            lls = loglikelihoods(model, requests, run, greedy)
+            resps = [(ll, g) for ll, g in zip(lls, greedy)]
+        elif kind == "loglikelihood_rolling":
+            windows = [w for r in requests for w in r]
+            lls = loglikelihoods(model, windows, run)
+            resps, k = [], 0
+            for r in requests:
+                resps.append(math.fsum(lls[k:k + len(r)]) if r else 0.0)
+                k += len(r)
+        else:
+            resps = generate(model, requests, run)
+        for inst, resp in zip(flat, resps):
+            inst.resps = [resp] * max(1, inst.repeats or 1)
+            inst.filtered_resps = {}
+        for ensemble in getattr(task, "_filters", None) or []:
+            ensemble.apply(flat)
+        columns = layout(task)
+        width = max(col + WIDTH[kind_] for _, kind_, col, _ in columns)
+        out = torch.zeros((len(docs), width), dtype=torch.float64)
+        x.responses, x.lls = [], []
+        for i, instances in enumerate(docs):
+            doc = instances[0].doc
+            values = {}
+            for name in filter_names(task):
+                got = [inst.filtered_resps.get(name, inst.resps[0]) for inst in instances]
+                for metric, value in task.process_results(doc, got).items():
+                    values[metric if len(filter_names(task)) == 1 else f"{metric},{name}"] = value
+            for key, kind_, col, _ in columns:
+                if key not in values:
+                    raise DataError(f"{run.spec.key_path}: lm-eval's process_results gave no "
+                                    f"{key.split(',')[0]!r} for document {instances[0].doc_id}")
+                value = values[key]
+                if isinstance(value, (tuple, list)):
+                    out[i, col], out[i, col + 1] = float(value[0]), float(value[1])
+                else:
+                    out[i, col] = float(value)
+            x.responses.append(_response(kind, instances, task))
+            x.lls.append([float(r[0]) if isinstance(r, tuple) else float(r)
+                          for r in (inst.resps[0] for inst in instances)]
+                         if kind != "generate_until" else None)
+        return out, y
+
+    def item_records(self, x, out):
+        records = dict(x.items)
+        records["response"] = list(x.responses)
+        records["loglikelihoods"] = list(x.lls)
+        return records
+
+
+def _flat(row) -> list:
+    if isinstance(row, tuple):
+        return list(row[0]) + list(row[1])
+    if row and isinstance(row[0], tuple):
+        return [t for w in row for t in _flat(w)]
+    return list(row)
+
+
+def _response(kind, instances, task) -> str:
+    """What the record shows as the model's answer: the first filter's response (a
+    generation), or the choice with the highest log-likelihood."""
+    first = filter_names(task)[0]
+    if kind == "generate_until":
+        got = instances[0].filtered_resps.get(first, instances[0].resps[0])
+        return got if isinstance(got, str) else str(got)
+    if kind == "multiple_choice":
+        lls = [inst.resps[0][0] for inst in instances]
+        best = max(range(len(lls)), key=lambda j: (lls[j], -j))
+        return instances[best].args[1]
+    return None
+
+
+# --- metrics ----------------------------------------------------------------------------------
+
+class _Columns(M.Metric):
+    """Sums of a document's value columns, and the document count."""
+    task = "lm_eval"
+    params = {"column": (int, 0), "higher": (bool, True)}
+    batched_compute = True
+    width: ClassVar[int] = 1
+
+    def __init__(self, **params):
+        super().__init__(**params)
+        self.higher_is_better = self.higher
+
+    def init_state(self, c):
+        return {"a": torch.zeros((), dtype=torch.float64),
+                "b": torch.zeros((), dtype=torch.float64),
+                "total": torch.zeros((), dtype=torch.int64)}
+
+    def rows(self, outputs, targets):
+        a = outputs[:, self.column].to(torch.float64)
+        b = outputs[:, self.column + 1].to(torch.float64) if self.width == 2 else \
+            torch.zeros_like(a)
+        return {"a": a, "b": b, "total": torch.ones(outputs.shape[0], dtype=torch.int64)}
+
+
+@M.register
+class LmMean(_Columns):
+    name = "lm_mean"
+
+    def compute(self, s):
+        return M._ratio(s["a"], s["total"])
+
+
+@M.register
+class LmPerplexity(_Columns):
+    name = "lm_perplexity"
+
+    def compute(self, s):
+        return torch.exp(-M._ratio(s["a"], s["total"]))
+
+
+@M.register
+class LmWeightedPerplexity(_Columns):
+    name = "lm_weighted_perplexity"
+    width = 2
+
+    def compute(self, s):
+        return torch.exp(-M._ratio(s["a"], s["b"]))
+
+
+@M.register
+class LmBitsPerByte(_Columns):
+    name = "lm_bits_per_byte"
+    width = 2
+
+    def compute(self, s):
+        return -M._ratio(s["a"], s["b"]) / math.log(2)
+
+
+def table_schema() -> pa.Schema:
+    return pa.schema([("doc_id", pa.int64()), ("context", pa.string()), ("target", pa.string()),
+                      ("choices", pa.list_(pa.string())), ("instances", pa.binary())])

@@ -1,0 +1,93 @@
+"""lm-eval groups' aggregates, stored as cells of their own.
+
+A group (``mmlu``) is evaluated as its tasks (the evaluations ``NAME/TASK``); its aggregate, the
+evaluation ``NAME``, is computed from their stored rows as lm-eval computes it
+(``aggregate_subtask_metrics``): the mean of the members' values, each weighted by its number
+of documents when ``weight_by_size`` (lm-eval's default), else equally. Over the leaf tasks,
+so a subgroup's aggregate (``NAME/SUB``) is not an input of its parent's, as in lm-eval.
+
+The interval combines replicate b of every member the same way and takes the percentile
+interval of those combinations: replicate b of each member is a bootstrap resample of its own
+documents (see ``boards.aggregate_row`` for why that is sound), so the combination is a draw
+from the bootstrap distribution of the aggregate, and it pairs across checkpoints like any
+stored metric. An aggregate is written once every member of its checkpoint is stored; its cell
+is keyed by the members' cells, so a member evaluated again gives a new aggregate.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+
+from rayeval.config.schema import GroupSpec, Sweep
+from rayeval.reporting.boards import confidence_of, latest_rows
+from rayeval.reporting.store import ResultStore
+
+
+def group_rows(group: GroupSpec, stored: dict[str, dict[str, dict]]) -> list[dict] | None:
+    """The aggregate's rows for one checkpoint, from its members' stored rows
+    (``stored[evaluation][metric]``); None until every member's row is there."""
+    out = []
+    for gm in group.metrics:
+        parts = [stored.get(e, {}).get(k) for e, k in gm.parts]
+        if any(p is None for p in parts):
+            return None
+        weights = [float(p["num_samples"]) if gm.weight_by_size else 1.0 for p in parts]
+        values = [math.nan if p["value"] is None else float(p["value"]) for p in parts]
+        total = sum(weights)
+        row = {k: parts[0][k] for k in ("sweep", "checkpoint", "step", "epoch")}
+        row.update(dataset=group.name, metric=gm.key, num_tokens=None, matrix=None,
+                   value=sum(w * v for w, v in zip(weights, values)) / total,
+                   ci_low=None, ci_high=None, replicates=None, samples=None,
+                   num_samples=sum(int(p["num_samples"]) for p in parts),
+                   world_size=max(int(p["world_size"]) for p in parts),
+                   higher_is_better=gm.higher_is_better,
+                   bootstrap=parts[0].get("bootstrap")
+                   if len({p.get("bootstrap") for p in parts}) == 1 else None)
+        reps = [p.get("replicates") or [] for p in parts]
+        if reps[0] and len({len(r) for r in reps}) == 1 and row["bootstrap"]:
+            import torch
+
+            from rayeval.core.stats import percentile_interval
+
+            w = torch.tensor(weights, dtype=torch.float64).unsqueeze(1)
+            combined = (torch.tensor(reps, dtype=torch.float64) * w).sum(dim=0) / total
+            row["replicates"] = combined.tolist()
+            row["ci_low"], row["ci_high"] = percentile_interval(combined,
+                                                                confidence_of(parts[0]))
+        out.append(row)
+    return out
+
+
+def cell_key(group: GroupSpec, member_cells: list[str]) -> str:
+    spec = dataclasses.asdict(group)
+    spec.pop("key_path")
+    blob = json.dumps([spec, sorted(member_cells)], sort_keys=True)
+    return "group-" + hashlib.sha256(blob.encode("utf-8")).hexdigest()[:32]
+
+
+def publish(sweep: Sweep, store: ResultStore | None = None) -> int:
+    """Write every group aggregate whose members are all stored and that is not stored yet;
+    returns how many cells were written."""
+    if not sweep.groups:
+        return 0
+    store = store or ResultStore(sweep.output)
+    by_checkpoint: dict[str, dict[str, dict[str, dict]]] = {}
+    for r in latest_rows(store.read()):
+        if r["sweep"] == sweep.name:
+            by_checkpoint.setdefault(r["checkpoint"], {}).setdefault(
+                r["dataset"], {})[r["metric"]] = r
+    written = 0
+    for stored in by_checkpoint.values():
+        for group in sweep.groups:
+            rows = group_rows(group, stored)
+            if rows is None:
+                continue
+            cells = sorted({stored[e][k]["cell"] for gm in group.metrics for e, k in gm.parts})
+            key = cell_key(group, cells)
+            if not store.has(key):
+                store.write_cell(key, rows)
+                written += 1
+    return written

@@ -1,0 +1,342 @@
+"""lm-evaluation-harness task definitions as rayeval evaluations, against lm-eval's own run.
+
+The tasks are lm-eval YAMLs over local parquet (nothing downloaded), written here to cover what
+a team's benchmarks use: ``process_docs`` from a ``utils.py`` beside the YAML, Jinja templates,
+a few-shot split, two filter pipelines (regex and whitespace), the loglikelihood output type
+(greedy accuracy and perplexity), rolling log-likelihoods (weighted perplexities, bits per
+byte) and a chat-formatted generation task with multi-turn few-shot and a system instruction.
+lm-eval's ``simple_evaluate`` on the same Hugging Face folders is the reference: every metric
+and every document's record, in one process and on a real local Ray with 1 and 3 workers.
+"""
+
+import json
+import math
+import os
+import shutil
+
+import pytest
+import yaml
+
+pytest.importorskip("transformers")
+pytest.importorskip("lm_eval")
+
+from harness import offline_env  # noqa: E402
+from support import rayeval_cli, script, single_process_passes  # noqa: E402
+
+from rayeval.core.evaluate import finalize  # noqa: E402
+from rayeval.io.data import read_batches  # noqa: E402
+from rayeval.plan.loader import load_sweep  # noqa: E402
+from rayeval.reporting.boards import latest_rows  # noqa: E402
+from rayeval.reporting.store import ResultStore  # noqa: E402
+
+for _k, _v in offline_env({}).items():
+    os.environ.setdefault(_k, _v)
+
+REL = 1e-5           # sums of log-likelihoods: float32 kernels differ with a batch's padding
+PLAIN = ("arith_mc", "arith_gen", "arith_ll", "docs_ppl")
+CHAT = "arith_chat"
+GROUP = "grp"                      # the group arith_group: grp/arith_mc, grp/arith_half, grp
+MEMBERS = ("arith_mc", "arith_half")
+KINDS = {"acc": "lm_mean", "acc_norm": "lm_mean", "exact_match": "lm_mean",
+         "perplexity": "lm_perplexity", "word_perplexity": "lm_weighted_perplexity",
+         "byte_perplexity": "lm_weighted_perplexity", "bits_per_byte": "lm_bits_per_byte"}
+CHAT_OPTIONS = {"apply_chat_template": True, "fewshot_as_multiturn": True,
+                "system_instruction": "Answer with a number."}
+TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}"
+            "{% if add_generation_prompt %}<|assistant|>{% endif %}")
+
+
+def _task(name, file, output_type, body, *, fewshot_split=True):
+    files = {"test": file} if not fewshot_split else {"train": file, "test": file}
+    head = {"task": name, "dataset_path": "parquet",
+            "dataset_kwargs": {"data_files": files}, "test_split": "test",
+            "output_type": output_type, "metadata": {"version": 1.0}}
+    if fewshot_split:
+        head["fewshot_split"] = "train"
+    return yaml.safe_dump({**head, **body}, sort_keys=False)
+
+
+def write_tasks(folder, data):
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "utils.py").write_text(
+        "def add_question(dataset):\n"
+        "    return dataset.map(lambda d: {'question': 'Q: ' + d['prompt']})\n")
+    mc = _task("arith_mc", str(data / "mc.parquet"), "multiple_choice", {
+        "num_fewshot": 2, "doc_to_text": "{{question}} A:", "doc_to_choice": "choices",
+        "doc_to_target": "label",
+        "metric_list": [{"metric": "acc", "aggregation": "mean", "higher_is_better": True},
+                        {"metric": "acc_norm", "aggregation": "mean",
+                         "higher_is_better": True}]})
+    # process_docs is a YAML tag lm-eval resolves to utils.py's function
+    (folder / "arith_mc.yaml").write_text(
+        mc + "process_docs: !function utils.add_question\n")
+    gen_body = {
+        "num_fewshot": 1, "doc_to_text": "{{prompt}}", "doc_to_target": "{{answer}}",
+        "generation_kwargs": {"until": ["\n"], "max_gen_toks": 8, "do_sample": False},
+        "filter_list": [
+            {"name": "strict", "filter": [{"function": "regex", "regex_pattern": r"^\s*(\d)"},
+                                          {"function": "take_first"}]},
+            {"name": "loose", "filter": [{"function": "remove_whitespace"},
+                                         {"function": "take_first"}]}],
+        "metric_list": [{"metric": "exact_match", "aggregation": "mean",
+                         "higher_is_better": True, "ignore_case": True}]}
+    (folder / "arith_gen.yaml").write_text(
+        _task("arith_gen", str(data / "gen.parquet"), "generate_until", gen_body))
+    (folder / f"{CHAT}.yaml").write_text(
+        _task(CHAT, str(data / "gen.parquet"), "generate_until",
+              {**gen_body, "num_fewshot": 2}))
+    (folder / "arith_ll.yaml").write_text(
+        _task("arith_ll", str(data / "gen.parquet"), "loglikelihood", {
+            "doc_to_text": "{{prompt}}", "doc_to_target": " {{answer}}",
+            "metric_list": [{"metric": "perplexity", "aggregation": "perplexity",
+                             "higher_is_better": False},
+                            {"metric": "acc", "aggregation": "mean",
+                             "higher_is_better": True}]}, fewshot_split=False))
+    # A 5-shot group of two multiple-choice tasks of different sizes (the half keeps the even
+    # ids): acc weighted by size, acc_norm not, as lm-eval's group aggregates
+    (folder / "utils.py").write_text((folder / "utils.py").read_text() + (
+        "def even_ids(dataset):\n"
+        "    return dataset.filter(lambda d: d['id'] % 2 == 0)\n"))
+    half = _task("arith_half", str(data / "mc.parquet"), "multiple_choice", {
+        "doc_to_text": "Question: {{prompt}}\nAnswer:", "doc_to_choice": "choices",
+        "doc_to_target": "label",
+        "metric_list": [{"metric": "acc", "aggregation": "mean", "higher_is_better": True},
+                        {"metric": "acc_norm", "aggregation": "mean",
+                         "higher_is_better": True}]})
+    (folder / "arith_half.yaml").write_text(half + "process_docs: !function utils.even_ids\n")
+    (folder / "arith_group.yaml").write_text(yaml.safe_dump({
+        "group": "arith_group", "task": ["arith_mc", "arith_half"],
+        "aggregate_metric_list": [
+            {"metric": "acc", "aggregation": "mean", "weight_by_size": True},
+            {"metric": "acc_norm", "aggregation": "mean", "weight_by_size": False}],
+        "metadata": {"version": 1.0}}, sort_keys=False))
+    (folder / "docs_ppl.yaml").write_text(
+        _task("docs_ppl", str(data / "docs.parquet"), "loglikelihood_rolling", {
+            "doc_to_text": "", "doc_to_target": "text",
+            "metric_list": [
+                {"metric": "word_perplexity", "aggregation": "weighted_perplexity",
+                 "higher_is_better": False},
+                {"metric": "byte_perplexity", "aggregation": "weighted_perplexity",
+                 "higher_is_better": False},
+                {"metric": "bits_per_byte", "aggregation": "bits_per_byte",
+                 "higher_is_better": False}]}, fewshot_split=False))
+    return folder
+
+
+@pytest.fixture(scope="module")
+def example(tmp_path_factory):
+    out = tmp_path_factory.mktemp("lm_harness")
+    script("make_lm_example").build(str(out), checkpoints=2)
+    from transformers import AutoTokenizer
+
+    for folder in (out / "ckpts").iterdir():              # a chat template for arith_chat
+        tok = AutoTokenizer.from_pretrained(folder)
+        tok.chat_template = TEMPLATE
+        tok.save_pretrained(folder)
+    write_tasks(out / "tasks", out / "data")
+    evals = [{"name": t, "lm_eval": {"task": t, "include_path": "tasks"}} for t in PLAIN]
+    evals.append({"name": CHAT, "lm_eval": {"task": CHAT, "include_path": "tasks",
+                                             **CHAT_OPTIONS}})
+    evals.append({"name": GROUP, "lm_eval": {"task": "arith_group", "include_path": "tasks",
+                                              "num_fewshot": 5}})
+    sweep = {"name": "harness-tasks", "checkpoints": ["ckpts/checkpoint-*"], "workers": 1,
+             "output": "results", "bootstrap": {"replicates": 200}, "batch_size": 8,
+             "evals": evals}
+    (out / "sweep.yaml").write_text(yaml.safe_dump(sweep, sort_keys=False))
+    return out
+
+
+@pytest.fixture(scope="module")
+def checkpoints(example):
+    return sorted(str(p) for p in (example / "ckpts").iterdir())
+
+
+def _lm_eval(folder, tasks_dir, tasks, names=None, **options):
+    """{rayeval's evaluation name: {"metrics", "samples"}} of one simple_evaluate call;
+    ``names`` maps lm-eval's task and group names to rayeval's evaluations."""
+    import lm_eval
+    from lm_eval.tasks import TaskManager
+
+    results = lm_eval.simple_evaluate(
+        model="hf", model_args=f"pretrained={folder},dtype=float32", tasks=list(tasks),
+        task_manager=TaskManager(include_path=str(tasks_dir), include_defaults=False),
+        device="cpu", batch_size=8, log_samples=True, bootstrap_iters=0, **options)
+    out = {}
+    for task, res in results["results"].items():
+        metrics = {k: v for k, v in res.items() if "," in k and "stderr" not in k}
+        out[(names or {}).get(task, task)] = {"metrics": metrics,
+                                               "samples": results["samples"].get(task, [])}
+    return out
+
+
+@pytest.fixture(scope="module")
+def reference(example, checkpoints):
+    """lm-eval's own run: {checkpoint: {task: {"metrics": {"acc,none": ...}, "samples": [...]}}}."""
+    ref = {}
+    for c in checkpoints:
+        ref[c] = _lm_eval(c, example / "tasks", PLAIN)
+        ref[c].update(_lm_eval(c, example / "tasks", [CHAT], **CHAT_OPTIONS))
+        names = {"arith_group": GROUP, **{t: f"{GROUP}/{t}" for t in MEMBERS}}
+        ref[c].update(_lm_eval(c, example / "tasks", ["arith_group"], names, num_fewshot=5))
+    return ref
+
+
+def _theirs(metrics: dict, key: str) -> float:
+    """lm-eval's figure for a rayeval key: "acc" is "acc,none"; "exact_match,strict" as is."""
+    return metrics[key if "," in key else f"{key},none"]
+
+
+def _check(key: str, ours: float, theirs: float) -> None:
+    if key.split(",")[0] in ("acc", "acc_norm", "exact_match"):
+        assert ours == theirs, key                         # counts: exactly
+    else:
+        assert ours == pytest.approx(theirs, rel=REL), key
+
+
+def test_one_process_equals_lm_eval(example, checkpoints, reference):
+    seen = set()
+    for ref, ev, model, decode, p, metrics in single_process_passes(
+            load_sweep(str(example / "sweep.yaml"))):
+        for table in read_batches(ev.data, ev.spec.dataset, 5):
+            x, y, buckets = decode(table)
+            p.update(x, y, buckets)
+        p.finish()
+        results = finalize(metrics, p.states, ev.output_size, ev.spec.bootstrap)
+        theirs = reference[ref.location][ev.name]["metrics"]
+        assert len(results) == len(theirs)
+        # each lm-eval aggregation became the exact-state metric of the same formula
+        assert {m.key: m.name for m in ev.spec.metrics} == {k: KINDS[k.split(",")[0]]
+                                                             for k in results}
+        for key, r in results.items():
+            _check(key, float(r.value), _theirs(theirs, key))
+        seen.add((ref.location, ev.name))
+    assert len(seen) == len(checkpoints) * (len(PLAIN) + 1 + len(MEMBERS))
+
+
+def test_the_filters_and_the_chat_template_changed_something(reference, checkpoints):
+    """The reference is not degenerate: the two filters disagree somewhere, the chat task's
+    prompts are chat-formatted, and the last checkpoint answers some items right."""
+    last = reference[checkpoints[-1]]
+    strict = [s["filtered_resps"] for s in last["arith_gen"]["samples"]
+              if s["filter"] == "strict"]
+    loose = [s["filtered_resps"] for s in last["arith_gen"]["samples"]
+             if s["filter"] == "loose"]
+    assert strict != loose
+    assert last[CHAT]["samples"][0]["arguments"][0][0].startswith("<|system|>")
+    assert last["arith_mc"]["metrics"]["acc,none"] > 0
+    assert last["arith_gen"]["metrics"]["exact_match,loose"] > 0
+
+
+@pytest.fixture(scope="module")
+def ray_stores(example, tmp_path_factory):
+    root = tmp_path_factory.mktemp("harness_stores")
+    stores = {}
+    for workers in (1, 3):
+        out = root / f"store{workers}"
+        proc = rayeval_cli("run", str(example / "sweep.yaml"), "--workers", str(workers),
+                           "--output", str(out), timeout=600, env=offline_env())
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        stores[workers] = out
+    return stores
+
+
+@pytest.mark.ray
+def test_ray_runs_with_1_and_3_workers_equal_lm_eval(checkpoints, reference, ray_stores):
+    runs = {}
+    for workers, out in ray_stores.items():
+        rows = latest_rows(ResultStore(str(out)).read())
+        expected = sum(len(reference[checkpoints[0]][t]["metrics"]) for t in reference[
+            checkpoints[0]])
+        assert len(rows) == len(checkpoints) * expected
+        for r in rows:
+            theirs = reference[r["checkpoint"]][r["dataset"]]
+            assert r["world_size"] == workers
+            parts = [f"{GROUP}/{m}" for m in MEMBERS] if r["dataset"] == GROUP else [
+                r["dataset"]]
+            assert r["num_samples"] == sum(len({s["doc_id"] for s in reference[r[
+                "checkpoint"]][p]["samples"]}) for p in parts)
+            assert r["ci_low"] <= r["value"] <= r["ci_high"]
+            _check(r["metric"], r["value"], _theirs(theirs["metrics"], r["metric"]))
+        runs[workers] = {(r["checkpoint"], r["dataset"], r["metric"]): r for r in rows}
+    # The intervals do not depend on the world size: exactly for counts, to float rounding for
+    # sums of log-likelihoods (the batches' padding differs).
+    for key, r in runs[3].items():
+        for k in ("value", "ci_low", "ci_high"):
+            if key[2].split(",")[0] in ("acc", "acc_norm", "exact_match"):
+                assert r[k] == runs[1][key][k], key
+            else:
+                assert r[k] == pytest.approx(runs[1][key][k], rel=1e-6), key
+
+
+@pytest.mark.ray
+def test_per_item_records_equal_lm_eval_samples(checkpoints, reference, ray_stores):
+    import rayeval
+
+    out = ray_stores[3]
+    for c in checkpoints:
+        for task in (*PLAIN, CHAT):
+            theirs = reference[c][task]["samples"]
+            first_filter = theirs[0]["filter"]
+            by_doc = {s["doc_id"]: s for s in theirs if s["filter"] == first_filter}
+            records = rayeval.samples(out, checkpoint=c, evaluation=task).to_pylist()
+            assert sorted(r["id"] for r in records) == sorted(by_doc)       # each once
+            for r in records:
+                s = by_doc[r["id"]]
+                assert r["context"] == s["arguments"][0][0]
+                if task in ("arith_gen", CHAT):
+                    assert r["response"] == s["filtered_resps"][0]
+                    strict = [t for t in theirs if t["doc_id"] == r["id"]
+                              and t["filter"] == "strict"][0]
+                    assert r["exact_match,strict"] == strict["exact_match"]
+                elif task == "docs_ppl":
+                    assert r["loglikelihoods"][0] == pytest.approx(s["resps"][0][0], rel=REL)
+                else:
+                    lls = [float(resp[0][0]) for resp in s["resps"]]
+                    assert r["loglikelihoods"] == pytest.approx(lls, rel=REL, abs=1e-5)
+                    assert r["acc"] == s["acc"]
+    # every worker wrote its own items' file for every cell
+    cells = list((out / "samples").iterdir())
+    assert len(cells) == len(checkpoints) * (len(PLAIN) + 1 + len(MEMBERS))
+    assert all(len(list(cell.iterdir())) == 3 for cell in cells)
+
+
+def _copy(example, tmp_path):
+    ex = tmp_path / "ex"
+    shutil.copytree(example, ex, ignore=shutil.ignore_patterns("results", "ckpts"))
+    os.symlink(example / "ckpts", ex / "ckpts")
+    return ex
+
+
+def _fails(ex, evals):
+    sweep = yaml.safe_load((ex / "sweep.yaml").read_text())
+    sweep["evals"] = evals
+    (ex / "sweep.yaml").write_text(yaml.safe_dump(sweep))
+    proc = rayeval_cli("run", str(ex / "sweep.yaml"), timeout=120, env=offline_env())
+    assert proc.returncode != 0
+    lines = [line for line in proc.stderr.strip().splitlines() if line.strip()]
+    assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert not (ex / "results").exists()                  # nothing written
+    return lines[0]
+
+
+def test_bad_lm_eval_entries_are_one_line_before_ray(example, tmp_path):
+    ex = _copy(example, tmp_path)
+    tasks = {"include_path": "tasks"}
+    line = _fails(ex, [{"name": "x", "lm_eval": {"task": "arith_mcq", **tasks}}])
+    assert "evals[0].lm_eval.task" in line and "'arith_mc'" in line       # did you mean
+    line = _fails(ex, [{"name": "x", "lm_eval": {"task": "arith_mc", "include_path": "nope"}}])
+    assert "evals[0].lm_eval.include_path" in line
+    line = _fails(ex, [{"name": "x", "lm_eval": {"task": "arith_mc", "shots": 3, **tasks}}])
+    assert "evals[0].lm_eval.shots" in line and "num_fewshot" in line
+    line = _fails(ex, [{"name": "x", "task": "generation",
+                        "lm_eval": {"task": "arith_mc", **tasks}}])
+    assert "evals[0].task" in line
+    line = _fails(ex, [{"name": "x", "lm_eval": {"task": "arith_gen", **tasks,
+                                                 "gen_kwargs": {"do_sample": True}}}])
+    assert "evals[0].lm_eval.gen_kwargs" in line and "greedily" in line
+    (ex / "tasks" / "median.yaml").write_text(_task(
+        "arith_median", str(example / "data" / "gen.parquet"), "loglikelihood", {
+            "doc_to_text": "{{prompt}}", "doc_to_target": " {{answer}}",
+            "metric_list": [{"metric": "acc", "aggregation": "median"}]}, fewshot_split=False))
+    line = _fails(ex, [{"name": "x", "lm_eval": {"task": "arith_median", **tasks}}])
+    assert "median" in line and "arith_median" in line
