@@ -151,15 +151,20 @@ def rayeval_values(store: str) -> dict:
             for r in latest_rows(ResultStore(store).read())}
 
 
+def results_json(run_dir: str, i: int) -> dict:
+    """The ``results`` of checkpoint i's lm-eval run (its own folder ``ckpt{i}``)."""
+    found = sorted(glob.glob(os.path.join(run_dir, f"ckpt{i}", "**", "results_*.json"),
+                             recursive=True), key=os.path.getmtime)
+    if not found:
+        sys.exit(f"no lm-eval results JSON under {os.path.join(run_dir, f'ckpt{i}')}")
+    with open(found[-1]) as f:
+        return json.load(f)["results"]
+
+
 def harness_values(harness, checkpoints: list[str], run_dir: str) -> dict:
     values = {}
     for i, folder in enumerate(checkpoints):
-        found = sorted(glob.glob(os.path.join(run_dir, f"ckpt{i}", "**", "results_*.json"),
-                                 recursive=True), key=os.path.getmtime)
-        if not found:
-            sys.exit(f"no harness results JSON under {os.path.join(run_dir, f'ckpt{i}')}")
-        with open(found[-1]) as f:
-            results = json.load(f)["results"]
+        results = results_json(run_dir, i)
         for (evaluation, metric), (task, key) in COMPARED.items():
             key = key.format(gen_filter=harness.GEN_FILTER)
             value = results.get(harness.TASKS[task], {}).get(key)

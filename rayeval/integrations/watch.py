@@ -21,6 +21,7 @@ from typing import Callable
 import fnmatch
 
 from rayeval._internal.execution import driver, signals
+from rayeval.reporting import groups
 from rayeval.reporting.callbacks import PublishToTrackers, RunCallback
 from rayeval._internal.execution.lifecycle import RayLifecycle
 from rayeval.io import paths
@@ -224,4 +225,5 @@ def _poll(life: RayLifecycle, plan, evaluations, state: WatchState, say) -> None
             state.evaluated += 1
         else:
             state.failed.add(o.key)
+    groups.publish(plan.sweep)             # lm-eval groups whose members are all stored now
     life.callbacks.on_outcomes(outcomes)

@@ -204,7 +204,7 @@ def _render(spec: LmEvalSpec, path: str, tokenizer):
 
 
 def _render_task(spec, path, name, task, group, tokenizer) -> Rendered:
-    import lm_eval
+    from importlib.metadata import version
 
     try:
         task.build_all_requests(
@@ -243,7 +243,7 @@ def _render_task(spec, path, name, task, group, tokenizer) -> Rendered:
                for f in filters for m in task.aggregation()}
     config = json.dumps(task.dump_config(), sort_keys=True, default=str)
     digest = hashlib.sha256()
-    for part in (lm_eval.__version__ if hasattr(lm_eval, "__version__") else "", config,
+    for part in (version("lm_eval"), config,
                  json.dumps([[i.args for i in by_doc[d]] for d in sorted(by_doc)], default=str),
                  json.dumps([i.doc for d in sorted(by_doc) for i in by_doc[d][:1]],
                             sort_keys=True, default=str)):

@@ -34,6 +34,13 @@ def latest_rows(table: pa.Table) -> list[dict]:
     return list(newest.values())
 
 
+def group_members(rows: list[dict]) -> set[str]:
+    """The evaluations that are an lm-eval group's tasks (``NAME/TASK``) whose group (``NAME``)
+    the rows also hold: the suite's aggregate counts the group, not its tasks again."""
+    datasets = {r["dataset"] for r in rows}
+    return {d for d in datasets if "/" in d and d.split("/", 1)[0] in datasets}
+
+
 def without_members(rows: list[dict]) -> list[dict]:
     """The rows without an lm-eval group's members (``NAME/TASK``) where the group's aggregate
     (``NAME``) is stored for the same checkpoint: a board shows the group, its members on
@@ -191,7 +198,8 @@ def aggregate_row(parts: list[dict | None], evaluations: list[str],
 def aggregates(rows: list[dict]) -> list[dict]:
     """One aggregate row per (sweep, checkpoint), over every evaluation the rows hold and each
     one's first metric; none when the rows hold fewer than two evaluations."""
-    evaluations = evaluations_of(rows)
+    members = group_members(rows)
+    evaluations = [e for e in evaluations_of(rows) if e not in members]
     if len(evaluations) < 2:
         return []
     firsts = first_metrics(rows)
@@ -310,9 +318,10 @@ def build_board(rows: list[dict], metric: str | None = None) -> Board:
     for c in columns:
         _mark(ranked, c.name, c.higher_is_better)
     evaluations = evaluations_of(rows)
+    members = group_members(rows)
     firsts = first_metrics(rows)
-    averaged = [c for c in columns
-                if len(evaluations) > 1 and firsts.get(c.evaluation) == c.metric]
+    averaged = [c for c in columns if len(set(evaluations) - members) > 1
+                and c.evaluation not in members and firsts.get(c.evaluation) == c.metric]
     return Board(columns=columns, rank_by=rank_by.name, higher_is_better=rank_by.higher_is_better,
                  entries=ranked, evaluations=evaluations, averaged=averaged,
                  notes=small_data_notes(rows) + token_notes(rows))

@@ -6,11 +6,10 @@ a few-shot split, two filter pipelines (regex and whitespace), the loglikelihood
 (greedy accuracy and perplexity), rolling log-likelihoods (weighted perplexities, bits per
 byte) and a chat-formatted generation task with multi-turn few-shot and a system instruction.
 lm-eval's ``simple_evaluate`` on the same Hugging Face folders is the reference: every metric
-and every document's record, in one process and on a real local Ray with 1 and 3 workers.
+and every document's record, in one process and on a real local Ray with 1, 2 and 3 workers
+(records: the 3-worker run's), and a 5-shot group of two tasks of different sizes.
 """
 
-import json
-import math
 import os
 import shutil
 
@@ -231,7 +230,7 @@ def test_the_filters_and_the_chat_template_changed_something(reference, checkpoi
 def ray_stores(example, tmp_path_factory):
     root = tmp_path_factory.mktemp("harness_stores")
     stores = {}
-    for workers in (1, 3):
+    for workers in (1, 2, 3):
         out = root / f"store{workers}"
         proc = rayeval_cli("run", str(example / "sweep.yaml"), "--workers", str(workers),
                            "--output", str(out), timeout=600, env=offline_env())
@@ -241,7 +240,7 @@ def ray_stores(example, tmp_path_factory):
 
 
 @pytest.mark.ray
-def test_ray_runs_with_1_and_3_workers_equal_lm_eval(checkpoints, reference, ray_stores):
+def test_ray_runs_with_1_2_and_3_workers_equal_lm_eval(checkpoints, reference, ray_stores):
     runs = {}
     for workers, out in ray_stores.items():
         rows = latest_rows(ResultStore(str(out)).read())
@@ -260,12 +259,13 @@ def test_ray_runs_with_1_and_3_workers_equal_lm_eval(checkpoints, reference, ray
         runs[workers] = {(r["checkpoint"], r["dataset"], r["metric"]): r for r in rows}
     # The intervals do not depend on the world size: exactly for counts, to float rounding for
     # sums of log-likelihoods (the batches' padding differs).
-    for key, r in runs[3].items():
-        for k in ("value", "ci_low", "ci_high"):
-            if key[2].split(",")[0] in ("acc", "acc_norm", "exact_match"):
-                assert r[k] == runs[1][key][k], key
-            else:
-                assert r[k] == pytest.approx(runs[1][key][k], rel=1e-6), key
+    for workers in (2, 3):
+        for key, r in runs[workers].items():
+            for k in ("value", "ci_low", "ci_high"):
+                if key[2].split(",")[0] in ("acc", "acc_norm", "exact_match"):
+                    assert r[k] == runs[1][key][k], key
+                else:
+                    assert r[k] == pytest.approx(runs[1][key][k], rel=1e-6), key
 
 
 @pytest.mark.ray
@@ -298,6 +298,19 @@ def test_per_item_records_equal_lm_eval_samples(checkpoints, reference, ray_stor
     cells = list((out / "samples").iterdir())
     assert len(cells) == len(checkpoints) * (len(PLAIN) + 1 + len(MEMBERS))
     assert all(len(list(cell.iterdir())) == 3 for cell in cells)
+
+
+@pytest.mark.ray
+def test_the_leaderboard_shows_the_group_and_its_tasks_on_request(ray_stores):
+    out = str(ray_stores[3])
+    plain = rayeval_cli("leaderboard", out, "--format", "csv")
+    assert plain.returncode == 0, plain.stderr
+    header = plain.stdout.splitlines()[0].split(",")
+    assert f"{GROUP}/acc" in header and not any(h.startswith(f"{GROUP}/arith") for h in header)
+    full = rayeval_cli("leaderboard", out, "--format", "csv", "--members")
+    assert full.returncode == 0, full.stderr
+    header = full.stdout.splitlines()[0].split(",")
+    assert {f"{GROUP}/acc", f"{GROUP}/arith_mc/acc", f"{GROUP}/arith_half/acc"} <= set(header)
 
 
 def _copy(example, tmp_path):
