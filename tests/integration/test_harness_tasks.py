@@ -332,24 +332,40 @@ def _fails(ex, evals):
     return lines[0]
 
 
+def _spec_error(ex, evals):
+    """The loader's one line for these evaluations (what the command prints after "error:")."""
+    from rayeval.errors import SpecError
+
+    sweep = yaml.safe_load((ex / "sweep.yaml").read_text())
+    sweep["evals"] = evals
+    (ex / "bad.yaml").write_text(yaml.safe_dump(sweep))
+    with pytest.raises(SpecError) as caught:
+        load_sweep(str(ex / "bad.yaml"))
+    assert "\n" not in caught.value.message and not (ex / "results").exists()
+    return caught.value.message
+
+
 def test_bad_lm_eval_entries_are_one_line_before_ray(example, tmp_path):
     ex = _copy(example, tmp_path)
     tasks = {"include_path": "tasks"}
+    # through the command line: one line on stderr, exit 2, nothing written
     line = _fails(ex, [{"name": "x", "lm_eval": {"task": "arith_mcq", **tasks}}])
     assert "evals[0].lm_eval.task" in line and "'arith_mc'" in line       # did you mean
-    line = _fails(ex, [{"name": "x", "lm_eval": {"task": "arith_mc", "include_path": "nope"}}])
-    assert "evals[0].lm_eval.include_path" in line
-    line = _fails(ex, [{"name": "x", "lm_eval": {"task": "arith_mc", "shots": 3, **tasks}}])
-    assert "evals[0].lm_eval.shots" in line and "num_fewshot" in line
-    line = _fails(ex, [{"name": "x", "task": "generation",
-                        "lm_eval": {"task": "arith_mc", **tasks}}])
-    assert "evals[0].task" in line
     line = _fails(ex, [{"name": "x", "lm_eval": {"task": "arith_gen", **tasks,
                                                  "gen_kwargs": {"do_sample": True}}}])
     assert "evals[0].lm_eval.gen_kwargs" in line and "greedily" in line
+    # the loader's other lines (the command prints them the same way)
+    line = _spec_error(ex, [{"name": "x", "lm_eval": {"task": "arith_mc",
+                                                      "include_path": "nope"}}])
+    assert "evals[0].lm_eval.include_path" in line
+    line = _spec_error(ex, [{"name": "x", "lm_eval": {"task": "arith_mc", "shots": 3, **tasks}}])
+    assert "evals[0].lm_eval.shots" in line and "num_fewshot" in line
+    line = _spec_error(ex, [{"name": "x", "task": "generation",
+                             "lm_eval": {"task": "arith_mc", **tasks}}])
+    assert "evals[0].task" in line
     (ex / "tasks" / "median.yaml").write_text(_task(
         "arith_median", str(example / "data" / "gen.parquet"), "loglikelihood", {
             "doc_to_text": "{{prompt}}", "doc_to_target": " {{answer}}",
             "metric_list": [{"metric": "acc", "aggregation": "median"}]}, fewshot_split=False))
-    line = _fails(ex, [{"name": "x", "lm_eval": {"task": "arith_median", **tasks}}])
+    line = _spec_error(ex, [{"name": "x", "lm_eval": {"task": "arith_median", **tasks}}])
     assert "median" in line and "arith_median" in line
