@@ -31,7 +31,7 @@ from rayeval.reporting.store import ResultStore  # noqa: E402
 for _k, _v in offline_env({}).items():
     os.environ.setdefault(_k, _v)
 
-REL = 1e-5           # sums of log-likelihoods: float32 kernels differ with a batch's padding
+REL = 1e-4           # as test_text_tasks: float32 kernels differ with padding and CPU
 PLAIN = ("arith_mc", "arith_gen", "arith_ll", "docs_ppl")
 CHAT = "arith_chat"
 GROUP = "grp"                      # the group arith_group: grp/arith_mc, grp/arith_half, grp
