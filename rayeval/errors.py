@@ -91,6 +91,10 @@ class CheckpointError(RayevalError):
     """One checkpoint cannot be loaded into the model; fails its own cell only."""
 
 
+class EngineError(RayevalError):
+    """A model.backend engine (vLLM) cannot start: the whole run ends, no cell is failed."""
+
+
 class StoreError(RayevalError):
     """The result store cannot be read or written."""
 

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any, Iterator
 
 DTYPE_NAMES = ("float32", "float16", "bfloat16", "float64")
+BACKENDS = ("hf", "vllm")      # model.backend: what generates
 DATA_FORMATS = ("parquet", "json", "csv", "hf", "images")   # dataset.format
 
 TEXT = "text"     # ``numbers=TEXT``: changes the numbers of text tasks' cells only
@@ -180,6 +181,15 @@ class ModelSpec:
     max_length: int | None = setting(
         "Text tasks: the context in tokens (rolling windows, truncation); None: from the "
         "config.", numbers=TEXT, default=None)
+    backend: str = setting(
+        "What generates: 'hf' (the model's own forward or Hugging Face generate) or 'vllm' "
+        "(one vLLM engine per worker for the whole sweep, each checkpoint's weights loaded "
+        "into it). Greedy outputs agree but are not bit-equal: part of the key.",
+        numbers=True, default="hf")
+    vllm: dict = setting(
+        "Engine arguments for backend vllm (gpu_memory_utilization, max_model_len, "
+        "enforce_eager, ...): some change outputs (max_model_len, dtype), so all are keyed.",
+        numbers=True, default_factory=dict)
 
     @property
     def hugging_face(self) -> bool:
@@ -241,10 +251,25 @@ class DatasetSpec:
 
 @dataclass(frozen=True)
 class Generation:
-    """How a generation task decodes: greedily, until a stop string or a token budget."""
+    """How a generation task decodes: until a stop string or a token budget; greedily, or
+    (backend vllm) sampled with a seed per item and repeat, so the same generations come on
+    any number of workers."""
     until: tuple[str, ...] = setting(
         "Stop strings; the end-of-sequence token always stops.", numbers=True, default=())
     max_new_tokens: int = setting("At most this many new tokens.", numbers=True, default=256)
+    temperature: float = setting("0: greedy; above 0: sampled (backend vllm).", numbers=True,
+                                 default=0.0)
+    top_p: float = setting("Sampling: the nucleus kept.", numbers=True, default=1.0)
+    repeats: int = setting(
+        "Generations per item; its score is the mean over them (pass@1 estimated from k).",
+        numbers=True, default=1)
+    seed: int = setting(
+        "Sampling: item i's repeat r is drawn with a seed made of (seed, row id, r).",
+        numbers=True, default=0)
+
+    @property
+    def samples(self) -> bool:
+        return self.temperature > 0
 
 
 @dataclass(frozen=True)
@@ -376,6 +401,10 @@ class Parallelism:
         numbers=False, default=1)
     wrap: tuple[str, ...] = setting(
         "Module class names sharded as units; () = automatic.", numbers=False, default=())
+    tensor: int = setting(
+        "Backend vllm: consecutive workers serving one engine with tensor parallelism "
+        "(vLLM's external launcher over the group's ranks); rows are split over the "
+        "workers / tensor engines.", numbers=False, default=1)
 
     @property
     def sharded(self) -> bool:

@@ -273,8 +273,9 @@ class Pass:
     def __init__(self, model: torch.nn.Module, metrics: list[tuple[str, Metric]], size: int,
                  device: torch.device, task: tasks.Task | str = "classification",
                  buckets: int = 1, spec=None, text=None, generation: Generation = Generation(),
-                 batch: int = 256, samples: bool = False, on_rows=None):
+                 batch: int = 256, samples: bool = False, on_rows=None, engine=None):
         self.model = model
+        self.engine = engine               # backend vllm: generation runs on it
         self.metrics = metrics
         self.task = tasks.get(task) if isinstance(task, str) else task
         self.spec = spec or DatasetSpec(path="")

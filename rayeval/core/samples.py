@@ -2,7 +2,7 @@
 
 A worker's pass keeps, for each item it scored, the item's id, the context the model saw, the
 choices (multiple choice), the target, the response (the choice with the highest
-log-likelihood, or the generated text), the log-likelihoods (each choice's, or the document's)
+log-likelihood, or the generated text; all of them as ``responses`` when sampled repeatedly), the log-likelihoods (each choice's, or the document's)
 and the item's value of each metric that has one (``evaluate.item_values``). Each worker writes
 its own items (``reporting.store.ResultStore.write_samples``); nothing is gathered.
 """
@@ -18,6 +18,7 @@ COLUMNS = {
     "choices": pa.list_(pa.string()),
     "target": pa.string(),
     "response": pa.string(),
+    "responses": pa.list_(pa.string()),      # every generation, with generation.repeats > 1
     "loglikelihoods": pa.list_(pa.float64()),
     "tokens": pa.int64(),
 }

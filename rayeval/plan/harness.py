@@ -48,7 +48,7 @@ from rayeval.io import paths
 
 REQUESTS_DIR = "requests"
 DOCS_FILE = "docs.parquet"
-GREEDY_KEYS = {"until", "max_gen_toks", "do_sample", "temperature"}
+GENERATION_KEYS = {"until", "max_gen_toks", "do_sample", "temperature", "top_p"}
 
 
 @dataclass
@@ -64,6 +64,7 @@ class Rendered:
     max_gen_toks: int
     digest: str
     lm_keys: dict             # lm-eval's "metric,filter" -> the metric's key here
+    sampling: tuple = (0.0, 1.0, 1)      # (temperature, top_p, repeats); 0: greedy
 
 
 @dataclass
@@ -236,7 +237,7 @@ def _render_task(spec, path, name, task, group, tokenizer) -> Rendered:
                                if output_type == "multiple_choice" else None)
         rows["instances"].append(pickle.dumps(instances, protocol=5))
     table = pa.table(rows, schema=table_schema())
-    until, max_gen_toks = _generation(task, by_doc, path, name)
+    until, max_gen_toks, sampling = _generation(task, by_doc, path, name)
     metrics = _metrics(task, path, name)
     filters = filter_names(task)
     lm_keys = {f"{m},{f}": (m if len(filters) == 1 else f"{m},{f}")
@@ -252,7 +253,7 @@ def _render_task(spec, path, name, task, group, tokenizer) -> Rendered:
     task._instances = None
     blob = _pickle(task, spec)
     return Rendered(name, group, output_type, table, blob, metrics, until, max_gen_toks,
-                    digest.hexdigest()[:24], lm_keys)
+                    digest.hexdigest()[:24], lm_keys, sampling)
 
 
 def _pickle(task, spec: LmEvalSpec) -> bytes:
@@ -286,29 +287,35 @@ def _text(target, task, doc, output_type) -> str:
     return json.dumps(target) if isinstance(target, (list, dict)) else str(target)
 
 
-def _generation(task, by_doc, path, name) -> tuple[tuple[str, ...], int]:
-    """A generate_until task's stop strings and token budget (lm-eval's HF defaults: 256
-    tokens); rayeval decodes greedily, so a sampling task is refused."""
+def _generation(task, by_doc, path, name) -> tuple[tuple[str, ...], int, tuple]:
+    """A generate_until task's stop strings, token budget (lm-eval's HF defaults: 256
+    tokens) and sampling: (temperature, top_p, repeats), temperature 0 when greedy (lm-eval's
+    HF model samples when do_sample is true, at temperature 1 unless one is given). Whether
+    the backend can sample is the loader's to say."""
     if task.OUTPUT_TYPE != "generate_until":
-        return (), 0
+        return (), 0, (0.0, 1.0, 1)
     kinds = {json.dumps(i.args[1], sort_keys=True, default=str)
              for insts in by_doc.values() for i in insts}
     if len(kinds) != 1:
         _fail(f"{path}.task", f"lm-eval task {name!r} asks for different generation_kwargs per "
                               "document; rayeval decodes one way per task")
-    kwargs = dict(next(iter(by_doc.values()))[0].args[1])
-    if kwargs.get("do_sample") or float(kwargs.get("temperature", 0.0) or 0.0) > 0:
-        _fail(f"{path}.gen_kwargs", f"lm-eval task {name!r} samples (do_sample or temperature "
-                                    "> 0); rayeval decodes greedily: set gen_kwargs: "
-                                    "{do_sample: false, temperature: 0}")
-    unknown = sorted(set(kwargs) - GREEDY_KEYS)
+    first = next(iter(by_doc.values()))[0]
+    kwargs = dict(first.args[1])
+    unknown = sorted(set(kwargs) - GENERATION_KEYS)
     if unknown:
         _fail(f"{path}.gen_kwargs", f"lm-eval task {name!r} sets generation_kwargs {unknown} "
-                                    "that greedy decoding cannot honour; only until and "
-                                    "max_gen_toks apply")
+                                    "that rayeval cannot honour; until, max_gen_toks, "
+                                    "do_sample, temperature and top_p apply")
+    temperature = float(kwargs.get("temperature", 0.0) or 0.0)
+    if kwargs.get("do_sample") and temperature == 0:
+        temperature = 1.0
+    elif kwargs.get("do_sample") is False:
+        temperature = 0.0
+    sampling = (temperature, float(kwargs.get("top_p", 1.0) or 1.0),
+                max(1, int(first.repeats or 1)) if temperature > 0 else 1)
     until = kwargs.get("until") or []
     until = [until] if isinstance(until, str) else list(until)
-    return tuple(until), int(kwargs.get("max_gen_toks", 256))
+    return tuple(until), int(kwargs.get("max_gen_toks", 256)), sampling
 
 
 def _metrics(task, path, name) -> list[tuple[str, str, int, bool]]:

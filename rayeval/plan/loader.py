@@ -14,7 +14,7 @@ import yaml
 
 from rayeval.io import paths
 from rayeval.config import schema
-from rayeval.config.schema import (DATA_FORMATS, DTYPE_NAMES, WATCH_ORDERS, Bootstrap,
+from rayeval.config.schema import (BACKENDS, DATA_FORMATS, DTYPE_NAMES, WATCH_ORDERS, Bootstrap,
                                    CheckpointSpec, DatasetSpec, EvalSpec, Generation,
                                    GroupMetric, GroupSpec, LmEvalSpec, MetricSpec, ModelSpec,
                                    MlflowTracker, Parallelism, Recovery, Sweep, Trackers, WANDB_MODES,
@@ -140,8 +140,34 @@ def parse_sweep(raw: Any, *, base_dir: str, source: str = "<sweep>") -> Sweep:
         trackers=trackers_spec(r.get(top, "trackers", default={}), source=source),
         groups=tuple(rendered.groups),
     )
+    _backend_fits(r, sweep)
     rendered.write()          # the whole file is valid: the lm-eval tasks' requests are kept
     return sweep
+
+
+def _backend_fits(r: "_Reader", sweep: Sweep) -> None:
+    """What only vLLM does: sampling and tensor-parallel engines; and its engine
+    arguments, checked against the installed vLLM's own (before Ray starts)."""
+    vllm = sweep.model.backend == "vllm"
+    if sweep.parallelism.tensor > 1 and not vllm:
+        r.fail("parallelism.tensor", "tensor-parallel engines are vLLM's: set model.backend: "
+                                     "vllm, or remove parallelism.tensor")
+    for ev in sweep.evals:
+        if ev.generation.samples and not vllm:
+            if ev.lm_eval is not None:
+                r.fail(f"{ev.key_path}.lm_eval.gen_kwargs",
+                       f"lm-eval task {ev.name!r} samples (do_sample or temperature > 0), which "
+                       "runs on model.backend: vllm (each document seeded); set it, or decode "
+                       "greedily: gen_kwargs: {do_sample: false, temperature: 0}")
+            r.fail(f"{ev.key_path}.generation.temperature",
+                   "sampled generation (temperature above 0) runs on model.backend: vllm, "
+                   "which seeds each item; set it, or set temperature: 0")
+    if vllm:
+        from rayeval.io import engine
+
+        problem = engine.check_arguments(sweep.model.vllm)
+        if problem:
+            r.fail(*problem)
 
 
 def _evals(r: "_Reader", raw: Any, base_dir: str, batch_size: int,
@@ -256,7 +282,9 @@ class _Rendering:
                         for key, kind, column, higher in task.metrics)
         return EvalSpec(
             name=name, task="lm_eval", dataset=dataset, metrics=metrics,
-            generation=Generation(until=task.until, max_new_tokens=max(1, task.max_gen_toks)),
+            generation=Generation(until=task.until, max_new_tokens=max(1, task.max_gen_toks),
+                                  temperature=task.sampling[0], top_p=task.sampling[1],
+                                  repeats=task.sampling[2]),
             **common)
 
     def write(self) -> None:
@@ -360,10 +388,24 @@ def _generation(r: "_Reader", m: dict, path: str, task: str) -> Generation:
         until = [until]
     if not isinstance(until, list) or not all(isinstance(u, str) and u for u in until):
         r.fail(f"{path}.until", f"expected a list of non-empty stop strings, got {_show(until)}")
+    temperature = r.number(g, "temperature", default=Generation.temperature, minimum=0.0,
+                           path=f"{path}.temperature")
+    top_p = r.number(g, "top_p", default=Generation.top_p, minimum=0.0,
+                     path=f"{path}.top_p")
+    if not 0 < top_p <= 1:
+        r.fail(f"{path}.top_p", f"must be in (0, 1], got {top_p}")
+    repeats = r.integer(g, "repeats", default=Generation.repeats, minimum=1,
+                        path=f"{path}.repeats")
+    if repeats > 1 and temperature == 0:
+        r.fail(f"{path}.repeats", f"{repeats} greedy generations are {repeats} copies of one; "
+                                  "set generation.temperature above 0 to sample them")
     return Generation(until=tuple(until),
                       max_new_tokens=r.integer(g, "max_new_tokens",
                                                default=Generation.max_new_tokens, minimum=1,
-                                               path=f"{path}.max_new_tokens"))
+                                               path=f"{path}.max_new_tokens"),
+                      temperature=temperature, top_p=top_p, repeats=repeats,
+                      seed=r.integer(g, "seed", default=Generation.seed, minimum=0,
+                                     path=f"{path}.seed"))
 
 
 def _dataset(r: "_Reader", raw: Any, path: str, task: str, base_dir: str,
@@ -462,9 +504,22 @@ def _model(r: "_Reader", top: dict, base_dir: str) -> ModelSpec:
     max_length = r.get(m, "max_length", path="model.max_length")
     if max_length is not None:
         max_length = r.integer(m, "max_length", default=0, minimum=2, path="model.max_length")
+    backend = r.string(m, "backend", path="model.backend") or ModelSpec.backend
+    if backend not in BACKENDS:
+        r.fail("model.backend", f"unknown backend {backend!r}; choose one of: "
+                                f"{', '.join(BACKENDS)}")
+    engine = r.get(m, "vllm", default={})
+    if not isinstance(engine, dict) or not all(isinstance(k, str) for k in engine):
+        r.fail("model.vllm", f"expected a mapping of vLLM engine arguments, got {_show(engine)}")
+    if engine and backend != "vllm":
+        r.fail("model.vllm", "engine arguments are for model.backend: vllm; set it, or "
+                             "remove model.vllm")
+    if backend == "vllm" and factory is not None:
+        r.fail("model.backend", "vllm serves Hugging Face checkpoint folders (config.json); "
+                                "remove model.factory, or use backend: hf")
     return ModelSpec(factory=factory, kwargs=dict(kwargs), dtype=dtype,
                      tokenizer=paths.resolve(tokenizer, base_dir) if tokenizer else None,
-                     max_length=max_length)
+                     max_length=max_length, backend=backend, vllm=dict(engine))
 
 
 def _checkpoints(r: "_Reader", top: dict, base_dir: str) -> tuple[str, ...]:
@@ -597,7 +652,16 @@ def _parallelism(r: "_Reader", top: dict) -> Parallelism:
         r.fail("parallelism.shard", f"{shard} does not divide workers: {workers}; make "
                                     "workers a multiple of parallelism.shard (each replica "
                                     "of the model takes shard workers)")
-    return Parallelism(shard=shard, wrap=tuple(wrap))
+    tensor = r.integer(m, "tensor", default=Parallelism.tensor, minimum=1,
+                       path="parallelism.tensor")
+    if tensor > 1 and shard > 1:
+        r.fail("parallelism.tensor", "a vLLM engine shards its own weights; give "
+                                     "parallelism.tensor or parallelism.shard, not both")
+    if isinstance(workers, int) and workers % tensor:
+        r.fail("parallelism.tensor", f"{tensor} does not divide workers: {workers}; make "
+                                     "workers a multiple of parallelism.tensor (each engine "
+                                     "takes tensor workers)")
+    return Parallelism(shard=shard, wrap=tuple(wrap), tensor=tensor)
 
 
 def _recovery(r: "_Reader", top: dict) -> Recovery:
@@ -717,6 +781,16 @@ class _Reader:
         if minimum is not None and value < minimum:
             self.fail(path, f"must be at least {minimum}, got {value}")
         return value
+
+    def number(self, m: dict, key: str, *, default: float, minimum: float | None,
+               path: str | None = None) -> float:
+        path = path or key
+        value = self.get(m, key, path=path, default=default)
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            self.fail(path, f"expected a number, got {_show(value)}")
+        if minimum is not None and value < minimum:
+            self.fail(path, f"must be at least {minimum}, got {value}")
+        return float(value)
 
     def boolean(self, m: dict, key: str, *, default: bool, path: str | None = None) -> bool:
         value = self.get(m, key, path=path, default=default)

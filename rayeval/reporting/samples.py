@@ -20,7 +20,8 @@ from rayeval.reporting.boards import find_checkpoint
 from rayeval.reporting.store import ResultStore, newest
 
 # Record columns that are not metric values (core.samples.COLUMNS, and the id)
-RECORD_COLUMNS = ("id", "context", "choices", "target", "response", "loglikelihoods", "tokens")
+RECORD_COLUMNS = ("id", "context", "choices", "target", "response", "responses",
+                  "loglikelihoods", "tokens")
 
 
 def evaluations_with_samples(rows: list[dict]) -> list[str]:

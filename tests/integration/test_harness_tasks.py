@@ -353,7 +353,7 @@ def test_bad_lm_eval_entries_are_one_line_before_ray(example, tmp_path):
     assert "evals[0].lm_eval.task" in line and "'arith_mc'" in line       # did you mean
     line = _fails(ex, [{"name": "x", "lm_eval": {"task": "arith_gen", **tasks,
                                                  "gen_kwargs": {"do_sample": True}}}])
-    assert "evals[0].lm_eval.gen_kwargs" in line and "greedily" in line
+    assert "evals[0].lm_eval.gen_kwargs" in line and "model.backend: vllm" in line
     # the loader's other lines (the command prints them the same way)
     line = _spec_error(ex, [{"name": "x", "lm_eval": {"task": "arith_mc",
                                                       "include_path": "nope"}}])

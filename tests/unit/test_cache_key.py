@@ -116,6 +116,17 @@ RE_EVALUATED = [
     ("Bootstrap.buckets", "tensor", ("bootstrap.buckets", 64)),
     ("Generation.until", "gen", ("evals.0.generation.until", ["\n\n"])),
     ("Generation.max_new_tokens", "gen", ("evals.0.generation.max_new_tokens", 16)),
+    # backend vllm's settings, on the parsed sweep: the file would need vLLM installed
+    ("ModelSpec.backend", "gen", lambda s: s.replace(
+        model=dataclasses.replace(s.model, backend="vllm"))),
+    ("ModelSpec.vllm", "gen", lambda s: s.replace(
+        model=dataclasses.replace(s.model, vllm={"max_model_len": 64}))),
+    ("Generation.temperature", "gen", lambda s: _eval0(s, generation=dataclasses.replace(
+        s.evals[0].generation, temperature=0.5))),
+    ("Generation.repeats", "gen", lambda s: _eval0(s, generation=dataclasses.replace(
+        s.evals[0].generation, repeats=3))),
+    ("Generation.top_p", "gen", ("evals.0.generation.top_p", 0.9)),
+    ("Generation.seed", "gen", ("evals.0.generation.seed", 3)),
     ("LmEvalSpec.task", "lme", ("evals.0.lm_eval.task", "tiny_mc2")),
     ("LmEvalSpec.include_path", "lme", ("evals.0.lm_eval.include_path", "lmtasks2")),
     ("LmEvalSpec.num_fewshot", "lme", ("evals.0.lm_eval.num_fewshot", 1)),
@@ -156,6 +167,8 @@ CACHED = [
     ("Parallelism.shard", "tensor", lambda raw: {**raw, "workers": 2,
                                                   "parallelism": {"shard": 2}}),
     ("Parallelism.wrap", "tensor", ("parallelism.wrap", ["Linear"])),
+    ("Parallelism.tensor", "gen", lambda s: s.replace(
+        workers=2, parallelism=dataclasses.replace(s.parallelism, tensor=2))),
     ("WatchSpec.ready", "tensor", ("watch.ready", "COMPLETE")),
     ("WatchSpec.order", "tensor", ("watch.order", "newest")),
     ("Trackers.mlflow", "tensor", ("trackers.mlflow", {})),

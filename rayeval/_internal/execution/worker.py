@@ -33,6 +33,7 @@ from rayeval._internal.execution.pipeline import SplitRows
 from rayeval.io import layouts
 from rayeval.core import tasks
 from rayeval.io.checkpoints import fetch
+from rayeval.io.engine import Engine
 from rayeval.io.data import RowRange
 from rayeval.errors import (CheckpointError, DataError, GroupError, ModelError, RayevalError,
                             RunError, SpecError, traceback_of)
@@ -278,6 +279,16 @@ class Worker:
             mesh = dist.replica_mesh(sweep.parallelism.shard)
             self.loader = ShardedLoader(self.loader, mesh, sweep.parallelism)
             self.lockstep = Lockstep(mesh, self.timeout)
+        # Backend vllm: one engine for the whole sweep; ``tensor`` consecutive ranks serve
+        # one engine, see the same rows, and only the first of them counts them.
+        self.engine = Engine(sweep.model, sweep.parallelism.tensor, self.device,
+                             f"{plan.run_id}-{attempt}",
+                             {"RANK": self.rank, "LOCAL_RANK": ctx.get_local_rank(),
+                              "WORLD_SIZE": self.world,
+                              "LOCAL_WORLD_SIZE": ctx.get_local_world_size()}) \
+            if sweep.model.backend == "vllm" else None
+        self.tensor = sweep.parallelism.tensor
+        replica, replicas = self.rank // self.tensor, self.world // self.tensor
         self.uses_text = any(tasks.get(ev.spec.task).uses_text for ev in plan.evaluations)
         budget = Budget(cache_budget_bytes())
         self.shards = {}
@@ -286,7 +297,7 @@ class Worker:
             if ev.name in ray_data:
                 rows = SplitRows(ev.name, ev.data, self.rank, self.world)
             else:
-                start, stop = ev.data.shard_rows(self.rank, self.world)
+                start, stop = ev.data.shard_rows(replica, replicas)
                 rows = RowRange(ev.data, ev.spec.dataset.columns, start, stop,
                                 f"{ev.spec.dataset.key_path}.path")
             self.shards[ev.name] = Shard(rows, Decoder(ev.spec, ev.data, sweep.base_dir),
@@ -401,13 +412,14 @@ class Worker:
         after each: its fit checked from the checkpoint's headers, then its rows read (DCP's
         load is collective: no rank may enter it alone)."""
         where = f"the load of {ref.location}"
-        loaded = None
+        loaded = folder = None
 
         def stage():
-            nonlocal loaded
+            nonlocal loaded, folder
             local, raw = self.ahead.take(ref.location)
             if local is None:
                 local = fetch(ref.location, self.cache_dir, fingerprint)
+            folder = local
             loaded = self.loader.stage(local) if self.lockstep else \
                 self.loader.load(local, raw)
             if self.uses_text:
@@ -424,6 +436,11 @@ class Worker:
                 self.lockstep.attach(loaded[0])
 
             why = self.agree(ref.location, shard, f"the sharded load of {ref.location}")
+        if why is None and self.engine is not None:
+            # after every rank has loaded: the engine's start is collective
+            why = self.agree(ref.location, lambda: self.engine.serve(
+                loaded[0], folder, self.source.spec.tokenizer, ref.location, self.timer),
+                f"the vLLM load of {ref.location}")
         if why is not None:
             return None, None, why
         self.progress.loaded(ref.location)
@@ -522,7 +539,7 @@ class Worker:
         p = Pass(model, self.metrics[ev.name], ev.output_size, self.device,
                  ev.spec.task, ev.spec.bootstrap.k, ev.spec.dataset, text=self.tokenizer,
                  generation=ev.spec.generation, batch=ev.spec.batch_size,
-                 samples=ev.spec.samples,
+                 samples=ev.spec.samples and self.rank % self.tensor == 0, engine=self.engine,
                  # progress counts rows as they are scored, not as they are read
                  on_rows=lambda n: self.progress.rows(index, skipped + n))
         rows, error, stopped = 0, None, False
@@ -556,14 +573,19 @@ class Worker:
             self.lockstep.drain(model, None if idle is None else
                                 tasks.move(idle, self.device, float_dtype(model)))
         samples = None if error or stopped else p.sample_table()
-        return dict(p.abandon() if error else p.states), error, stopped, samples
+        states = dict(p.abandon() if error else p.states)
+        if self.rank % self.tensor:       # its engine's first rank counts these rows
+            states = {k: torch.zeros_like(v) for k, v in states.items()}
+        return states, error, stopped, samples
 
     def write_samples(self, cell: Cell, ev: Evaluation, table) -> str | None:
         """This rank's per-item records of a cell; the message that fails the cell when
         they cannot be written."""
         try:
-            self.samples_store.write_samples(cell.key, self.samples_tag, self.rank, self.world,
-                                             table)
+            # one file per replica: an engine's ranks share their items (its first writes)
+            self.samples_store.write_samples(cell.key, self.samples_tag,
+                                             self.rank // self.tensor,
+                                             self.world // self.tensor, table)
         except RayevalError as e:
             return f"{ev.name}: per-item records: {e.message}"
         return None

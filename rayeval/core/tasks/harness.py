@@ -147,7 +147,7 @@ class Harness(_TextTask):
                 row = [tok.encode(inst.args[0])[-budget:] for inst in instances]
             n += 8 * sum(len(_flat(r)) for r in row) + len(blob)
             rows.append(row)
-        return TextBatch(rows, blobs, n)
+        return TextBatch(rows, blobs, n, ids=data.column_array(table, "doc_id").to_pylist())
 
     def first_tokens(self, x):
         first = x.rows[0][0]
@@ -175,16 +175,21 @@ class Harness(_TextTask):
                 resps.append(math.fsum(lls[k:k + len(r)]) if r else 0.0)
                 k += len(r)
         else:
-            resps = generate(model, requests, run)
+            ids = None if x.ids is None else [i for i, row in zip(x.ids, x.rows) for _ in row]
+            resps = generate(model, requests, run, ids)
         for inst, resp in zip(flat, resps):
-            inst.resps = [resp] * max(1, inst.repeats or 1)
+            if kind == "generate_until" and len(resp) > 1:     # sampled repeats
+                inst.resps = list(resp)
+            else:
+                inst.resps = [resp[0] if kind == "generate_until" else resp] * max(
+                    1, inst.repeats or 1)
             inst.filtered_resps = {}
         for ensemble in getattr(task, "_filters", None) or []:
             ensemble.apply(flat)
         columns = layout(task)
         width = max(col + WIDTH[kind_] for _, kind_, col, _ in columns)
         out = torch.zeros((len(docs), width), dtype=torch.float64)
-        x.responses, x.lls = [], []
+        x.responses, x.lls, x.repeats = [], [], None
         for i, instances in enumerate(docs):
             doc = instances[0].doc
             values = {}
@@ -202,6 +207,8 @@ class Harness(_TextTask):
                 else:
                     out[i, col] = float(value)
             x.responses.append(_response(kind, instances, task))
+            if run.generation.repeats > 1 and kind == "generate_until":
+                x.repeats = (x.repeats or []) + [[str(r) for r in instances[0].resps]]
             x.lls.append([float(r[0]) if isinstance(r, tuple) else float(r)
                           for r in (inst.resps[0] for inst in instances)]
                          if kind != "generate_until" else None)
@@ -211,6 +218,8 @@ class Harness(_TextTask):
         records = dict(x.items)
         records["response"] = list(x.responses)
         records["loglikelihoods"] = list(x.lls)
+        if x.repeats is not None:
+            records["responses"] = list(x.repeats)
         return records
 
 

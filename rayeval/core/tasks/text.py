@@ -55,6 +55,8 @@ class TextBatch:
     nbytes: int = 0
     items: dict | None = None
     responses: list | None = None
+    ids: list | None = None        # row ids (generation: each item's sampling seed)
+    repeats: list | None = None    # every generation of each item, when sampled repeatedly
 
 
 def _is_text(typ: pa.DataType) -> bool:
@@ -123,8 +125,9 @@ class _TextTask(Task):
         items = None
         if all(x.items is not None for x in xs):
             items = {k: [v for x in xs for v in x.items[k]] for k in xs[0].items}
+        ids = [i for x in xs for i in x.ids] if all(x.ids is not None for x in xs) else None
         return TextBatch([r for x in xs for r in x.rows], [e for x in xs for e in x.extra],
-                         sum(x.nbytes for x in xs), items)
+                         sum(x.nbytes for x in xs), items, ids=ids)
 
     # --- per-item records ------------------------------------------------------------------
 
@@ -344,6 +347,8 @@ class Generation(_TextTask):
     def item_records(self, x, out):
         records = dict(x.items)
         records["response"] = list(x.responses)
+        if x.repeats is not None:
+            records["responses"] = list(x.repeats)
         return records
 
     def tokenize(self, table, spec, tok, decoder):
@@ -355,15 +360,19 @@ class Generation(_TextTask):
         prompts = data.column_array(table, spec.prompt).to_pylist()
         answers = data.column_array(table, spec.target).to_pylist()
         rows = [tok.encode(p)[-budget:] for p in prompts]
-        return TextBatch(rows, answers, sum(8 * len(r) for r in rows))
+        return TextBatch(rows, answers, sum(8 * len(r) for r in rows),
+                         ids=self.row_ids(table, spec, None, None).tolist())
 
     def first_tokens(self, x):
         return x.rows[0] or [0]
 
     def score(self, model, x, y, run):
-        texts = generate(model, x.rows, run)
-        x.responses = texts
-        hit = [float(t.strip() == str(a).strip()) for t, a in zip(texts, x.extra)]
+        """Exact match; with ``repeats`` k, the mean over the item's k generations."""
+        texts = generate(model, x.rows, run, x.ids)
+        x.responses = [t[0] for t in texts]
+        x.repeats = texts if run.generation.repeats > 1 else None
+        hit = [sum(float(g.strip() == str(a).strip()) for g in t) / len(t)
+               for t, a in zip(texts, x.extra)]
         return torch.tensor(hit, dtype=torch.float64), y
 
 
@@ -454,22 +463,31 @@ def _logits(model, ids: torch.Tensor, run) -> torch.Tensor:
     return out
 
 
-def generate(model, contexts: list[list[int]], run) -> list[str]:
-    """Greedy continuations of each context, cut at the first stop string; at most
-    ``max_new_tokens`` each, so a generation that never stops still ends."""
+def generate(model, contexts: list[list[int]], run, ids: list[int] | None = None
+             ) -> list[list[str]]:
+    """Each context's ``generation.repeats`` continuations (greedy: one), cut at the first
+    stop string; at most ``max_new_tokens`` each, so a generation that never stops still
+    ends. On backend vllm the engine generates, with sampling seeded by row id."""
     tok, gen = run.text, run.generation
-    out: list[str] = []
-    step = max(1, run.batch)
+    engine = getattr(run, "engine", None)
+    out: list[list[str]] = []
+    step = max(1, run.batch) if engine is None else max(1, len(contexts))
     for start in range(0, len(contexts), step):
         chunk = contexts[start:start + step]
-        if hasattr(model, "generate") and hasattr(model, "config"):
-            tokens = _hf_generate(model, chunk, run)
+        if engine is not None:
+            tokens = engine.generate(chunk, None if ids is None else ids[start:start + step],
+                                     gen)
+        elif hasattr(model, "generate") and hasattr(model, "config"):
+            tokens = [[t] for t in _hf_generate(model, chunk, run)]
         else:
-            tokens = _greedy(model, chunk, run)
-        for t in tokens:
-            if tok.eos_id is not None and tok.eos_id in t:
-                t = t[:t.index(tok.eos_id)]
-            out.append(cut(tok.decode(t), gen.until))
+            tokens = [[t] for t in _greedy(model, chunk, run)]
+        for repeats in tokens:
+            texts = []
+            for t in repeats:
+                if tok.eos_id is not None and tok.eos_id in t:
+                    t = t[:t.index(tok.eos_id)]
+                texts.append(cut(tok.decode(t), gen.until))
+            out.append(texts)
         _partly(run, len(out), len(contexts))
     return out
 
