@@ -24,6 +24,7 @@ from rayeval.errors import RayevalError
 from rayeval.reporting.boards import latest_rows
 from rayeval.plan.loader import load_sweep
 from rayeval.reporting.store import ResultStore
+from support import rayeval_cli
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DIGITS = os.path.join(REPO, "configs", "digits")
@@ -175,8 +176,7 @@ def test_a_broken_transform_is_one_line_before_ray(vision, tmp_path, index, tran
 
 def test_the_command_line_prints_a_broken_transform_as_one_line(vision, tmp_path):
     sweep = broken_sweep(vision, tmp_path, 1, "explode")
-    proc = subprocess.run([sys.executable, "-m", "rayeval", "run", str(sweep)],
-                          capture_output=True, text=True, timeout=300, cwd=str(tmp_path))
+    proc = rayeval_cli("run", str(sweep), cwd=str(tmp_path))
     assert proc.returncode == 2, (proc.stdout, proc.stderr)
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
