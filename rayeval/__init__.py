@@ -17,15 +17,15 @@ __version__ = "0.1.0"
 
 from rayeval.api import leaderboard, load_sweep, results, run, samples
 from rayeval.config.schema import Sweep
-from rayeval.errors import (CheckpointError, DataError, GroupError, MetricError, ModelError,
-                            RayevalError, RunError, SpecError, StoreError)
+from rayeval.errors import (CheckpointError, DataError, EngineError, GroupError, MetricError,
+                            ModelError, RayevalError, RunError, SpecError, StoreError)
 
 __all__ = [
     "__version__",
     "run", "load_sweep", "results", "leaderboard", "samples",
     "RunReport", "Board", "Sweep",
     "RayevalError", "SpecError", "DataError", "ModelError", "MetricError", "CheckpointError",
-    "StoreError", "RunError", "GroupError",
+    "EngineError", "StoreError", "RunError", "GroupError",
     "validation_config", "RayevalValidation",
 ]
 

@@ -6,6 +6,7 @@
     ├── ModelError               the model factory: cannot be imported, called, or returns no Module
     ├── MetricError              a (custom) metric's code failed on a batch or on its states
     ├── CheckpointError          one checkpoint: missing, corrupt, unsafe, or not fitting the model
+    ├── EngineError              a model.backend engine (vLLM) cannot start: the run ends, no cell fails
     ├── StoreError               the result store: cannot be read or written
     ├── RegistryError            a task, metric or layout name registered twice, or not registered
     └── RunError                 the run itself: cluster start-up, worker failure, row-count mismatch

@@ -32,6 +32,7 @@ from rayeval._internal.execution import dist, recovery
 from rayeval._internal.execution.pipeline import SplitRows
 from rayeval.io import layouts
 from rayeval.core import tasks
+from rayeval.core.tasks.harness import lm_task
 from rayeval.io.checkpoints import fetch
 from rayeval.io.engine import Engine
 from rayeval.io.data import RowRange
@@ -252,6 +253,18 @@ def train_loop(config: dict) -> list[CellOutcome]:
         raise
 
 
+def generation_only(plan: Plan) -> bool:
+    """Whether every evaluation of the plan only generates (nothing runs the model's own
+    forward): native generation tasks and lm-eval generate_until tasks."""
+    for ev in plan.evaluations:
+        if ev.spec.lm_eval is not None:
+            if lm_task(ev.spec.dataset.path).OUTPUT_TYPE != "generate_until":
+                return False
+        elif not tasks.get(ev.spec.task).generates:
+            return False
+    return True
+
+
 class Worker:
     """One rank's state for a run: the model loader, the shards, the store (rank 0)."""
 
@@ -270,7 +283,11 @@ class Worker:
         self.baseline = peak_rss()
         self.loaded_rss = 0
         self.source = ModelSource(sweep.model, sweep.base_dir)
-        self.loader = self.source.loader(self.device, sweep.checkpoint)
+        # Backend vllm with generation only: the engine holds the weights on the GPU, so
+        # rayeval's copy of each checkpoint (what the engine is given) stays on the CPU.
+        staged = torch.device("cpu") if sweep.model.backend == "vllm" and \
+            self.device.type != "cpu" and generation_only(plan) else self.device
+        self.loader = self.source.loader(staged, sweep.checkpoint)
         self.lockstep = None           # a sharded model's replica runs its forwards in step
         if sweep.parallelism.sharded:
             from rayeval._internal.execution.sharding import Lockstep, ShardedLoader, give_back_gathered_memory
