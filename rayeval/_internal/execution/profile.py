@@ -58,6 +58,8 @@ DRIVER_PHASES = (
 WORKER_PHASES = (
     ("setup", "worker set-up: model loader, data readers, device mesh"),
     ("load", "checkpoint fetched, loaded and agreed on"),
+    ("engine start", "  of which starting the vLLM engine (model.backend: vllm)"),
+    ("engine load", "  of which loading the weights into the running engine"),
     ("pass", "passes over the worker's rows (scoring)"),
     ("first batch", "  of which waiting for a pass's first batch"),
     ("ray data", "    of which from a Ray Data pipeline (read, preprocessed, split)"),
