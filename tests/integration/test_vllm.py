@@ -230,3 +230,21 @@ def test_bad_backend_settings_are_one_line_before_ray(example, tmp_path, model, 
     assert f": {where}:" in message and says in message, message
     assert "\n" not in message
     assert not (tmp_path / "out").exists()
+
+
+def test_a_tensor_parallel_engine_refuses_rows_from_ray_data_before_ray(example, tmp_path):
+    """An engine's ranks must generate the same prompts: Ray Data splits per rank."""
+    from rayeval._internal.execution.driver import prepare
+
+    sweep = {"name": "tp-data", "checkpoints": [example["A"]], "output": str(tmp_path / "out"),
+             "workers": 2, "model": {"backend": "vllm"}, "parallelism": {"tensor": 2},
+             "evals": [{"name": "sums", "task": "generation",
+                        "dataset": {"path": str(example["root"] / "data/gen.parquet"),
+                                    "prompt": "prompt", "target": "answer", "cpus": 1},
+                        "generation": {"max_new_tokens": 6}, "metrics": ["exact_match"]}]}
+    path = tmp_path / "tp.yaml"
+    path.write_text(yaml.safe_dump(sweep))
+    with pytest.raises(SpecError) as info:
+        prepare(rayeval.load_sweep(str(path)))
+    assert "parallelism.tensor" in str(info.value) and "evals[0].dataset" in str(info.value)
+    assert "\n" not in str(info.value)

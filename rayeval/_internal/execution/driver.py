@@ -134,6 +134,14 @@ def check_inputs(sweep: Sweep) -> tuple[tuple[Evaluation, ...], ResultStore]:
     """The evaluations, inspected and probed, and the store, probe-written: what `run` and
     `watch` check before any cluster starts."""
     evaluations = inspect_evaluations(sweep)
+    if sweep.parallelism.tensor > 1:
+        for e in evaluations:
+            if e.data.via_ray_data(e.spec.dataset):
+                raise SpecError(
+                    f"{sweep.source}: parallelism.tensor: an engine's {sweep.parallelism.tensor}"
+                    f" workers must see the same rows, which {e.spec.dataset.key_path} on Ray "
+                    "Data cannot give: use local parquet read directly (no dataset.cpus), or "
+                    "parallelism.tensor: 1")
     store = ResultStore(sweep.output)
     store.check(write=True)
     return evaluations, store

@@ -558,7 +558,7 @@ class Worker:
                  generation=ev.spec.generation, batch=ev.spec.batch_size,
                  samples=ev.spec.samples and self.rank % self.tensor == 0, engine=self.engine,
                  # progress counts rows as they are scored, not as they are read
-                 on_rows=lambda n: self.progress.rows(index, skipped + n))
+                 on_rows=lambda n: self.progress.rows(index, self.counted(skipped + n)))
         rows, error, stopped = 0, None, False
         waited = time.perf_counter()
         for batch in self.shards[ev.name]:
@@ -584,7 +584,7 @@ class Worker:
             rows += len(buckets)
         if not error and not stopped:
             error = self.scored(p.finish, (), cell, ev)
-        self.progress.rows(index, rows, force=True)
+        self.progress.rows(index, self.counted(rows), force=True)
         if self.lockstep is not None:        # peers of this replica may still have rows
             idle = tasks.get(ev.spec.task).idle_input(ev.spec.dataset, ev.data.shapes)
             self.lockstep.drain(model, None if idle is None else
@@ -594,6 +594,10 @@ class Worker:
         if self.rank % self.tensor:       # its engine's first rank counts these rows
             states = {k: torch.zeros_like(v) for k, v in states.items()}
         return states, error, stopped, samples
+
+    def counted(self, rows: int) -> int:
+        """Rows this rank reports: an engine's other ranks see its first rank's rows."""
+        return 0 if self.rank % self.tensor else rows
 
     def write_samples(self, cell: Cell, ev: Evaluation, table) -> str | None:
         """This rank's per-item records of a cell; the message that fails the cell when
