@@ -10,6 +10,7 @@ import fnmatch
 import functools
 import os
 import re
+import uuid
 from typing import Iterable
 
 import pyarrow.fs as pafs
@@ -201,3 +202,22 @@ def list_files(location: str, suffixes: Iterable[str] | None = None) -> list[str
             continue
         out.append(to_location(fs, info.path, location))
     return sorted(out)
+
+
+def put(fs: pafs.FileSystem, folder: str, name: str, data: bytes) -> str:
+    """Write ``data`` as ``folder/name`` (a filesystem path of ``fs``) so that a reader sees
+    the whole file or none: locally a hidden temporary synced and renamed into place, on
+    object storage one PUT. Returns the file's path; OSError as the filesystem raises it."""
+    target = f"{folder}/{name}"
+    fs.create_dir(folder, recursive=True)
+    if isinstance(fs, pafs.LocalFileSystem):
+        tmp = f"{folder}/.tmp-{uuid.uuid4().hex}-{name}"
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, target)
+    else:
+        with fs.open_output_stream(target) as f:
+            f.write(data)
+    return target

@@ -33,7 +33,6 @@ import logging
 import math
 import os
 import pickle
-import uuid
 from dataclasses import dataclass
 
 import pyarrow as pa
@@ -55,7 +54,6 @@ GENERATION_KEYS = {"until", "max_gen_toks", "do_sample", "temperature", "top_p"}
 class Rendered:
     """One lm-eval task, rendered: the request table and what scoring it needs."""
     task: str                 # lm-eval's task name
-    group: str | None         # the group it was asked for through, if any
     output_type: str
     table: pa.Table
     blob: bytes               # the task, pickled without its requests
@@ -97,9 +95,9 @@ def task_manager(spec: LmEvalSpec, path: str):
     return TaskManager()
 
 
-def load_tasks(spec: LmEvalSpec, path: str) -> tuple[dict, dict, list[Group]]:
-    """{task name: Task} with the overrides simple_evaluate applies, {task: group}, and the
-    groups (the one asked for first)."""
+def load_tasks(spec: LmEvalSpec, path: str) -> tuple[dict, list[Group]]:
+    """{task name: Task} with the overrides simple_evaluate applies, and the groups (the one
+    asked for first)."""
     manager = task_manager(spec, path)
     if spec.task not in manager.all_tasks:
         from difflib import get_close_matches
@@ -113,10 +111,6 @@ def load_tasks(spec: LmEvalSpec, path: str) -> tuple[dict, dict, list[Group]]:
         _fail(f"{path}.task", f"lm-eval could not build {spec.task!r}: "
                               f"{type(error).__name__}: {str(error).splitlines()[0][:300]}")
     tasks = dict(loaded["tasks"])
-    groups = {}
-    for group, members in (loaded.get("group_map") or {}).items():
-        for member in members:
-            groups.setdefault(member, str(group))
     found = []
     for name, group in (loaded.get("groups") or {}).items():
         aggs = []
@@ -140,7 +134,7 @@ def load_tasks(spec: LmEvalSpec, path: str) -> tuple[dict, dict, list[Group]]:
         elif task.get_config("num_fewshot") is None:
             task.set_config(key="num_fewshot", value=0)
         task.set_fewshot_seed(seed=spec.fewshot_seed)
-    return tasks, groups, found
+    return tasks, found
 
 
 def _limit(task, limit: float | None) -> int | None:
@@ -191,7 +185,7 @@ def render(spec: LmEvalSpec, path: str, tokenizer=None) -> tuple[list[Rendered],
 
 
 def _render(spec: LmEvalSpec, path: str, tokenizer):
-    tasks, groups, found = load_tasks(spec, path)
+    tasks, found = load_tasks(spec, path)
     if spec.apply_chat_template and tokenizer is None:
         _fail(f"{path}.apply_chat_template", "a chat template needs the model's tokenizer: set "
                                              "model.tokenizer, or give Hugging Face folders")
@@ -200,11 +194,11 @@ def _render(spec: LmEvalSpec, path: str, tokenizer):
                                              "apply_chat_template or use a chat model's tokenizer")
     out = []
     for name, task in tasks.items():
-        out.append(_render_task(spec, path, name, task, groups.get(name), tokenizer))
+        out.append(_render_task(spec, path, name, task, tokenizer))
     return out, found
 
 
-def _render_task(spec, path, name, task, group, tokenizer) -> Rendered:
+def _render_task(spec, path, name, task, tokenizer) -> Rendered:
     from importlib.metadata import version
 
     try:
@@ -252,7 +246,7 @@ def _render_task(spec, path, name, task, group, tokenizer) -> Rendered:
         digest.update(b"\0")
     task._instances = None
     blob = _pickle(task, spec)
-    return Rendered(name, group, output_type, table, blob, metrics, until, max_gen_toks,
+    return Rendered(name, output_type, table, blob, metrics, until, max_gen_toks,
                     digest.hexdigest()[:24], lm_keys, sampling)
 
 
@@ -342,16 +336,8 @@ def write(output: str, rendered: Rendered) -> str:
         return f"{folder}/{DOCS_FILE}"
     buf = io.BytesIO()
     pq.write_table(rendered.table, buf)
-    fs.create_dir(base, recursive=True)
-    for target, data in ((blob, rendered.blob), (docs, buf.getvalue())):   # the table last
-        if isinstance(fs, pafs.LocalFileSystem):
-            tmp = f"{base}/.tmp-{uuid.uuid4().hex}"
-            with open(tmp, "wb") as f:
-                f.write(data)
-            os.replace(tmp, target)
-        else:
-            with fs.open_output_stream(target) as f:
-                f.write(data)
+    for name, data in ((TASK_FILE, rendered.blob), (DOCS_FILE, buf.getvalue())):  # table last
+        paths.put(fs, base, name, data)
     return f"{folder}/{DOCS_FILE}"
 
 

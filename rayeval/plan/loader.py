@@ -242,13 +242,9 @@ class _Rendering:
         where = f"{r.source}: {path}.lm_eval"
         tasks, groups = harness.render(spec, where, self.tokenizer()
                                        if spec.apply_chat_template else None)
-        own_bootstrap = bootstrap
-        if m.get("bootstrap") is not None:
-            own_bootstrap = _bootstrap(r, m["bootstrap"], f"{path}.bootstrap", bootstrap)
+        batch_size, bootstrap = _own_settings(r, m, path, batch_size, bootstrap)
         common = dict(
-            batch_size=r.integer(m, "batch_size", default=batch_size, minimum=1,
-                                 path=f"{path}.batch_size"),
-            bootstrap=own_bootstrap,
+            batch_size=batch_size, bootstrap=bootstrap,
             samples=r.boolean(m, "samples", default=samples, path=f"{path}.samples"),
             lm_eval=spec, key_path=path)
         name = m["name"]
@@ -352,15 +348,24 @@ def _evaluation(r: "_Reader", m: dict, path: str, base_dir: str, batch_size: int
                                         f"{at(f'metrics[{seen[spec.key]}]')}); remove one")
         seen[spec.key] = i
         metrics.append(spec)
-    own_bootstrap = bootstrap
-    if path and m.get("bootstrap") is not None:
-        own_bootstrap = _bootstrap(r, m["bootstrap"], at("bootstrap"), bootstrap)
+    batch_size, bootstrap = _own_settings(r, m, path, batch_size, bootstrap)
     return EvalSpec(
         name=m["name"], task=task, dataset=dataset, metrics=tuple(metrics),
-        batch_size=r.integer(m, "batch_size", default=batch_size, minimum=1,
-                             path=at("batch_size")) if path else batch_size,
-        bootstrap=own_bootstrap, generation=_generation(r, m, at("generation"), task),
+        batch_size=batch_size, bootstrap=bootstrap,
+        generation=_generation(r, m, at("generation"), task),
         samples=_samples(r, m, path, task, samples), key_path=path or "(top level)")
+
+
+def _own_settings(r: "_Reader", m: dict, path: str, batch_size: int, bootstrap: Bootstrap
+                  ) -> tuple[int, Bootstrap]:
+    """An entry's own ``batch_size`` and ``bootstrap`` over the sweep's (the top-level single
+    form, ``path`` "", has the sweep's)."""
+    if not path:
+        return batch_size, bootstrap
+    if m.get("bootstrap") is not None:
+        bootstrap = _bootstrap(r, m["bootstrap"], f"{path}.bootstrap", bootstrap)
+    return r.integer(m, "batch_size", default=batch_size, minimum=1,
+                     path=f"{path}.batch_size"), bootstrap
 
 
 def _samples(r: "_Reader", m: dict, path: str, task: str, default: bool) -> bool:

@@ -168,24 +168,12 @@ class ResultStore:
         object storage: one PUT)."""
         buf = io.BytesIO()
         pq.write_table(table, buf)
-        target = f"{folder}/{name}"
         try:
-            self.fs.create_dir(folder, recursive=True)
-            if isinstance(self.fs, pafs.LocalFileSystem):
-                tmp = f"{folder}/.tmp-{uuid.uuid4().hex}-{name}"
-                with open(tmp, "wb") as f:
-                    f.write(buf.getvalue())
-                    f.flush()
-                    os.fsync(f.fileno())
-                os.replace(tmp, target)
-            else:
-                with self.fs.open_output_stream(target) as f:
-                    f.write(buf.getvalue())
+            return paths.put(self.fs, folder, name, buf.getvalue())
         except OSError as e:
             raise StoreError(f"output: cannot write to result store: "
                              f"{paths.explain(e, self.location)}; check the path and its "
                              "permissions") from None
-        return target
 
     def read_cell(self, cell: str, columns: list[str] | None = None) -> list[dict]:
         """One published cell's rows (``columns`` only: leave out the wide replicates)."""

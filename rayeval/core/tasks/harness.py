@@ -187,16 +187,17 @@ class Harness(_TextTask):
         for ensemble in getattr(task, "_filters", None) or []:
             ensemble.apply(flat)
         columns = layout(task)
+        filters = filter_names(task)
         width = max(col + WIDTH[kind_] for _, kind_, col, _ in columns)
         out = torch.zeros((len(docs), width), dtype=torch.float64)
         x.responses, x.lls, x.repeats = [], [], None
         for i, instances in enumerate(docs):
             doc = instances[0].doc
             values = {}
-            for name in filter_names(task):
+            for name in filters:
                 got = [inst.filtered_resps.get(name, inst.resps[0]) for inst in instances]
                 for metric, value in task.process_results(doc, got).items():
-                    values[metric if len(filter_names(task)) == 1 else f"{metric},{name}"] = value
+                    values[metric if len(filters) == 1 else f"{metric},{name}"] = value
             for key, kind_, col, _ in columns:
                 if key not in values:
                     raise DataError(f"{run.spec.key_path}: lm-eval's process_results gave no "
