@@ -215,8 +215,10 @@ def ray_local():
     # 1 training worker + rayeval's 1 validation worker + Ray Data's CPUs beside them
     from ray import cloudpickle
 
+    # The user's own Ray; its workers at the test's priority as rayeval's local Ray has them
+    # (Ray's default, 15 steps nicer, is starved by other work on a busy machine).
     ray.init(num_cpus=6, include_dashboard=False, log_to_driver=False, logging_level="ERROR",
-             _system_config={"worker_maximum_startup_concurrency": 8})
+             _system_config={"worker_maximum_startup_concurrency": 8, "worker_niceness": 0})
     # The training loop below is sent by value: Ray's workers cannot import this test module.
     cloudpickle.register_pickle_by_value(sys.modules[__name__])
     yield

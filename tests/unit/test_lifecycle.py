@@ -1,5 +1,6 @@
-"""The local Ray start-up's retry: Ray gives a new node's raylet a fixed 30 s to register, which a
-machine under heavy load overruns; rayeval tries again, and only for that error."""
+"""The local Ray start-up: its retry (Ray gives a new node's raylet a fixed 30 s to register, which a
+machine under heavy load overruns; rayeval tries again, and only for that error) and its workers'
+priority (Ray's default, 15 steps nicer, starves them on a busy machine)."""
 
 import pytest
 import ray
@@ -36,7 +37,8 @@ def timeout():
 def test_a_node_that_times_out_during_start_up_is_started_again(monkeypatch):
     calls = install(monkeypatch, [timeout()])
     start_local_ray(num_cpus=3)
-    assert calls.inits == [{"num_cpus": 3}, {"num_cpus": 3}]
+    same = {"num_cpus": 3, "_system_config": {"worker_niceness": 0}}
+    assert calls.inits == [same, same]
     assert calls.shutdowns == 1            # the half-started node's processes first
 
 
@@ -52,3 +54,14 @@ def test_other_errors_are_not_retried(monkeypatch):
     with pytest.raises(ValueError, match="bad num_cpus"):
         start_local_ray(num_cpus=-1)
     assert len(calls.inits) == 1 and calls.shutdowns == 0
+
+
+def test_workers_run_at_the_caller_s_priority_unless_the_user_chose(monkeypatch):
+    monkeypatch.delenv("RAY_worker_niceness", raising=False)
+    calls = install(monkeypatch, [])
+    start_local_ray(num_cpus=3, _system_config={"worker_maximum_startup_concurrency": 8})
+    assert calls.inits[-1]["_system_config"] == {"worker_maximum_startup_concurrency": 8,
+                                                 "worker_niceness": 0}
+    monkeypatch.setenv("RAY_worker_niceness", "10")      # the user's choice is Ray's to read
+    start_local_ray(num_cpus=3)
+    assert calls.inits[-1] == {"num_cpus": 3}

@@ -178,9 +178,14 @@ def start_ray(sweep: Sweep, address: str | None, verbose: bool) -> bool:
 def start_local_ray(attempts: int = 3, **kwargs) -> None:
     """``ray.init`` for a new local node, tried again when the node times out during start-up:
     Ray gives its raylet a fixed 30 s to register, which a machine under heavy load overruns,
-    and a second try on the same machine then starts in seconds."""
+    and a second try on the same machine then starts in seconds. Its workers run at the calling
+    process's priority, not Ray's 15 steps below it (constants.RAY_WORKER_NICENESS_ENV)."""
     import ray
 
+    if constants.RAY_WORKER_NICENESS_ENV not in os.environ:
+        system = dict(kwargs.get("_system_config") or {})
+        system.setdefault("worker_niceness", constants.LOCAL_WORKER_NICENESS)
+        kwargs["_system_config"] = system
     for attempt in range(1, attempts + 1):
         try:
             ray.init(**kwargs)
