@@ -71,3 +71,30 @@ def test_the_test_hook_costs_nothing_unset_and_is_not_forwarded(monkeypatch):
     monkeypatch.setattr(recovery, "_KILL", None)
     recovery.fault_point("reduce", 1, lambda: pytest.fail("asked the attempt"))
     assert isinstance(recovery.final_error(recovery.Loss("a", "b", "c"), 0, 0), RunError)
+
+
+@pytest.mark.parametrize("bug", [TypeError("unsupported operand"), KeyError("logits"),
+                                 AttributeError("'NoneType' object has no attribute 'x'")])
+def test_a_bug_in_a_worker_ends_the_run_at_once_naming_the_rank(bug):
+    # Restarting would meet it again: the run ends with the rank and the error, not "lost".
+    error = ray.train.WorkerGroupError("rank 1 traceback ...", {1: bug})
+    assert recovery.classify(error, no_phase, started=True, workers=2) is None
+    said = recovery.worker_group_error(error, 3)
+    assert said.message.startswith(f"worker rank 1 failed on a bug, not restarted: "
+                                   f"{type(bug).__name__}: "), said.message
+    assert said.cause == type(bug).__name__ and "rank 1 traceback" in said.detail
+
+
+def test_a_bug_beside_a_dead_rank_is_still_a_loss():
+    # A death says the most: the bug may be the survivor's reaction to it.
+    died = WorkerHealthCheckFailedError("health check failed", ActorDiedError())
+    error = ray.train.WorkerGroupError("x", {0: TypeError("half a batch"), 1: died})
+    loss = recovery.classify(error, no_phase, started=True, workers=2)
+    assert loss is not None and loss.what == "worker rank 1"
+
+
+def test_other_worker_errors_are_losses():
+    # A lost peer can surface as torch's RuntimeError in a survivor's collective.
+    error = ray.train.WorkerGroupError("x", {0: RuntimeError("Connection closed by peer")})
+    loss = recovery.classify(error, no_phase, started=True, workers=2)
+    assert loss is not None and loss.what == "worker rank 0"

@@ -11,7 +11,8 @@ moment of the loss. The new group asks the tracker which cells are finished and 
 the first unfinished one. A restart costs a new Train controller beside the new worker group
 (a second or two here); in exchange the budget is exact.
 
-Not retried: bad input a worker met (the tracker's fatal error: it would fail again), a run the
+Not retried: bad input a worker met (the tracker's fatal error: it would fail again), a bug (an
+exception of a type only wrong code raises, ``BUGS``: a new group would meet it again), a run the
 driver was told to stop, and controller errors that are no loss (a resource request the cluster
 can never meet, a runtime environment that cannot be set up, a bug).
 
@@ -90,6 +91,13 @@ class Loss:
         return f"{self.what} was lost {self.when} ({self.why})"
 
 
+# What only wrong code raises, never a lost peer, node or connection (those come as Ray's errors,
+# rayeval's GroupError, or torch's RuntimeError/DistError, OSError): a worker failing with one
+# ends the run at once instead of being restarted into the same failure.
+BUGS = (TypeError, AttributeError, NameError, KeyError, IndexError, ZeroDivisionError,
+        NotImplementedError, ImportError)
+
+
 def _is_loss(failure: BaseException) -> bool:
     """Whether a controller's own error is a worker (or its node) lost: Ray's errors about
     actors, tasks and objects, and the worker group's start-up failures. A request the
@@ -140,6 +148,8 @@ def classify(error: BaseException, phase_of, started: bool, workers: int = 0
         died = getattr(failures[rank], "health_check_failure", failures[rank])  # Ray wraps
         if isinstance(died, RayActorError):
             return Loss(f"worker rank {rank}", when(rank), reason(died, typed=True))
+    if any(isinstance(f, BUGS) for f in failures.values()):
+        return None
     for rank in sorted(failures):
         ours = _ours(failures[rank])
         if isinstance(ours, GroupError):
@@ -180,10 +190,17 @@ def worker_group_error(error, budget: int) -> RayevalError:
     loss = classify(error, lambda rank: None, started=True)
     if loss is not None:
         return final_error(loss, budget, budget)
-    for rank, failure in sorted((getattr(error, "worker_failures", {}) or {}).items()):
+    failures = sorted((getattr(error, "worker_failures", {}) or {}).items())
+    for rank, failure in failures:
         ours = _ours(failure)
         if ours is not None:
             return ours
+    for rank, failure in failures:
+        if isinstance(failure, BUGS):
+            return RunError(f"worker rank {rank} failed on a bug, not restarted: "
+                            f"{reason(failure, typed=True)}; --debug shows the worker's "
+                            "traceback", str(error), cause=type(failure).__name__,
+                            reason=reason(failure))
     return RunError(f"the evaluation run failed: {reason(error, typed=True)}")
 
 
