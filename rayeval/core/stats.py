@@ -186,3 +186,14 @@ def percentile_interval(samples: torch.Tensor, confidence: float) -> tuple[float
     lo, hi = torch.quantile(s.to(torch.float64), torch.tensor([alpha, 1 - alpha],
                                                               dtype=torch.float64))
     return float(lo), float(hi)
+
+
+def combined_interval(replicates: list[list[float]], weights: list[float], divisor: float,
+                      confidence: float) -> tuple[list[float], float, float]:
+    """Replicate b of the combination sum_i weights[i] * metric_i / divisor, from each metric's
+    replicate b, and their percentile interval (the suite aggregate and an lm-eval group
+    combine their parts' stored replicates so: see ``reporting.boards.aggregate_row``)."""
+    combined = (torch.tensor(replicates, dtype=torch.float64)
+                * torch.tensor(weights, dtype=torch.float64).unsqueeze(1)).sum(dim=0) / divisor
+    low, high = percentile_interval(combined, confidence)
+    return combined.tolist(), low, high

@@ -184,14 +184,10 @@ def aggregate_row(parts: list[dict | None], evaluations: list[str],
     if len({len(r) for r in reps}) > 1:      # some without replicates, or other counts:
         return row                           # the value stands, without an interval
     if reps[0]:
-        import torch
+        from rayeval.core.stats import combined_interval   # torch: only with intervals
 
-        from rayeval.core.stats import percentile_interval
-
-        mean = (torch.tensor(reps, dtype=torch.float64)
-                * torch.tensor(signs, dtype=torch.float64).unsqueeze(1)).mean(dim=0)
-        row["replicates"] = mean.tolist()
-        row["ci_low"], row["ci_high"] = percentile_interval(mean, row["confidence"])
+        row["replicates"], row["ci_low"], row["ci_high"] = combined_interval(
+            reps, signs, len(parts), row["confidence"])
     return row
 
 

@@ -48,15 +48,10 @@ def group_rows(group: GroupSpec, stored: dict[str, dict[str, dict]]) -> list[dic
                    if len({p.get("bootstrap") for p in parts}) == 1 else None)
         reps = [p.get("replicates") or [] for p in parts]
         if reps[0] and len({len(r) for r in reps}) == 1 and row["bootstrap"]:
-            import torch
+            from rayeval.core.stats import combined_interval   # torch: only with intervals
 
-            from rayeval.core.stats import percentile_interval
-
-            w = torch.tensor(weights, dtype=torch.float64).unsqueeze(1)
-            combined = (torch.tensor(reps, dtype=torch.float64) * w).sum(dim=0) / total
-            row["replicates"] = combined.tolist()
-            row["ci_low"], row["ci_high"] = percentile_interval(combined,
-                                                                confidence_of(parts[0]))
+            row["replicates"], row["ci_low"], row["ci_high"] = combined_interval(
+                reps, weights, total, confidence_of(parts[0]))
         out.append(row)
     return out
 
