@@ -225,5 +225,5 @@ def _poll(life: RayLifecycle, plan, evaluations, state: WatchState, say) -> None
             state.evaluated += 1
         else:
             state.failed.add(o.key)
-    groups.publish(plan.sweep)             # lm-eval groups whose members are all stored now
+    groups.publish(plan)                   # lm-eval groups whose members are all stored now
     life.callbacks.on_outcomes(outcomes)

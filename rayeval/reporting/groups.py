@@ -20,10 +20,14 @@ import dataclasses
 import hashlib
 import json
 import math
+from typing import TYPE_CHECKING
 
-from rayeval.config.schema import GroupSpec, Sweep
-from rayeval.reporting.boards import confidence_of, latest_rows
+from rayeval.config.schema import GroupSpec
+from rayeval.reporting.boards import confidence_of
 from rayeval.reporting.store import ResultStore
+
+if TYPE_CHECKING:      # the plan layer stands on this one (its cells are the store's)
+    from rayeval.plan.cells import Plan
 
 
 def group_rows(group: GroupSpec, stored: dict[str, dict[str, dict]]) -> list[dict] | None:
@@ -37,7 +41,7 @@ def group_rows(group: GroupSpec, stored: dict[str, dict[str, dict]]) -> list[dic
         weights = [float(p["num_samples"]) if gm.weight_by_size else 1.0 for p in parts]
         values = [math.nan if p["value"] is None else float(p["value"]) for p in parts]
         total = sum(weights)
-        row = {k: parts[0][k] for k in ("sweep", "checkpoint", "step", "epoch")}
+        row = {k: parts[0].get(k) for k in ("sweep", "checkpoint", "step", "epoch")}
         row.update(dataset=group.name, metric=gm.key, num_tokens=None, matrix=None,
                    value=sum(w * v for w, v in zip(weights, values)) / total,
                    ci_low=None, ci_high=None, replicates=None, samples=None,
@@ -63,26 +67,30 @@ def cell_key(group: GroupSpec, member_cells: list[str]) -> str:
     return "group-" + hashlib.sha256(blob.encode("utf-8")).hexdigest()[:32]
 
 
-def publish(sweep: Sweep, store: ResultStore | None = None) -> int:
-    """Write every group aggregate whose members are all stored and that is not stored yet;
-    returns how many cells were written."""
+def publish(plan: Plan, store: ResultStore | None = None) -> int:
+    """Write the aggregate of every group and checkpoint of the plan whose members are all
+    stored and that is not stored yet; returns how many cells were written. Reads only those
+    members' cells, never the whole store: the aggregate's key comes from its members' keys,
+    which the plan knows (evaluated in this run or already stored)."""
+    sweep = plan.sweep
     if not sweep.groups:
         return 0
     store = store or ResultStore(sweep.output)
-    by_checkpoint: dict[str, dict[str, dict[str, dict]]] = {}
-    for r in latest_rows(store.read()):
-        if r["sweep"] == sweep.name:
-            by_checkpoint.setdefault(r["checkpoint"], {}).setdefault(
-                r["dataset"], {})[r["metric"]] = r
+    by_checkpoint: dict[str, dict[str, str]] = {}       # checkpoint -> evaluation -> cell key
+    for c in (*plan.cached, *plan.cells):
+        by_checkpoint.setdefault(c.checkpoint.location, {})[c.evaluation] = c.key
     written = 0
-    for stored in by_checkpoint.values():
+    for cells in by_checkpoint.values():
         for group in sweep.groups:
-            rows = group_rows(group, stored)
-            if rows is None:
+            members = sorted({e for gm in group.metrics for e, _ in gm.parts})
+            if any(e not in cells for e in members):
                 continue
-            cells = sorted({stored[e][k]["cell"] for gm in group.metrics for e, k in gm.parts})
-            key = cell_key(group, cells)
-            if not store.has(key):
+            key = cell_key(group, sorted({cells[e] for e in members}))
+            if store.has(key) or not all(store.has(cells[e]) for e in members):
+                continue                # stored already, or a member failed
+            stored = {e: {r["metric"]: r for r in store.read_cell(cells[e])} for e in members}
+            rows = group_rows(group, stored)
+            if rows is not None:
                 store.write_cell(key, rows)
                 written += 1
     return written

@@ -1,11 +1,15 @@
 """Tier 1: an lm-eval group's aggregate from its members' stored rows, as lm-eval's
 ``aggregate_subtask_metrics`` computes it, and how boards show a group."""
 
+from types import SimpleNamespace
+
 import pytest
 
 from rayeval.config.schema import GroupMetric, GroupSpec
+from rayeval.plan.cells import Cell
 from rayeval.reporting.boards import aggregates, group_members, without_members
-from rayeval.reporting.groups import cell_key, group_rows
+from rayeval.reporting.groups import cell_key, group_rows, publish
+from rayeval.reporting.store import ResultStore
 
 
 def _row(dataset, metric, value, n, reps=None, checkpoint="c1"):
@@ -57,3 +61,25 @@ def test_a_board_shows_the_group_and_counts_it_once():
     (agg,) = aggregates(rows)
     assert sorted(agg["evaluations"]) == ["g", "lone/x", "other"]
     assert agg["value"] == pytest.approx((0.8 + 0.2 + 0.3) / 3)
+
+
+def test_publish_reads_only_the_members_cells_and_writes_each_aggregate_once(tmp_path):
+    store = ResultStore(str(tmp_path / "store"))
+    for key, dataset, value, n in (("c1-a", "g/a", 0.5, 10), ("c1-b", "g/b", 0.9, 30),
+                                   ("c2-a", "g/a", 0.1, 10)):
+        row = _row(dataset, "acc", value, n, checkpoint=key[:2])
+        row.pop("created_at")
+        store.write_cell(key, [row])
+    # Another sweep's cell the run has nothing to do with, unreadable: never opened.
+    (tmp_path / "store" / "results" / "other.parquet").write_bytes(b"not parquet")
+    c1, c2 = SimpleNamespace(location="c1"), SimpleNamespace(location="c2")
+    plan = SimpleNamespace(
+        sweep=SimpleNamespace(groups=(_group(True),), output=str(tmp_path / "store")),
+        cached=(Cell(c1, "g/a", "c1-a"),),                 # stored by an earlier run
+        cells=(Cell(c1, "g/b", "c1-b"), Cell(c2, "g/a", "c2-a"),
+               Cell(c2, "g/b", "c2-b")))                   # c2-b failed: not stored
+    assert publish(plan, store) == 1
+    (row,) = store.read_cell(cell_key(_group(True), ["c1-a", "c1-b"]))
+    assert (row["dataset"], row["checkpoint"], row["num_samples"]) == ("g", "c1", 40)
+    assert row["value"] == pytest.approx((0.5 * 10 + 0.9 * 30) / 40)
+    assert publish(plan, store) == 0                       # stored already

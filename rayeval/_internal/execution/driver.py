@@ -222,7 +222,7 @@ def run_sweep(sweep: Sweep, *, address: str | None = None, force: bool = False,
                 report.worker_times = done.worker_times
                 run.on_outcomes(done.outcomes)
     report.outcomes = plan.in_order(report.outcomes)
-    groups.publish(sweep)                 # lm-eval groups whose members are all stored
+    groups.publish(plan)                  # lm-eval groups whose members are all stored
     report.seconds = time.perf_counter() - start
     return report
 
