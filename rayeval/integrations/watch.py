@@ -203,7 +203,9 @@ def watch(sweep: Sweep, *, interval_s: float, settle_s: float, address: str | No
             state.failed.update(o.key for o in plan.failed)
             run.on_plan(plan)
             if plan.cells:
-                _poll(life, plan, evaluations, state, say)
+                _poll(life, plan, evaluations, state, say)   # publishes its groups
+            elif plan.cached:       # members an earlier run stored, maybe not their group
+                groups.publish(plan)
             if stop.wait(interval_s):
                 return state
 

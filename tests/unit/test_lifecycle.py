@@ -23,6 +23,7 @@ class Calls:
 
 
 def install(monkeypatch, failures):
+    monkeypatch.delenv("RAY_worker_niceness", raising=False)     # the user's choice is kept
     calls = Calls(failures)
     monkeypatch.setattr(ray, "init", calls.init)
     monkeypatch.setattr(ray, "shutdown", calls.shutdown)
@@ -57,7 +58,6 @@ def test_other_errors_are_not_retried(monkeypatch):
 
 
 def test_workers_run_at_the_caller_s_priority_unless_the_user_chose(monkeypatch):
-    monkeypatch.delenv("RAY_worker_niceness", raising=False)
     calls = install(monkeypatch, [])
     start_local_ray(num_cpus=3, _system_config={"worker_maximum_startup_concurrency": 8})
     assert calls.inits[-1]["_system_config"] == {"worker_maximum_startup_concurrency": 8,

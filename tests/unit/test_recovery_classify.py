@@ -98,3 +98,15 @@ def test_other_worker_errors_are_losses():
     error = ray.train.WorkerGroupError("x", {0: RuntimeError("Connection closed by peer")})
     loss = recovery.classify(error, no_phase, started=True, workers=2)
     assert loss is not None and loss.what == "worker rank 0"
+
+
+def test_a_bug_is_said_before_a_peer_s_word_and_arrow_s_errors_are_no_bug():
+    import pyarrow as pa
+
+    peer = GroupError("worker rank 1 did not reach the all-reduce of a.pt; it stopped or died")
+    error = ray.train.WorkerGroupError("x", {0: peer, 1: TypeError("bad operand")})
+    assert recovery.classify(error, no_phase, started=True, workers=2) is None
+    assert recovery.worker_group_error(error, 3).message.startswith(
+        "worker rank 1 failed on a bug, not restarted: TypeError: bad operand")
+    data = ray.train.WorkerGroupError("x", {0: pa.ArrowTypeError("int64 vs string")})
+    assert recovery.classify(data, no_phase, started=True, workers=1) is not None

@@ -98,6 +98,14 @@ BUGS = (TypeError, AttributeError, NameError, KeyError, IndexError, ZeroDivision
         NotImplementedError, ImportError)
 
 
+def _is_bug(failure: BaseException) -> bool:
+    """One of ``BUGS``, and not pyarrow's subclasses of them (ArrowTypeError, ArrowKeyError,
+    ...: about the data read, which keeps the old way: restarted, then said as a loss)."""
+    import pyarrow as pa
+
+    return isinstance(failure, BUGS) and not isinstance(failure, pa.ArrowException)
+
+
 def _is_loss(failure: BaseException) -> bool:
     """Whether a controller's own error is a worker (or its node) lost: Ray's errors about
     actors, tasks and objects, and the worker group's start-up failures. A request the
@@ -148,7 +156,7 @@ def classify(error: BaseException, phase_of, started: bool, workers: int = 0
         died = getattr(failures[rank], "health_check_failure", failures[rank])  # Ray wraps
         if isinstance(died, RayActorError):
             return Loss(f"worker rank {rank}", when(rank), reason(died, typed=True))
-    if any(isinstance(f, BUGS) for f in failures.values()):
+    if any(_is_bug(f) for f in failures.values()):
         return None
     for rank in sorted(failures):
         ours = _ours(failures[rank])
@@ -191,16 +199,18 @@ def worker_group_error(error, budget: int) -> RayevalError:
     if loss is not None:
         return final_error(loss, budget, budget)
     failures = sorted((getattr(error, "worker_failures", {}) or {}).items())
+    ours = [o for o in (_ours(f) for _, f in failures) if o is not None]
+    for said in ours:
+        if not isinstance(said, GroupError):      # bad input says the most
+            return said
     for rank, failure in failures:
-        ours = _ours(failure)
-        if ours is not None:
-            return ours
-    for rank, failure in failures:
-        if isinstance(failure, BUGS):
+        if _is_bug(failure):                      # before a peer's "rank N stopped"
             return RunError(f"worker rank {rank} failed on a bug, not restarted: "
                             f"{reason(failure, typed=True)}; --debug shows the worker's "
                             "traceback", str(error), cause=type(failure).__name__,
                             reason=reason(failure))
+    if ours:
+        return ours[0]
     return RunError(f"the evaluation run failed: {reason(error, typed=True)}")
 
 
