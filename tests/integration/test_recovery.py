@@ -221,3 +221,27 @@ def test_losses_beyond_the_budget_fail_in_one_line_naming_what_was_lost_and_when
                         r"1 restart\(s\) \(recovery\.max_restarts: 1\): \w*Error: .+", message), \
         message
     assert not stored(sweep), "nothing was published"
+
+
+def test_a_bug_in_a_worker_ends_the_run_at_once_in_one_line(ray_cluster, tmp_path, monkeypatch):
+    """A real worker's TypeError (planted by the hook) as Ray Train hands it over: no restart
+    (a new group would meet it again), one line naming the rank, the traceback for --debug."""
+    from rayeval.errors import RunError
+
+    monkeypatch.setenv("RAYEVAL_TEST_KILL", "pass:1:*:1:bug")
+    sweep, _, _ = lost_sweep(tmp_path, max_restarts=2)
+    import io
+
+    from rayeval.reporting.display import DisplayCallback, LineDisplay
+
+    lines = io.StringIO()
+    display = LineDisplay(stream=lines, interval_s=1e9)
+    with pytest.raises(RunError) as e:
+        run_sweep(sweep, callbacks=DisplayCallback(lambda: display))
+    message = e.value.message
+    assert message == ("worker rank 1 failed on a bug, not restarted: TypeError: a bug planted "
+                       "by RAYEVAL_TEST_KILL at pass; --debug shows the worker's traceback"), \
+        message
+    assert "recovery.py" in e.value.detail and "fault_point" in e.value.detail
+    assert "restarting" not in lines.getvalue(), lines.getvalue()
+    assert not stored(sweep), "nothing was published"

@@ -16,11 +16,12 @@ exception of a type only wrong code raises, ``BUGS``: a new group would meet it 
 driver was told to stop, and controller errors that are no loss (a resource request the cluster
 can never meet, a runtime environment that cannot be set up, a bug).
 
-Test hook: with ``RAYEVAL_TEST_KILL=phase:rank:attempt[:nth]`` set in the driver's environment
-(forwarded to the workers), rank ``rank`` of attempt ``attempt`` (``*``: of every attempt)
-kills itself with SIGKILL at
-the ``nth`` (default 1) time it enters ``phase`` (``load``, ``pass``, ``reduce``, ``publish``):
-see ``fault_point``. Unset, it costs one comparison with None per phase.
+Test hook: with ``RAYEVAL_TEST_KILL=phase:rank:attempt[:nth[:bug]]`` set in the driver's
+environment (forwarded to the workers), rank ``rank`` of attempt ``attempt`` (``*``: of every
+attempt) kills itself with SIGKILL at
+the ``nth`` (default 1) time it enters ``phase`` (``load``, ``pass``, ``reduce``, ``publish``),
+or with ``bug`` raises a TypeError there, as a bug would: see ``fault_point``. Unset, it costs
+one comparison with None per phase.
 """
 
 from __future__ import annotations
@@ -57,6 +58,8 @@ def fault_point(phase: str, rank: int, attempt, before=None) -> None:
 
     if before is not None:
         before()
+    if want[4:] == ["bug"]:
+        raise TypeError(f"a bug planted by {KILL_ENV} at {phase}")
     os.kill(os.getpid(), signal.SIGKILL)
 
 
