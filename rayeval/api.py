@@ -25,7 +25,7 @@ if TYPE_CHECKING:                               # types only: importing these pu
     import pyarrow as pa
     from rich.console import Console
 
-    from rayeval._internal.execution.driver import RunReport
+    from rayeval.execution.driver import RunReport
     from rayeval.reporting.boards import Board
 
 __all__ = ["run", "load_sweep", "results", "leaderboard"]
@@ -89,7 +89,6 @@ def run(sweep: Sweep | str | os.PathLike, *, workers: int | None = None,
     raises ``KeyboardInterrupt``; every cell already stored is complete. The process's SIGINT
     and SIGTERM handlers are restored when the call returns.
     """
-    from rayeval._internal.execution.driver import run_sweep
     from rayeval.plan.loader import with_overrides
     from rayeval.reporting.display import console_callbacks, console_say
 
@@ -107,6 +106,20 @@ def run(sweep: Sweep | str | os.PathLike, *, workers: int | None = None,
                      callbacks=console_callbacks(progress), say=console_say(progress))
 
 
+def run_sweep(sweep: Sweep, *, callbacks=(), say=None, **options) -> RunReport:
+    """``execution.driver.run_sweep`` with the sweep's experiment trackers attached: each cell
+    as it finishes and the leaderboard at the end; ``say`` takes their summary lines. A missing
+    tracker package fails here, before anything starts. ``options``: the driver's."""
+    from rayeval.execution.callbacks import Callbacks
+    from rayeval.execution.driver import run_sweep as run_on_ray
+    from rayeval.reporting import trackers as tracking
+
+    tracking.require(sweep.trackers)
+    watchers = Callbacks.of(callbacks).callbacks
+    publish = tracking.PublishToTrackers(tracking.Publisher(sweep, say=say))
+    return run_on_ray(sweep, callbacks=Callbacks([*watchers, publish]), **options)
+
+
 def results(store: str | os.PathLike, *, sweep: str | None = None,
             evaluation: str | None = None) -> pa.Table:
     """The newest stored row of every (sweep, checkpoint, evaluation, metric) in a result store.
@@ -115,7 +128,7 @@ def results(store: str | os.PathLike, *, sweep: str | None = None,
     ``s3://bucket/prefix``-style URI. ``sweep`` and ``evaluation`` keep only that sweep's rows
     and only that evaluation's (the store's ``dataset`` column).
 
-    Returns a ``pyarrow.Table`` with the store's schema (``rayeval.reporting.store.SCHEMA``; its columns
+    Returns a ``pyarrow.Table`` with the store's schema (``rayeval.io.store.SCHEMA``; its columns
     are listed in the README's *The result store*), in store order, with no rows when nothing
     matches; ``.to_pandas()`` gives a DataFrame when pandas is installed, ``.to_pylist()``
     dicts. When a metric of a checkpoint was stored by several cells (the checkpoint rewritten
@@ -124,7 +137,7 @@ def results(store: str | os.PathLike, *, sweep: str | None = None,
     Raises :class:`rayeval.StoreError` when there is no store there (a local folder that does
     not exist, a missing bucket, denied access) or it cannot be read.
     """
-    from rayeval.reporting.store import newest
+    from rayeval.io.store import newest
 
     return newest(store, sweep=sweep, evaluation=evaluation, what="store")
 

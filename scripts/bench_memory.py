@@ -57,7 +57,7 @@ def main(argv=None) -> int:
     import ray
     import torch.distributed.checkpoint as dcp
 
-    from rayeval._internal.execution.driver import run_sweep
+    from rayeval.execution.driver import run_sweep
     from rayeval.plan.loader import load_sweep
 
     figures = []

@@ -205,7 +205,7 @@ def parse_profile(text: str) -> dict:
     """The lines `rayeval run --profile` prints (rayeval/profile.py's render) as numbers:
     {"total_s", "driver": {phase: s}, "workers": {phase: {"rank0_s", "slowest_s", "count"}},
     "driver_unaccounted_s": total less the driver's phases}."""
-    from rayeval._internal.execution.profile import DRIVER_PHASES, WORKER_PHASES
+    from rayeval.execution.profile import DRIVER_PHASES, WORKER_PHASES
 
     out: dict = {"total_s": None, "driver": {}, "workers": {}}
     for line in text.splitlines():

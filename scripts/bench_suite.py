@@ -104,7 +104,7 @@ def rayeval_run(sweep: str, output: str) -> float:
 
 def stored(outputs: list[str]) -> dict:
     """(checkpoint, evaluation, metric) -> (value, num_samples) over these stores."""
-    from rayeval.reporting.store import ResultStore
+    from rayeval.io.store import ResultStore
 
     out = {}
     for location in outputs:

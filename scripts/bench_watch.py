@@ -30,7 +30,7 @@ def main(argv=None) -> int:
     p.add_argument("--json", metavar="FILE")
     p.add_argument("--timeout", type=float, default=300.0, help="per checkpoint, seconds")
     args = p.parse_args(argv)
-    from rayeval.reporting.store import ResultStore
+    from rayeval.io.store import ResultStore
 
     source = os.path.join(REPO, "configs", "digits")
     names = sorted(n for n in os.listdir(os.path.join(source, "ckpts")))

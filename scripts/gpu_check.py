@@ -99,10 +99,10 @@ def run(sweep_path: str, *, use_gpu: bool, workers: int, output: str, shard: int
 
     from rayeval.config.schema import Parallelism
 
-    from rayeval._internal.execution.driver import run_sweep
+    from rayeval.execution.driver import run_sweep
     from rayeval.reporting.boards import latest_rows
     from rayeval.plan.loader import load_sweep, with_overrides
-    from rayeval.reporting.store import ResultStore
+    from rayeval.io.store import ResultStore
 
     sweep = with_overrides(load_sweep(sweep_path), workers=workers, output=output)
     sweep = dataclasses.replace(sweep, use_gpu=use_gpu)

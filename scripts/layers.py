@@ -160,6 +160,53 @@ def sccs(graph: dict[str, set[str]]) -> list[list[str]]:
     return out
 
 
+# The floors, bottom first: a top-level package imports only those on its floor or below.
+# ``rayeval`` is the package's own ``__init__`` (the curated API), ``__main__`` the entry.
+LADDER = [
+    {"errors", "config"},                   # base: errors, schema, registries, constants
+    {"io"},                                 # locations, layouts, loading, the result store
+    {"core"},                               # tasks, backends, metrics, statistics, the pass
+    {"harness"},                            # lm-eval, one vertical slice above core
+    {"plan"},                               # sweeps to cells, rendering, group aggregates
+    {"execution"},                          # Ray lifecycle, driver, workers, callbacks
+    {"reporting"},                          # boards, display, trackers, plots
+    {"api", "rayeval"},                     # the public API
+    {"integrations"},                       # watch, Ray Jobs, KubeRay, Ray Train
+    {"ui", "__main__"},                     # the command line
+]
+
+
+def floor_of(top: str) -> int:
+    for i, names in enumerate(LADDER):
+        if top in names:
+            return i
+    raise KeyError(f"top-level package {top!r} has no floor in LADDER")
+
+
+def top_of(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "rayeval"
+
+
+def upward_imports(root: str) -> list[str]:
+    """Every import (module level or in a function; annotations-only aside) from a top-level
+    package to one on a higher floor of LADDER."""
+    modules = modules_of(root)
+    known = set(modules)
+    out = []
+    for m, path in sorted(modules.items()):
+        for target, line, _ in imports_of(m, path, known):
+            if floor_of(top_of(target)) > floor_of(top_of(m)):
+                out.append(f"{os.path.relpath(path, root)}:{line} -> {target}")
+    return sorted(set(out))
+
+
+def largest_modules(root: str, n: int = 5) -> list[str]:
+    sizes = [(sum(1 for _ in open(p, encoding="utf-8")), os.path.relpath(p, root))
+             for p in modules_of(root).values()]
+    return [f"{lines} {path}" for lines, path in sorted(sizes, reverse=True)[:n]]
+
+
 def package_of(module: str, modules: dict[str, str]) -> str:
     if modules[module].endswith("__init__.py"):
         return module
@@ -206,6 +253,8 @@ def measure(root: str) -> dict:
         "arrows_module_level": len(arrows),
         "arrows_in_functions": len(deferred_arrows - arrows),
         "imports_in_functions_without_heavy_dependency": sorted(deferred),
+        "upward_imports": upward_imports(root),
+        "largest_modules": largest_modules(root),
         "module_cycles": sccs(full),
         "package_cycles": sccs(pkg_graph),
     }

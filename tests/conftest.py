@@ -14,7 +14,7 @@ def ray_cluster():
     so Ray Data can run beside the Train workers."""
     import ray
 
-    from rayeval._internal.execution.lifecycle import start_local_ray
+    from rayeval.execution.lifecycle import start_local_ray
 
     start_local_ray(num_cpus=5, include_dashboard=False, log_to_driver=False,
                     logging_level="ERROR",

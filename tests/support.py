@@ -285,7 +285,7 @@ def single_process_passes(sweep):
     """rayeval's own scoring in one process, the model whole (the reference the Ray runs are
     checked against): for each cell, (checkpoint ref, evaluation, model, decoder, a fresh Pass,
     its metrics); the caller feeds the pass its batches."""
-    from rayeval._internal.execution import driver
+    from rayeval.execution import driver
     from rayeval.core import tasks
     from rayeval.core.evaluate import Decoder, Pass
     from rayeval.core.metrics import build_all

@@ -30,7 +30,7 @@ from typing import Any, ClassVar, NamedTuple
 import torch
 
 from rayeval.config.schema import MetricSpec
-from rayeval._internal.registry import Registry
+from rayeval.config.registry import Registry
 from rayeval import errors
 from rayeval.errors import ModelError, RegistryError, SpecError
 from rayeval.io.model import import_callable

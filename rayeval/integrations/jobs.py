@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import yaml
 
-from rayeval._internal import constants
+from rayeval.config import constants
 from rayeval.io import paths
 from rayeval import errors
 from rayeval.errors import RunError, SpecError

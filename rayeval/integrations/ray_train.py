@@ -17,7 +17,7 @@ evaluates a sweep on each checkpoint the training loop reports with ``validation
                      checkpoint_dir_name=f"step_{step:06d}",
                      validation=ray.train.ValidationTaskConfig(fn_kwargs={"step": step}))
 
-What Ray Train 2.60 does with it (``ray/train/v2/_internal/execution/checkpoint/
+What Ray Train 2.60 does with it (``ray/train/v2/execution/checkpoint/
 validation_manager.py``): after a checkpoint reported with ``validation=`` is persisted, the
 controller runs ``fn(checkpoint, **fn_kwargs)`` as a Ray task (``ray_remote_kwargs`` are its
 options), one at a time, while training goes on; the task's fn_kwargs are the
@@ -191,8 +191,8 @@ def _inner_pattern(sweep: Sweep) -> str | None:
 
 def _check(sweep: Sweep) -> None:
     """What ``rayeval run`` checks before Ray starts that does not need a checkpoint."""
-    from rayeval._internal.execution import driver
-    from rayeval.reporting.store import ResultStore
+    from rayeval.execution import driver
+    from rayeval.io.store import ResultStore
 
     if sweep.model.hugging_face:            # the model is built from a checkpoint's config
         ResultStore(sweep.output).check(write=True)
@@ -309,18 +309,18 @@ class RayevalValidation:
         checkpoint and its step given instead of globs), on the Ray this task runs in, which
         it leaves running (or one it starts and shuts down, when called outside Ray); the
         metrics of its cells, read back from the store (cached cells too)."""
-        from rayeval._internal.execution import driver
+        from rayeval.api import run_sweep
         from rayeval.plan.cells import checkpoint_fingerprint
-        from rayeval.reporting.store import ResultStore
+        from rayeval.io.store import ResultStore
         from rayeval.reporting.display import console_callbacks
 
         sweep = self.sweep.replace(checkpoints=(location,))
         ref = self.ref(location, step, epoch)
         # The run's lifecycle puts the task's signal handlers back if it starts Ray.
-        report = driver.run_sweep(sweep, force=self.force,
-                                  callbacks=console_callbacks(self.progress),
-                                  say=print if self.progress else None,
-                                  ready=[(ref, checkpoint_fingerprint(location))])
+        report = run_sweep(sweep, force=self.force,
+                           callbacks=console_callbacks(self.progress),
+                           say=print if self.progress else None,
+                           ready=[(ref, checkpoint_fingerprint(location))])
         plan, outcomes = report.plan, report.outcomes
         store = ResultStore(sweep.output)
         failed = [o for o in outcomes if not o.ok]

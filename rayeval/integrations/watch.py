@@ -20,10 +20,10 @@ from typing import Callable
 
 import fnmatch
 
-from rayeval._internal.execution import driver, signals
-from rayeval.reporting import groups
-from rayeval.reporting.callbacks import PublishToTrackers, RunCallback
-from rayeval._internal.execution.lifecycle import RayLifecycle
+from rayeval.execution import driver, signals
+from rayeval.plan import groups
+from rayeval.execution.callbacks import RunCallback
+from rayeval.execution.lifecycle import RayLifecycle
 from rayeval.io import paths
 from rayeval.reporting import trackers
 from rayeval.io.checkpoints import CheckpointRef, expand_checkpoints
@@ -187,7 +187,7 @@ def watch(sweep: Sweep, *, interval_s: float, settle_s: float, address: str | No
         run = life.callbacks
         run.add(WatchMessages(say, sweep.workers))
         run.add(DisplayCallback(display_for))
-        run.add(PublishToTrackers(trackers.Publisher(sweep, say=say, warn=say),
+        run.add(trackers.PublishToTrackers(trackers.Publisher(sweep, say=say, warn=say),
                                   only_when_added=True))
         while True:
             refs = expand_checkpoints(sweep.checkpoints, allow_empty=True)

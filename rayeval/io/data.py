@@ -4,7 +4,7 @@ What the columns must hold and how a batch becomes the model's inputs is the tas
 (``tasks``); how each format is read is ``sources``'. For parquet, row counts and schema come
 from metadata, so inspecting it reads no row data beyond the first row of a variable-length
 list column. ``RowRange`` is the direct read of local parquet (the fast path); every other
-source reaches the workers through Ray Data (``_internal/execution/pipeline``).
+source reaches the workers through Ray Data (``execution/pipeline``).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import pyarrow.compute as pc
 import pyarrow.dataset as pads
 import torch
 
-from rayeval._internal import constants
+from rayeval.config import constants
 from rayeval.io import paths, sources
 from rayeval import errors
 from rayeval.errors import DataError

@@ -37,7 +37,7 @@ from torch.distributed.checkpoint import FileSystemReader
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.metadata import StorageMeta, TensorStorageMetadata
 
-from rayeval._internal.registry import Registry
+from rayeval.config.registry import Registry
 from rayeval import errors
 from rayeval.errors import CheckpointError
 

@@ -24,7 +24,7 @@ from rayeval.io.data import DatasetInfo
 from rayeval.core.metrics import VERSION as METRICS_VERSION
 from rayeval.io.model import source_digest
 from rayeval.plan.outcome import CellOutcome  # noqa: F401 - re-exported: the driver's and workers' name
-from rayeval.reporting.store import ResultStore
+from rayeval.io.store import ResultStore
 
 
 @dataclass(frozen=True)

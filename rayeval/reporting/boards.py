@@ -20,18 +20,9 @@ from dataclasses import dataclass, field
 import pyarrow as pa
 
 from rayeval.errors import StoreError
+from rayeval.io.store import bootstrap_params, confidence_of, latest_rows  # noqa: F401 - the row's format
 
 AGGREGATE = "aggregate"
-
-
-def latest_rows(table: pa.Table) -> list[dict]:
-    """The newest row for every (sweep, checkpoint, dataset, metric), in store order."""
-    newest: dict[tuple, dict] = {}
-    for row in table.to_pylist():
-        key = (row["sweep"], row["checkpoint"], row["dataset"], row["metric"])
-        if key not in newest or row["created_at"] >= newest[key]["created_at"]:
-            newest[key] = row
-    return list(newest.values())
 
 
 def group_members(rows: list[dict]) -> set[str]:
@@ -48,16 +39,6 @@ def without_members(rows: list[dict]) -> list[dict]:
     shown = {(r["sweep"], r["checkpoint"], r["dataset"]) for r in rows}
     return [r for r in rows if "/" not in r["dataset"] or
             (r["sweep"], r["checkpoint"], r["dataset"].split("/", 1)[0]) not in shown]
-
-
-def bootstrap_params(key: str | None) -> dict[str, str]:
-    return dict(part.split("=", 1) for part in key.split(";")) if key else {}
-
-
-def confidence_of(row: dict) -> float:
-    if row.get("confidence") is not None:                 # an aggregate row
-        return float(row["confidence"])
-    return float(bootstrap_params(row.get("bootstrap")).get("confidence", 0.95))
 
 
 def value_of(row: dict | None) -> float | None:

@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable
 
-from rayeval.reporting.callbacks import RunCallback
+from rayeval.execution.callbacks import RunCallback
 
 if TYPE_CHECKING:
     from rayeval.plan.cells import Plan

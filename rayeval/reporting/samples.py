@@ -17,7 +17,7 @@ import pyarrow.compute as pc
 from rayeval.errors import StoreError
 from rayeval.io import paths
 from rayeval.reporting.boards import find_checkpoint
-from rayeval.reporting.store import ResultStore, newest
+from rayeval.io.store import ResultStore, newest
 
 # Record columns that are not metric values (core.samples.COLUMNS, and the id)
 RECORD_COLUMNS = ("id", "context", "choices", "target", "response", "responses",

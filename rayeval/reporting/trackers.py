@@ -32,6 +32,7 @@ from typing import Callable
 
 from rayeval.config.schema import MlflowTracker, Sweep, Trackers, WandbTracker
 from rayeval.errors import RayevalError, SpecError
+from rayeval.execution.callbacks import RunCallback
 
 EXPERIMENT = "rayeval"            # MLflow experiment of a sweep's own run, unless one is named
 SWEEP_TAG = "rayeval.sweep"       # MLflow tag that finds a sweep's own run again
@@ -385,7 +386,7 @@ class Publisher:
     summary lines (None: silent); ``warn``: the warning lines (stderr by default)."""
 
     def __init__(self, sweep: Sweep, *, say: Say | None = None, warn: Say | None = None):
-        from rayeval.reporting.store import ResultStore
+        from rayeval.io.store import ResultStore
 
         self.sweep = sweep
         self.say = say
@@ -416,7 +417,7 @@ class Publisher:
         """The sweep's leaderboard, every stored cell of it, as a table in every tracker."""
         if not self.live:
             return
-        from rayeval.reporting.store import newest
+        from rayeval.io.store import newest
 
         try:
             rows = newest(self.sweep.output, sweep=self.sweep.name, what="output").to_pylist()
@@ -543,3 +544,27 @@ def _bounded_mlflow():
             lg.setLevel(level)
         for k in added:
             os.environ.pop(k, None)
+
+
+class PublishToTrackers(RunCallback):
+    """The sweep's experiment trackers (``trackers.Publisher``): each finished cell as it
+    finishes, the leaderboard after each fit (``watch``: only after a poll that added to it)
+    or when there is nothing to run, the trackers closed at the end."""
+
+    def __init__(self, publisher: Publisher, only_when_added: bool = False):
+        self.publisher = publisher
+        self.only_when_added = only_when_added
+
+    @property
+    def wants_cells(self) -> bool:
+        return self.publisher.live
+
+    def on_cell(self, outcome) -> None:
+        self.publisher.cell(outcome)
+
+    def on_outcomes(self, outcomes) -> None:
+        if not self.only_when_added or any(o.ok for o in outcomes):
+            self.publisher.board()
+
+    def on_end(self, error) -> None:
+        self.publisher.close()

@@ -13,8 +13,8 @@ from rich.console import Console
 from rich.markup import escape
 
 from rayeval import __version__
-from rayeval._internal.execution import signals
-from rayeval._internal.execution.profile import render as render_profile, since_process_start
+from rayeval.execution import signals
+from rayeval.execution.profile import render as render_profile, since_process_start
 from rayeval.config.schema import MlflowTracker, Trackers, WandbTracker
 from rayeval.errors import CheckpointError, RayevalError, SpecError, StoreError
 from rayeval.reporting.render import (format_value, render_rich, to_csv, to_html, to_json,
@@ -256,12 +256,12 @@ def main(argv: list[str] | None = None) -> int:
 
 def _run(args, out: Console, err: Console) -> int:
     from rayeval import api  # noqa: F401 - imported here so --profile counts it as imports
-    from rayeval._internal.execution import driver
+    from rayeval.execution import driver
 
     _STARTED["imports"] = since_process_start()
     from rayeval.reporting.boards import build_board, latest_rows, without_members
     from rayeval.plan.loader import load_sweep, with_trackers
-    from rayeval.reporting.store import ResultStore
+    from rayeval.io.store import ResultStore
 
     sweep = args.sweep
     if args.mlflow is not None or args.wandb is not None:
@@ -384,7 +384,7 @@ def _jobs(args, out: Console, err: Console) -> int:
 def _stored_rows(args) -> list[dict]:
     """The newest stored rows of a STORE argument, filtered by --sweep / --dataset
     (``rayeval.results``, as dicts)."""
-    from rayeval.reporting.store import newest
+    from rayeval.io.store import newest
 
     return newest(args.store, sweep=getattr(args, "sweep", None) or None,
                   evaluation=getattr(args, "dataset", None) or None, what="STORE").to_pylist()
@@ -638,7 +638,7 @@ def _inspect(args, out: Console) -> int:
     if folder is not None:
         info["hugging_face"] = folder
     if model is not None:
-        from rayeval._internal.execution.sharding import memory
+        from rayeval.execution.sharding import memory
 
         need = memory(model, shard or 1, args.sweep and sweep.parallelism.wrap or (), dtype)
         info["memory"] = {"shard": need.shard, "weights_bytes": need.total,

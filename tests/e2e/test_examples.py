@@ -19,11 +19,11 @@ import torch
 import yaml
 from PIL import Image
 
-from rayeval._internal.execution.driver import prepare, run_sweep
+from rayeval.execution.driver import prepare, run_sweep
 from rayeval.errors import RayevalError
 from rayeval.reporting.boards import latest_rows
 from rayeval.plan.loader import load_sweep
-from rayeval.reporting.store import ResultStore
+from rayeval.io.store import ResultStore
 from support import rayeval_cli
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

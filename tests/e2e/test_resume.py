@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from rayeval.reporting.boards import latest_rows
-from rayeval.reporting.store import ResultStore
+from rayeval.io.store import ResultStore
 from support import (build_model, make_data, rayeval_cli, reference_metrics, write_model_module,
                      write_parquet, write_sweep)
 

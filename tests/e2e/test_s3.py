@@ -10,10 +10,10 @@ import pyarrow.fs as pafs
 import pytest
 
 from rayeval.io import paths
-from rayeval._internal.execution.driver import run_sweep
+from rayeval.execution.driver import run_sweep
 from rayeval.reporting.boards import latest_rows
 from rayeval.plan.loader import load_sweep, with_overrides
-from rayeval.reporting.store import ResultStore
+from rayeval.io.store import ResultStore
 from s3server import CREDENTIALS, FlakyProxy, MotoServer
 from support import rayeval_cli
 

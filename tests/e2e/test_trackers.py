@@ -27,7 +27,7 @@ from rayeval.ui import cli
 from rayeval.config.schema import MlflowTracker, Trackers, WandbTracker
 from rayeval.errors import SpecError
 from rayeval.plan.loader import parse_sweep, trackers_spec, with_trackers
-from rayeval.reporting.store import ResultStore
+from rayeval.io.store import ResultStore
 from rayeval.reporting.trackers import metric_name, points, wandb_run_id
 from support import build_model, make_data, rayeval_cli, write_model_module, write_parquet
 

@@ -10,11 +10,11 @@ import torch
 import torch.distributed.checkpoint as dcp
 from safetensors.torch import save_file
 
-from rayeval._internal.execution.driver import evaluate, prepare, run_sweep
+from rayeval.execution.driver import evaluate, prepare, run_sweep
 from rayeval.errors import DataError
 from rayeval.reporting.boards import latest_rows
 from rayeval.plan.loader import load_sweep
-from rayeval.reporting.store import ResultStore
+from rayeval.io.store import ResultStore
 from support import (build_model, make_data, reference_metrics, write_model_module,
                      write_parquet, write_sweep)
 

@@ -21,7 +21,7 @@ from rayeval.errors import CheckpointError, SpecError
 from rayeval.reporting.boards import latest_rows
 from rayeval.integrations.ray_train import RayevalValidation, validation_config
 from rayeval.plan.loader import load_sweep
-from rayeval.reporting.store import ResultStore
+from rayeval.io.store import ResultStore
 from support import make_data, write_model_module, write_parquet
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

@@ -84,7 +84,7 @@ def test_arc_easy_and_a_5_shot_mmlu_group_equal_lm_eval(items):
     for s in SUBJECTS:
         assert ours[f"mmlu/bench_mmlu_{s}"] == {"acc": theirs[f"bench_mmlu_{s}"]["acc,none"]}
     # the group's figure, as rayeval publishes it from its members' rows, equals lm-eval's
-    from rayeval.reporting.groups import group_rows
+    from rayeval.plan.groups import group_rows
 
     (group,) = load_sweep(sweep).groups
     stored = {name: {"acc": {"value": values["acc"], "num_samples": LIMIT, "replicates": None,

@@ -13,9 +13,9 @@ import time
 
 import pytest
 
-from rayeval._internal.execution.driver import run_sweep
+from rayeval.execution.driver import run_sweep
 from rayeval.errors import GroupError
-from rayeval.reporting.store import ResultStore
+from rayeval.io.store import ResultStore
 from support import build_model, reference_metrics
 from test_ray_run import setup_sweep, stored
 

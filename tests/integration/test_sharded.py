@@ -31,7 +31,7 @@ from rayeval.config.schema import Parallelism
 from rayeval.io.data import read_batches
 from rayeval.core.evaluate import finalize
 from rayeval.plan.loader import load_sweep
-from rayeval.reporting.store import ResultStore
+from rayeval.io.store import ResultStore
 
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))   # tests/: sharded_ranks.py
 REPO = os.path.dirname(HERE)
@@ -228,7 +228,7 @@ def _tiny_state():
 def test_units_and_the_memory_inspect_reports(tmp_path):
     """The units FSDP gathers one at a time and the memory per worker, from the meta model;
     `rayeval inspect --shard N` prints it."""
-    from rayeval._internal.execution.sharding import memory, units
+    from rayeval.execution.sharding import memory, units
 
     sys.path.insert(0, HERE)
     try:

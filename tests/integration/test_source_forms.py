@@ -9,10 +9,10 @@ import sys
 
 import pytest
 
-from rayeval._internal.execution.driver import run_sweep
+from rayeval.execution.driver import run_sweep
 from rayeval.plan.loader import load_sweep
 from rayeval.reporting.boards import latest_rows
-from rayeval.reporting.store import ResultStore
+from rayeval.io.store import ResultStore
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "scripts"))
 import make_data_forms  # noqa: E402
@@ -21,7 +21,7 @@ pytestmark = pytest.mark.ray
 
 
 def plan_line_to(lines):
-    from rayeval.reporting.callbacks import RunCallback
+    from rayeval.execution.callbacks import RunCallback
     from rayeval.reporting.display import plan_line
 
     class Keep(RunCallback):

@@ -11,10 +11,10 @@ import torch
 import yaml
 
 from rayeval.ui.cli import main
-from rayeval._internal.execution.driver import run_sweep
+from rayeval.execution.driver import run_sweep
 from rayeval.reporting.boards import latest_rows
 from rayeval.plan.loader import load_sweep
-from rayeval.reporting.store import ResultStore
+from rayeval.io.store import ResultStore
 from support import build_model, make_data, reference_metrics, write_model_module, write_parquet
 
 pytestmark = pytest.mark.ray

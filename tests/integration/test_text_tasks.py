@@ -25,13 +25,13 @@ pytest.importorskip("lm_eval")
 from harness import run_harness  # noqa: E402
 from support import rayeval_cli, script, single_process_passes  # noqa: E402
 
-from rayeval._internal.execution import driver  # noqa: E402
+from rayeval.execution import driver  # noqa: E402
 from rayeval.io.data import read_batches  # noqa: E402
 from rayeval.core.evaluate import Decoder, Pass, finalize  # noqa: E402
 from rayeval.reporting.boards import latest_rows  # noqa: E402
 from rayeval.io.model import ModelSource  # noqa: E402
 from rayeval.plan.loader import load_sweep  # noqa: E402
-from rayeval.reporting.store import ResultStore  # noqa: E402
+from rayeval.io.store import ResultStore  # noqa: E402
 from rayeval.core.tasks.text import rolling_windows  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

@@ -19,7 +19,7 @@ from rayeval.plan.loader import parse_sweep
 from rayeval.core import tasks
 from rayeval.io.data import inspect_dataset
 from rayeval.plan.cells import Evaluation, make_plan
-from rayeval.reporting.store import ResultStore
+from rayeval.io.store import ResultStore
 from support import FEATURES, MODEL_MODULE
 
 MODELS = "cachekey_models"          # module names of their own: sys.modules caches by name

@@ -8,10 +8,11 @@ import types
 
 import pytest
 
-from rayeval._internal.execution import lifecycle
-from rayeval.reporting.callbacks import Callbacks, PublishToTrackers, RunCallback
-from rayeval._internal.execution.coordinator import TrackerClient
-from rayeval._internal.execution.lifecycle import RayLifecycle, follow
+from rayeval.execution import lifecycle
+from rayeval.execution.callbacks import Callbacks, RunCallback
+from rayeval.reporting.trackers import PublishToTrackers
+from rayeval.execution.coordinator import TrackerClient
+from rayeval.execution.lifecycle import RayLifecycle, follow
 from rayeval.plan.cells import CellOutcome
 from rayeval.reporting.display import DisplayCallback, LineDisplay
 

@@ -8,8 +8,8 @@ import pytest
 from rayeval.config.schema import GroupMetric, GroupSpec
 from rayeval.plan.cells import Cell
 from rayeval.reporting.boards import aggregates, group_members, without_members
-from rayeval.reporting.groups import cell_key, group_rows, publish
-from rayeval.reporting.store import ResultStore
+from rayeval.plan.groups import cell_key, group_rows, publish
+from rayeval.io.store import ResultStore
 
 
 def _row(dataset, metric, value, n, reps=None, checkpoint="c1"):

@@ -16,6 +16,29 @@ def test_no_import_cycle_between_modules_or_packages():
     assert found["package_cycles"] == []
 
 
+def test_no_import_up_the_ladder_between_top_level_packages():
+    # errors/config < io < core < harness < plan < execution < reporting < api < integrations
+    # < ui, at top-level-package granularity: execution and its subpackages are one floor.
+    assert layers.upward_imports(layers.REPO) == []
+
+
+def test_every_top_level_package_has_a_floor():
+    tops = {layers.top_of(m) for m in layers.modules_of(layers.REPO)}
+    assert all(layers.floor_of(t) >= 0 for t in tops)
+
+
+def test_the_ladder_check_sees_an_upward_import(tmp_path):
+    pkg = tmp_path / "rayeval"
+    for name in ("io", "reporting"):
+        (pkg / name).mkdir(parents=True)
+        (pkg / name / "__init__.py").write_text("")
+    (pkg / "__init__.py").write_text("")
+    (pkg / "reporting" / "boards.py").write_text("")
+    (pkg / "io" / "store.py").write_text("def f():\n    from rayeval.reporting import boards\n")
+    assert layers.upward_imports(str(tmp_path)) == [
+        f"{os.path.join('rayeval', 'io', 'store.py')}:2 -> rayeval.reporting.boards"]
+
+
 def test_the_cycle_finder_finds_a_cycle():
     graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
     assert layers.sccs(graph) == [["a", "b", "c"]]

@@ -21,7 +21,7 @@ from rayeval.errors import StoreError
 from rayeval.reporting.boards import (aggregate_row, aggregates, build_board, compare,
                                  find_checkpoint, latest_rows, paired)
 from rayeval.reporting.render import render_rich, to_csv, to_html, to_json, to_markdown
-from rayeval.reporting.store import ResultStore
+from rayeval.io.store import ResultStore
 
 B = 200
 KEY = f"seed=0;buckets=1024;replicates={B};confidence=0.95"

@@ -5,7 +5,7 @@ priority (Ray's default, 15 steps nicer, starves them on a busy machine)."""
 import pytest
 import ray
 
-from rayeval._internal.execution.lifecycle import start_local_ray
+from rayeval.execution.lifecycle import start_local_ray
 
 
 class Calls:

@@ -3,7 +3,7 @@
 import io
 
 from rayeval.plan.cells import CellOutcome
-from rayeval._internal.execution.coordinator import Tracker
+from rayeval.execution.coordinator import Tracker
 from rayeval.reporting.display import LineDisplay, Rate, fmt_duration, line, make_display
 
 

@@ -9,7 +9,7 @@ from ray.train.v2._internal.exceptions import (InsufficientClusterResourcesError
                                                WorkerGroupStartupFailedError,
                                                WorkerHealthCheckFailedError)
 
-from rayeval._internal.execution import recovery
+from rayeval.execution import recovery
 from rayeval.errors import CheckpointError, GroupError, RunError
 
 

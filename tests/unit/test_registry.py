@@ -7,7 +7,7 @@ import pickle
 import pytest
 import torch
 
-from rayeval._internal.registry import Registry
+from rayeval.config.registry import Registry
 from rayeval.core import metrics, tasks
 from rayeval.core.tasks import TASKS
 from rayeval.errors import RayevalError, RegistryError

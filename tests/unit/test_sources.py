@@ -188,7 +188,7 @@ def test_text_tokenized_on_a_stage_is_what_the_worker_would_tokenize():
     import dataclasses
     import pathlib
 
-    from rayeval._internal.execution.pipeline import Tokenize
+    from rayeval.execution.pipeline import Tokenize
     from rayeval.config.schema import EvalSpec
     from rayeval.io import hf
 

@@ -12,7 +12,7 @@ import pytest
 from rayeval.errors import StoreError
 from rayeval.reporting.boards import build_board, latest_rows
 from rayeval.reporting.render import to_csv, to_json, to_markdown
-from rayeval.reporting.store import SCHEMA, ResultStore
+from rayeval.io.store import SCHEMA, ResultStore
 
 
 def rows(checkpoint, step, values, sweep="s", dataset="d", when=None):
@@ -65,7 +65,7 @@ def test_unwritable_store_is_one_clear_error(tmp_path):
 
 
 def test_latest_row_wins():
-    from rayeval.reporting.store import SCHEMA as S
+    from rayeval.io.store import SCHEMA as S
     import pyarrow as pa
 
     t0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
@@ -157,7 +157,7 @@ def test_files_written_before_epoch_and_num_tokens_read_with_nulls(tmp_path):
     import pyarrow.parquet as pq
 
     from rayeval.core.evaluate import MetricResult
-    from rayeval.reporting.store import cell_rows
+    from rayeval.io.store import cell_rows
 
     old_schema = pa.schema([f for f in SCHEMA if f.name not in ("epoch", "num_tokens")])
     now = datetime(2026, 1, 1, tzinfo=timezone.utc)

@@ -27,7 +27,7 @@ from rayeval.core import prepared, stats
 from rayeval.config.schema import DatasetSpec
 from rayeval import errors
 from rayeval.errors import CheckpointError, DataError, ModelError, traceback_of
-from rayeval._internal.registry import Registry
+from rayeval.config.registry import Registry
 from rayeval.core import metrics as _metrics
 from rayeval.core.metrics import IGNORE
 

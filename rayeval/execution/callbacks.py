@@ -1,5 +1,5 @@
-"""Whatever watches a run, as callbacks of the run (Ray Train v2's ``_internal/execution/
-callback.py`` is the model): the progress display, the experiment trackers' publisher,
+"""Whatever watches a run, as callbacks of the run (Ray Train v2's ``execution/
+callback.py`` is the model): the progress display, the experiment trackers' publisher (``reporting.trackers``),
 ``rayeval watch``'s messages. The driver and the lifecycle call the hooks; the watchers are
 not threaded through them as parameters.
 
@@ -27,7 +27,6 @@ from typing import TYPE_CHECKING, Callable, Iterable
 
 if TYPE_CHECKING:
     from rayeval.plan.cells import CellOutcome, Plan
-    from rayeval.reporting.trackers import Publisher
 
 
 class RunCallback:
@@ -143,27 +142,3 @@ class OnCell(RunCallback):
 
     def on_cell(self, outcome) -> None:
         self.fn(outcome)
-
-
-class PublishToTrackers(RunCallback):
-    """The sweep's experiment trackers (``trackers.Publisher``): each finished cell as it
-    finishes, the leaderboard after each fit (``watch``: only after a poll that added to it)
-    or when there is nothing to run, the trackers closed at the end."""
-
-    def __init__(self, publisher: Publisher, only_when_added: bool = False):
-        self.publisher = publisher
-        self.only_when_added = only_when_added
-
-    @property
-    def wants_cells(self) -> bool:
-        return self.publisher.live
-
-    def on_cell(self, outcome) -> None:
-        self.publisher.cell(outcome)
-
-    def on_outcomes(self, outcomes) -> None:
-        if not self.only_when_added or any(o.ok for o in outcomes):
-            self.publisher.board()
-
-    def on_end(self, error) -> None:
-        self.publisher.close()

@@ -226,8 +226,6 @@ def newest(store: str | os.PathLike, *, sweep: str | None = None,
     ``STORE``, a sweep's ``output``)."""
     import pyarrow.compute as pc
 
-    from rayeval.reporting.boards import latest_rows
-
     given = os.fspath(store)
     location = paths.resolve(given, os.getcwd())
     opened = ResultStore(location)
@@ -245,3 +243,25 @@ def newest(store: str | os.PathLike, *, sweep: str | None = None,
     keys = table.select(["sweep", "checkpoint", "dataset", "metric", "created_at"])
     keys = keys.append_column("_index", pa.array(range(table.num_rows), pa.int64()))
     return table.take(pa.array([r["_index"] for r in latest_rows(keys)], pa.int64()))
+
+
+# The stored row's format, read back: one place for what every reader needs of it.
+
+def latest_rows(table: pa.Table) -> list[dict]:
+    """The newest row for every (sweep, checkpoint, dataset, metric), in store order."""
+    newest: dict[tuple, dict] = {}
+    for row in table.to_pylist():
+        key = (row["sweep"], row["checkpoint"], row["dataset"], row["metric"])
+        if key not in newest or row["created_at"] >= newest[key]["created_at"]:
+            newest[key] = row
+    return list(newest.values())
+
+
+def bootstrap_params(key: str | None) -> dict[str, str]:
+    return dict(part.split("=", 1) for part in key.split(";")) if key else {}
+
+
+def confidence_of(row: dict) -> float:
+    if row.get("confidence") is not None:                 # an aggregate row
+        return float(row["confidence"])
+    return float(bootstrap_params(row.get("bootstrap")).get("confidence", 0.95))

@@ -27,9 +27,9 @@ import ray.train.torch
 import torch
 
 from rayeval import errors
-from rayeval._internal import constants
-from rayeval._internal.execution import dist, recovery
-from rayeval._internal.execution.pipeline import SplitRows
+from rayeval.config import constants
+from rayeval.execution import dist, recovery
+from rayeval.execution.pipeline import SplitRows
 from rayeval.io import layouts
 from rayeval.core import tasks
 from rayeval.core.tasks.harness import lm_task
@@ -42,9 +42,9 @@ from rayeval.core.evaluate import ROWS, Decoder, Pass, finalize, float_dtype
 from rayeval.core.metrics import build_all
 from rayeval.io.model import ModelSource
 from rayeval.plan.cells import Cell, CellOutcome, Evaluation, Plan
-from rayeval._internal.execution.profile import Timer
-from rayeval._internal.execution.coordinator import WorkerProgress
-from rayeval.reporting.store import ResultStore, cell_rows
+from rayeval.execution.profile import Timer
+from rayeval.execution.coordinator import WorkerProgress
+from rayeval.io.store import ResultStore, cell_rows
 
 _FAILED = "_failed"            # extra entries in the reduced vector: any rank failed the cell,
 _CACHE_OVERFLOW = "_overflow"  # any rank's shard was too big to keep,
@@ -290,7 +290,7 @@ class Worker:
         self.loader = self.source.loader(staged, sweep.checkpoint)
         self.lockstep = None           # a sharded model's replica runs its forwards in step
         if sweep.parallelism.sharded:
-            from rayeval._internal.execution.sharding import Lockstep, ShardedLoader, give_back_gathered_memory
+            from rayeval.execution.sharding import Lockstep, ShardedLoader, give_back_gathered_memory
 
             give_back_gathered_memory()
             mesh = dist.replica_mesh(sweep.parallelism.shard)

@@ -67,7 +67,7 @@ def worker_env() -> dict:
     """The workers' runtime environment: rayeval's worker knobs (``constants.WORKER_ENVS``)
     and the test hook's variable, as the driver has them. Ray's worker processes do not
     inherit a variable set after Ray started, nor one set on another machine than theirs."""
-    from rayeval._internal import constants
+    from rayeval.config import constants
 
     given = {k: os.environ[k] for k in (*constants.WORKER_ENVS, KILL_ENV) if os.environ.get(k)}
     return {"env_vars": given} if given else {}

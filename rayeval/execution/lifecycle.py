@@ -21,16 +21,16 @@ import os
 import time
 from typing import TYPE_CHECKING, Callable, Iterable
 
-from rayeval._internal import constants
-from rayeval._internal.execution import signals
-from rayeval.reporting.callbacks import Callbacks, OnCell, RunCallback
-from rayeval._internal.execution.coordinator import TrackerClient
+from rayeval.config import constants
+from rayeval.execution import signals
+from rayeval.execution.callbacks import Callbacks, OnCell, RunCallback
+from rayeval.execution.coordinator import TrackerClient
 from rayeval import errors
 from rayeval.errors import RunError
 
 if TYPE_CHECKING:
-    from rayeval._internal.execution.driver import Standing
-    from rayeval._internal.execution.profile import Timer
+    from rayeval.execution.driver import Standing
+    from rayeval.execution.profile import Timer
     from rayeval.config.schema import Sweep
 
 STOP_GRACE_S = 30.0            # how long a signal waits for the workers to agree to stop
@@ -82,7 +82,7 @@ class RayLifecycle:
             with self._span("ray shutdown"):
                 ray.shutdown()
         if self.partial:
-            from rayeval.reporting.store import ResultStore
+            from rayeval.io.store import ResultStore
 
             ResultStore(self.sweep.output).discard_partial(self.partial)
 
@@ -131,7 +131,7 @@ class RayLifecycle:
             raise
         finally:
             if discard_now:
-                from rayeval.reporting.store import ResultStore
+                from rayeval.io.store import ResultStore
 
                 ResultStore(self.sweep.output).discard_partial(keys)
 

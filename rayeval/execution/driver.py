@@ -18,12 +18,12 @@ from dataclasses import dataclass, field
 from typing import Iterable
 
 from rayeval.io import paths
-from rayeval._internal.execution import recovery
-from rayeval.reporting import groups
-from rayeval.reporting.callbacks import Callbacks, PublishToTrackers, RunCallback
-from rayeval._internal.execution.coordinator import Tracker, TrackerClient
+from rayeval.execution import recovery
+from rayeval.plan import groups
+from rayeval.execution.callbacks import Callbacks, RunCallback
+from rayeval.execution.coordinator import Tracker, TrackerClient
 # follow and quick_health_checks: evaluate()'s and Standing's, from the one lifecycle
-from rayeval._internal.execution.lifecycle import RayLifecycle, follow, quick_health_checks
+from rayeval.execution.lifecycle import RayLifecycle, follow, quick_health_checks
 from rayeval.core import tasks
 from rayeval.config.schema import EvalSpec, Sweep
 from rayeval.io.data import inspect_dataset, probe_dataset
@@ -33,9 +33,8 @@ from rayeval.core.evaluate import Decoder, output_size
 from rayeval.io.loading import fit_error
 from rayeval.io.model import ModelSource
 from rayeval.plan.cells import CellOutcome, Evaluation, Plan, make_plan
-from rayeval._internal.execution.profile import Timer
-from rayeval.reporting import trackers
-from rayeval.reporting.store import ResultStore
+from rayeval.execution.profile import Timer
+from rayeval.io.store import ResultStore
 
 
 @dataclass
@@ -77,7 +76,7 @@ def inspect_evaluations(sweep: Sweep) -> tuple[Evaluation, ...]:
     first = _first_folder(sweep) if sweep.model.hugging_face else None
     meta = source.meta(first)              # imports and calls the factory, or reads config.json
     if sweep.parallelism.sharded:
-        from rayeval._internal.execution.sharding import units
+        from rayeval.execution.sharding import units
 
         units(meta, sweep.parallelism.wrap)    # parallelism.wrap must name classes it has
     tokenizer = source.tokenizer(first, meta) if text else None
@@ -192,22 +191,20 @@ def _local_problem(location: str, source: ModelSource, sweep: Sweep, text: bool)
 
 def run_sweep(sweep: Sweep, *, address: str | None = None, force: bool = False,
               verbose: bool = False, callbacks: RunCallback | Iterable[RunCallback] = (),
-              say=None, ready=None) -> RunReport:
+              ready=None) -> RunReport:
     """Evaluate every cell of the sweep the store does not hold yet. ``callbacks``: what
     watches the run (``callbacks.RunCallback``: the plan line and progress display of
-    ``rayeval.reporting.display``, ...); none by default. The sweep's trackers get each cell as it
-    finishes and the leaderboard at the end; ``say`` takes their summary lines.
+    ``rayeval.reporting.display``, the trackers' publisher that ``rayeval.api`` attaches, ...);
+    none by default.
     ``ready``: the checkpoints to evaluate, as (CheckpointRef, fingerprint) pairs with their
     step, instead of the sweep's globs (``ray_train``'s validation of one checkpoint)."""
     start = time.perf_counter()
     timer = Timer()
-    trackers.require(sweep.trackers)        # a missing package fails before anything starts
     with timer.span("inputs"):
         plan = prepare(sweep, force=force, ready=ready)
-    run = Callbacks(Callbacks.of(callbacks).callbacks)    # a copy: the publisher joins it
+    run = Callbacks.of(callbacks)
     run.on_plan(plan)
     report = RunReport(plan, outcomes=list(plan.failed), timer=timer)
-    run.add(PublishToTrackers(trackers.Publisher(sweep, say=say)))
     with RayLifecycle(sweep, address=address, verbose=verbose, callbacks=run,
                       timer=timer) as life:
         if not plan.cells:
@@ -297,8 +294,8 @@ def _trainer(plan: Plan, tracker, standing: bool = False):
     import ray.train
     from ray.train.torch import TorchConfig, TorchTrainer
 
-    from rayeval._internal.execution import pipeline
-    from rayeval._internal.execution.worker import train_loop
+    from rayeval.execution import pipeline
+    from rayeval.execution.worker import train_loop
 
     sweep = plan.sweep
     data = pipeline.datasets(plan)          # the evaluations that Ray Data feeds

@@ -1,5 +1,5 @@
 """Every environment variable rayeval reads or sets, in one place (Ray Train v2 keeps its own in
-``ray/train/v2/_internal/constants.py``): its name, its default and why it exists.
+``ray/train/v2/config/constants.py``): its name, its default and why it exists.
 
 Values are read when they are needed, never at import time: a test or a user may set one
 between two runs of the same process. This module imports nothing but ``os``.

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from rayeval._internal.execution import dist
+from rayeval.execution import dist
 from rayeval.io import layouts
 from rayeval.config.schema import CheckpointSpec, Parallelism
 from rayeval.errors import CheckpointError, ModelError

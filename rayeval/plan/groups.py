@@ -23,8 +23,7 @@ import math
 from typing import TYPE_CHECKING
 
 from rayeval.config.schema import GroupSpec
-from rayeval.reporting.boards import confidence_of
-from rayeval.reporting.store import ResultStore
+from rayeval.io.store import ResultStore, confidence_of
 
 if TYPE_CHECKING:      # the plan layer stands on this one (its cells are the store's)
     from rayeval.plan.cells import Plan

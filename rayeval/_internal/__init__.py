@@ -1,1 +1,0 @@
-"""rayeval's machinery: nothing here is public API."""
