@@ -1,10 +1,17 @@
-"""The README's Quickstart block holds exactly two commands, and CI runs the second; its sweep
-file table documents exactly the schema's keys."""
+"""The README's Quickstart block holds exactly two commands, and CI runs the second; the sweep
+file reference (docs/sweep-file.md) documents exactly the schema's keys in its table; every page
+of docs/ is linked from the README, and every relative link of the README and docs/ leads to a
+file and a heading that exist."""
 
 import os
 import re
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+SWEEP_FILE_DOC = os.path.join(REPO, "docs", "sweep-file.md")
+
+
+def read(path: str) -> str:
+    return open(path, encoding="utf-8").read()
 
 
 def quickstart_commands() -> list[str]:
@@ -66,10 +73,9 @@ def sweep_file_keys() -> dict[str, object]:
 
 
 def sweep_table_rows() -> dict[str, list[str]]:
-    """The README's sweep-file key table: each row's keys (its first cell's `names`) and
-    cells."""
-    text = open(os.path.join(REPO, "README.md"), encoding="utf-8").read()
-    section = text.split("## The sweep file", 1)[1].split("\n### ", 1)[0]
+    """The sweep file reference's key table: each row's keys (its first cell's `names`) and
+    cells. The table is in the page's first part, before its first section (``## ...``)."""
+    section = read(SWEEP_FILE_DOC).split("\n## ", 1)[0]
     rows = {}
     for line in section.splitlines():
         if line.startswith("| `"):
@@ -84,13 +90,13 @@ def test_every_sweep_key_is_documented():
     assert {"evals[i].dataset.delimiter", "dataset.name", "bootstrap.confidence",
             "trackers.wandb.mode", "evals[i].generation.until"} <= set(keys), "the walk"
     rows = sweep_table_rows()
-    text = open(os.path.join(REPO, "README.md"), encoding="utf-8").read()
+    text = read(SWEEP_FILE_DOC)
     for key, numbers in keys.items():
         assert numbers == WALKED or f"| `{key}` |" in text, key
     from rayeval.plan.loader import SINGLE_FORM_KEYS
 
     unknown = set(rows) - set(keys) - SINGLE_FORM_KEYS
-    assert not unknown, f"the README documents keys the schema does not have: {unknown}"
+    assert not unknown, f"docs/sweep-file.md documents keys the schema does not have: {unknown}"
 
 
 def test_the_table_says_which_keys_change_a_cells_numbers():
@@ -102,3 +108,73 @@ def test_the_table_says_which_keys_change_a_cells_numbers():
     for key, numbers in sweep_file_keys().items():
         if numbers not in (None, WALKED):
             assert rows[key][1] == words[numbers], (key, rows[key][1])
+
+
+# The README and docs/ are one set of pages: a page nobody links is lost, and a link to a
+# moved page or a renamed heading is the first thing a newcomer trips over.
+
+def doc_pages() -> list[str]:
+    """README.md and every docs/*.md, as paths relative to the repository."""
+    docs = sorted(f for f in os.listdir(os.path.join(REPO, "docs")) if f.endswith(".md"))
+    return ["README.md"] + [f"docs/{f}" for f in docs]
+
+
+def prose(text: str) -> str:
+    """The text without fenced blocks and inline code, where brackets are not links."""
+    text = re.sub(r"^```.*?^```", "", text, flags=re.S | re.M)
+    return re.sub(r"`[^`\n]*`", "", text)
+
+
+def relative_links(page: str) -> list[str]:
+    """The targets of the page's links that point into the repository (not http:, mailto:)."""
+    targets = re.findall(r"\]\(([^)\s]+)\)", prose(read(os.path.join(REPO, page))))
+    return [t for t in targets if not re.match(r"[a-z][a-z0-9+.-]*:", t)]
+
+
+def anchors(page: str) -> set[str]:
+    """The anchors of a page's headings, as GitHub makes them: lower case, punctuation dropped,
+    spaces as hyphens (``## Experiment trackers (MLflow, Weights & Biases)`` ->
+    ``experiment-trackers-mlflow-weights--biases``)."""
+    text = re.sub(r"^```.*?^```", "", read(os.path.join(REPO, page)), flags=re.S | re.M)
+    out = set()
+    for heading in re.findall(r"^#+ (.+)$", text, flags=re.M):
+        out.add(re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-"))
+    return out
+
+
+def test_every_docs_page_is_linked_from_the_readme():
+    linked = {os.path.normpath(t.split("#", 1)[0]) for t in relative_links("README.md")}
+    pages = [p for p in doc_pages() if p != "README.md"]
+    assert len(pages) >= 10, pages
+    assert [p for p in pages if os.path.normpath(p) not in linked] == []
+
+
+def test_every_relative_link_leads_to_a_file():
+    broken = []
+    for page in doc_pages():
+        for target in relative_links(page):
+            path = target.split("#", 1)[0]
+            if path and not os.path.exists(os.path.join(REPO, os.path.dirname(page), path)):
+                broken.append(f"{page}: {target}")
+    assert broken == []
+
+
+def test_every_link_to_a_heading_finds_it():
+    broken = []
+    for page in doc_pages():
+        for target in relative_links(page):
+            if "#" not in target:
+                continue
+            path, anchor = target.split("#", 1)
+            into = os.path.normpath(os.path.join(os.path.dirname(page), path)) if path else page
+            if into.endswith(".md") and os.path.exists(os.path.join(REPO, into)) \
+                    and anchor not in anchors(into):
+                broken.append(f"{page}: {target}")
+    assert broken == []
+
+
+def test_the_link_check_sees_links_and_skips_code():
+    text = "[a](docs/x.md) `[b](nope.md)` [c](https://example.org)\n```\n[d](gone.md)\n```\n"
+    found = re.findall(r"\]\(([^)\s]+)\)", prose(text))
+    assert found == ["docs/x.md", "https://example.org"]
+    assert "experiment-trackers-mlflow-weights--biases" in anchors("docs/trackers.md")
