@@ -1,6 +1,6 @@
 """rayeval: evaluate many PyTorch checkpoints on a Ray cluster and rank them.
 
-The public API (see the README's *Python API*)::
+The public API (see the docs/python-api.md)::
 
     import rayeval
 

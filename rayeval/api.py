@@ -129,7 +129,7 @@ def results(store: str | os.PathLike, *, sweep: str | None = None,
     and only that evaluation's (the store's ``dataset`` column).
 
     Returns a ``pyarrow.Table`` with the store's schema (``rayeval.io.store.SCHEMA``; its columns
-    are listed in the README's *The result store*), in store order, with no rows when nothing
+    are listed in docs/result-store.md), in store order, with no rows when nothing
     matches; ``.to_pandas()`` gives a DataFrame when pandas is installed, ``.to_pylist()``
     dicts. When a metric of a checkpoint was stored by several cells (the checkpoint rewritten
     in place, a newer version of rayeval's metric code), only the newest row is kept.
