@@ -10,6 +10,7 @@ import sys
 import pytest
 
 from rayeval.config import plugins
+from rayeval.config.registry import Registry
 from rayeval.core.tasks import TASKS
 from rayeval.core.tasks.base import Classification
 from rayeval.errors import RayevalError, RegistryError
@@ -136,7 +137,7 @@ def test_the_cli_loads_plugins_before_reading_the_sweep(site, capsys):
                    "RuntimeError: plugin says no; fix it or uninstall fake-cli")
 
 
-def test_load_sweep_loads_plugins_and_accepts_their_task_and_metric(site):
+def test_load_sweep_loads_plugins_and_accepts_their_task_and_metric(site, monkeypatch):
     import yaml
 
     from rayeval import api
@@ -157,10 +158,42 @@ def test_load_sweep_loads_plugins_and_accepts_their_task_and_metric(site):
         "name": "s", "model": {"factory": "m:build"}, "checkpoints": ["c/*"],
         "dataset": {"path": "d.parquet", "inputs": "x", "target": "y"},
         "task": "fake_shadow", "metrics": ["fake_hits"], "output": "out"}))
-    try:
-        sweep = api.load_sweep(site / "sweep.yaml")     # no load_plugins call before it
-        assert [(e.task, [m.name for m in e.metrics]) for e in sweep.evals] == \
-            [("fake_shadow", ["fake_hits"])]
-    finally:                                  # later tests see rayeval's own names only
-        TASKS._items.pop("fake_shadow", None)
-        metrics.REGISTRY.pop("fake_shadow", None)
+    # Later tests see rayeval's own names only.
+    monkeypatch.setattr(TASKS, "_items", dict(TASKS._items))
+    monkeypatch.setattr(metrics, "REGISTRY", dict(metrics.REGISTRY))
+    sweep = api.load_sweep(site / "sweep.yaml")     # no load_plugins call before it
+    assert [(e.task, [m.name for m in e.metrics]) for e in sweep.evals] == \
+        [("fake_shadow", ["fake_hits"])]
+
+
+def test_a_name_registered_by_reference_is_imported_when_first_asked_for(site):
+    (site / "fake_lazy.py").write_text("class Echo:\n    name = 'echo'\n")
+    backends = Registry("backend")
+    backends.add_lazy("echo", "fake_lazy:Echo")
+    backends.add_lazy("echo_instance", "fake_lazy:Echo", instance=True)
+    assert "echo" in backends and backends.names() == ["echo", "echo_instance"]
+    assert "fake_lazy" not in sys.modules, "nothing imported until the name is used"
+    echo = backends.get("echo")
+    assert echo is sys.modules["fake_lazy"].Echo and backends.get("echo") is echo
+    assert isinstance(backends.get("echo_instance"), echo)
+    assert backends.get("echo_instance") is backends.get("echo_instance"), "one instance"
+    with pytest.raises(RegistryError, match=r"^backend 'echo' is registered twice: by "
+                                            r"fake_lazy.Echo and by other:Echo; give one"):
+        backends.add_lazy("echo", "other:Echo")
+
+
+def test_a_bad_or_missing_reference_is_one_line():
+    backends = Registry("backend")
+    with pytest.raises(RegistryError) as bad:
+        backends.add_lazy("echo", "fake_nowhere.Echo")
+    assert str(bad.value) == ("backend 'echo': expected a 'module:Class' reference, got "
+                              "'fake_nowhere.Echo'")
+    backends.add_lazy("gone", "fake_nowhere:Echo")
+    with pytest.raises(RegistryError) as missing:
+        backends.values()
+    assert str(missing.value) == (
+        "backend 'gone' (fake_nowhere:Echo) cannot be loaded (ModuleNotFoundError: No module "
+        "named 'fake_nowhere'); install the package that provides it, or fix the reference")
+    assert missing.value.fields() == {"kind": "backend", "name": "gone",
+                                      "cause": "ModuleNotFoundError",
+                                      "reason": "No module named 'fake_nowhere'"}
