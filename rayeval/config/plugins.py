@@ -24,6 +24,7 @@ Standard library and the errors only: the base layer, callable from every layer 
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 from typing import Any
 
@@ -50,24 +51,26 @@ class Plugin:
 # it, raised again on every later call.
 _loaded: tuple[Plugin, ...] | None = None
 _failure: RayevalError | None = None
+_LOCK = threading.RLock()   # re-entrant: a plugin calling load_plugins gets what is loaded so far
 
 
 def load_plugins() -> tuple[Plugin, ...]:
     """Import and call every ``rayeval.plugins`` entry point, once per process; the plugins
     loaded. Raises a one-line RegistryError naming the entry point that failed."""
     global _loaded, _failure
-    if _failure is not None:
-        raise _failure
-    if _loaded is not None:
+    with _LOCK:              # a Ray Data actor may tokenize in several threads at once
+        if _failure is not None:
+            raise _failure
+        if _loaded is not None:
+            return _loaded
+        _loaded = ()         # set first: a plugin that calls load_plugins again does not recurse
+        try:
+            for entry in _entry_points():
+                _loaded += (_load(entry),)
+        except RayevalError as e:
+            _failure = e
+            raise
         return _loaded
-    _loaded = ()           # set first: a plugin that reaches load_plugins again does not recurse
-    try:
-        for entry in _entry_points():
-            _loaded += (_load(entry),)
-    except RayevalError as e:
-        _failure = e
-        raise
-    return _loaded
 
 
 def loaded() -> tuple[Plugin, ...]:

@@ -56,6 +56,24 @@ def test_a_plugin_is_loaded_once_per_process(site):
     assert str(first[-1]) == "plugin 'once' (fake_once:register from fake-once 0.1)"
 
 
+def test_threads_loading_at_once_all_wait_for_the_plugin(site):
+    """A Ray Data actor may run its stage in several threads: none may go on (and look a
+    plugin's task up) while another thread is still registering it."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    install(site, "fake-slow", {"slow": "fake_slow:register"}, {"fake_slow": (
+        "import time\n\nDONE = []\n\n"
+        "def register():\n    time.sleep(0.3)\n    DONE.append(1)\n")})
+
+    def load_and_look():
+        plugins.load_plugins()
+        return list(sys.modules["fake_slow"].DONE)
+
+    with ThreadPoolExecutor(4) as pool:
+        seen = list(pool.map(lambda _: load_and_look(), range(4)))
+    assert seen == [[1]] * 4
+
+
 def test_plugins_load_in_name_order(site):
     log = "CALLS = []\n"
     plugin = "import fake_order_log\n\ndef register():\n    fake_order_log.CALLS.append({!r})\n"
