@@ -1,5 +1,5 @@
-"""Plugins: installed packages that add tasks, metrics, checkpoint readers or backends to
-rayeval's registries, found through the entry-point group ``rayeval.plugins``.
+"""Plugins: installed packages that add tasks, metrics or backends to rayeval's registries,
+found through the entry-point group ``rayeval.plugins``.
 
 A plugin package declares one entry point per register function::
 
@@ -7,9 +7,11 @@ A plugin package declares one entry point per register function::
     example = "rayeval_example_plugin:register"
 
 ``load_plugins()`` imports each entry point of the group and calls it, with no arguments, once
-per process: the driver calls it before a sweep is read (task and metric names are checked
-against the registries then), every Ray Train worker at the start of its train function (a
-worker resolves the same names again). Later calls return what the first one loaded. A plugin
+per process, in every process that looks names up: the driver before a sweep is read (task
+and metric names are checked against the registries then) or checked, the command line before
+the commands that read a sweep or a checkpoint, every Ray Train worker at the start of its
+train function, a Ray Data stage that tokenizes a text task's rows. Later calls return what the
+first one loaded. A plugin
 that cannot be imported, is not callable, raises, or registers a name that is already taken is
 one line naming the entry point and its package (a ``RegistryError``); that failure is kept
 and raised again by every later call in the process, so a run never goes on with half a
