@@ -19,6 +19,7 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING
 
+from rayeval.config.plugins import load_plugins
 from rayeval.config.schema import Sweep, Trackers
 
 if TYPE_CHECKING:                               # types only: importing these pulls in torch
@@ -41,6 +42,7 @@ def load_sweep(path: str | os.PathLike) -> Sweep:
     """
     from rayeval.plan.loader import load_sweep as _load
 
+    load_plugins()                       # the sweep may name a plugin's task or metric
     return _load(os.fspath(path))
 
 

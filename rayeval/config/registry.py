@@ -13,13 +13,21 @@ and asking for a name it does not hold is one line listing the names it does hol
     TASKS.get("classification")  # the object registered (a class, or an instance: see register)
     TASKS.get("clasification")   # RegistryError: unknown task 'clasification'; choose one of: ...
 
+A name may also be registered by reference, ``"module:Class"``, imported the first time the
+name is asked for (vLLM's lazy model registry): a plugin (``rayeval.config.plugins``) can offer
+a backend without importing what the backend needs until a sweep uses it::
+
+    BACKENDS.add_lazy("echo", "my_plugin.echo:EchoBackend")
+
 Plain Python, no imports beyond the errors: every layer may hold a registry.
 """
 
 from __future__ import annotations
 
+import importlib
 from typing import Any, Callable, Generic, Iterator, TypeVar
 
+from rayeval import errors
 from rayeval.errors import RegistryError
 
 T = TypeVar("T")
@@ -45,6 +53,15 @@ class Registry(Generic[T]):
         self._items[name] = obj
         return obj
 
+    def add_lazy(self, name: str, ref: str, *, instance: bool = False) -> None:
+        """Register ``ref`` ("module:Class") as ``name``, imported when the name is first asked
+        for (``instance``: ``Class()`` is registered then). A taken name is refused now."""
+        module, _, attr = ref.partition(":") if isinstance(ref, str) else ("", "", "")
+        if not module or not attr or ":" in attr:
+            raise RegistryError(f"{self.kind} {name!r}: expected a 'module:Class' reference, "
+                                f"got {ref!r}", kind=self.kind, name=name)
+        self.add(name, _Lazy(ref, instance))
+
     def register(self, name: str | None = None, *, instance: bool = False
                  ) -> Callable[[Any], Any]:
         """A decorator registering what it decorates under ``name`` (default: its ``name``
@@ -59,9 +76,12 @@ class Registry(Generic[T]):
     def get(self, name: str) -> T:
         """The object registered as ``name``; a RegistryError listing the known names if none."""
         try:
-            return self._items[name]
+            obj = self._items[name]
         except (KeyError, TypeError):      # TypeError: an unhashable name from a YAML file
             raise RegistryError(self.unknown(name), kind=self.kind, name=name) from None
+        if isinstance(obj, _Lazy):
+            obj = self._items[name] = obj.resolve(self.kind, name)
+        return obj
 
     def unknown(self, name: Any) -> str:
         """The message for a name this registry does not hold (callers add the key path)."""
@@ -85,17 +105,38 @@ class Registry(Generic[T]):
         return list(self._items)
 
     def items(self) -> list[tuple[str, T]]:
-        return list(self._items.items())
+        return [(name, self.get(name)) for name in list(self._items)]
 
     def values(self) -> list[T]:
-        return list(self._items.values())
+        return [obj for _, obj in self.items()]
 
     def __repr__(self) -> str:
         return f"Registry({self.kind!r}: {', '.join(self._items)})"
 
 
+class _Lazy:
+    """A name's object by reference, until it is first asked for."""
+
+    def __init__(self, ref: str, instance: bool):
+        self.ref, self.instance = ref, instance
+
+    def resolve(self, kind: str, name: str) -> Any:
+        module, _, attr = self.ref.partition(":")
+        try:
+            obj = getattr(importlib.import_module(module), attr)
+            return obj() if self.instance else obj
+        except Exception as e:
+            raise RegistryError(f"{kind} {name!r} ({self.ref}) cannot be loaded "
+                                f"({errors.reason(e, typed=True)}); install the package that "
+                                "provides it, or fix the reference", errors.traceback_of(e),
+                                kind=kind, name=name, cause=type(e).__name__,
+                                reason=errors.reason(e)) from None
+
+
 def _describe(obj: Any) -> str:
     """Where a registered object comes from, for the duplicate message."""
+    if isinstance(obj, _Lazy):
+        return obj.ref
     target = obj if isinstance(obj, type) or callable(obj) and hasattr(obj, "__qualname__") \
         else type(obj)
     return f"{getattr(target, '__module__', '?')}.{getattr(target, '__qualname__', repr(obj))}"

@@ -25,6 +25,7 @@ from rayeval.execution.coordinator import Tracker, TrackerClient
 # follow and quick_health_checks: evaluate()'s and Standing's, from the one lifecycle
 from rayeval.execution.lifecycle import RayLifecycle, follow, quick_health_checks
 from rayeval.core import tasks
+from rayeval.config.plugins import load_plugins
 from rayeval.config.schema import EvalSpec, Sweep
 from rayeval.io.data import inspect_dataset, probe_dataset
 from rayeval.io.checkpoints import expand_checkpoints
@@ -132,6 +133,7 @@ def _probe_output_size(sweep: Sweep, spec: EvalSpec, info, source: ModelSource, 
 def check_inputs(sweep: Sweep) -> tuple[tuple[Evaluation, ...], ResultStore]:
     """The evaluations, inspected and probed, and the store, probe-written: what `run` and
     `watch` check before any cluster starts."""
+    load_plugins()                # a sweep built in Python may name a plugin's task or metric
     evaluations = inspect_evaluations(sweep)
     if sweep.parallelism.tensor > 1:
         for e in evaluations:

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING
 import pyarrow as pa
 from ray.data.datasource import Datasource    # loaded with ray.train anyway
 
+from rayeval.config.plugins import load_plugins
 from rayeval.core import prepared
 from rayeval.errors import DataError
 from rayeval.io import sources
@@ -189,6 +190,7 @@ class Tokenize:
         from rayeval.core import tasks
 
         spec = self.evaluation.dataset
+        load_plugins()           # a Ray Data process resolves the task's name too (once)
         task = tasks.get(self.evaluation.task)
         decoder = SimpleNamespace(text=self.tokenizer, generation=self.evaluation.generation)
         try:

@@ -28,6 +28,7 @@ import torch
 
 from rayeval import errors
 from rayeval.config import constants
+from rayeval.config.plugins import load_plugins
 from rayeval.execution import dist, recovery
 from rayeval.execution.pipeline import SplitRows
 from rayeval.io import layouts
@@ -233,6 +234,7 @@ def train_loop(config: dict) -> list[CellOutcome]:
     if fatal is not None:
         return []          # an earlier attempt met bad input: a restart would meet it again
     try:
+        load_plugins()         # this process resolves the plan's names too; a failure is fatal
         timer = Timer()
         with timer.span("setup"):
             worker = Worker(plan, progress, attempt, timer, config.get("ray_data", ()))

@@ -15,6 +15,7 @@ from rich.markup import escape
 from rayeval import __version__
 from rayeval.execution import signals
 from rayeval.execution.profile import render as render_profile, since_process_start
+from rayeval.config.plugins import load_plugins
 from rayeval.config.schema import MlflowTracker, Trackers, WandbTracker
 from rayeval.errors import CheckpointError, RayevalError, SpecError, StoreError
 from rayeval.reporting.render import (format_value, render_rich, to_csv, to_html, to_json,
@@ -213,6 +214,8 @@ def main(argv: list[str] | None = None) -> int:
     out = Console(highlight=False, width=width)
     err = Console(stderr=True, highlight=False, width=width)
     try:
+        if args.command in ("run", "watch", "submit", "k8s", "inspect"):  # sweeps, checkpoints
+            load_plugins()
         if args.command == "run":
             return _run(args, out, err)
         if args.command == "watch":
