@@ -33,11 +33,20 @@ def write_requests(sweep: Sweep) -> None:
 class LmEvalEntries:
     """Renders the ``lm_eval:`` entries of one sweep file; collects their groups."""
 
-    def __init__(self, r: Reader, model: ModelSpec, checkpoints: tuple[str, ...],
-                 output: str):
-        self.r, self.model, self.checkpoints, self.output = r, model, checkpoints, output
+    def __init__(self, r: Reader, top: dict, model: ModelSpec):
+        self.r, self.top, self.model = r, top, model
         self.groups: list[GroupSpec] = []
         self._tokenizer = None
+
+    @property
+    def output(self) -> str:
+        """The result store, which keeps the rendered requests (read when first needed, as
+        a sweep without lm-eval entries reads it: after its evaluations)."""
+        return self.r.field(Sweep, "output", self.top, "output")
+
+    @property
+    def checkpoints(self) -> tuple[str, ...]:
+        return self.r.field(Sweep, "checkpoints", self.top, "checkpoints")
 
     def tokenizer(self):
         """The tokenizer a chat template comes from: model.tokenizer, else the first

@@ -98,20 +98,21 @@ def parse_sweep(raw: Any, *, base_dir: str, source: str = "<sweep>") -> Sweep:
         batch_size=r.field(EvalSpec, "batch_size", top, "batch_size"),
         bootstrap=r.build(Bootstrap, top.get("bootstrap"), "bootstrap"),
         samples=r.field(EvalSpec, "samples", top, "samples", default=True))  # the task's say
-    given = r.section(Sweep, top, "", extra=SWEEP_KEYS | SINGLE_FORM_KEYS,
-                      skip={"evals", "watch", "trackers"})
-    validation.model(r, given["model"])
-    given["watch"] = watch_spec(_given(top, "watch"), source=source)
-    given["trackers"] = trackers_spec(_given(top, "trackers"), source=source)
-    validation.settings(r, given)
+    model = r.build(ModelSpec, top.get("model"), "model")
+    validation.model(r, model)
+    entries = LmEvalEntries(r, top, model)
     validation.one_form(r, top, SINGLE_FORM_KEYS)
-    entries = LmEvalEntries(r, given["model"], given["checkpoints"], given["output"])
     if "evals" in top:
         evals = _evals(r, top["evals"], base_dir, defaults, entries)
     else:
         evals = (_single_form(r, top, base_dir, defaults),)
-    validation.tokenizer(r, given["model"], evals)
-    sweep = Sweep(**given, evals=evals, base_dir=base_dir, source=source,
+    validation.tokenizer(r, model, evals)
+    given = r.section(Sweep, top, "", extra=SWEEP_KEYS | SINGLE_FORM_KEYS,
+                      skip={"model", "evals", "watch", "trackers"})
+    given["watch"] = watch_spec(_given(top, "watch"), source=source)
+    given["trackers"] = trackers_spec(_given(top, "trackers"), source=source)
+    validation.settings(r, given)
+    sweep = Sweep(**given, model=model, evals=evals, base_dir=base_dir, source=source,
                   groups=tuple(entries.groups))
     validation.backend_fits(r, sweep)
     return sweep
