@@ -1,14 +1,16 @@
 """The sweep's types: frozen, validated values and nothing else.
 
-A leaf module: it imports nothing of rayeval's and neither torch nor Ray, so every other module
-(and a user's tooling) can hold a sweep without pulling in checkpoint readers or a cluster.
-``loader.load_sweep`` builds these from YAML; raw dicts go no further than that loader.
+A leaf module: it imports nothing of rayeval's but ``config.declarations`` and neither torch
+nor Ray, so every other module (and a user's tooling) can hold a sweep without pulling in
+checkpoint readers or a cluster. ``plan.loader.load_sweep`` builds these from YAML with
+``config.reader``; raw dicts go no further than that loader.
 
 The single source: every field is declared with ``setting(doc, numbers=...)``
-(``config.declarations``): what it means,
-whether it changes a cell's numbers (and so belongs in the cell's cache key), and the key the
-sweep file gives it (``yaml=None``: internal, not a sweep-file key). The loader's key sets,
-``plan.cells.cell_key`` and the README test all walk these declarations.
+(``config.declarations``): what it means, whether it changes a cell's numbers (and so belongs
+in the cell's cache key), the key the sweep file gives it (``yaml=None``: internal, not a
+sweep-file key), and the checks a value the file gives must pass (bounds, choices, ...:
+``declarations.CHECKS``). The reader, the loader's key sets, ``plan.cells.cell_key`` and the
+README test all walk these declarations.
 """
 
 from __future__ import annotations
