@@ -83,7 +83,7 @@ def parse_sweep(raw: Any, *, base_dir: str, source: str = "<sweep>") -> Sweep:
     defaults = _Defaults(
         batch_size=r.field(EvalSpec, "batch_size", top, "batch_size"),
         bootstrap=r.build(Bootstrap, top.get("bootstrap"), "bootstrap"),
-        samples=r.field(EvalSpec, "samples", top, "samples", default=True))  # the task's say
+        samples=r.field(EvalSpec, "samples", top, "samples", default=True))  # text tasks keep
     model = r.build(ModelSpec, top.get("model"), "model")
     validation.model(r, model)
     entries = LmEvalEntries(r, top, model)
