@@ -1,109 +1,48 @@
 """The sweep's types: frozen, validated values and nothing else.
 
-A leaf module: it imports nothing of rayeval's and neither torch nor Ray, so every other module
-(and a user's tooling) can hold a sweep without pulling in checkpoint readers or a cluster.
-``loader.load_sweep`` builds these from YAML; raw dicts go no further than that loader.
+A leaf module: it imports nothing of rayeval's but ``config.declarations`` and neither torch
+nor Ray, so every other module (and a user's tooling) can hold a sweep without pulling in
+checkpoint readers or a cluster. ``plan.loader.load_sweep`` builds these from YAML with
+``config.reader``; raw dicts go no further than that loader.
 
-The single source: every field is declared with ``setting(doc, numbers=...)``: what it means,
-whether it changes a cell's numbers (and so belongs in the cell's cache key), and the key the
-sweep file gives it (``yaml=None``: internal, not a sweep-file key). The loader's key sets,
-``plan.cells.cell_key`` and the README test all walk these declarations.
+The single source: every field is declared with ``setting(doc, numbers=...)``
+(``config.declarations``): what it means, whether it changes a cell's numbers (and so belongs
+in the cell's cache key), the key the sweep file gives it (``yaml=None``: internal, not a
+sweep-file key), and the checks a value the file gives must pass (bounds, choices, ...:
+``declarations.CHECKS``). The reader, the loader's key sets, ``plan.cells.cell_key`` and the
+README test all walk these declarations.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import types
-import typing
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any
+
+# The declarations (setting, CHECKS) and their walks (keys, numbers_of, ...), read through this
+# module by the loader, the cache key and the README test.
+from rayeval.config.declarations import (CHECKS, TEXT, keys, numbers_of, section,  # noqa: F401
+                                         setting, sweep_fields, yaml_key)
 
 DTYPE_NAMES = ("float32", "float16", "bfloat16", "float64")
 BACKENDS = ("hf", "vllm")      # model.backend: what generates
 DATA_FORMATS = ("parquet", "json", "csv", "hf", "images")   # dataset.format
 
-TEXT = "text"     # ``numbers=TEXT``: changes the numbers of text tasks' cells only
-_SAME = object()  # ``yaml=_SAME``: the sweep-file key is the field's name
-
-
-def setting(doc: str, *, numbers: bool | str, default: Any = dataclasses.MISSING,
-            default_factory: Any = dataclasses.MISSING, yaml: str | None | object = _SAME,
-            sweep_default: bool = False, single_form: str | None = None) -> Any:
-    """A dataclass field with its declaration. ``numbers``: True when a different value gives
-    a cell different stored results (its numbers, or the labels its rows carry), False when it
-    does not (how fast, where, who is told), ``TEXT`` when only text tasks' cells change.
-    ``sweep_default``: an evaluation key the sweep's top level may also give, as the default
-    of every evaluation. ``single_form``: the key that gives it in the one-evaluation form."""
-    if numbers not in (True, False, TEXT):
-        raise ValueError(f"numbers must be True, False or TEXT, got {numbers!r}")
-    meta = {"doc": doc, "numbers": numbers, "sweep_default": sweep_default,
-            "single_form": single_form}
-    if yaml is not _SAME:
-        meta["yaml"] = yaml
-    return dataclasses.field(default=default, default_factory=default_factory, metadata=meta)
-
-
-def yaml_key(f: dataclasses.Field) -> str | None:
-    """The sweep-file key of a field; None for an internal one."""
-    return f.metadata.get("yaml", f.name)
-
-
-def sweep_fields(cls) -> Iterator[tuple[str, dataclasses.Field]]:
-    """(sweep-file key, field) of each field of ``cls`` the sweep file may give."""
-    for f in dataclasses.fields(cls):
-        if yaml_key(f) is not None:
-            yield yaml_key(f), f
-
-
-def keys(cls) -> set[str]:
-    """The sweep-file keys of a section: what the loader accepts in its mapping."""
-    return {key for key, _ in sweep_fields(cls)}
-
-
-def section(cls, f: dataclasses.Field) -> tuple[type, bool] | None:
-    """The schema dataclass a field of ``cls`` holds and whether it holds a tuple of them;
-    None for a plain value."""
-    hint = typing.get_type_hints(cls)[f.name]
-    many = typing.get_origin(hint) is tuple
-    args = typing.get_args(hint) if many or typing.get_origin(hint) in (
-        typing.Union, types.UnionType) else (hint,)
-    found = [a for a in args if dataclasses.is_dataclass(a) and isinstance(a, type)]
-    return (found[0], many) if found else None
-
-
-def numbers_of(value: Any, text: bool) -> Any:
-    """The parts of a spec that change a cell's numbers, as plain JSON-able data: each
-    dataclass walked field by field (nested ones and tuples of them too), keeping the fields
-    declared ``numbers=True`` (and ``TEXT`` ones when ``text``). A field added to the schema
-    is in every key that walks it: its declaration cannot be forgotten."""
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        out = {}
-        for f in dataclasses.fields(value):
-            flag = f.metadata["numbers"]
-            if flag is True or (flag == TEXT and text):
-                out[f.name] = numbers_of(getattr(value, f.name), text)
-        return out
-    if isinstance(value, (tuple, list)):
-        return [numbers_of(v, text) for v in value]
-    if isinstance(value, dict):
-        return {str(k): numbers_of(v, text) for k, v in value.items()}
-    return value
-
-
 @dataclass(frozen=True)
 class Bootstrap:
     replicates: int = setting(
         "Bootstrap replicates for confidence intervals; 0 turns intervals off. Changes the "
-        "stored intervals.", numbers=True, default=1000)
+        "stored intervals.", numbers=True, default=1000, minimum=0)
     confidence: float = setting(
         "The intervals' confidence level: a different level stores different ci_low/ci_high.",
-        numbers=True, default=0.95)
+        numbers=True, default=0.95, above=0, below=1,
+        expected="a number between 0 and 1")
     seed: int = setting(
         "Seeds the row buckets and replicate weights: another seed, other resamples.",
-        numbers=True, default=0)
+        numbers=True, default=0, minimum=0)
     buckets: int = setting(
         "Hashed row buckets the replicate states keep: how rows are grouped for resampling.",
-        numbers=True, default=1024)
+        numbers=True, default=1024, minimum=1)
 
     @property
     def enabled(self) -> bool:
@@ -169,27 +108,27 @@ class ModelSpec:
     folders: the model is built from each folder's config.json, its tokenizer read beside it."""
     factory: str | None = setting(
         "'module:callable' building the model; None: Hugging Face folders. The module's "
-        "source digest is in the key too.", numbers=True, default=None)
+        "source digest is in the key too.", numbers=True, default=None, callable=True)
     kwargs: dict = setting("Keyword arguments for the factory: another model.", numbers=True,
-                           default_factory=dict)
+                           default_factory=dict, expected="a mapping of keyword arguments")
     dtype: str | None = setting("Evaluation dtype; None: the model's own.", numbers=True,
-                                default=None)
+                                default=None, choices=DTYPE_NAMES, noun="dtype")
     tokenizer: str | None = setting(
         "Resolved location of a tokenizer folder (text tasks); its files' fingerprint is in "
         "text cells' keys as well, since a folder at the same place may be rewritten.",
-        numbers=TEXT, default=None)
+        numbers=TEXT, default=None, location=True)
     max_length: int | None = setting(
         "Text tasks: the context in tokens (rolling windows, truncation); None: from the "
-        "config.", numbers=TEXT, default=None)
+        "config.", numbers=TEXT, default=None, minimum=2)
     backend: str = setting(
         "What generates: 'hf' (the model's own forward or Hugging Face generate) or 'vllm' "
         "(one vLLM engine per worker for the whole sweep, each checkpoint's weights loaded "
         "into it). Greedy outputs agree but are not bit-equal: part of the key.",
-        numbers=True, default="hf")
+        numbers=True, default="hf", choices=BACKENDS, noun="backend")
     vllm: dict = setting(
         "Engine arguments for backend vllm (gpu_memory_utilization, max_model_len, "
         "enforce_eager, ...): some change outputs (max_model_len, dtype), so all are keyed.",
-        numbers=True, default_factory=dict)
+        numbers=True, default_factory=dict, expected="a mapping of vLLM engine arguments")
 
     @property
     def hugging_face(self) -> bool:
@@ -202,32 +141,35 @@ class DatasetSpec:
         "Resolved location: file, folder or glob. Not in the key itself: the data "
         "fingerprint is, and it names every file the location resolves to (with its size, "
         "modification time and the schema), so an equivalent spelling of the same files "
-        "reuses results and any other files are a new cell.", numbers=False)
+        "reuses results and any other files are a new cell.", numbers=False, location=True)
     format: str | None = setting(
         "How the files are read: parquet, json (JSON lines), csv, hf (a Hugging Face "
         "save_to_disk folder) or images (a folder of image files); None: from the path. Not in "
         "the key itself: the data fingerprint has the schema the files were read with.",
-        numbers=False, default=None)
+        numbers=False, default=None, choices=DATA_FORMATS, noun="format",
+        hint="(or leave it out: the path's suffix says)")
     cpus: float | None = setting(
         "CPUs of each Ray Data task that reads and preprocesses this data set (runs the "
         "transform); giving it sends even local parquet through Ray Data, so the cluster's "
         "CPUs do that work instead of the evaluation workers. None: 1 CPU a task, and local "
-        "parquet is read by the workers directly.", numbers=False, default=None)
+        "parquet is read by the workers directly.", numbers=False, default=None, above=0,
+        expected="a positive number of CPUs (e.g. 1 or 0.5)")
     concurrency: int | None = setting(
         "At most this many preprocessing tasks at once; None: as many as Ray Data's "
-        "resources allow.", numbers=False, default=None)
-    inputs: tuple[str, ...] = setting("Columns fed to the model (several: as keywords).",
-                                      numbers=True, default=())
+        "resources allow.", numbers=False, default=None, minimum=1)
+    inputs: tuple[str, ...] = setting(
+        "Columns fed to the model (several: as keywords).", numbers=True, default=(),
+        nonempty=True, expected="a column name or a list of column names")
     target: str | None = setting("The column scored against.", numbers=True, default=None)
     id: str | None = setting("The row-id column that keys each row's bootstrap weights.",
                              numbers=True, default=None)
     transform: str | None = setting(
         "'module:callable': pyarrow batch -> model inputs; its module's source digest is in "
-        "the key too.", numbers=True, default=None)
+        "the key too.", numbers=True, default=None, callable=True)
     ignore_index: int = setting("Language modeling: target ids that are not scored.",
                                 numbers=True, default=-100)
     pad_id: int = setting("Language modeling: fills short input sequences.", numbers=True,
-                          default=0)
+                          default=0, minimum=0)
     prompt: str | None = setting("Text tasks: the column of prompts (strings).", numbers=True,
                                  default=None)
     choices: str | None = setting("Multiple choice: the column of lists of choices.",
@@ -235,7 +177,8 @@ class DatasetSpec:
     text: str | None = setting("Text perplexity: the column of documents.", numbers=True,
                                default=None)
     delimiter: str = setting("Multiple choice: put between prompt and choice.", numbers=True,
-                             default=" ")
+                             default=" ", blank=True,
+                             expected='a string (" " by default, "" for none)')
     key_path: str = setting("Where it is in the sweep file, for messages.", numbers=False,
                             default="dataset", yaml=None)
 
@@ -255,17 +198,20 @@ class Generation:
     (backend vllm) sampled with a seed per item and repeat, so the same generations come on
     any number of workers."""
     until: tuple[str, ...] = setting(
-        "Stop strings; the end-of-sequence token always stops.", numbers=True, default=())
-    max_new_tokens: int = setting("At most this many new tokens.", numbers=True, default=256)
+        "Stop strings; the end-of-sequence token always stops.", numbers=True, default=(),
+        blank=True, expected="a list of non-empty stop strings")
+    max_new_tokens: int = setting("At most this many new tokens.", numbers=True, default=256,
+                                  minimum=1)
     temperature: float = setting("0: greedy; above 0: sampled (backend vllm).", numbers=True,
-                                 default=0.0)
-    top_p: float = setting("Sampling: the nucleus kept.", numbers=True, default=1.0)
+                                 default=0.0, minimum=0.0)
+    top_p: float = setting("Sampling: the nucleus kept.", numbers=True, default=1.0,
+                           minimum=0.0, above=0, maximum=1)
     repeats: int = setting(
         "Generations per item; its score is the mean over them (pass@1 estimated from k).",
-        numbers=True, default=1)
+        numbers=True, default=1, minimum=1)
     seed: int = setting(
         "Sampling: item i's repeat r is drawn with a seed made of (seed, row id, r).",
-        numbers=True, default=0)
+        numbers=True, default=0, minimum=0)
 
     @property
     def samples(self) -> bool:
@@ -281,10 +227,10 @@ class LmEvalSpec:
                         numbers=True)
     include_path: str | None = setting(
         "A folder of task YAMLs (relative to the sweep file); its tasks come first.",
-        numbers=True, default=None)
+        numbers=True, default=None, location=True)
     num_fewshot: int | None = setting(
         "Few-shot examples per document; None: the task's own (0 if it has none).",
-        numbers=True, default=None)
+        numbers=True, default=None, minimum=0)
     apply_chat_template: bool = setting(
         "Render each request with the tokenizer's chat template.", numbers=True, default=False)
     fewshot_as_multiturn: bool = setting(
@@ -294,11 +240,14 @@ class LmEvalSpec:
                                              numbers=True, default=None)
     gen_kwargs: dict = setting(
         "Overrides of the tasks' generation_kwargs (greedy only: until, max_gen_toks).",
-        numbers=True, default_factory=dict)
-    limit: float | None = setting(
+        numbers=True, default_factory=dict, expected="a mapping (until, max_gen_toks)")
+    limit: int | float | None = setting(
         "The first N documents of each task (a number below 1: that share of them), as lm-eval's "
-        "--limit; for trying a task, not for figures to report.", numbers=True, default=None)
-    fewshot_seed: int = setting("The seed of lm-eval's few-shot sampler (its fewshot_random_seed).", numbers=True, default=1234)
+        "--limit; for trying a task, not for figures to report.", numbers=True, default=None,
+        above=0, expected="a positive number of documents (or a share below 1)")
+    fewshot_seed: int = setting(
+        "The seed of lm-eval's few-shot sampler (its fewshot_random_seed).", numbers=True,
+        default=1234)
 
 
 @dataclass(frozen=True)
@@ -311,7 +260,7 @@ class EvalSpec:
     metrics: tuple[MetricSpec, ...] = setting("What is computed, in order.", numbers=True)
     batch_size: int = setting(
         "Rows per forward pass: how fast, not what is counted (every row once).",
-        numbers=False, default=256, sweep_default=True)
+        numbers=False, default=256, sweep_default=True, minimum=1)
     bootstrap: Bootstrap = setting("Confidence intervals (keys left out: the sweep's).",
                                    numbers=True, default=Bootstrap(), sweep_default=True)
     generation: Generation = setting("Generation tasks: how to decode.", numbers=True,
@@ -336,12 +285,18 @@ class WatchSpec:
     """The sweep's ``watch:`` section, read by ``rayeval watch``: when and in which order
     checkpoints are evaluated, not how."""
     ready: str | None = setting(
-        "A marker: 'COMPLETE' inside a folder, '*.done' beside.", numbers=False, default=None)
+        "A marker: 'COMPLETE' inside a folder, '*.done' beside.", numbers=False, default=None,
+        blank=True,
+        expected="a file name (COMPLETE: inside a checkpoint folder) or a pattern with one * "
+                 "for the checkpoint's name (*.done: beside it)")
     order: str = setting("Which ready checkpoints go first: see WATCH_ORDERS.", numbers=False,
-                         default="oldest")
+                         default="oldest", choices=WATCH_ORDERS)
 
 
 WANDB_MODES = ("online", "offline")
+# A tracker's run_id: YAML reads an unquoted id of digits as a number.
+RUN_ID = {"expected": "a run id string",
+          "fix": 'quote it (run_id: "..."): YAML reads some ids as numbers'}
 
 
 @dataclass(frozen=True)
@@ -353,7 +308,7 @@ class MlflowTracker:
     experiment: str | None = setting("For the sweep's own run; None: 'rayeval'.",
                                      numbers=False, default=None)
     run_id: str | None = setting("A training run to log into (at the checkpoints' steps).",
-                                 numbers=False, default=None)
+                                 numbers=False, default=None, **RUN_ID)
     key_path: str = setting("Where it was set (or the CLI flag), for messages.",
                             numbers=False, default="trackers.mlflow", yaml=None)
 
@@ -364,9 +319,9 @@ class WandbTracker:
     project: str = setting("The W&B project that gets every result too.", numbers=False)
     entity: str | None = setting("The W&B team or user.", numbers=False, default=None)
     run_id: str | None = setting("A training run to resume and log into.", numbers=False,
-                                 default=None)
+                                 default=None, **RUN_ID)
     mode: str | None = setting("'online' or 'offline'; None: W&B's own (WANDB_MODE).",
-                               numbers=False, default=None)
+                               numbers=False, default=None, choices=WANDB_MODES)
     key_path: str = setting("Where it was set (or the CLI flag), for messages.",
                             numbers=False, default="trackers.wandb", yaml=None)
 
@@ -386,9 +341,11 @@ class Trackers:
 @dataclass(frozen=True)
 class Recovery:
     max_restarts: int = setting(
-        "Worker-group restarts after a worker dies or stalls.", numbers=False, default=3)
+        "Worker-group restarts after a worker dies or stalls.", numbers=False, default=3,
+        minimum=0)
     stall_timeout_s: int = setting(
-        "A rank this late to a sync point fails the group.", numbers=False, default=600)
+        "A rank this late to a sync point fails the group.", numbers=False, default=600,
+        minimum=1)
 
 
 @dataclass(frozen=True)
@@ -398,13 +355,15 @@ class Parallelism:
     shard: int = setting(
         "Ranks holding one copy; 1: every worker holds the whole model. Where the weights "
         "live, not what they compute (the states are integer or float64 sums).",
-        numbers=False, default=1)
+        numbers=False, default=1, minimum=1)
     wrap: tuple[str, ...] = setting(
-        "Module class names sharded as units; () = automatic.", numbers=False, default=())
+        "Module class names sharded as units; () = automatic.", numbers=False, default=(),
+        blank=True,
+        expected="module class names (e.g. [DecoderLayer])")
     tensor: int = setting(
         "Backend vllm: consecutive workers serving one engine with tensor parallelism "
         "(vLLM's external launcher over the group's ranks); rows are split over the "
-        "workers / tensor engines.", numbers=False, default=1)
+        "workers / tensor engines.", numbers=False, default=1, minimum=1)
 
     @property
     def sharded(self) -> bool:
@@ -445,16 +404,18 @@ class Sweep:
     model: ModelSpec = setting("The model the checkpoints are loaded into.", numbers=True)
     checkpoints: tuple[str, ...] = setting(
         "Resolved locations or globs. Not in the key as written: each cell's own checkpoint "
-        "location and fingerprint are.", numbers=False)
+        "location and fingerprint are.", numbers=False, location=True, nonempty=True,
+        expected="a non-empty list of paths or globs", each="a path or glob")
     evals: tuple[EvalSpec, ...] = setting(
         "The suite: at least one. A cell's key walks its own evaluation only: adding or "
         "changing another evaluation leaves it cached.", numbers=False)
     workers: int = setting("Ray Train workers: every row is counted once on any number.",
-                           numbers=False)
+                           numbers=False, minimum=1, file_default=1)
     use_gpu: bool = setting(
         "Workers on GPUs. Floating-point sums may differ in their last bits; that is not "
-        "treated as another evaluation.", numbers=False)
-    output: str = setting("Resolved location of the result store.", numbers=False)
+        "treated as another evaluation.", numbers=False, file_default=False)
+    output: str = setting("Resolved location of the result store.", numbers=False,
+                         location=True)
     base_dir: str = setting(
         "The sweep file's folder: model modules are found here (their source digests are in "
         "the key).", numbers=False, yaml=None)
@@ -465,7 +426,8 @@ class Sweep:
     recovery: Recovery = setting("Restarts after a worker fails or stalls.", numbers=False,
                                  default=Recovery())
     resources_per_worker: tuple[tuple[str, float], ...] = setting(
-        "Ray resources each worker holds.", numbers=False, default=())
+        "Ray resources each worker holds.", numbers=False, default=(), minimum=0,
+        expected="a mapping of resource names to amounts (e.g. {CPU: 4, GPU: 1})")
     watch: WatchSpec = setting("What `rayeval watch` waits for.", numbers=False,
                                default=WatchSpec())
     trackers: Trackers = setting("Experiment trackers that get a copy of every result.",

@@ -34,6 +34,7 @@ from rayeval.core.evaluate import Decoder, output_size
 from rayeval.io.loading import fit_error
 from rayeval.io.model import ModelSource
 from rayeval.plan.cells import CellOutcome, Evaluation, Plan, make_plan
+from rayeval.plan.lm_eval_entries import write_requests
 from rayeval.execution.profile import Timer
 from rayeval.io.store import ResultStore
 
@@ -134,6 +135,7 @@ def check_inputs(sweep: Sweep) -> tuple[tuple[Evaluation, ...], ResultStore]:
     """The evaluations, inspected and probed, and the store, probe-written: what `run` and
     `watch` check before any cluster starts."""
     load_plugins()                # a sweep built in Python may name a plugin's task or metric
+    write_requests(sweep)         # the lm-eval request tables the evaluations read, rendered
     evaluations = inspect_evaluations(sweep)
     if sweep.parallelism.tensor > 1:
         for e in evaluations:

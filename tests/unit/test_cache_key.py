@@ -15,6 +15,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from rayeval.config import schema
+from rayeval.plan.lm_eval_entries import write_requests
 from rayeval.plan.loader import parse_sweep
 from rayeval.core import tasks
 from rayeval.io.data import inspect_dataset
@@ -271,6 +272,7 @@ def plan(raw, home, store, edit=None):
     sweep = parse_sweep(copy.deepcopy(raw), base_dir=str(home), source="sweep.yaml")
     if edit is not None:
         sweep = edit(sweep)
+    write_requests(sweep)          # the planning step writes the lm-eval request tables
     evaluations = tuple(Evaluation(spec, inspect_dataset(spec.dataset, tasks.get(spec.task)), 4)
                         for spec in sweep.evals)
     return make_plan(sweep, evaluations, store)

@@ -1,0 +1,170 @@
+"""The sweep file's rules between fields: what no single field's declaration can say.
+
+A value's own rules (its type, bounds, choices, form) are declared on its field in
+``config.schema`` and checked by ``config.reader``; what is left here relates one field to
+another (kwargs need a factory, a tensor-parallel engine needs vLLM) or to the registries of
+tasks (which keys a task needs). Each rule fails with one line naming the key path and the fix.
+"""
+
+from __future__ import annotations
+
+from rayeval.config.reader import Reader, field_of, show
+from rayeval.config.schema import EvalSpec, Generation, ModelSpec, Sweep, WatchSpec
+from rayeval.core.tasks import TASKS
+
+
+def evaluation_name(r: Reader, name: str, path: str) -> None:
+    if "/" in name or name == "aggregate":
+        r.fail(path, f"{name!r} cannot name an evaluation ('/' separates the evaluation from "
+                     "the metric, 'aggregate' is the suite's mean); choose another name")
+
+
+def unique_name(r: Reader, name: str, path: str, seen: dict[str, int], index: int) -> None:
+    if name in seen:
+        r.fail(path, f"{name!r} is used twice (also evals[{seen[name]}].name); give each "
+                     "evaluation its own name")
+    seen[name] = index
+
+
+def one_form(r: Reader, top: dict, single_form_keys: set[str]) -> None:
+    """The evaluations come as ``evals:`` or as one top-level dataset/task/metrics."""
+    if "evals" in top:
+        both = sorted(k for k in single_form_keys if k in top)
+        if both:
+            r.fail(both[0], "give the evaluations either as evals: or as one top-level "
+                            "dataset/task/metrics, not both; move it into an entry of evals")
+        return
+    if top.get("lm_eval") is not None:
+        r.fail("lm_eval", "give an lm-eval task as an entry of evals: "
+                          "(evals: [{name: N, lm_eval: {task: T}}])")
+    missing = [k for k in ("dataset", "task", "metrics") if top.get(k) is None]
+    if missing:
+        r.fail(missing[0], "missing required key (or list the evaluations under evals:)")
+
+
+def evals_list(r: Reader, raw) -> None:
+    if not isinstance(raw, list) or not raw:
+        r.fail("evals", f"expected a non-empty list of evaluations, got {show(raw)}")
+
+
+def lm_eval_entry(r: Reader, m: dict, path: str) -> None:
+    """An ``lm_eval:`` entry takes its data, metrics and decoding from lm-eval."""
+    for key in ("task", "dataset", "metrics", "generation"):
+        if m.get(key) is not None:
+            r.fail(f"{path}.{key}", "an lm_eval entry takes its data, metrics and decoding "
+                                    "from lm-eval; remove the key")
+
+
+def task_name(r: Reader, task: str, path: str) -> None:
+    if task == "lm_eval":
+        r.fail(path, "an lm-evaluation-harness task is given as lm_eval: {task: NAME} "
+                     "(without task, dataset and metrics)")
+    if task not in TASKS:
+        r.fail(path, f"unknown task {task!r}; choose one of: {', '.join(TASKS)}")
+
+
+def dataset_required(task: str, m: dict) -> set[str]:
+    """The dataset keys a task needs: its target, and its inputs unless a transform makes
+    them."""
+    needs = set()
+    if TASKS[task].needs_target:
+        needs.add("target")
+    if m.get("transform") is None and TASKS[task].needs_inputs:
+        needs.add("inputs")
+    return needs
+
+
+def dataset(r: Reader, spec, task: str, path: str) -> None:
+    if len(set(spec.inputs)) != len(spec.inputs):
+        r.fail(f"{path}.inputs", f"a column is listed twice in {list(spec.inputs)}")
+    problem = TASKS[task].spec_problem(spec)
+    if problem:
+        r.fail(f"{path}.{problem[0]}", problem[1])
+
+
+def generation_allowed(r: Reader, task: str, path: str) -> None:
+    if not TASKS[task].generates:
+        r.fail(path, f"only a generation task decodes; task {task} takes no generation: key")
+
+
+def generation(r: Reader, g: Generation, path: str) -> None:
+    if g.repeats > 1 and g.temperature == 0:
+        r.fail(f"{path}.repeats", f"{g.repeats} greedy generations are {g.repeats} copies of "
+                                  "one; set generation.temperature above 0 to sample them")
+
+
+def samples(r: Reader, given: bool, task: str, path: str) -> None:
+    if given and not TASKS[task].uses_text:
+        r.fail(path, f"task {task} keeps no per-item records (the text tasks do); remove the "
+                     "key")
+
+
+def model(r: Reader, spec: ModelSpec) -> None:
+    if spec.factory is None and spec.kwargs:
+        r.fail("model.kwargs", "kwargs are for model.factory; a Hugging Face folder's model "
+                               "comes from its config.json (or set model.factory)")
+    if spec.vllm and spec.backend != "vllm":
+        r.fail("model.vllm", "engine arguments are for model.backend: vllm; set it, or "
+                             "remove model.vllm")
+    if spec.backend == "vllm" and spec.factory is not None:
+        r.fail("model.backend", "vllm serves Hugging Face checkpoint folders (config.json); "
+                                "remove model.factory, or use backend: hf")
+
+
+def settings(r: Reader, given: dict) -> None:
+    """The sweep's own settings against each other: GPUs, and how workers split a model."""
+    resources = dict(given["resources_per_worker"])
+    if given["use_gpu"] and resources.get("GPU", 1) == 0:
+        r.fail("resources_per_worker", "GPU: 0 with use_gpu: true; give each worker a GPU")
+    workers, p = given["workers"], given["parallelism"]
+    if workers % p.shard:
+        r.fail("parallelism.shard", f"{p.shard} does not divide workers: {workers}; make "
+                                    "workers a multiple of parallelism.shard (each replica "
+                                    "of the model takes shard workers)")
+    if p.tensor > 1 and p.shard > 1:
+        r.fail("parallelism.tensor", "a vLLM engine shards its own weights; give "
+                                     "parallelism.tensor or parallelism.shard, not both")
+    if workers % p.tensor:
+        r.fail("parallelism.tensor", f"{p.tensor} does not divide workers: {workers}; make "
+                                     "workers a multiple of parallelism.tensor (each engine "
+                                     "takes tensor workers)")
+
+
+def watch(r: Reader, spec: WatchSpec, prefix: str) -> None:
+    """A ready marker is a file name, or a pattern with one * for the checkpoint's name."""
+    ready = spec.ready
+    if ready is not None and (not ready.strip() or "/" in ready or ready.count("*") > 1):
+        r.wrong(field_of(WatchSpec, "ready"), ready, f"{prefix}ready", "")
+
+
+def tokenizer(r: Reader, spec: ModelSpec, evals: tuple[EvalSpec, ...]) -> None:
+    text = [e for e in evals if TASKS[e.task].uses_text]
+    if text and not spec.hugging_face and spec.tokenizer is None:
+        r.fail("model.tokenizer", f"task {text[0].task} ({text[0].key_path}) needs a tokenizer:"
+                                  " set model.tokenizer to a folder holding one, or drop "
+                                  "model.factory to read Hugging Face folders")
+
+
+def backend_fits(r: Reader, sweep: Sweep) -> None:
+    """What only vLLM does: sampling and tensor-parallel engines; and its engine
+    arguments, checked against the installed vLLM's own (before Ray starts)."""
+    vllm = sweep.model.backend == "vllm"
+    if sweep.parallelism.tensor > 1 and not vllm:
+        r.fail("parallelism.tensor", "tensor-parallel engines are vLLM's: set model.backend: "
+                                     "vllm, or remove parallelism.tensor")
+    for ev in sweep.evals:
+        if ev.generation.samples and not vllm:
+            if ev.lm_eval is not None:
+                r.fail(f"{ev.key_path}.lm_eval.gen_kwargs",
+                       f"lm-eval task {ev.name!r} samples (do_sample or temperature > 0), which "
+                       "runs on model.backend: vllm (each document seeded); set it, or decode "
+                       "greedily: gen_kwargs: {do_sample: false, temperature: 0}")
+            r.fail(f"{ev.key_path}.generation.temperature",
+                   "sampled generation (temperature above 0) runs on model.backend: vllm, "
+                   "which seeds each item; set it, or set temperature: 0")
+    if vllm:
+        from rayeval.io import engine
+
+        problem = engine.check_arguments(sweep.model.vllm)
+        if problem:
+            r.fail(*problem)
