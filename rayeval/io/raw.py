@@ -1,0 +1,35 @@
+"""``Raw``: a checkpoint's tensors as every layout's reader returns them (see ``layouts``), and
+the one-line error for a corrupt file that the readers share."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from rayeval import errors
+from rayeval.errors import CheckpointError
+
+
+@dataclass
+class Raw:
+    """A checkpoint's tensors, flattened to dotted keys (``model.fc.weight``)."""
+    layout: str
+    path: str                                         # the file or folder read
+    shapes: dict[str, tuple[tuple[int, ...], torch.dtype]]
+    tensors: dict[str, torch.Tensor] | None = None    # None for DCP: read on demand
+    step: int | None = None                           # from the file (Lightning global_step)
+    files: tuple[str, ...] = ()
+    reader: object | None = field(default=None, repr=False)
+    mapped: bool = False                              # tensors are torch.load's memory map
+
+
+def _raw(layout, path, tensors, files=()) -> Raw:
+    return Raw(layout=layout, path=path, tensors=tensors, files=tuple(files),
+               shapes={k: (tuple(v.shape), v.dtype) for k, v in tensors.items()})
+
+
+def _corrupt(e: BaseException, what: str, tail: str = "", **fields) -> CheckpointError:
+    """``what (Type: line)tail``: the foreign error in parentheses, kept as fields."""
+    return CheckpointError(f"{what} ({errors.reason(e, typed=True)}){tail}",
+                           cause=type(e).__name__, reason=errors.reason(e), **fields)

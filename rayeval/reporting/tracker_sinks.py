@@ -1,0 +1,184 @@
+"""A tracker's common part: the points and the table logged, and the ``_Sink`` every tracker
+(``tracker_mlflow``, ``tracker_wandb``) builds on, whose every call is guarded so that a failing
+tracker is one warning line and never fails the evaluation (see ``trackers`` for the whole)."""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import re
+from dataclasses import dataclass
+from typing import Callable
+
+from rayeval.errors import RayevalError
+
+EXPERIMENT = "rayeval"            # MLflow experiment of a sweep's own run, unless one is named
+SWEEP_TAG = "rayeval.sweep"       # MLflow tag that finds a sweep's own run again
+TABLE = "rayeval/leaderboard"     # the leaderboard's artifact (MLflow) / table key (W&B)
+STEP_METRIC = "eval/step"         # W&B: the x-axis of every eval/* metric
+
+Say = Callable[[str], None]
+
+
+# --- what is logged ---------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Point:
+    key: str
+    value: float
+    step: int
+    timestamp_ms: int
+    bound: bool = False                  # an interval's end, not a metric's value
+
+
+_UNSAFE = re.compile(r"[^A-Za-z0-9_\-. /]")
+
+
+def metric_name(evaluation: str, metric: str) -> str:
+    """``eval/<evaluation>/<metric>``; characters MLflow refuses in a name become ``_``."""
+    return f"eval/{_UNSAFE.sub('_', evaluation)}/{_UNSAFE.sub('_', metric)}"
+
+
+def points(rows: list[dict]) -> tuple[list[Point], int]:
+    """The values of stored rows as (name, value, step) points, and how many rows were left out
+    for having no training step (a checkpoint whose name has none): a chart needs a step.
+    Rows without a number (a confusion matrix) are not metrics to chart."""
+    out, unstepped = [], 0
+    for r in rows:
+        if not _finite(r.get("value")):
+            continue
+        if r.get("step") is None:
+            unstepped += 1
+            continue
+        base = metric_name(r["dataset"], r["metric"])
+        created = r.get("created_at")
+        ms = int(created.timestamp() * 1000) if created is not None else 0
+        for suffix, column in (("", "value"), ("_ci_low", "ci_low"), ("_ci_high", "ci_high")):
+            if _finite(r.get(column)):
+                out.append(Point(base + suffix, float(r[column]), int(r["step"]), ms,
+                                 bound=bool(suffix)))
+    return out, unstepped
+
+
+def _finite(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def board_table(rows: list[dict]) -> tuple[list[str], list[list]] | None:
+    """The leaderboard of ``rows`` as (columns, data): rank, sweep, checkpoint, step, then each
+    column's value and interval; None when nothing there is ranked."""
+    from rayeval.reporting.boards import build_board
+
+    try:
+        board = build_board(rows)
+    except RayevalError:
+        return None
+    columns = ["rank", "best", "sweep", "checkpoint", "step"]
+    for c in board.metrics:
+        columns += [c, f"{c}_ci_low", f"{c}_ci_high"]
+    data = []
+    for e in board.entries:
+        line = [e.rank, e.best, e.sweep, e.checkpoint, e.step]
+        for c in board.metrics:
+            got = e.rows.get(c) or {}
+            line += [got.get(k) if _finite(got.get(k)) else None
+                     for k in ("value", "ci_low", "ci_high")]
+        data.append(line)
+    return columns, data
+
+
+# --- the trackers ----------------------------------------------------------------------------
+
+class _Sink:
+    """One tracker. Every call goes through ``guard``: the first failure is one warning line and
+    the sink is dead for the rest of the command."""
+    name = ""
+
+    def __init__(self, sweep: str, warn: Say):
+        self.sweep = sweep
+        self.warn = warn
+        self.dead = False
+        self.run_id: str | None = None
+        self.cells = 0
+        self.values = 0
+        self.unstepped = 0
+        self.tabled = False
+
+    def guard(self, what: str, fn, *args) -> bool:
+        if self.dead:
+            return False
+        try:
+            with self.quiet():
+                fn(*args)
+            return True
+        except KeyboardInterrupt:
+            raise
+        except Exception as e:         # noqa: BLE001 - a tracker never fails the evaluation
+            self.dead = True
+            self.warn(f"[rayeval] warning: {self.name}: {what}: {cause(e)}; nothing more is "
+                      f"sent to {self.name} in this command (the result store has every result)")
+            return False
+
+    def quiet(self):
+        return contextlib.nullcontext()
+
+    def log(self, rows: list[dict]) -> None:
+        """Stored rows (one cell's, or a store's) as points at their steps."""
+        self.guard(f"logging to run {self.run_id}", self._log_rows, rows)
+
+    def _log_rows(self, rows: list[dict]) -> None:
+        pts, unstepped = points(rows)
+        self.unstepped += unstepped
+        if pts:
+            self._log(pts)
+            self.cells += len({(r["checkpoint"], r["dataset"]) for r in rows
+                               if r.get("step") is not None})
+
+    def table(self, rows: list[dict]) -> None:
+        """The leaderboard of stored rows, as a table."""
+        self.guard(f"logging the leaderboard to run {self.run_id}", self._board, rows)
+
+    def _board(self, rows: list[dict]) -> None:
+        got = board_table(rows)
+        if got is not None:
+            self._table(*got)
+            self.tabled = True
+
+    def close(self) -> None:
+        if not self.dead:
+            self.guard(f"closing run {self.run_id}", self._close)
+        self._release()
+
+    def summary(self) -> str | None:
+        """What went where, in one line; None when nothing did (or after the warning)."""
+        parts = []
+        if self.cells or self.unstepped:
+            parts.append(f"{self.values} metric value(s) of {self.cells} cell(s) (with their "
+                         "intervals)")
+        if self.tabled:
+            parts.append("the leaderboard")
+        if self.dead or self.run_id is None or not parts:
+            return None
+        left = (f"; {self.unstepped} metric value(s) of checkpoints without a training step "
+                "left out (a chart needs a step; the leaderboard table has them)"
+                if self.unstepped else "")
+        return (f"[rayeval] {self.name}: {' and '.join(parts)} logged to run {self.run_id} "
+                f"{self.where()}{left}")
+
+    def _release(self) -> None:
+        pass
+
+
+# --- a tracker's failure, in one line --------------------------------------------------------
+
+class _Problem(Exception):
+    """A tracker problem whose message is already the one line to show."""
+
+
+def cause(e: BaseException) -> str:
+    """One line: what went wrong, without MLflow's or W&B's multi-line payloads."""
+    if isinstance(e, _Problem):
+        return str(e)
+    text = str(getattr(e, "message", None) or e).strip()
+    line = next((ln.strip() for ln in text.splitlines() if ln.strip()), type(e).__name__)
+    return line.rstrip(".") if len(line) <= 300 else line[:297] + "..."

@@ -1,0 +1,147 @@
+"""``rayeval run``, ``watch``, ``submit`` and ``jobs``: the commands that evaluate, here or on a
+cluster. Ray, the driver and the integrations are imported inside each command, so that the
+``rayeval`` command itself starts without them (and ``--profile`` counts them as imports)."""
+
+from __future__ import annotations
+
+import sys
+
+from rich.console import Console
+from rich.markup import escape
+
+from rayeval.execution import signals
+from rayeval.execution.profile import render as render_profile, since_process_start
+from rayeval.errors import SpecError
+from rayeval.reporting.render import render_rich
+from rayeval.reporting.display import make_display
+from rayeval.ui.exit_codes import EXIT_CELLS_FAILED, EXIT_OK
+
+
+_STARTED: dict[str, float] = {}     # python start to the run's modules imported (--profile)
+
+
+def _run(args, out: Console, err: Console) -> int:
+    from rayeval import api  # noqa: F401 - imported here so --profile counts it as imports
+    from rayeval.execution import driver
+
+    _STARTED["imports"] = since_process_start()
+    from rayeval.reporting.boards import build_board, latest_rows, without_members
+    from rayeval.plan.loader import load_sweep, with_trackers
+    from rayeval.io.store import ResultStore
+
+    sweep = args.sweep
+    if args.mlflow is not None or args.wandb is not None:
+        sweep = with_trackers(load_sweep(args.sweep), mlflow=args.mlflow, wandb=args.wandb)
+    report = api.run(sweep, workers=args.workers, output=args.output,
+                     address=args.address, force=args.force, verbose=args.verbose,
+                     progress=False if args.quiet else err)
+    plan = report.plan
+    sweep = plan.sweep                      # with --workers / --output applied
+    keys = report.cell_keys
+    groups = {g.name for g in sweep.groups}
+    rows = without_members([r for r in latest_rows(ResultStore(sweep.output).read())
+                            if r["cell"] in keys or (r["sweep"] == sweep.name
+                                                     and r["dataset"] in groups)])
+    if rows:
+        render_rich(build_board(rows), out, title=sweep.name)
+    done = sum(1 for o in report.outcomes if o.ok)
+    if plan.cells:
+        ran = (f"{sweep.workers} worker(s)" + (f" on {report.nodes} node(s)" if report.nodes
+                                                else "") + f", {report.seconds:.1f} s")
+    else:
+        ran = f"nothing to run, {report.seconds:.1f} s"
+    out.print(f"{done} cell(s) evaluated, {len(plan.cached)} already in the store, "
+              f"{len(report.failures)} failed; {ran}"
+              + (f"; results in {sweep.output}" if rows else ""))
+    for f in report.failures:
+        err.print(f"[bold red]failed:[/] {escape(f.error)}", soft_wrap=True)
+        if args.debug and f.detail:
+            err.print(f.detail, markup=False, highlight=False, soft_wrap=True)
+    if args.profile:
+
+        report.timer.add("imports", _STARTED.get("imports", 0.0))
+        for line in render_profile(report.timer, report.worker_times, since_process_start()):
+            err.print(line, markup=False, highlight=False, soft_wrap=True)
+    return EXIT_CELLS_FAILED if report.failures else EXIT_OK
+
+
+def _watch(args, out: Console, err: Console) -> int:
+    from rayeval.plan.loader import load_sweep, watch_spec, with_overrides, with_trackers
+    from rayeval.integrations.watch import watch
+
+    if args.interval <= 0 or (args.settle is not None and args.settle < 0):
+        raise SpecError("--interval must be above 0 and --settle at least 0 seconds")
+    sweep = with_overrides(load_sweep(args.sweep), workers=args.workers, output=args.output)
+    sweep = with_trackers(sweep, mlflow=args.mlflow, wandb=args.wandb)
+    given = {k: v for k, v in (("ready", args.ready), ("order", args.order)) if v is not None}
+    if given:
+        sweep = sweep.replace(watch=watch_spec(given, source="rayeval watch", base=sweep.watch,
+                                               prefix="--"))
+    mode = "quiet" if args.quiet else "auto"
+
+    def say(text: str) -> None:
+        err.print(text, markup=False, highlight=False, soft_wrap=True)
+
+    try:
+        state = watch(sweep, interval_s=args.interval,
+                      settle_s=args.interval if args.settle is None else args.settle,
+                      address=args.address, verbose=args.verbose,
+                      display_for=lambda: make_display(mode, err), say=say)
+    except KeyboardInterrupt as e:
+        say(f"[rayeval] watch stopped ({getattr(e, 'name', 'SIGINT')}); every result written "
+            "so far is complete")
+        return signals.exit_code(e)
+    return EXIT_OK if not state.failed else EXIT_CELLS_FAILED
+
+
+def _submit(args, err: Console) -> int:
+    from rayeval.integrations import jobs
+
+    client, job_id, pkg = jobs.submit(args.sweep, args.address, workers=args.workers,
+                                      output=args.output, force=args.force,
+                                      mlflow=args.mlflow, wandb=args.wandb)
+    if args.no_wait:
+        print(job_id, flush=True)
+        return EXIT_OK
+    err.print(f"[rayeval] submitted job {job_id} ({pkg.bytes / (1 << 20):.1f} MiB of "
+              f"{pkg.folder}); following its log (Ctrl-C stops following, not the job)",
+              markup=False, highlight=False, soft_wrap=True)
+    try:
+        status = jobs.follow(client, job_id)
+    except KeyboardInterrupt as e:
+        err.print(f"[rayeval] stopped following; job {job_id} goes on: `rayeval jobs status "
+                  f"{job_id}` or `rayeval jobs stop {job_id}`", markup=False, highlight=False,
+                  soft_wrap=True)
+        return signals.exit_code(e)
+    code = jobs.exit_code(client, job_id)
+    err.print(f"[rayeval] job {job_id}: {status.rsplit('.', 1)[-1]}"
+              + (f" (exit status {code})" if code else ""), markup=False, highlight=False)
+    return code
+
+
+def _jobs(args, out: Console, err: Console) -> int:
+    from rayeval.integrations import jobs
+
+    client = jobs.client(args.address)
+    if args.action == "list":
+        for info in jobs.call("list", client.list_jobs):
+            sid = info.submission_id or info.job_id
+            print(f"{sid}\t{str(info.status).rsplit('.', 1)[-1]}\t{info.entrypoint}")
+        return EXIT_OK
+    what = f"job {args.job}"
+    if args.action == "stop":
+        stopped = jobs.call(what, client.stop_job, args.job)
+        print(f"{args.job}: {'stop requested' if stopped else 'not running'}")
+        return EXIT_OK
+    if args.action == "logs":
+        if args.follow:
+            jobs.follow(client, args.job)
+        else:
+            sys.stdout.write(jobs.call(what, client.get_job_logs, args.job))
+        return EXIT_OK
+    info = jobs.call(what, client.get_job_info, args.job)
+    status = str(info.status).rsplit(".", 1)[-1]
+    print(f"{args.job}: {status}" + (f" - {info.message}" if info.message else ""))
+    if status == "SUCCEEDED":
+        return EXIT_OK
+    return 3 if status in ("PENDING", "RUNNING") else EXIT_CELLS_FAILED

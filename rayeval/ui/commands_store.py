@@ -1,0 +1,237 @@
+"""The commands that read a result store: ``leaderboard`` (and its push to the trackers),
+``compare`` (paired bootstrap, or item by item), ``samples`` and ``confusion``."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from rich.console import Console
+
+from rayeval.config.schema import MlflowTracker, Trackers, WandbTracker
+from rayeval.errors import SpecError, StoreError
+from rayeval.reporting.render import (format_value, render_rich, to_csv, to_html, to_json,
+                                      to_markdown)
+from rayeval.ui.exit_codes import EXIT_CELLS_FAILED, EXIT_OK
+
+
+def _stored_rows(args) -> list[dict]:
+    """The newest stored rows of a STORE argument, filtered by --sweep / --dataset
+    (``rayeval.results``, as dicts)."""
+    from rayeval.io.store import newest
+
+    return newest(args.store, sweep=getattr(args, "sweep", None) or None,
+                  evaluation=getattr(args, "dataset", None) or None, what="STORE").to_pylist()
+
+
+def _leaderboard(args, out: Console) -> int:
+    from rayeval.reporting.boards import (AGGREGATE, aggregates, build_board, columns_of,
+                                          resolve_metric, without_members)
+
+    rows = _stored_rows(args)
+    code = EXIT_OK if _push(args, rows) else EXIT_CELLS_FAILED
+    if not args.members:
+        rows = without_members(rows)
+    # json lists what is stored, even nothing; every other output needs a board.
+    board = None if args.format == "json" and not args.plot else build_board(rows, args.metric)
+    if args.plot:
+        from rayeval.reporting.plot import plot
+
+        columns = [board.column(args.metric)] if args.metric else board.columns
+        plot(board, columns, args.plot, title=f"rayeval: {args.store}")
+        print(f"plot written to {args.plot}", file=sys.stderr, flush=True)
+    if args.format == "json":
+        summary = aggregates(rows)
+        matrices = [r for r in rows if r["metric"] == args.metric and r["matrix"]]
+        if matrices:                                  # --metric confusion_matrix
+            rows, summary = matrices, []
+        elif args.metric and rows:
+            column = resolve_metric(args.metric, columns_of(rows))
+            rows = [r for r in rows
+                    if (r["dataset"], r["metric"]) == (column.evaluation, column.metric)]
+            summary = summary if column.name == AGGREGATE else []
+        sys.stdout.write(to_json(rows, replicates=args.replicates, aggregates=summary))
+        return code
+    if args.format == "table":
+        render_rich(board, out)
+    elif args.format == "markdown":
+        sys.stdout.write(to_markdown(board))
+    elif args.format == "html":
+        sys.stdout.write(to_html(board))
+    else:
+        sys.stdout.write(to_csv(board))
+    return code
+
+
+def _push(args, rows: list[dict]) -> bool:
+    """``--to-mlflow`` / ``--to-wandb``: the rows shown, to the trackers; whether all went."""
+    from rayeval.reporting.trackers import push
+
+    if args.experiment is not None and args.to_mlflow is None:
+        raise SpecError("--experiment: only with --to-mlflow URI")
+    if args.run_id is not None and (args.to_mlflow is None) == (args.to_wandb is None):
+        raise SpecError("--run-id: give it with one of --to-mlflow or --to-wandb (a run id "
+                        "belongs to one tracker)")
+    if args.to_mlflow is None and args.to_wandb is None:
+        return True
+    for flag, value in (("--to-mlflow", args.to_mlflow), ("--to-wandb", args.to_wandb),
+                        ("--experiment", args.experiment), ("--run-id", args.run_id)):
+        if value is not None and not value.strip():
+            raise SpecError(f"{flag}: expected a non-empty value")
+    trackers = Trackers(
+        mlflow=None if args.to_mlflow is None else MlflowTracker(
+            uri=args.to_mlflow, experiment=args.experiment, run_id=args.run_id,
+            key_path="--to-mlflow"),
+        wandb=None if args.to_wandb is None else WandbTracker(
+            project=args.to_wandb, run_id=args.run_id, key_path="--to-wandb"))
+    return push(rows, trackers)
+
+
+def _compare(args, out: Console) -> int:
+    from rich.table import Table
+    from rich.text import Text
+
+    from rayeval.reporting.boards import AGGREGATE, compare, find_checkpoint
+
+    rows = _stored_rows(args)
+    a_rows = find_checkpoint(rows, args.a, "A")
+    b_rows = find_checkpoint(rows, args.b, "B")
+    found = compare(a_rows, b_rows, args.metric)
+    if all(c.paired is None for c in found):
+        raise StoreError("no bootstrap replicates to pair for these checkpoints; evaluate them "
+                         "with bootstrap replicates on, with the same seed and buckets")
+    caption = "paired bootstrap over the same resampled rows"
+    aggregate = next((c.a for c in found if c.name == AGGREGATE), None)
+    if aggregate is not None:
+        terms = [f"{e}/{m}" for e, m in zip(aggregate["evaluations"], aggregate["metrics"])]
+        caption += ("; aggregate: mean over evaluations of " + ", ".join(terms)
+                    + " (lower-is-better ones negated)")
+    table = Table(title=Text(f"A = {a_rows[0]['checkpoint']}\nB = {b_rows[0]['checkpoint']}"),
+                  caption=Text(caption))
+    for h in ("metric", "A", "B", "A - B", "interval", "P(A better)"):
+        table.add_column(h, justify="left" if h == "metric" else "right", no_wrap=True)
+    for c in found:
+        p = c.paired
+        cells = [format_value(c.a["value"]), format_value(c.b["value"])] + (
+            ["-", "-", "-"] if p is None else
+            [f"{p.difference:+.4f}", f"[{p.ci_low:+.4f}, {p.ci_high:+.4f}]", f"{p.a_better:.3f}"])
+        table.add_row(Text(c.name), *cells)
+    out.print(table)
+    return EXIT_OK
+
+
+def _samples(args, out: Console) -> int:
+    import pyarrow.compute as pc
+
+    from rayeval.reporting.samples import (checkpoint_rows, read_cell_samples,
+                                           right_or_wrong_metric)
+
+    rows = checkpoint_rows(args.store, args.checkpoint, args.sweep)
+    evaluation, table = read_cell_samples(args.store, rows, args.evaluation)
+    if args.wrong:
+        metric = right_or_wrong_metric(table, None, evaluation)
+        table = table.filter(pc.equal(table[metric], 0.0))
+    if args.format == "json":
+        sys.stdout.write(json.dumps(table.to_pylist(), indent=1, default=str) + "\n")
+    elif args.format == "csv":
+        sys.stdout.write(_csv(table))
+    else:
+        _samples_table(out, f"{rows[0]['checkpoint']} on {evaluation}: {table.num_rows} items",
+                       table)
+    return EXIT_OK
+
+
+def _csv(table) -> str:
+    """CSV of records; list columns (choices, log-likelihoods) as JSON."""
+    import csv
+    import io
+
+    buf = io.StringIO()
+    writer = csv.writer(buf, lineterminator="\n")
+    writer.writerow(table.column_names)
+    for r in table.to_pylist():
+        writer.writerow([json.dumps(v) if isinstance(v, list) else ("" if v is None else v)
+                         for v in r.values()])
+    return buf.getvalue()
+
+
+def _samples_table(out: Console, title: str, table, width: int = 60) -> None:
+    from rich.table import Table
+    from rich.text import Text
+
+    from rayeval.reporting.samples import RECORD_COLUMNS
+
+    # multiple choice: the choices and their log-likelihoods stay in json and csv
+    many = "choices" in table.column_names
+    shown = [c for c in table.column_names
+             if not (many and c in ("choices", "loglikelihoods"))]
+    out.print(title, markup=False, highlight=False, soft_wrap=True)
+    view = Table()
+    for c in shown:
+        view.add_column(c, justify="right" if c not in RECORD_COLUMNS else "left",
+                        overflow="fold", max_width=width if c == "context" else None)
+    for r in table.to_pylist():
+        view.add_row(*[Text(_short(r[c], width)) for c in shown])
+    out.print(view)
+
+
+def _short(value, width: int) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return format_value(value)
+    if isinstance(value, list):
+        value = ", ".join(format_value(v) if isinstance(v, float) else str(v) for v in value)
+    text = str(value).replace("\n", "\\n")
+    return text if len(text) <= width else "..." + text[-(width - 3):]
+
+
+def _compare_items(args, out: Console) -> int:
+    from rayeval.reporting.samples import (checkpoint_rows, evaluations_with_samples,
+                                           item_differences, read_cell_samples)
+
+    a_rows = checkpoint_rows(args.store, args.a, args.sweep, what="A")
+    b_rows = checkpoint_rows(args.store, args.b, args.sweep, what="B")
+    evaluations = [args.dataset] if args.dataset else [
+        e for e in evaluations_with_samples(a_rows) if e in evaluations_with_samples(b_rows)]
+    if not evaluations:
+        raise StoreError("--items: A and B have no evaluation with per-item records in common "
+                         "(text tasks keep them; samples: true)")
+    metric = args.metric
+    for evaluation in evaluations:
+        _, a = read_cell_samples(args.store, a_rows, evaluation, what="--dataset")
+        _, b = read_cell_samples(args.store, b_rows, evaluation, what="--dataset")
+        if metric and "/" in metric and not metric.startswith(f"{evaluation}/"):
+            continue
+        d = item_differences(a, b, evaluation, metric)
+        out.print(f"{evaluation} ({d.metric}, {d.items} items): A = {a_rows[0]['checkpoint']}, "
+                  f"B = {b_rows[0]['checkpoint']}", markup=False, highlight=False)
+        for label, part in (("right in A, wrong in B", d.a_only),
+                            ("right in B, wrong in A", d.b_only)):
+            _samples_table(out, f"{label}: {part.num_rows}", part)
+    return EXIT_OK
+
+
+def _confusion(args, out: Console) -> int:
+    from rich.table import Table
+    from rich.text import Text
+
+    from rayeval.reporting.boards import find_checkpoint
+
+    rows = [r for r in find_checkpoint(_stored_rows(args), args.checkpoint, "CHECKPOINT")
+            if r["matrix"]]
+    if not rows:
+        raise StoreError("no confusion matrix stored for that checkpoint; add confusion_matrix "
+                         "to the sweep's metrics")
+    for r in rows:
+        m = r["matrix"]
+        out.print(Text(f"{r['checkpoint']} on {r['dataset']} (rows: target, columns: "
+                       "prediction)"), soft_wrap=True)     # a heading: a path is not folded
+        table = Table()
+        table.add_column("target")
+        for j in range(len(m)):
+            table.add_column(str(j), justify="right")
+        for i, line in enumerate(m):
+            table.add_row(str(i), *(str(v) for v in line))
+        out.print(table)
+    return EXIT_OK
