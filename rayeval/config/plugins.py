@@ -1,5 +1,5 @@
-"""Plugins: installed packages that add tasks, metrics or backends to rayeval's registries,
-found through the entry-point group ``rayeval.plugins``.
+"""Plugins: installed packages that add tasks, metrics, checkpoint layouts or backends to
+rayeval's registries, found through the entry-point group ``rayeval.plugins``.
 
 A plugin package declares one entry point per register function::
 

@@ -73,8 +73,26 @@ def sniff_file(path: str) -> str:
                           "safetensors file or a torch.distributed.checkpoint folder")
 
 
+# A plugin's layout (``docs/plugins.md``): a detector that recognises its own files, asked before
+# the built-in detection, returning the layout name its reader is registered under in
+# ``READERS`` (or ``(layout, path to read)`` for a folder), or None for files it does not know.
+DETECTORS: Registry[Callable[[str], "str | tuple[str, str] | None"]] = Registry(
+    "checkpoint layout detector")
+
+
+def _plugin_layout(path: str) -> tuple[str, str] | None:
+    for _, detect in DETECTORS.items():
+        found = detect(path)
+        if found is not None:
+            return found if isinstance(found, tuple) else (found, path)
+    return None
+
+
 def detect_format(path: str) -> str:
     """The layout at a local path (see the module docstring)."""
+    found = _plugin_layout(path)
+    if found is not None:
+        return found[0]
     if not os.path.isdir(path):
         kind = sniff_file(path)
         if kind == "index":
@@ -87,6 +105,9 @@ def detect_format(path: str) -> str:
 
 def detect_folder(path: str) -> tuple[str, str]:
     """(layout, the path inside the folder to read)."""
+    found = _plugin_layout(path)
+    if found is not None:
+        return found
     names = set(os.listdir(path))
     if ".metadata" in names:
         return "dcp", path
@@ -152,7 +173,8 @@ class Source:
 
 
 # Layout name (as ``detect_format`` names it) -> its reader. Adding a layout is teaching
-# ``detect_format`` its files and registering a reader here.
+# ``detect_format`` its files (a built-in) or registering a detector in DETECTORS (a plugin),
+# and registering a reader here.
 READERS: Registry[Callable[[Source], Raw]] = Registry("checkpoint layout")
 
 

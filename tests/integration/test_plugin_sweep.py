@@ -1,7 +1,7 @@
-"""Tier 3: a package installed from outside rayeval adds a task and two metrics through the
-``rayeval.plugins`` entry-point group (tests/plugins/rayeval_example_plugin), and a sweep on a
-real local Ray uses them: the driver and every worker load the plugin, and the stored numbers
-equal scikit-learn's."""
+"""Tier 3: a package installed from outside rayeval adds a task, two metrics and a checkpoint
+layout through the ``rayeval.plugins`` entry-point group (tests/plugins/rayeval_example_plugin),
+and a sweep on a real local Ray uses them (one checkpoint is an .npz archive): the driver and
+every worker load the plugin, and the stored numbers equal scikit-learn's."""
 
 import importlib.util
 import os
@@ -19,6 +19,7 @@ from rayeval.config import plugins
 from rayeval.core import metrics
 from rayeval.core.tasks import TASKS
 from rayeval.execution.driver import run_sweep
+from rayeval.io import layouts
 from rayeval.io.store import ResultStore
 from rayeval.reporting.boards import latest_rows
 from support import build_model, make_data, write_model_module, write_parquet
@@ -65,11 +66,13 @@ def plugin_cluster(example_plugin, request):
 
 def _registries():
     return (dict(TASKS._items), {t: dict(r._items) for t, r in metrics.REGISTRY.items()},
-            plugins._loaded, plugins._failure)
+            plugins._loaded, plugins._failure, dict(layouts.DETECTORS._items),
+            dict(layouts.READERS._items))
 
 
 def _restore(saved) -> None:
-    tasks, metric_items, plugins._loaded, plugins._failure = saved
+    tasks, metric_items, plugins._loaded, plugins._failure, detectors, readers = saved
+    layouts.DETECTORS._items, layouts.READERS._items = detectors, readers
     TASKS._items = tasks
     for task in set(metrics.REGISTRY) - set(metric_items):
         del metrics.REGISTRY[task]
@@ -84,8 +87,11 @@ def write_sweep(folder) -> str:
     x, y = make_data(ROWS, seed=3)
     write_parquet(str(folder / "data.parquet"), x, y, row_group_size=97)
     (folder / "ckpts").mkdir()
-    for s in SEEDS:
+    for s in SEEDS[:-1]:
         torch.save(build_model(seed=s).state_dict(), folder / "ckpts" / f"step_{s}.pt")
+    # The last checkpoint in the plugin's own layout: numpy's .npz archive.
+    np.savez(folder / "ckpts" / f"step_{SEEDS[-1]}.npz",
+             **{k: v.numpy() for k, v in build_model(seed=SEEDS[-1]).state_dict().items()})
     dataset = {"path": "data.parquet", "inputs": "x", "target": "y", "id": "row"}
     spec = {
         "name": "plugin", "model": {"factory": "tiny_models:build"}, "checkpoints": ["ckpts/*"],
@@ -128,7 +134,7 @@ def test_a_sweep_on_ray_uses_the_plugin_s_task_and_metrics(plugin_cluster, tmp_p
            for r in latest_rows(ResultStore(sweep.output).read())}
     for s in SEEDS:
         for metric, value in references(s).items():
-            row = got[(f"step_{s}.pt", metric)]
+            row = got[(f"step_{s}.{'npz' if s == SEEDS[-1] else 'pt'}", metric)]
             assert row["num_samples"] == ROWS and row["world_size"] == WORKERS
             exact = metric == "accuracy"
             assert row["value"] == pytest.approx(value, rel=0 if exact else 1e-6), (s, metric)

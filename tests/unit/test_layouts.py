@@ -277,3 +277,25 @@ def test_inspect_labels_the_lightning_attribute_it_strips(tmp_path, monkeypatch,
     assert table_row(out, "prefixes") == "none"
     assert table_row(out, "step") == "1234 (from the file)"
     assert table_row(out, "epoch") == "2 (from the name)"
+
+
+def test_a_registered_detector_is_asked_before_the_built_in_layouts(tmp_path):
+    # How a plugin adds a layout (docs/plugins.md): a detector naming its files, a reader.
+    from rayeval.io import layouts
+    from rayeval.io.raw import _raw
+
+    path = tmp_path / "weights.txt"
+    path.write_text("w 1.5 2.5\n")
+    saved = dict(layouts.DETECTORS._items), dict(layouts.READERS._items)
+    try:
+        layouts.DETECTORS.add("text", lambda p: "text" if p.endswith(".txt") else None)
+        layouts.READERS.add("text", lambda src: _raw("text", src.path, {
+            line.split()[0]: torch.tensor([float(v) for v in line.split()[1:]])
+            for line in open(src.target)}))
+        raw = layouts.read(str(path))
+        assert raw.layout == "text" and raw.tensors["w"].tolist() == [1.5, 2.5]
+        assert layouts.detect_format(str(path)) == "text"
+    finally:
+        layouts.DETECTORS._items, layouts.READERS._items = saved
+    with pytest.raises(CheckpointError, match="not a checkpoint"):
+        layouts.read(str(path))
