@@ -18,6 +18,7 @@ Plain Python, no imports beyond the errors: every layer may hold a registry.
 
 from __future__ import annotations
 
+import importlib
 from typing import Any, Callable, Generic, Iterator, TypeVar
 
 from rayeval.errors import RegistryError
@@ -32,6 +33,7 @@ class Registry(Generic[T]):
     def __init__(self, kind: str):
         self.kind = kind
         self._items: dict[str, T] = {}
+        self._lazy: dict[str, str] = {}       # name -> "module:attr", imported on first use
 
     def add(self, name: str, obj: T) -> T:
         """Register ``obj`` as ``name``; a name already taken is a RegistryError naming both."""
@@ -56,8 +58,24 @@ class Registry(Generic[T]):
             return obj
         return decorate
 
+    def lazy(self, name: str, target: str) -> None:
+        """Name ``target`` ("module:attr", a module that registers ``name`` when imported)
+        without importing it: a registry low on the ladder can hold a thing defined higher up
+        (vLLM's lazy model registry), found by name in any process."""
+        self._lazy[name] = target
+
+    def _load(self, name: Any) -> None:
+        """Import the module of a lazily named entry, once; it registers itself."""
+        try:
+            target = self._lazy.pop(name, None)
+        except TypeError:                   # an unhashable name from a YAML file
+            return
+        if target is not None and name not in self._items:
+            importlib.import_module(target.split(":", 1)[0])
+
     def get(self, name: str) -> T:
         """The object registered as ``name``; a RegistryError listing the known names if none."""
+        self._load(name)
         try:
             return self._items[name]
         except (KeyError, TypeError):      # TypeError: an unhashable name from a YAML file
@@ -65,30 +83,30 @@ class Registry(Generic[T]):
 
     def unknown(self, name: Any) -> str:
         """The message for a name this registry does not hold (callers add the key path)."""
-        return f"unknown {self.kind} {name!r}; choose one of: {', '.join(self._items) or 'none'}"
+        return f"unknown {self.kind} {name!r}; choose one of: {', '.join(self) or 'none'}"
 
     __getitem__ = get
 
     def __contains__(self, name: object) -> bool:
         try:
-            return name in self._items
+            return name in self._items or name in self._lazy
         except TypeError:
             return False
 
     def __iter__(self) -> Iterator[str]:
-        return iter(list(self._items))
+        return iter(self.names())
 
     def __len__(self) -> int:
-        return len(self._items)
+        return len(self.names())
 
     def names(self) -> list[str]:
-        return list(self._items)
+        return list(self._items) + [n for n in self._lazy if n not in self._items]
 
     def items(self) -> list[tuple[str, T]]:
-        return list(self._items.items())
+        return [(n, self.get(n)) for n in self.names()]
 
     def values(self) -> list[T]:
-        return list(self._items.values())
+        return [self.get(n) for n in self.names()]
 
     def __repr__(self) -> str:
         return f"Registry({self.kind!r}: {', '.join(self._items)})"
