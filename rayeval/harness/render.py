@@ -222,7 +222,7 @@ def _render_task(spec, path, name, task, tokenizer) -> Rendered:
     filters = filter_names(task)
     lm_keys = {names.metric_key(m, f): names.result_key(m, f, len(filters))
                for f in filters for m in task.aggregation()}
-    config = json.dumps(task.dump_config(), sort_keys=True, default=str)
+    config = json.dumps(task.dump_config(), sort_keys=True, default=_plain)
     digest = hashlib.sha256()
     for part in (TABLE_FORMAT, version("lm_eval"), version("pyarrow"), config,
                  json.dumps([[i.args for i in by_doc[d]] for d in sorted(by_doc)], default=str),
@@ -234,6 +234,23 @@ def _render_task(spec, path, name, task, tokenizer) -> Rendered:
     blob = _pickle(task, spec)
     return Rendered(name, output_type, table, blob, metrics, until, max_gen_toks,
                     digest.hexdigest()[:24], lm_keys, sampling, lm=task)
+
+
+def _plain(value) -> str:
+    """A config value JSON does not know, the same in every process: a function (a YAML's
+    ``!function``) by its name and its source (an edit is a new digest), never by its address
+    (``str`` of one differs per process, which made each run render to a new folder)."""
+    import inspect
+    import re
+
+    if callable(value) and hasattr(value, "__qualname__"):
+        try:
+            source = inspect.getsource(value)
+        except (OSError, TypeError):
+            source = ""
+        code = hashlib.sha256(source.encode("utf-8")).hexdigest()[:16]
+        return f"{getattr(value, '__module__', '')}.{value.__qualname__}:{code}"
+    return re.sub(r" at 0x[0-9a-fA-F]+", "", str(value))
 
 
 def _encode(kind: str, instances: list, path: str, name: str) -> str:
