@@ -116,3 +116,22 @@ def test_core_finds_the_lm_eval_task_by_name_without_importing_it():
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           env={**os.environ, "PYTHONPATH": root})
     assert proc.returncode == 0, proc.stderr
+
+
+def test_a_function_in_a_tasks_config_is_named_the_same_in_every_process():
+    from rayeval.harness.render import _plain
+
+    def add_question(dataset):
+        return dataset
+
+    def edited():
+        def add_question(dataset):
+            return dataset.map(str)
+        return add_question
+
+    named = _plain(add_question)
+    assert "0x" not in named and named.startswith(f"{__name__}.")
+    assert named.split(":")[0].endswith(".add_question")
+    assert _plain(add_question) == named                   # the source, not the object
+    assert _plain(edited()).split(":")[1] != named.split(":")[1]     # an edit: a new digest
+    assert _plain(object()) == "<object object>"
