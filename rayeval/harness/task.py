@@ -29,9 +29,11 @@ from rayeval.core.tasks.base import TASKS
 from rayeval.core.tasks.text import (TextBatch, _TextTask, generate, loglikelihoods,
                                      rolling_windows)
 from rayeval.errors import DataError
-from rayeval.harness import names, requests, store
+from rayeval.harness import names, store
+from rayeval.harness import requests as request_table    # (score's ``requests`` are its own)
 from rayeval.harness.requests import COLUMNS, WIDTH, filter_names, layout
 from rayeval.io import data
+
 
 def lm_task(data_location: str):
     """The lm-eval task a request table was rendered from: the driver's own, or the one it
@@ -55,7 +57,7 @@ def _instances(task, extra) -> list:
     """A document's lm-eval ``Instance`` objects, from its JSON requests and its document."""
     doc_id, encoded = extra
     name = getattr(task, "task_name", None) or task.get_config("task")
-    return requests.instances(encoded, _docs(task)[doc_id], doc_id, name)
+    return request_table.instances(encoded, _docs(task)[doc_id], doc_id, name)
 
 
 @TASKS.register(instance=True)
@@ -99,7 +101,7 @@ class Harness(_TextTask):
         ids = data.column_array(table, "doc_id").to_pylist()
         rows, n = [], 0
         for blob in blobs:
-            kind, instances = requests.kind_of(blob), requests.arguments(blob)
+            kind, instances = request_table.kind_of(blob), request_table.arguments(blob)
             if kind in ("loglikelihood", "multiple_choice"):
                 row = [tok.encode_pair(*args[:2]) for args in instances]
             elif kind == "loglikelihood_rolling":
@@ -164,7 +166,7 @@ class Harness(_TextTask):
             for name in filters:
                 got = [inst.filtered_resps.get(name, inst.resps[0]) for inst in instances]
                 for metric, value in task.process_results(doc, got).items():
-                    values[metric if len(filters) == 1 else f"{metric},{name}"] = value
+                    values[names.result_key(metric, name, len(filters))] = value
             for key, kind_, col, _ in columns:
                 if key not in values:
                     raise DataError(f"{run.spec.key_path}: lm-eval's process_results gave no "
