@@ -36,6 +36,7 @@ from rayeval.io.model import ModelSource
 from rayeval.plan.cells import CellOutcome, Evaluation, Plan, make_plan
 from rayeval.plan.lm_eval_entries import write_requests
 from rayeval.execution.profile import Timer
+from rayeval.harness import store as lm_eval_store
 from rayeval.io.store import ResultStore
 
 
@@ -131,11 +132,14 @@ def _probe_output_size(sweep: Sweep, spec: EvalSpec, info, source: ModelSource, 
     return size
 
 
-def check_inputs(sweep: Sweep) -> tuple[tuple[Evaluation, ...], ResultStore]:
+def check_inputs(sweep: Sweep, force: bool = False) -> tuple[tuple[Evaluation, ...],
+                                                             ResultStore]:
     """The evaluations, inspected and probed, and the store, probe-written: what `run` and
-    `watch` check before any cluster starts."""
+    `watch` check before any cluster starts. A request table of lm-eval the store holds must
+    be the one the driver rendered (``force``: written again), before anything reads it."""
     load_plugins()                # a sweep built in Python may name a plugin's task or metric
     write_requests(sweep)         # the lm-eval request tables the evaluations read, rendered
+    lm_eval_store.check_stored(_lm_eval_tables(sweep.evals), force)
     evaluations = inspect_evaluations(sweep)
     if sweep.parallelism.tensor > 1:
         for e in evaluations:
@@ -150,10 +154,15 @@ def check_inputs(sweep: Sweep) -> tuple[tuple[Evaluation, ...], ResultStore]:
     return evaluations, store
 
 
+def _lm_eval_tables(specs) -> list[str]:
+    """The request tables of the lm-eval evaluations among ``specs``."""
+    return [s.dataset.path for s in specs if s.lm_eval is not None]
+
+
 def prepare(sweep: Sweep, force: bool = False, ready=None) -> Plan:
     """Everything that can fail on bad input, before any cluster starts, and the plan.
     ``ready``: (CheckpointRef, fingerprint) pairs to plan instead of the sweep's globs."""
-    evaluations, store = check_inputs(sweep)
+    evaluations, store = check_inputs(sweep, force)
     return plan_cells(sweep, evaluations, store, force=force, ready=ready)
 
 
@@ -306,7 +315,8 @@ def _trainer(plan: Plan, tracker, standing: bool = False):
     return TorchTrainer(
         train_loop,
         train_loop_config={"plan": plan, "tracker": tracker, "standing": standing,
-                           "ray_data": sorted(data)},
+                           "ray_data": sorted(data), "lm_eval": lm_eval_store.shipment(
+                               _lm_eval_tables(e.spec for e in plan.evaluations))},
         datasets=data or None,
         dataset_config=pipeline.exact_split() if data else None,
         torch_config=TorchConfig(timeout_s=sweep.recovery.stall_timeout_s),

@@ -33,7 +33,8 @@ from rayeval.execution import dist, recovery
 from rayeval.execution.pipeline import SplitRows
 from rayeval.io import layouts
 from rayeval.core import tasks
-from rayeval.core.tasks.harness import lm_task
+from rayeval.harness import store as lm_eval_store
+from rayeval.harness.task import lm_task
 from rayeval.io.checkpoints import fetch
 from rayeval.io.engine import Engine
 from rayeval.io.data import RowRange
@@ -228,6 +229,7 @@ def train_loop(config: dict) -> list[CellOutcome]:
     publishes it, so nothing is counted twice."""
     entered = time.time()
     plan: Plan = config["plan"]
+    lm_eval_store.receive(config.get("lm_eval"))     # the driver's lm-eval tasks, through Ray
     rank = ray.train.get_context().get_world_rank()
     progress = WorkerProgress(config.get("tracker"), rank)
     attempt, done, fatal = progress.start()

@@ -12,6 +12,7 @@ from __future__ import annotations
 from rayeval.config.reader import Reader
 from rayeval.config.schema import (Bootstrap, DatasetSpec, EvalSpec, Generation, GroupMetric,
                                    GroupSpec, LmEvalSpec, MetricSpec, ModelSpec, Sweep)
+from rayeval.harness import groups as lm_groups, names, store as lm_store
 from rayeval.io import paths
 from rayeval.plan import validation
 
@@ -22,12 +23,10 @@ _UNWRITTEN: dict[str, tuple[str, object]] = {}
 def write_requests(sweep: Sweep) -> None:
     """Write the request tables of the sweep's lm-eval evaluations that this process rendered
     and has not written yet (a table already in the store is kept)."""
-    from rayeval.plan import harness
-
     for ev in sweep.evals:
         waiting = _UNWRITTEN.pop(ev.dataset.path, None) if ev.lm_eval is not None else None
         if waiting is not None:
-            harness.write(*waiting)
+            lm_store.write(*waiting)
 
 
 class LmEvalEntries:
@@ -69,37 +68,35 @@ class LmEvalEntries:
                    samples: bool) -> list[EvalSpec]:
         """Entry ``m`` (at ``path``): one evaluation for a task; for a group, one per task
         (``NAME/TASK``) and the group's aggregates (``self.groups``)."""
-        from rayeval.plan import harness
+        from rayeval.harness import render as lm_render      # pyarrow: only with lm_eval entries
 
         validation.lm_eval_entry(self.r, m, path)
         spec = self.r.build(LmEvalSpec, m["lm_eval"], f"{path}.lm_eval")
         where = f"{self.r.source}: {path}.lm_eval"
-        tasks, groups = harness.render(spec, where, self.tokenizer()
-                                       if spec.apply_chat_template else None)
+        tasks, groups = lm_render.render(spec, where, self.tokenizer()
+                                         if spec.apply_chat_template else None)
         common = dict(batch_size=batch_size, bootstrap=bootstrap, samples=samples,
                       lm_eval=spec, key_path=path)
         name = m["name"]
         if not groups:                                     # one task: the evaluation NAME
             return [self._one(tasks[0], name, path, common)]
         # A group: its tasks as NAME/TASK, its aggregate as NAME, a subgroup's as NAME/SUB.
-        evals = [self._one(t, f"{name}/{t.task}", path, common) for t in tasks]
+        evals = [self._one(t, names.member(name, t.task), path, common) for t in tasks]
         by_task = {t.task: t for t in tasks}
         for i, group in enumerate(groups):
-            metrics = tuple(GroupMetric(key, tuple((f"{name}/{t}", k) for t, k in parts),
+            metrics = tuple(GroupMetric(key, tuple((names.member(name, t), k) for t, k in parts),
                                         weight, higher)
                             for key, parts, weight, higher in
-                            harness.group_metrics(group, by_task))
+                            lm_groups.group_metrics(group, by_task))
             if metrics:
                 self.groups.append(GroupSpec(
-                    name=name if i == 0 else f"{name}/{group.name}",
-                    members=tuple(f"{name}/{t}" for t in group.leaves if t in by_task),
+                    name=name if i == 0 else names.member(name, group.name),
+                    members=tuple(names.member(name, t) for t in group.leaves if t in by_task),
                     metrics=metrics, key_path=path))
         return evals
 
     def _one(self, task, name: str, path: str, common: dict) -> EvalSpec:
-        from rayeval.plan import harness
-
-        data = f"{harness.location(self.output, task.digest)}/{harness.DOCS_FILE}"
+        data = f"{lm_store.location(self.output, task.digest)}/{lm_store.DOCS_FILE}"
         _UNWRITTEN[data] = (self.output, task)
         # The request table's columns, read as they are (the task tokenizes them).
         dataset = DatasetSpec(path=data, inputs=("context", "target", "choices", "instances"),

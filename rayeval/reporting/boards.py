@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 import pyarrow as pa
 
 from rayeval.errors import StoreError
+from rayeval.harness import names as lm_names
 from rayeval.io.store import bootstrap_params, confidence_of, latest_rows  # noqa: F401 - the row's format
 
 AGGREGATE = "aggregate"
@@ -29,7 +30,7 @@ def group_members(rows: list[dict]) -> set[str]:
     """The evaluations that are an lm-eval group's tasks (``NAME/TASK``) whose group (``NAME``)
     the rows also hold: the suite's aggregate counts the group, not its tasks again."""
     datasets = {r["dataset"] for r in rows}
-    return {d for d in datasets if "/" in d and d.split("/", 1)[0] in datasets}
+    return {d for d in datasets if lm_names.group_of(d) in datasets}
 
 
 def without_members(rows: list[dict]) -> list[dict]:
@@ -37,8 +38,8 @@ def without_members(rows: list[dict]) -> list[dict]:
     (``NAME``) is stored for the same checkpoint: a board shows the group, its members on
     request."""
     shown = {(r["sweep"], r["checkpoint"], r["dataset"]) for r in rows}
-    return [r for r in rows if "/" not in r["dataset"] or
-            (r["sweep"], r["checkpoint"], r["dataset"].split("/", 1)[0]) not in shown]
+    return [r for r in rows
+            if (r["sweep"], r["checkpoint"], lm_names.group_of(r["dataset"])) not in shown]
 
 
 def value_of(row: dict | None) -> float | None:

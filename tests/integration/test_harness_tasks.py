@@ -11,8 +11,12 @@ and every document's record, in one process and on a real local Ray with 1, 2 an
 """
 
 import os
+import pathlib
+import pickle
 import shutil
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 import yaml
 
@@ -369,3 +373,52 @@ def test_bad_lm_eval_entries_are_one_line_before_ray(example, tmp_path):
             "metric_list": [{"metric": "acc", "aggregation": "median"}]}, fewshot_split=False))
     line = _spec_error(ex, [{"name": "x", "lm_eval": {"task": "arith_median", **tasks}}])
     assert "median" in line and "arith_median" in line
+
+
+class _Touch:
+    """What a planted pickle can do when loaded: here, create the file ``path``."""
+
+    def __init__(self, path):
+        self.path = path
+
+    def __reduce__(self):
+        return pathlib.Path.touch, (pathlib.Path(self.path),)
+
+
+@pytest.mark.ray
+def test_a_pickle_planted_in_the_store_never_runs(example, tmp_path):
+    """Anyone who can write to a shared store plants, under the digest a colleague's sweep
+    computes, the files an older rayeval unpickled (task.pkl, a request table of pickled
+    requests): the run says the stored rendering is not trusted, --force renders it again,
+    and the planted code never runs."""
+    ex = _copy(example, tmp_path)
+    sweep = yaml.safe_load((ex / "sweep.yaml").read_text())
+    sweep["checkpoints"] = [f"ckpts/{sorted(os.listdir(ex / 'ckpts'))[0]}"]
+    sweep["evals"] = [{"name": "arith_mc", "lm_eval": {"task": "arith_mc", **{
+        "include_path": "tasks"}}}]
+    (ex / "sweep.yaml").write_text(yaml.safe_dump(sweep))
+    probe, marker = tmp_path / "probe", tmp_path / "planted-pickle-ran"
+    pickle.loads(pickle.dumps(_Touch(str(probe))))
+    assert probe.exists()                                 # the payload works when loaded
+    payload = pickle.dumps(_Touch(str(marker)), protocol=5)
+    # the folder the sweep renders to (the loader writes its table there: planted over)
+    data = load_sweep(str(ex / "sweep.yaml")).evals[0].dataset.path
+    folder = pathlib.Path(data).parent
+    pq.write_table(pa.table({"doc_id": [0], "context": ["x"], "target": ["x"],
+                             "choices": pa.array([["x"]]), "instances": [payload]}), data)
+    (folder / "task.pkl").write_bytes(payload)
+
+    proc = rayeval_cli("run", str(ex / "sweep.yaml"), timeout=300, env=offline_env())
+    assert proc.returncode != 0
+    lines = [line for line in proc.stderr.strip().splitlines() if line.strip()]
+    assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert data in lines[0] and "not trusted" in lines[0] and "--force" in lines[0]
+    assert not marker.exists()
+
+    proc = rayeval_cli("run", str(ex / "sweep.yaml"), "--force", timeout=600,
+                       env=offline_env())
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert not marker.exists()                            # task.pkl is still there, unread
+    rows = latest_rows(ResultStore(str(ex / "results")).read())
+    assert {r["metric"] for r in rows} == {"acc", "acc_norm"}
+    assert pa.types.is_string(pq.read_schema(data).field("instances").type)

@@ -15,12 +15,15 @@ the whole change (with the README's task list and its tests).
            modeling over token ids
     text   the text tasks of language models, scored as lm-evaluation-harness scores them:
            multiple_choice, text_perplexity, generation
-    harness  lm_eval: an lm-evaluation-harness task's rendered requests, scored here and
-           handed back to lm-eval's filters and process_results (plan.harness renders them)
+
+lm_eval, an lm-evaluation-harness task's rendered requests, lives in its own package above this
+one (``rayeval.harness``); the registry names it lazily, so that core never imports it.
 """
 
 import importlib
 import pkgutil
+
+from rayeval.core import metrics as _metrics
 
 from rayeval.core.tasks.base import (TASKS, TOKENS, Classification, Inputs, LanguageModeling,
                                      Regression, Task, call_model, check_finite_inputs,
@@ -30,6 +33,14 @@ from rayeval.core.tasks.text import Generation, MultipleChoice, TextPerplexity
 for _module in sorted(m.name for m in pkgutil.iter_modules(__path__)):
     if not _module.startswith("_"):
         importlib.import_module(f"{__name__}.{_module}")
+
+# Named, not imported: the lm-eval slice stands above core on the ladder; the task and its
+# metrics are imported from it in whichever process first asks for them.
+TASKS.add_lazy("lm_eval", "rayeval.harness.task:Harness", instance=True)
+for _metric, _cls in (("lm_mean", "LmMean"), ("lm_perplexity", "LmPerplexity"),
+                      ("lm_weighted_perplexity", "LmWeightedPerplexity"),
+                      ("lm_bits_per_byte", "LmBitsPerByte")):
+    _metrics._registry("lm_eval").add_lazy(_metric, f"rayeval.harness.task:{_cls}")
 
 
 def get(name: str) -> Task:

@@ -1,14 +1,15 @@
-"""lm-evaluation-harness tasks: the worker's half (the driver's is ``plan.harness``).
+"""lm-evaluation-harness tasks: the worker's half (the driver's is ``render``).
 
-A row is one document of an lm-eval task, rendered on the driver: its requests (lm-eval's
-``Instance`` objects, pickled with the document), the context and the target as text. The
-worker tokenizes the requests as lm-eval's Hugging Face model does (the text tasks' tokenizer
-conventions), scores them on rayeval's model path (any checkpoint layout, sharded models) and
-hands the responses back to lm-eval's own code: the task's filters (``apply_filters``' filter
-ensembles) and ``process_results(doc, responses)``, per filter. Each document then contributes
-one float row of its metric values, in the columns ``layout`` assigns, and the metrics below
-reduce those rows into exact sum states (so they merge over workers and resample for the
-bootstrap like every other metric):
+A row is one document of an lm-eval task, rendered on the driver: its requests (plain JSON,
+``requests.py``), the context and the target as text. The worker rebuilds lm-eval's
+``Instance`` objects from them and the task object the driver sent it through Ray (never
+from the store), tokenizes the requests as lm-eval's Hugging Face model does (the text tasks'
+tokenizer conventions), scores them on rayeval's model path (any checkpoint layout, sharded
+models) and hands the responses back to lm-eval's own code: the task's filters
+(``apply_filters``' filter ensembles) and ``process_results(doc, responses)``, per filter.
+Each document then contributes one float row of its metric values, in the columns
+``requests.layout`` assigns, and the metrics below reduce those rows into exact sum states
+(so they merge over workers and resample for the bootstrap like every other metric):
 
     lm_mean                 sum of the values / documents               lm-eval's ``mean``
     lm_perplexity           exp(-sum / documents)                       ``perplexity``
@@ -19,79 +20,45 @@ bootstrap like every other metric):
 from __future__ import annotations
 
 import math
-import pickle
 from typing import ClassVar
 
-import pyarrow as pa
 import torch
 
 from rayeval.core import metrics as M
-from rayeval.core.tasks.base import TASKS
 from rayeval.core.tasks.text import (TextBatch, _TextTask, generate, loglikelihoods,
                                      rolling_windows)
 from rayeval.errors import DataError
-from rayeval.io import data, paths
-
-COLUMNS = ("doc_id", "context", "target", "choices", "instances")
-TASK_FILE = "task.pkl"
-# lm-eval's aggregation function name -> (rayeval metric, columns per document)
-AGGREGATIONS = {"mean": ("lm_mean", 1), "perplexity": ("lm_perplexity", 1),
-                "weighted_perplexity": ("lm_weighted_perplexity", 2),
-                "bits_per_byte": ("lm_bits_per_byte", 2)}
-WIDTH = dict(AGGREGATIONS.values())
-
-
-class NotMergeable(ValueError):
-    """An lm-eval aggregation that needs every item in one place."""
-
-
-def layout(task) -> list[tuple[str, str, int, bool]]:
-    """(result key, rayeval metric, first column, higher is better) of each metric of an
-    lm-eval task under each of its filters, in lm-eval's order. Keys are lm-eval's metric
-    names, with ``,filter`` where the task has more than one filter."""
-    import lm_eval.api.metrics as lm_metrics
-
-    known = {getattr(lm_metrics, fn): fn for fn in AGGREGATIONS}
-    filters = filter_names(task)
-    higher = task.higher_is_better() or {}
-    out, column = [], 0
-    for filter_name in filters:
-        for metric, agg in task.aggregation().items():
-            fn = known.get(agg)
-            if fn is None:
-                raise NotMergeable(f"{metric} aggregates with "
-                                   f"{getattr(agg, '__name__', agg)}")
-            kind, width = AGGREGATIONS[fn]
-            key = metric if len(filters) == 1 else f"{metric},{filter_name}"
-            out.append((key, kind, column, bool(higher.get(metric, True))))
-            column += width
-    return out
-
-
-def filter_names(task) -> list[str]:
-    return [f.name for f in getattr(task, "_filters", None) or []] or ["none"]
-
-
-_TASKS: dict[str, object] = {}
+from rayeval.harness import names, store
+from rayeval.harness import requests as request_table    # (score's ``requests`` are its own)
+from rayeval.harness.requests import COLUMNS, WIDTH, filter_names, layout
+from rayeval.io import data
 
 
 def lm_task(data_location: str):
-    """The lm-eval task a request table was rendered from (pickled beside it), once per
-    process."""
-    folder = data_location.rsplit("/", 1)[0]
-    if folder not in _TASKS:
-        fs, path = paths.filesystem(f"{folder}/{TASK_FILE}")
-        try:
-            with fs.open_input_stream(path) as f:
-                blob = f.read()
-        except (FileNotFoundError, OSError) as e:
-            raise DataError(f"{folder}: the lm-eval task rendered for these requests is "
-                            f"missing ({e}); run the sweep again to render it") from None
-        _TASKS[folder] = pickle.loads(blob)
-    return _TASKS[folder]
+    """The lm-eval task a request table was rendered from: the driver's own, or the one it
+    sent this worker with the plan (``store.receive``); never read from the store."""
+    task = store.task_for(data_location)
+    if task is None:
+        raise DataError(f"{data_location}: the lm-eval task rendered for these requests did "
+                        "not come with the plan; run the sweep again to render it")
+    return task
 
 
-@TASKS.register(instance=True)
+def _docs(task):
+    """The task's documents (lm-eval's ``eval_docs``, which ``doc_id`` indexes), once."""
+    docs = getattr(task, "_rayeval_docs", None)
+    if docs is None:
+        docs = task._rayeval_docs = task.eval_docs
+    return docs
+
+
+def _instances(task, extra) -> list:
+    """A document's lm-eval ``Instance`` objects, from its JSON requests and its document."""
+    doc_id, encoded = extra
+    name = getattr(task, "task_name", None) or task.get_config("task")
+    return request_table.instances(encoded, _docs(task)[doc_id], doc_id, name)
+
+
 class Harness(_TextTask):
     name = "lm_eval"
     generates = True
@@ -128,26 +95,26 @@ class Harness(_TextTask):
         raise self.wrong_output(out)
 
     def tokenize(self, table, spec, tok, decoder):
-        kind = lm_task(spec.path).OUTPUT_TYPE
         blobs = data.column_array(table, "instances").to_pylist()
+        ids = data.column_array(table, "doc_id").to_pylist()
         rows, n = [], 0
         for blob in blobs:
-            instances = pickle.loads(blob)
+            kind, instances = request_table.kind_of(blob), request_table.arguments(blob)
             if kind in ("loglikelihood", "multiple_choice"):
-                row = [tok.encode_pair(*inst.args[:2]) for inst in instances]
+                row = [tok.encode_pair(*args[:2]) for args in instances]
             elif kind == "loglikelihood_rolling":
-                row = [rolling_windows(tok.encode(inst.args[0]), tok.prefix_id, tok.max_length)
-                       for inst in instances]
+                row = [rolling_windows(tok.encode(args[0]), tok.prefix_id, tok.max_length)
+                       for args in instances]
             else:
                 budget = tok.max_length - decoder.generation.max_new_tokens
                 if budget < 1:
                     raise DataError(f"{spec.key_path}: max_gen_toks "
                                     f"{decoder.generation.max_new_tokens} leaves no room for a "
                                     f"prompt in the model's context of {tok.max_length}")
-                row = [tok.encode(inst.args[0])[-budget:] for inst in instances]
+                row = [tok.encode(args[0])[-budget:] for args in instances]
             n += 8 * sum(len(_flat(r)) for r in row) + len(blob)
             rows.append(row)
-        return TextBatch(rows, blobs, n, ids=data.column_array(table, "doc_id").to_pylist())
+        return TextBatch(rows, list(zip(ids, blobs)), n, ids=ids)
 
     def first_tokens(self, x):
         first = x.rows[0][0]
@@ -160,7 +127,7 @@ class Harness(_TextTask):
     def score(self, model, x, y, run):
         task = lm_task(run.spec.path)
         kind = task.OUTPUT_TYPE
-        docs = [pickle.loads(b) for b in x.extra]
+        docs = [_instances(task, e) for e in x.extra]
         flat = [inst for instances in docs for inst in instances]
         requests = [r for row in x.rows for r in row]
         if kind in ("loglikelihood", "multiple_choice"):
@@ -197,11 +164,11 @@ class Harness(_TextTask):
             for name in filters:
                 got = [inst.filtered_resps.get(name, inst.resps[0]) for inst in instances]
                 for metric, value in task.process_results(doc, got).items():
-                    values[metric if len(filters) == 1 else f"{metric},{name}"] = value
+                    values[names.result_key(metric, name, len(filters))] = value
             for key, kind_, col, _ in columns:
                 if key not in values:
                     raise DataError(f"{run.spec.key_path}: lm-eval's process_results gave no "
-                                    f"{key.split(',')[0]!r} for document {instances[0].doc_id}")
+                                    f"{names.metric_of(key)!r} for document {instances[0].doc_id}")
                 value = values[key]
                 if isinstance(value, (tuple, list)):
                     out[i, col], out[i, col + 1] = float(value[0]), float(value[1])
@@ -271,7 +238,6 @@ class _Columns(M.Metric):
         return {"a": a, "b": b, "total": torch.ones(outputs.shape[0], dtype=torch.int64)}
 
 
-@M.register
 class LmMean(_Columns):
     name = "lm_mean"
 
@@ -279,7 +245,6 @@ class LmMean(_Columns):
         return M._ratio(s["a"], s["total"])
 
 
-@M.register
 class LmPerplexity(_Columns):
     name = "lm_perplexity"
 
@@ -287,7 +252,6 @@ class LmPerplexity(_Columns):
         return torch.exp(-M._ratio(s["a"], s["total"]))
 
 
-@M.register
 class LmWeightedPerplexity(_Columns):
     name = "lm_weighted_perplexity"
     width = 2
@@ -296,15 +260,9 @@ class LmWeightedPerplexity(_Columns):
         return torch.exp(-M._ratio(s["a"], s["b"]))
 
 
-@M.register
 class LmBitsPerByte(_Columns):
     name = "lm_bits_per_byte"
     width = 2
 
     def compute(self, s):
         return -M._ratio(s["a"], s["b"]) / math.log(2)
-
-
-def table_schema() -> pa.Schema:
-    return pa.schema([("doc_id", pa.int64()), ("context", pa.string()), ("target", pa.string()),
-                      ("choices", pa.list_(pa.string())), ("instances", pa.binary())])

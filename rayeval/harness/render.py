@@ -1,26 +1,20 @@
-"""lm-evaluation-harness tasks as rayeval evaluations: the driver's half.
+"""Rendering lm-evaluation-harness tasks while planning: the driver's half.
 
 An ``evals:`` entry with ``lm_eval: {task: T, ...}`` is rendered here, before Ray starts, with
 lm-eval as a library for everything it defines: the task's documents (``process_docs``
 included), few-shot sampling, templates, chat formatting and the requests (``Instance``
-objects). Each task becomes a *request table*, one row per document:
-
-    doc_id     the document's index in lm-eval's ``eval_docs`` (the bootstrap keys on it)
-    context    the first request's context, as the model sees it (for the per-item record)
-    target     ``doc_to_target`` as text (for the record)
-    instances  the document's requests, pickled (with the document)
-
-written with the task itself (pickled without its requests) under the result store's
-``requests/{digest}/``, where the digest is the table's content and the task's configuration:
-the same task renders to the same place and is written once. The table is an ordinary parquet
-data set to the rest of rayeval, so its documents are split over the workers exactly once like
-any other rows; the worker's half (``core.tasks.harness``) tokenizes and scores the requests,
-applies the task's filters and calls its ``process_results``.
+objects). Each task becomes a *request table* of plain columns, one row per document
+(``requests.py``), kept in the result store under a digest of the table's content and the
+task's configuration (``store.py``): the same task renders to the same place and is written
+once. The table is an ordinary parquet data set to the rest of rayeval, so its documents are
+split over the workers exactly once like any other rows; the worker's half (``task.py``)
+tokenizes and scores the requests, applies the task's filters and calls its
+``process_results``, with the task object the driver sends it through Ray.
 
 Metrics keep lm-eval's names (``acc``; ``exact_match,strict`` where a task has more than one
-filter) and become exact sum states: lm-eval aggregations that are functions of sums (mean,
-perplexity, weighted_perplexity, bits_per_byte) are supported; one that needs every item in
-one place (median, F1, BLEU, ...) is a one-line error naming it.
+filter, ``names.py``) and become exact sum states: lm-eval aggregations that are functions of
+sums (mean, perplexity, weighted_perplexity, bits_per_byte) are supported; one that needs every
+item in one place (median, F1, BLEU, ...) is a one-line error naming it.
 """
 
 from __future__ import annotations
@@ -32,21 +26,20 @@ import json
 import logging
 import math
 import os
-import pickle
 from dataclasses import dataclass
 
 import pyarrow as pa
-import pyarrow.fs as pafs
-import pyarrow.parquet as pq
 
 from rayeval.config.schema import LmEvalSpec
-from rayeval.core.tasks.harness import (AGGREGATIONS, TASK_FILE, NotMergeable, filter_names,
-                                        layout, table_schema)
 from rayeval.errors import SpecError
-from rayeval.io import paths
+from rayeval.harness import names
+from rayeval.harness.groups import Group
+from rayeval.harness.requests import (AGGREGATIONS, NotMergeable, encode, filter_names, layout,
+                                      table_schema)
 
-REQUESTS_DIR = "requests"
-DOCS_FILE = "docs.parquet"
+# The request table's format: a new one renders to new folders, so a table an older rayeval
+# wrote (with pickled requests) is never read.
+TABLE_FORMAT = "requests-v2"
 GENERATION_KEYS = {"until", "max_gen_toks", "do_sample", "temperature", "top_p"}
 
 
@@ -56,21 +49,14 @@ class Rendered:
     task: str                 # lm-eval's task name
     output_type: str
     table: pa.Table
-    blob: bytes               # the task, pickled without its requests
+    blob: bytes               # the task, pickled without its requests (sent through Ray)
     metrics: list             # [(key, metric name, first column, higher_is_better)]
     until: tuple[str, ...]
     max_gen_toks: int
     digest: str
     lm_keys: dict             # lm-eval's "metric,filter" -> the metric's key here
     sampling: tuple = (0.0, 1.0, 1)      # (temperature, top_p, repeats); 0: greedy
-
-
-@dataclass
-class Group:
-    """An lm-eval group: its leaf tasks and what its aggregate averages."""
-    name: str
-    leaves: list[str]
-    aggregates: list          # [(metric, filter_list or None, weight_by_size)]
+    lm: object = None         # the task itself, in the process that rendered it
 
 
 def _fail(path: str, problem: str):
@@ -229,16 +215,16 @@ def _render_task(spec, path, name, task, tokenizer) -> Rendered:
         rows["target"].append(_text(task.doc_to_target(doc), task, doc, output_type))
         rows["choices"].append([str(c) for c in task.doc_to_choice(doc)]
                                if output_type == "multiple_choice" else None)
-        rows["instances"].append(pickle.dumps(instances, protocol=5))
+        rows["instances"].append(_encode(output_type, instances, path, name))
     table = pa.table(rows, schema=table_schema())
     until, max_gen_toks, sampling = _generation(task, by_doc, path, name)
     metrics = _metrics(task, path, name)
     filters = filter_names(task)
-    lm_keys = {f"{m},{f}": (m if len(filters) == 1 else f"{m},{f}")
+    lm_keys = {names.metric_key(m, f): names.result_key(m, f, len(filters))
                for f in filters for m in task.aggregation()}
-    config = json.dumps(task.dump_config(), sort_keys=True, default=str)
+    config = json.dumps(task.dump_config(), sort_keys=True, default=_plain)
     digest = hashlib.sha256()
-    for part in (version("lm_eval"), config,
+    for part in (TABLE_FORMAT, version("lm_eval"), version("pyarrow"), config,
                  json.dumps([[i.args for i in by_doc[d]] for d in sorted(by_doc)], default=str),
                  json.dumps([i.doc for d in sorted(by_doc) for i in by_doc[d][:1]],
                             sort_keys=True, default=str)):
@@ -247,7 +233,32 @@ def _render_task(spec, path, name, task, tokenizer) -> Rendered:
     task._instances = None
     blob = _pickle(task, spec)
     return Rendered(name, output_type, table, blob, metrics, until, max_gen_toks,
-                    digest.hexdigest()[:24], lm_keys, sampling)
+                    digest.hexdigest()[:24], lm_keys, sampling, lm=task)
+
+
+def _plain(value) -> str:
+    """A config value JSON does not know, the same in every process: a function (a YAML's
+    ``!function``) by its name and its source (an edit is a new digest), never by its address
+    (``str`` of one differs per process, which made each run render to a new folder)."""
+    import inspect
+    import re
+
+    if callable(value) and hasattr(value, "__qualname__"):
+        try:
+            source = inspect.getsource(value)
+        except (OSError, TypeError):
+            source = ""
+        code = hashlib.sha256(source.encode("utf-8")).hexdigest()[:16]
+        return f"{getattr(value, '__module__', '')}.{value.__qualname__}:{code}"
+    return re.sub(r" at 0x[0-9a-fA-F]+", "", str(value))
+
+
+def _encode(kind: str, instances: list, path: str, name: str) -> str:
+    try:
+        return encode(kind, instances)
+    except TypeError as e:
+        _fail(f"{path}.task", f"lm-eval task {name!r} has requests that are not plain text "
+                              f"({e}); rayeval scores text requests only")
 
 
 def _pickle(task, spec: LmEvalSpec) -> bytes:
@@ -318,47 +329,3 @@ def _metrics(task, path, name) -> list[tuple[str, str, int, bool]]:
     except NotMergeable as e:
         _fail(f"{path}.task", f"lm-eval task {name!r}: {e}, which needs every item in one "
                               f"place; rayeval merges exact sums ({', '.join(AGGREGATIONS)})")
-
-
-def location(output: str, digest: str) -> str:
-    """Where a rendered task's files live in the result store."""
-    return f"{output.rstrip('/')}/{REQUESTS_DIR}/{digest}"
-
-
-def write(output: str, rendered: Rendered) -> str:
-    """The task's request table and pickled task under the store, once (content-keyed: a
-    folder that holds both is the same rendering); returns the table's location."""
-    folder = location(output, rendered.digest)
-    fs, base = paths.filesystem(folder)
-    docs, blob = f"{base}/{DOCS_FILE}", f"{base}/{TASK_FILE}"
-    infos = fs.get_file_info([docs, blob])
-    if all(i.type == pafs.FileType.File for i in infos):
-        return f"{folder}/{DOCS_FILE}"
-    buf = io.BytesIO()
-    pq.write_table(rendered.table, buf)
-    for name, data in ((TASK_FILE, rendered.blob), (DOCS_FILE, buf.getvalue())):  # table last
-        paths.put(fs, base, name, data)
-    return f"{folder}/{DOCS_FILE}"
-
-
-def group_metrics(group: Group, members: dict[str, Rendered]) -> list[tuple]:
-    """What a group's aggregate holds, as lm-eval's ``Group.aggregate`` computes it: for each
-    aggregated metric and each filter (its filter_list, else every filter a leaf task has it
-    under), the leaves that have it. [(key, [(task, member key)], weight_by_size, higher)]"""
-    out = []
-    for metric, filter_list, weight in group.aggregates:
-        filters = filter_list
-        if filters is None:
-            filters = list(dict.fromkeys(
-                k.split(",", 1)[1] for t in group.leaves if t in members
-                for k in members[t].lm_keys if k.split(",", 1)[0] == metric))
-        for f in filters:
-            parts = [(t, members[t].lm_keys[f"{metric},{f}"]) for t in group.leaves
-                     if t in members and f"{metric},{f}" in members[t].lm_keys]
-            if not parts:
-                continue
-            higher = {h for t, _ in parts for k, _, _, h in members[t].metrics
-                      if k == members[t].lm_keys[f"{metric},{f}"]}
-            key = metric if len(filters) == 1 and f == "none" else f"{metric},{f}"
-            out.append((key, parts, weight, higher != {False}))
-    return out

@@ -1,0 +1,99 @@
+"""The request table: what the result store keeps of a rendered lm-eval task, as plain data.
+
+One row per document of the task:
+
+    doc_id     the document's index in lm-eval's ``eval_docs`` (the bootstrap keys on it)
+    context    the first request's context, as the model sees it (for the per-item record)
+    target     ``doc_to_target`` as text (for the record)
+    choices    a multiple-choice document's choices, as text (for the record)
+    instances  the document's requests as JSON: the request type and, per request, its
+               arguments, index and repeats (lm-eval's ``Instance`` less the document)
+
+Nothing in it is a pickle: a table read back from a shared store is data, never code. A worker
+rebuilds each ``Instance`` from the JSON and the document from the task object the driver sent
+it through Ray (``task.lm_task``), and the driver checks the stored file's bytes against the
+ones it rendered (``store.check_stored``) before a run reads it.
+
+Also the layout of a task's metrics in the float rows a worker scores, which the driver needs
+to plan the metrics and the worker to fill them.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pyarrow as pa
+
+from rayeval.harness import names
+
+COLUMNS = ("doc_id", "context", "target", "choices", "instances")
+# lm-eval's aggregation function name -> (rayeval metric, columns per document)
+AGGREGATIONS = {"mean": ("lm_mean", 1), "perplexity": ("lm_perplexity", 1),
+                "weighted_perplexity": ("lm_weighted_perplexity", 2),
+                "bits_per_byte": ("lm_bits_per_byte", 2)}
+WIDTH = dict(AGGREGATIONS.values())
+
+
+class NotMergeable(ValueError):
+    """An lm-eval aggregation that needs every item in one place."""
+
+
+def table_schema() -> pa.Schema:
+    return pa.schema([("doc_id", pa.int64()), ("context", pa.string()), ("target", pa.string()),
+                      ("choices", pa.list_(pa.string())), ("instances", pa.string())])
+
+
+def encode(kind: str, instances: list) -> str:
+    """A document's requests (lm-eval ``Instance`` objects) as JSON, without the document.
+    A request whose arguments are not JSON (no text task of lm-eval has one) is a TypeError
+    for the renderer to report."""
+    return json.dumps({"type": kind, "requests": [
+        {"args": list(inst.args), "idx": int(inst.idx), "repeats": inst.repeats}
+        for inst in instances]}, sort_keys=True)
+
+
+def kind_of(encoded: str) -> str:
+    """The request type of an encoded document (lm-eval's ``OUTPUT_TYPE`` of its task)."""
+    return json.loads(encoded)["type"]
+
+
+def arguments(encoded: str) -> list[tuple]:
+    """Each request's arguments, as lm-eval's ``Instance.args`` gives them (tuples)."""
+    return [tuple(r["args"]) for r in json.loads(encoded)["requests"]]
+
+
+def instances(encoded: str, doc, doc_id: int, task_name: str) -> list:
+    """lm-eval ``Instance`` objects again, from the JSON and the document."""
+    from lm_eval.api.instance import Instance
+
+    found = json.loads(encoded)
+    return [Instance(request_type=found["type"], doc=doc, arguments=tuple(r["args"]),
+                     idx=int(r["idx"]), metadata=(task_name, int(doc_id), r["repeats"]))
+            for r in found["requests"]]
+
+
+def filter_names(task) -> list[str]:
+    return [f.name for f in getattr(task, "_filters", None) or []] or [names.NO_FILTER]
+
+
+def layout(task) -> list[tuple[str, str, int, bool]]:
+    """(result key, rayeval metric, first column, higher is better) of each metric of an
+    lm-eval task under each of its filters, in lm-eval's order. Keys are lm-eval's metric
+    names, with ``,filter`` where the task has more than one filter."""
+    import lm_eval.api.metrics as lm_metrics
+
+    known = {getattr(lm_metrics, fn): fn for fn in AGGREGATIONS}
+    filters = filter_names(task)
+    higher = task.higher_is_better() or {}
+    out, column = [], 0
+    for filter_name in filters:
+        for metric, agg in task.aggregation().items():
+            fn = known.get(agg)
+            if fn is None:
+                raise NotMergeable(f"{metric} aggregates with "
+                                   f"{getattr(agg, '__name__', agg)}")
+            kind, width = AGGREGATIONS[fn]
+            key = names.result_key(metric, filter_name, len(filters))
+            out.append((key, kind, column, bool(higher.get(metric, True))))
+            column += width
+    return out

@@ -1,0 +1,127 @@
+"""Rendered lm-eval tasks in the result store, and on their way to the workers.
+
+The request table (``requests.py``: plain columns only) is kept under the store's
+``requests/{digest}/docs.parquet``, written once: a sweep that renders the same task finds it
+there. What the store holds is not trusted: before a run reads a table, the driver compares the
+stored file's bytes with the bytes it rendered itself (``check_stored``), and a stored table
+that differs is a one-line ``StoreError`` naming the file (delete it, or run with --force to
+write the driver's own over it). The lm-eval task object a worker scores with (its filters,
+``process_results``, its documents) never goes through the store: the driver ships it with the
+plan through Ray (``shipment``/``receive``). A ``task.pkl`` an older rayeval left beside the
+table is never read.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+from typing import TYPE_CHECKING
+
+import pyarrow.fs as pafs
+
+from rayeval.errors import StoreError
+from rayeval.io import paths
+
+if TYPE_CHECKING:
+    from rayeval.harness.render import Rendered
+
+REQUESTS_DIR = "requests"
+DOCS_FILE = "docs.parquet"
+
+# This process's renderings by their table's location: the driver's (filled by ``write``) and,
+# on a worker, the tasks the driver sent (``receive``).
+_RENDERED: dict[str, "Rendered"] = {}
+_TASKS: dict[str, object] = {}
+
+
+def location(output: str, digest: str) -> str:
+    """Where a rendered task's files live in the result store."""
+    return f"{output.rstrip('/')}/{REQUESTS_DIR}/{digest}"
+
+
+def table_bytes(rendered: "Rendered") -> bytes:
+    """The request table as the parquet file the store keeps (the same bytes for the same
+    table and pyarrow version; the digest names both)."""
+    import pyarrow.parquet as pq
+
+    buf = io.BytesIO()
+    pq.write_table(rendered.table, buf)
+    return buf.getvalue()
+
+
+def write(output: str, rendered: "Rendered") -> str:
+    """The task's request table under the store, once (content-keyed: a file already there is
+    checked by ``check_stored`` before a run reads it); returns the table's location."""
+    folder = location(output, rendered.digest)
+    fs, base = paths.filesystem(folder)
+    if fs.get_file_info(f"{base}/{DOCS_FILE}").type != pafs.FileType.File:
+        paths.put(fs, base, DOCS_FILE, table_bytes(rendered))
+    data = f"{folder}/{DOCS_FILE}"
+    _RENDERED[data] = rendered
+    return data
+
+
+def mismatch(data: str, rendered: "Rendered") -> str | None:
+    """Why the stored table at ``data`` is not the one rendered (one line), or None."""
+    fs, path = paths.filesystem(data)
+    try:
+        with fs.open_input_stream(path) as f:
+            stored = f.read()
+    except (FileNotFoundError, OSError):
+        return f"{data}: the request table rendered for this sweep is missing"
+    want = hashlib.sha256(table_bytes(rendered)).hexdigest()
+    got = hashlib.sha256(stored).hexdigest()
+    if got == want:
+        return None
+    return (f"{data}: the stored request table is not the one this sweep rendered (sha256 "
+            f"{got[:12]}, expected {want[:12]} for digest {rendered.digest}), so it is not "
+            f"trusted; delete {data.rsplit('/', 1)[0]} or run with --force")
+
+
+def check_stored(data_paths, force: bool = False) -> None:
+    """Before a run reads them: every stored request table among ``data_paths`` that this
+    process rendered holds exactly the rendered bytes; ``force`` writes those bytes over one
+    that does not (or is missing), else it is a StoreError."""
+    for data in data_paths:
+        rendered = _RENDERED.get(data)
+        if rendered is None:
+            continue
+        why = mismatch(data, rendered)
+        if why is None:
+            continue
+        if not force:
+            raise StoreError(why)
+        folder, name = data.rsplit("/", 1)
+        fs, base = paths.filesystem(folder)
+        paths.put(fs, base, name, table_bytes(rendered))
+
+
+def shipment(data_paths) -> dict[str, bytes]:
+    """What the workers need of the driver's rendered tasks, to send with the plan through
+    Ray: each task (pickled by the driver, with its ``!function`` code) by its table's
+    location."""
+    return {d: _RENDERED[d].blob for d in data_paths if d in _RENDERED}
+
+
+def receive(shipped: dict[str, bytes] | None) -> None:
+    """On a worker: keep the tasks the driver sent. They come from the driver through Ray
+    (which unpickles the plan the same way), never from the store."""
+    import pickle
+
+    for data, blob in (shipped or {}).items():
+        if data not in _TASKS:
+            _TASKS[data] = pickle.loads(blob)     # the driver's bytes, sent through Ray
+
+
+def task_for(data: str):
+    """The lm-eval task a request table was rendered from: the driver's own, else the one it
+    sent this worker."""
+    if data in _TASKS:
+        return _TASKS[data]
+    rendered = _RENDERED.get(data)
+    if rendered is not None and rendered.lm is not None:
+        return rendered.lm
+    if rendered is not None:
+        receive({data: rendered.blob})
+        return _TASKS[data]
+    return None
