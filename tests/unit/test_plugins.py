@@ -115,7 +115,7 @@ def test_a_taken_metric_name_is_refused_too(site):
         "        pass\n")})
     with pytest.raises(RegistryError, match=r"^plugin 'metric' \(fake_metric:register from "
                        r"fake-metric 0.1\): metric for task 'classification' 'accuracy' is "
-                       r"registered twice: by rayeval.core.metrics.Accuracy and by "
+                       r"registered twice: by rayeval.core.metrics.classification.Accuracy and by "
                        r"fake_metric.register.<locals>.MyAccuracy; give one"):
         plugins.load_plugins()
 
