@@ -10,8 +10,12 @@ before the next load. Its steps:
 
 Each worker reads its own rows of every evaluation's data set: local parquet straight from
 its files (``data.RowRange``: rank r of W takes rows [n*r/W, n*(r+1)/W), so every row is read
-exactly once), any other source from its split of a Ray Data pipeline (``pipeline``). After a first pass a worker keeps its decoded shard of an evaluation in memory when every
-worker's fits (one memory budget shared by the evaluations); otherwise it streams it again.
+exactly once), any other source from its split of a Ray Data pipeline (``pipeline``). After a
+first pass a worker keeps its decoded shard of an evaluation in memory when every worker's fits
+(one memory budget shared by the evaluations, ``shards``); otherwise it streams it again.
+
+The sweep's backend (``model.backend``, ``core.backends``) is built once per worker and serves
+each checkpoint in turn; the per-cell pass, reduce and publish are ``passes.CellPasses``.
 """
 
 from __future__ import annotations
@@ -38,8 +42,7 @@ from rayeval.execution.passes import CellPasses, Stop, peak_rss
 from rayeval.execution.pipeline import SplitRows
 from rayeval.execution.prefetch import Prefetch
 from rayeval.execution.profile import Timer
-# Budget, Shard: named here too, where the shard tests have always found them
-from rayeval.execution.shards import Budget, Shard, cache_budget_bytes  # noqa: F401
+from rayeval.execution.shards import Budget, Shard, cache_budget_bytes
 from rayeval.io import layouts
 from rayeval.io.checkpoints import fetch
 from rayeval.io.data import RowRange

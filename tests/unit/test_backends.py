@@ -2,7 +2,10 @@
 requests reach through the public path (``backends.create`` -> ``evaluate.Pass``), and the
 Hugging Face backend's log-likelihoods are the model's own, computed here directly."""
 
+import ast
+import dataclasses
 import math
+import pathlib
 
 import pytest
 import torch
@@ -28,8 +31,10 @@ class TableBackend(Backend):
     def __init__(self, setup=backends.Setup()):
         super().__init__(setup)
         self.asked = []
+        self.contexts = []
 
     def loglikelihood(self, requests, ctx):
+        self.contexts.append(ctx)
         self.asked.extend(requests)
         return [(TABLE[tuple(cont)], False) for _, cont in requests]
 
@@ -51,6 +56,10 @@ def test_a_backend_registered_outside_the_package_answers_a_text_task():
     p.finish()
     got = compute(metrics, p.states, 0)
     assert backend.asked == [pair for item in rows for pair in item]
+    # the task handed over the pass's frozen context, not the pass
+    assert [type(c) for c in backend.contexts] == [Context]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        backend.contexts[0].batch = 1
     # item 0: choice 0 (-0.5) is best and right; item 1: choice 2 (-0.1) is best, 1 is right
     assert got["acc"] == 0.5
     # per character, item 1's choice 0 (-1.0 / 20) beats choice 2 (-0.1 / 1): still wrong
@@ -118,3 +127,16 @@ def test_hf_log_likelihoods_equal_the_model_computed_directly():
     assert rolled[1] == 0.0
     assert rolled[0] == math.fsum(ll for ll, _ in got[:2])
     assert rolled[2] == math.fsum(ll for ll, _ in got[2:])
+
+
+def test_no_task_module_imports_a_model_an_engine_or_ray():
+    """Tasks build requests and score responses: the model side is the backends'."""
+    banned = ("torch.distributed", "ray", "vllm", "transformers")
+    folder = pathlib.Path(__file__).parents[2] / "rayeval" / "core" / "tasks"
+    for path in sorted(folder.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            for name in names:
+                assert not any(name == b or name.startswith(b + ".") for b in banned), \
+                    f"{path.name} imports {name}"

@@ -134,7 +134,6 @@ class Engine:
         return [tokens[i * k:(i + 1) * k] for i in range(len(contexts))]
 
 
-
 @BACKENDS.register()
 class VllmBackend(HFBackend):
     """Generation on the worker's vLLM engine; the rest on the checkpoint's model."""
