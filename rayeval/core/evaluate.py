@@ -16,7 +16,9 @@ from typing import Iterable
 
 import torch
 
-from rayeval.core import stats, tasks
+from rayeval.core import backends, stats, tasks
+from rayeval.core.backends import Backend, Context
+from rayeval.core.backends.torch import call_model, float_dtype, move
 from rayeval.config.schema import OFF, Bootstrap, DatasetSpec, EvalSpec, Generation
 from rayeval.io.data import DatasetInfo
 from rayeval import errors
@@ -70,7 +72,7 @@ def output_size(model: torch.nn.Module, task: tasks.Task, x: tasks.Inputs,
     x = task.probe_input(x)
     try:
         with torch.inference_mode():
-            out = tasks.call_model(model, tasks.move(x, torch.device(device), float_dtype(model)))
+            out = call_model(model, move(x, torch.device(device), float_dtype(model)))
     except Exception as e:
         raise errors.wrap(e, ModelError, f"model.factory: the model cannot take "
                           f"{describe_inputs(x)}", typed=True, detail=traceback_of(e),
@@ -83,10 +85,6 @@ def describe_inputs(x: tasks.Inputs) -> str:
         return "keyword inputs " + ", ".join(f"{k} of shape {tuple(v.shape)}"
                                               for k, v in x.items())
     return f"inputs of shape {tuple(x.shape)} ({str(x.dtype).replace('torch.', '')})"
-
-
-def float_dtype(model: torch.nn.Module) -> torch.dtype:
-    return next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
 
 
 class Accumulator:
@@ -268,23 +266,25 @@ def _value(t: torch.Tensor, is_float: bool) -> torch.Tensor:
 
 
 class Pass:
-    """Adds batches into the states of one checkpoint on one worker, for one evaluation."""
+    """Adds batches into the states of one checkpoint on one worker, for one evaluation.
 
-    def __init__(self, model: torch.nn.Module, metrics: list[tuple[str, Metric]], size: int,
-                 device: torch.device, task: tasks.Task | str = "classification",
+    ``model``: the backend that answers the task's requests (``core.backends``), or a torch
+    module, which the default backend (hf) serves. The task gets the backend and a frozen
+    ``Context`` of what it reads (spec, output size, tokenizer, generation, batch, device),
+    never the pass."""
+
+    def __init__(self, model: torch.nn.Module | Backend, metrics: list[tuple[str, Metric]],
+                 size: int, device: torch.device, task: tasks.Task | str = "classification",
                  buckets: int = 1, spec=None, text=None, generation: Generation = Generation(),
-                 batch: int = 256, samples: bool = False, on_rows=None, engine=None):
-        self.model = model
-        self.engine = engine               # backend vllm: generation runs on it
+                 batch: int = 256, samples: bool = False, on_rows=None):
+        self.backend = model if isinstance(model, Backend) else backends.of_model(model, device)
         self.metrics = metrics
         self.task = tasks.get(task) if isinstance(task, str) else task
-        self.spec = spec or DatasetSpec(path="")
         self.text = text                   # the hf.Tokenizer (text tasks)
-        self.generation = generation
-        self.batch = batch                 # sequences per forward pass (text tasks)
-        self.size = size
-        self.device = device
-        self.dtype = float_dtype(model)
+        self.context = Context(spec=spec or DatasetSpec(path=""), task=self.task.name,
+                               needs=self.task.needs, size=size, text=text,
+                               generation=generation, batch=batch, device=device,
+                               progress=self.partly)
         self.acc = Accumulator(metrics, size, buckets, device, self.task.counts_tokens)
         self.pending: list = []            # batches a task that batches by length holds back
         self.pending_rows = 0
@@ -335,10 +335,14 @@ class Pass:
         if self.on_rows is not None and total:
             self.on_rows(self.scored_rows + self.scoring * done // total)
 
+    def score(self, x: tasks.Inputs, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """One batch's (outputs, targets) as the task scores them, added to nothing."""
+        return self.task.score(self.backend, x, y, self.context)
+
     @torch.inference_mode()
     def _score(self, x, y, buckets) -> None:
         self.scoring = int(y.shape[0])
-        out, y = self.task.score(self.model, x, y, self)
+        out, y = self.score(x, y)
         tokens = self.task.scored_tokens(out, y) if self.task.counts_tokens else None
         self.acc.add(out, y, buckets, tokens)
         if self.records is not None:

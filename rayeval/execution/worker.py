@@ -10,8 +10,12 @@ before the next load. Its steps:
 
 Each worker reads its own rows of every evaluation's data set: local parquet straight from
 its files (``data.RowRange``: rank r of W takes rows [n*r/W, n*(r+1)/W), so every row is read
-exactly once), any other source from its split of a Ray Data pipeline (``pipeline``). After a first pass a worker keeps its decoded shard of an evaluation in memory when every
-worker's fits (one memory budget shared by the evaluations); otherwise it streams it again.
+exactly once), any other source from its split of a Ray Data pipeline (``pipeline``). After a
+first pass a worker keeps its decoded shard of an evaluation in memory when every worker's fits
+(one memory budget shared by the evaluations, ``shards``); otherwise it streams it again.
+
+The sweep's backend (``model.backend``, ``core.backends``) is built once per worker and serves
+each checkpoint in turn; the per-cell pass, reduce and publish are ``passes.CellPasses``.
 """
 
 from __future__ import annotations
@@ -19,8 +23,6 @@ from __future__ import annotations
 import os
 import tempfile
 import time
-from collections.abc import Mapping
-from typing import NamedTuple
 
 import ray.train
 import ray.train.torch
@@ -29,196 +31,29 @@ import torch
 from rayeval import errors
 from rayeval.config import constants
 from rayeval.config.plugins import load_plugins
-from rayeval.execution import dist, recovery
-from rayeval.execution.pipeline import SplitRows
-from rayeval.io import layouts
-from rayeval.core import tasks
+from rayeval.core import backends, tasks
+from rayeval.core.evaluate import Decoder
+from rayeval.core.metrics import build_all
 from rayeval.harness import store as lm_eval_store
 from rayeval.harness.task import lm_task
-from rayeval.io.checkpoints import fetch
-from rayeval.io.engine import Engine
-from rayeval.io.data import RowRange
-from rayeval.errors import (CheckpointError, DataError, GroupError, ModelError, RayevalError,
-                            RunError, SpecError, traceback_of)
-from rayeval.core.evaluate import ROWS, Decoder, Pass, finalize, float_dtype
-from rayeval.core.metrics import build_all
-from rayeval.io.model import ModelSource
-from rayeval.plan.cells import Cell, CellOutcome, Evaluation, Plan
-from rayeval.execution.profile import Timer
+from rayeval.errors import (CheckpointError, GroupError, ModelError, RayevalError, RunError,
+                            SpecError)
+from rayeval.execution import dist
 from rayeval.execution.coordinator import WorkerProgress
-from rayeval.io.store import ResultStore, cell_rows
-
-_FAILED = "_failed"            # extra entries in the reduced vector: any rank failed the cell,
-_CACHE_OVERFLOW = "_overflow"  # any rank's shard was too big to keep,
-_STOP = "_stop"                # any rank was told to stop (the driver got SIGINT or SIGTERM)
-
+from rayeval.execution.passes import CellPasses, Stop, peak_rss
+from rayeval.execution.pipeline import SplitRows
+from rayeval.execution.prefetch import Prefetch
+from rayeval.execution.profile import Timer
+from rayeval.execution.shards import Budget, Shard, cache_budget_bytes
+from rayeval.io import layouts
+from rayeval.io.checkpoints import fetch
+from rayeval.io.data import RowRange
+from rayeval.io.model import ModelSource
+from rayeval.io.store import ResultStore
+from rayeval.plan.cells import Cell, CellOutcome, Plan
 
 STANDING_POLL_S = 2.0      # a standing group's rank 0 asks for cells this long before it says
                            # "none yet" to the others
-
-
-class Stop(Exception):
-    """Every rank agreed to stop: the run was interrupted; finished cells are published."""
-
-
-def cache_budget_bytes() -> int:
-    """How much decoded shard a worker may keep, over all evaluations:
-    RAYEVAL_SHARD_CACHE_BYTES, else a quarter of this node's available memory shared by the
-    workers on it."""
-    given = constants.shard_cache_bytes()
-    if given is not None:
-        return given
-    import psutil
-
-    local = max(1, ray.train.get_context().get_local_world_size())
-    return int(psutil.virtual_memory().available / 4 / local)
-
-
-class Budget:
-    """Bytes of decoded shards this worker may still keep."""
-
-    def __init__(self, total: int):
-        self.left = total
-
-    def take(self, n: int) -> bool:
-        if n > self.left:
-            return False
-        self.left -= n
-        return True
-
-    def give(self, n: int) -> None:
-        self.left += n
-
-
-class BadBatch(NamedTuple):
-    """A batch that could not be decoded (bad data in this evaluation): the pass records the
-    error and goes on draining its split, so only this evaluation's cells fail."""
-    error: RayevalError
-    rows: int
-
-
-class Slab:
-    """The kept rows of one tensor of a shard, copied into one block allocated up front (in
-    page-locked memory with ``pin``).
-
-    Kept batches allocated one by one sit among a pass's temporaries: the allocator then put
-    every batch's temporaries on fresh pages above the newest kept batch and gave them back
-    after it, so the first pass paid a page fault per page of every temporary (on the bench
-    sweep's MLP, its ReLUs ran 10x slower and the pass took 2.2 s against 0.45 s later). A
-    tensor whose later batches differ in shape or type (text padded per batch) is kept as
-    it comes (``Shard`` keeps text tasks' batches as they come: their lengths vary)."""
-
-    def __init__(self, rows: int, pin: bool):
-        self.rows = rows
-        self.pin = pin
-        self.block: torch.Tensor | None = None
-        self.at = 0
-
-    def keep(self, t: torch.Tensor) -> torch.Tensor:
-        if self.block is None:
-            self.block = torch.empty((self.rows, *t.shape[1:]), dtype=t.dtype,
-                                     pin_memory=self.pin)
-        n = t.shape[0]
-        if t.shape[1:] != self.block.shape[1:] or t.dtype != self.block.dtype \
-                or self.at + n > self.rows:
-            return t.pin_memory() if self.pin else t
-        view = self.block[self.at:self.at + n]
-        view.copy_(t)
-        self.at += n
-        return view
-
-
-class Shard:
-    """This worker's rows of one evaluation as tensor batches (inputs, targets, row buckets):
-    streamed on the first pass, kept if they fit the budget and every worker's fit (in
-    ``Slab``s; in page-locked memory with ``pin``: a GPU worker's). A batch that cannot be
-    decoded comes as a BadBatch (and the shard is not kept)."""
-
-    def __init__(self, rows: RowRange | SplitRows, decoder: Decoder, batch_size: int, budget: Budget,
-                 pin: bool = False):
-        self.rows = rows
-        self.pin = pin
-        self.decode = decoder
-        self.batch_size = batch_size
-        self.budget = budget
-        self.passes = 0
-        self.cache: list | None = []
-        self.kept = 0
-        self.use_cache = False
-        self.slabs: dict | None = None
-
-    def _keep(self, batch):
-        """A decoded batch as views of the shard's slabs (made at its first batch)."""
-        x, y, buckets = batch
-        if self.decode.task.uses_text:
-            return (tasks.pin(x), y.pin_memory(), buckets.pin_memory()) if self.pin else batch
-        if self.slabs is None:
-            rows = self.rows.num_rows
-            self.slabs = {"y": Slab(rows, self.pin), "buckets": Slab(rows, self.pin),
-                          "x": ({k: Slab(rows, self.pin) for k in x} if isinstance(x, Mapping)
-                                else Slab(rows, self.pin))}
-        slabs = self.slabs
-        x = ({k: slabs["x"][k].keep(v) for k, v in x.items()} if isinstance(x, Mapping)
-             else slabs["x"].keep(x))
-        return x, slabs["y"].keep(y), slabs["buckets"].keep(buckets)
-
-    def __iter__(self):
-        if self.use_cache:
-            yield from self.cache
-            return
-        first = self.passes == 0
-        self.passes += 1
-        for table in self.rows.iter_batches(self.batch_size):
-            if table.num_rows == 0:
-                continue
-            try:
-                batch = self.decode(table)
-            except RayevalError as e:
-                self._drop()
-                yield BadBatch(e, table.num_rows)
-                continue
-            except Exception as e:      # noqa: BLE001 - pyarrow or torch on the user's data
-                self._drop()
-                yield BadBatch(DataError(f"{self.decode.spec.key_path}: a batch could not be "
-                                         f"read: {type(e).__name__}: {e}", traceback_of(e)),
-                               table.num_rows)
-                continue
-            if first and self.cache is not None:
-                size = tasks.nbytes(batch[0]) + batch[1].nbytes + batch[2].nbytes
-                whole = size * self.rows.num_rows // max(1, len(batch[1]))
-                if not self.cache and not self.decode.task.uses_text \
-                        and whole > self.budget.left:
-                    self._drop()                # the shard would not fit: keep none of it
-                elif self.budget.take(size):
-                    self.kept += size
-                    batch = self._keep(batch)
-                    self.cache.append(batch)
-                else:
-                    self._drop()
-            yield batch
-
-    def reset(self) -> None:
-        """Forget the kept shard: the next pass streams and decodes again."""
-        self._drop()
-        self.cache, self.passes, self.use_cache = [], 0, False
-
-    def _drop(self) -> None:
-        if self.cache is not None:
-            self.budget.give(self.kept)
-        self.kept = 0
-        self.cache = None
-        self.slabs = None
-
-    @property
-    def overflowed(self) -> bool:
-        return self.cache is None
-
-    def agree(self, any_overflow: bool) -> None:
-        """After the first pass: keep the cache only if every worker could keep its own."""
-        if self.passes == 1 and not any_overflow and self.cache is not None:
-            self.use_cache = True
-        elif not self.use_cache and self.cache is not None:
-            self._drop()
 
 
 def train_loop(config: dict) -> list[CellOutcome]:
@@ -269,8 +104,9 @@ def generation_only(plan: Plan) -> bool:
     return True
 
 
-class Worker:
-    """One rank's state for a run: the model loader, the shards, the store (rank 0)."""
+class Worker(CellPasses):
+    """One rank's state for a run: the model loader, the backend that answers the tasks'
+    requests, the shards, the store (rank 0). Each cell's pass is ``CellPasses``'."""
 
     def __init__(self, plan: Plan, progress: WorkerProgress, attempt: int,
                  timer: Timer | None = None, ray_data=()):
@@ -300,14 +136,14 @@ class Worker:
             mesh = dist.replica_mesh(sweep.parallelism.shard)
             self.loader = ShardedLoader(self.loader, mesh, sweep.parallelism)
             self.lockstep = Lockstep(mesh, self.timeout)
-        # Backend vllm: one engine for the whole sweep; ``tensor`` consecutive ranks serve
-        # one engine, see the same rows, and only the first of them counts them.
-        self.engine = Engine(sweep.model, sweep.parallelism.tensor, self.device,
-                             f"{plan.run_id}-{attempt}",
-                             {"RANK": self.rank, "LOCAL_RANK": ctx.get_local_rank(),
-                              "WORLD_SIZE": self.world,
-                              "LOCAL_WORLD_SIZE": ctx.get_local_world_size()}) \
-            if sweep.model.backend == "vllm" else None
+        # model.backend: one for the whole sweep, serving each checkpoint in turn (vllm: one
+        # engine; ``tensor`` consecutive ranks serve one engine, see the same rows, and only
+        # the first of them counts them).
+        self.backend = backends.create(sweep.model.backend, backends.Setup(
+            model=sweep.model, device=self.device, tensor=sweep.parallelism.tensor,
+            ident=f"{plan.run_id}-{attempt}",
+            ranks={"RANK": self.rank, "LOCAL_RANK": ctx.get_local_rank(),
+                   "WORLD_SIZE": self.world, "LOCAL_WORLD_SIZE": ctx.get_local_world_size()}))
         self.tensor = sweep.parallelism.tensor
         replica, replicas = self.rank // self.tensor, self.world // self.tensor
         self.uses_text = any(tasks.get(ev.spec.task).uses_text for ev in plan.evaluations)
@@ -425,6 +261,7 @@ class Worker:
                 if outcome is not None:
                     self.finish(outcome)
                 start = time.perf_counter()
+            self.backend.release()
             del model            # freed before the next load
 
     def load_and_agree(self, ref, fingerprint: str):
@@ -457,23 +294,19 @@ class Worker:
                 self.lockstep.attach(loaded[0])
 
             why = self.agree(ref.location, shard, f"the sharded load of {ref.location}")
-        if why is None and self.engine is not None:
-            # after every rank has loaded: the engine's start is collective
-            why = self.agree(ref.location, lambda: self.engine.serve(
-                loaded[0], folder, self.source.spec.tokenizer, ref.location, self.timer),
-                f"the vLLM load of {ref.location}")
+        serve = (lambda: self.backend.serve(loaded[0], folder, self.source.spec.tokenizer,
+                                            ref.location, self.timer))
+        if why is None and self.backend.collective_serve:
+            # after every rank has loaded: an engine's start is collective
+            name = self.backend.title or self.backend.name
+            why = self.agree(ref.location, serve, f"the {name} load of {ref.location}")
+        elif why is None:
+            serve()
         if why is not None:
             return None, None, why
         self.progress.loaded(ref.location)
         self.loaded_rss = peak_rss()
         return loaded[0], loaded[1], None
-
-    def mark(self, phase: str, where: str) -> None:
-        """Tell the tracker where this rank is (an error after its loss says it), then the
-        test hook's fault point (``recovery.fault_point``), which waits for that word."""
-        said = self.progress.phase(where)
-        recovery.fault_point(phase, self.rank, self.progress.attempt,
-                             before=lambda: said is not None and ray.get(said, timeout=10))
 
     def agree(self, location: str, step, where: str) -> str | None:
         """Run one loading step on every rank; why it failed (on any rank), or None."""
@@ -504,222 +337,3 @@ class Worker:
                 if shard.decode.use(tokenizer):
                     shard.reset()
 
-    def evaluate_cell(self, model, cell: Cell, step, layout, start: float
-                      ) -> CellOutcome | None:
-        """Pass, reduce and publish one cell; rank 0 returns its outcome."""
-        ev = self.plan.evaluation(cell.evaluation)
-        shard = self.shards[ev.name]
-        streamed = not shard.use_cache        # read and decoded (not from the kept shard)
-        began = time.perf_counter()
-        self.mark("pass", f"during the pass over {cell.checkpoint.location} on {ev.name}")
-        with self.timer.span("pass"):
-            states, error, stopped, samples = self.one_pass(model, cell, ev)
-        if streamed:
-            self.timer.add("streamed", time.perf_counter() - began)
-        if samples is not None and not error and not stopped:
-            # before the reduce: once rank 0 publishes, every rank's records are in place
-            with self.timer.span("publish"):
-                error = self.write_samples(cell, ev, samples)
-        if error:
-            # before the reduce: rank 0 reads it
-            self.progress.cell_error(cell.key, error, self.details.get(cell.key))
-        states[_FAILED] = torch.tensor(1 if error else 0, dtype=torch.int64)
-        states[_CACHE_OVERFLOW] = torch.tensor(int(shard.overflowed), dtype=torch.int64)
-        states[_STOP] = torch.tensor(int(stopped or self.progress.stopping()), dtype=torch.int64)
-        where = f"the end of the pass over {cell.checkpoint.location} on {ev.name}"
-        self.mark("reduce", f"during the all-reduce of the states of "
-                            f"{cell.checkpoint.location} on {ev.name}")
-        with self.timer.span("reduce"):
-            dist.sync(where, self.timeout)
-            merged = dist.all_reduce_states(states, where, self.timeout)   # the one reduce
-        if merged[_STOP]:
-            raise Stop
-        shard.agree(bool(merged[_CACHE_OVERFLOW]))
-        if merged[_FAILED]:
-            if self.rank != 0:
-                return None
-            if not error:      # another rank's: its message, and its traceback for --debug
-                error, detail = self.progress.error_of(cell.key)
-                if detail and cell.key not in self.details:
-                    self.details[cell.key] = detail
-            return self.failure(cell, step, error or (
-                f"{cell.checkpoint.location}: evaluating {ev.name} failed on another worker; "
-                "see the worker logs"))
-        if self.rank != 0:
-            return None
-        self.mark("publish", f"while publishing {cell.checkpoint.location} on {ev.name}")
-        with self.timer.span("publish"):
-            return self.publish(cell, ev, merged, step, layout, start)
-
-    def one_pass(self, model, cell: Cell, ev: Evaluation):
-        """This worker's states for one cell, the error that stopped it (the pass still drains
-        the shard: every rank must finish every pass over its split), and whether the driver
-        asked to stop (then the pass ends at once: the group is winding down)."""
-        index = self.index_of[cell.key]
-        skipped = 0                 # rows of batches that could not be decoded
-        p = Pass(model, self.metrics[ev.name], ev.output_size, self.device,
-                 ev.spec.task, ev.spec.bootstrap.k, ev.spec.dataset, text=self.tokenizer,
-                 generation=ev.spec.generation, batch=ev.spec.batch_size,
-                 samples=ev.spec.samples and self.rank % self.tensor == 0, engine=self.engine,
-                 # progress counts rows as they are scored, not as they are read
-                 on_rows=lambda n: self.progress.rows(index, self.counted(skipped + n)))
-        rows, error, stopped = 0, None, False
-        waited = time.perf_counter()
-        for batch in self.shards[ev.name]:
-            if waited is not None:
-                self.timer.add("first batch", time.perf_counter() - waited)
-                if isinstance(self.shards[ev.name].rows, SplitRows):
-                    self.timer.add("ray data", time.perf_counter() - waited)
-                waited = None
-            if self.progress.stopping():
-                stopped = True
-                break
-            if isinstance(batch, BadBatch):
-                if not error:
-                    error = f"{ev.name}: {batch.error.message}"
-                    self.details[cell.key] = batch.error.detail
-                rows += batch.rows
-                skipped += batch.rows
-                continue
-            x, y, buckets = batch
-            if error:
-                continue
-            error = self.scored(p.update, (x, y, buckets), cell, ev)
-            rows += len(buckets)
-        if not error and not stopped:
-            error = self.scored(p.finish, (), cell, ev)
-        self.progress.rows(index, self.counted(rows), force=True)
-        if self.lockstep is not None:        # peers of this replica may still have rows
-            idle = tasks.get(ev.spec.task).idle_input(ev.spec.dataset, ev.data.shapes)
-            self.lockstep.drain(model, None if idle is None else
-                                tasks.move(idle, self.device, float_dtype(model)))
-        samples = None if error or stopped else p.sample_table()
-        states = dict(p.abandon() if error else p.states)
-        if self.rank % self.tensor:       # its engine's first rank counts these rows
-            states = {k: torch.zeros_like(v) for k, v in states.items()}
-        return states, error, stopped, samples
-
-    def counted(self, rows: int) -> int:
-        """Rows this rank reports: an engine's other ranks see its first rank's rows."""
-        return 0 if self.rank % self.tensor else rows
-
-    def write_samples(self, cell: Cell, ev: Evaluation, table) -> str | None:
-        """This rank's per-item records of a cell; the message that fails the cell when
-        they cannot be written."""
-        try:
-            # one file per replica: an engine's ranks share their items (its first writes)
-            self.samples_store.write_samples(cell.key, self.samples_tag,
-                                             self.rank // self.tensor,
-                                             self.world // self.tensor, table)
-        except RayevalError as e:
-            return f"{ev.name}: per-item records: {e.message}"
-        return None
-
-    def scored(self, step, args, cell: Cell, ev: Evaluation) -> str | None:
-        """Run one scoring step of a pass; the message of the error that fails the cell (with
-        the user's traceback kept for --debug), or None."""
-        try:
-            step(*args)
-        except CheckpointError as e:
-            return f"{cell.checkpoint.location}: {ev.name}: {e.message}"
-        except RayevalError as e:            # bad data in this evaluation: its cells only
-            self.details[cell.key] = e.detail
-            return f"{ev.name}: {e.message}"
-        except Exception as e:               # noqa: BLE001 - the user's model on these rows
-            self.details[cell.key] = traceback_of(e)
-            return (f"{cell.checkpoint.location}: {ev.name}: the model failed on a batch: "
-                    f"{errors.reason(e, typed=True)}")
-        return None
-
-    def publish(self, cell: Cell, ev: Evaluation, merged, step, layout, start) -> CellOutcome:
-        counted = int(merged[ROWS])
-        if counted != ev.data.num_rows:
-            return self.failure(cell, step, f"{cell.checkpoint.location}: {ev.name}: counted "
-                                            f"{counted} rows but the data set has "
-                                            f"{ev.data.num_rows}; not published (a sharding "
-                                            "bug: please report it)")
-        metrics = self.metrics[ev.name]
-        try:
-            results = finalize(metrics, merged, ev.output_size, ev.spec.bootstrap)
-        except RayevalError as e:          # a custom metric's compute: this cell only
-            self.details[cell.key] = e.detail
-            return self.failure(cell, step, f"{ev.name}: {e.message}")
-        self.store.write_cell(cell.key, cell_rows(
-            sweep=self.plan.sweep.name, checkpoint=cell.checkpoint.location, step=step,
-            epoch=cell.checkpoint.epoch, evaluation=ev.name, results=results,
-            higher_is_better={k: bool(getattr(m, "higher_is_better", True)) for k, m in metrics},
-            num_samples=counted, num_tokens=tasks.get(ev.spec.task).scored_units(merged),
-            world_size=self.world, bootstrap_key=ev.spec.bootstrap.key,
-            samples=self.samples_tag if ev.spec.samples else None))
-        return CellOutcome(
-            key=cell.key, checkpoint=cell.checkpoint.location, evaluation=ev.name, step=step,
-            values=tuple((k, r.value) for k, r in results.items()), rows=counted,
-            seconds=time.perf_counter() - start, layout=layout, attempt=self.attempt,
-            peak_rss_bytes=peak_rss(), baseline_rss_bytes=self.baseline,
-            loaded_rss_bytes=self.loaded_rss)
-
-    def failure(self, cell: Cell, step, message: str) -> CellOutcome:
-        return CellOutcome(key=cell.key, checkpoint=cell.checkpoint.location,
-                           evaluation=cell.evaluation, step=step, error=message,
-                           detail=self.details.get(cell.key), attempt=self.attempt)
-
-    def finish(self, outcome: CellOutcome) -> None:
-        self.outcomes.append(outcome)
-        if self.rank == 0:
-            self.progress.finish(outcome.key, outcome)
-
-
-class Prefetch:
-    """The next checkpoint fetched (object storage to this node's cache) and read
-    (deserialised) on a thread while the current one is evaluated, so loading hides behind
-    the passes. At most one checkpoint ahead, and only fetched, not read, when its files are
-    over ``budget`` bytes (it would not fit beside the current one). A failure is kept and
-    raised where the checkpoint is loaded, so it fails its own cells as usual."""
-
-    def __init__(self, cache_dir: str, read, budget: int, enabled: bool = True):
-        import concurrent.futures
-
-        self.cache_dir = cache_dir
-        self.read = read
-        self.budget = budget
-        self.pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="rayeval-ahead")
-        self.enabled = enabled          # RAYEVAL_PREFETCH=0 turns it off (benchmarks)
-        self.location: str | None = None
-        self.future = None
-
-    def start(self, location: str, fingerprint: str) -> None:
-        if not self.enabled:
-            return
-        self.location = location
-        self.future = self.pool.submit(self._get, location, fingerprint)
-
-    def _get(self, location: str, fingerprint: str):
-        local = fetch(location, self.cache_dir, fingerprint)
-        if self.read is None or _size(local) > self.budget:
-            return local, None
-        return local, self.read(local)
-
-    def take(self, location: str):
-        """(local path, read checkpoint or None) of ``location`` if it was fetched ahead (the
-        fetch's error is raised here), else (None, None)."""
-        if self.future is None or self.location != location:
-            return None, None
-        future, self.future, self.location = self.future, None, None
-        return future.result()
-
-    def close(self) -> None:
-        self.pool.shutdown(wait=False, cancel_futures=True)
-
-
-def _size(path: str) -> int:
-    if not os.path.isdir(path):
-        return os.path.getsize(path)
-    return sum(os.path.getsize(os.path.join(d, f)) for d, _, files in os.walk(path)
-               for f in files)
-
-
-def peak_rss() -> int:
-    """This process's peak resident memory so far, in bytes."""
-    import resource
-
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024

@@ -25,8 +25,7 @@ from typing import ClassVar
 import torch
 
 from rayeval.core import metrics as M
-from rayeval.core.tasks.text import (TextBatch, _TextTask, generate, loglikelihoods,
-                                     rolling_windows)
+from rayeval.core.tasks.text import TextBatch, _TextTask, rolling_windows
 from rayeval.errors import DataError
 from rayeval.harness import names, store
 from rayeval.harness import requests as request_table    # (score's ``requests`` are its own)
@@ -124,26 +123,19 @@ class Harness(_TextTask):
             return list(first[0]) + list(first[1])
         return list(first) or [0]
 
-    def score(self, model, x, y, run):
-        task = lm_task(run.spec.path)
+    def score(self, backend, x, y, ctx):
+        task = lm_task(ctx.spec.path)
         kind = task.OUTPUT_TYPE
         docs = [_instances(task, e) for e in x.extra]
         flat = [inst for instances in docs for inst in instances]
         requests = [r for row in x.rows for r in row]
         if kind in ("loglikelihood", "multiple_choice"):
-            greedy: list[bool] = []
-            lls = loglikelihoods(model, requests, run, greedy)
-            resps = [(ll, g) for ll, g in zip(lls, greedy)]
+            resps = backend.loglikelihood(requests, ctx)
         elif kind == "loglikelihood_rolling":
-            windows = [w for r in requests for w in r]
-            lls = loglikelihoods(model, windows, run)
-            resps, k = [], 0
-            for r in requests:
-                resps.append(math.fsum(lls[k:k + len(r)]) if r else 0.0)
-                k += len(r)
+            resps = backend.loglikelihood_rolling(requests, ctx)
         else:
             ids = None if x.ids is None else [i for i, row in zip(x.ids, x.rows) for _ in row]
-            resps = generate(model, requests, run, ids)
+            resps = backend.generate(requests, ids, ctx)
         for inst, resp in zip(flat, resps):
             if kind == "generate_until" and len(resp) > 1:     # sampled repeats
                 inst.resps = list(resp)
@@ -167,7 +159,7 @@ class Harness(_TextTask):
                     values[names.result_key(metric, name, len(filters))] = value
             for key, kind_, col, _ in columns:
                 if key not in values:
-                    raise DataError(f"{run.spec.key_path}: lm-eval's process_results gave no "
+                    raise DataError(f"{ctx.spec.key_path}: lm-eval's process_results gave no "
                                     f"{names.metric_of(key)!r} for document {instances[0].doc_id}")
                 value = values[key]
                 if isinstance(value, (tuple, list)):
@@ -175,7 +167,7 @@ class Harness(_TextTask):
                 else:
                     out[i, col] = float(value)
             x.responses.append(_response(kind, instances, task))
-            if run.generation.repeats > 1 and kind == "generate_until":
+            if ctx.generation.repeats > 1 and kind == "generate_until":
                 x.repeats = (x.repeats or []) + [[str(r) for r in instances[0].resps]]
             x.lls.append([float(r[0]) if isinstance(r, tuple) else float(r)
                           for r in (inst.resps[0] for inst in instances)]

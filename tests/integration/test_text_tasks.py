@@ -65,7 +65,7 @@ def reference(sweep_path: str) -> dict:
         for table in read_batches(ev.data, ev.spec.dataset, 7):
             x, y, buckets = decode(table)
             with torch.inference_mode():
-                scored, _ = p.task.score(model, x, y, p)
+                scored, _ = p.score(x, y)
             for i, row_id in enumerate(table.column("id").to_pylist()):
                 items[row_id] = scored[i]
             p.update(x, y, buckets)
@@ -386,15 +386,14 @@ def test_a_generation_that_never_stops_ends_at_max_new_tokens(example, tmp_path)
     ref = plan.by_checkpoint()[-1][0]
     model, _ = source.loader(torch.device("cpu"), sweep.checkpoint).load(ref.location)
     tok = source.tokenizer(ref.location, model)
-    from rayeval.core.tasks.text import _greedy, _hf_generate
-
     decode = Decoder(ev.spec, ev.data, sweep.base_dir)
     decode.use(tok)
     x, _, _ = decode(next(read_batches(ev.data, ev.spec.dataset, 8)))
     p = Pass(model, [], ev.output_size, torch.device("cpu"), ev.spec.task, text=tok,
              generation=ev.spec.generation, batch=8)
     with torch.inference_mode():
-        cached, plain = _hf_generate(model, x.rows, p), _greedy(model, x.rows, p)
+        cached = p.backend.hf_generate(x.rows, p.context)
+        plain = p.backend.greedy(x.rows, p.context)
     assert all(0 < len(t) <= 5 for t in cached)
     # the KV-cache path and the plain greedy loop pick the same tokens up to the end token
     eos = tok.eos_id

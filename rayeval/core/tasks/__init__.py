@@ -2,7 +2,8 @@
 
 A task owns everything that used to be tested by string across the code base: the columns it
 needs and their checks, turning a pyarrow batch into model inputs, row ids for the bootstrap,
-scoring a batch with the model, the model's output size, the metrics it allows, its fields in
+scoring a batch through a backend (``core.backends``: a task never touches the model), the
+model's output size, the metrics it allows, its fields in
 the content key, and what its data set needs in the sweep file.
 
 Adding a task is adding one module here: a Task subclass registered with
@@ -26,8 +27,11 @@ import pkgutil
 from rayeval.core import metrics as _metrics
 
 from rayeval.core.tasks.base import (TASKS, TOKENS, Classification, Inputs, LanguageModeling,
-                                     Regression, Task, call_model, check_finite_inputs,
-                                     logits_of, move, nbytes, pin, repeat, rows_of)
+                                     Regression, Task, check_finite_inputs, nbytes, pin,
+                                     rows_of)
+# The plain torch helpers a task used to call itself now live with the backends; named here
+# too for the callers that move a batch or probe a model (the driver, a sharded replica).
+from rayeval.core.backends.torch import call_model, logits_of, move, repeat
 from rayeval.core.tasks.text import Generation, MultipleChoice, TextPerplexity
 
 for _module in sorted(m.name for m in pkgutil.iter_modules(__path__)):

@@ -9,12 +9,13 @@ registered in ``TASKS`` (``@TASKS.register(instance=True)``), with metric classe
 as their ``task`` (``@metrics.register``).
 
 Plain torch and pyarrow: the driver uses tasks to check data and probe the model before Ray
-starts, the workers to evaluate.
+starts, the workers to evaluate. A task never touches the model: ``score`` hands its requests
+to a backend (``core.backends``) and turns the responses into the metrics' outputs.
 """
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, Mapping
+from typing import ClassVar, Mapping
 
 import numpy as np
 import pyarrow as pa
@@ -30,8 +31,8 @@ from rayeval.errors import CheckpointError, DataError, ModelError, traceback_of
 from rayeval.config.registry import Registry
 from rayeval.core import metrics as _metrics
 from rayeval.core.metrics import IGNORE
+from rayeval.core.backends.base import Backend, Context, Inputs, wrong_output
 
-Inputs = Any      # a tensor, or a mapping of keyword name -> tensor
 TOKENS = "_tokens"  # the state of scored target tokens that an LM pass keeps (evaluate.Accumulator)
 
 # Every task, by name, as an instance: ``@TASKS.register(instance=True)`` on a Task subclass.
@@ -108,23 +109,15 @@ class Task:
             return data.id_values(table, spec.id, f"{spec.key_path}.id")
         return stats.content_ids(_words(x), y)
 
-    # --- the model -------------------------------------------------------------------------
+    # --- scoring: requests to the backend, its responses to outputs ------------------
 
-    def score(self, model: torch.nn.Module, x: Inputs, y: torch.Tensor, run
+    def score(self, backend: Backend, x: Inputs, y: torch.Tensor, ctx: Context
               ) -> tuple[torch.Tensor, torch.Tensor]:
-        """One batch through the model: (outputs, targets) in the shapes the task's metrics
-        take. ``run`` is the pass (``evaluate.Pass``): device, dtype, output size, spec."""
-        self.check_targets(y, run.size, run.spec)
-        x = move(x, run.device, run.dtype)
-        y = y.to(run.device, non_blocking=True)
-        if y.shape[0] == 1:
-            # A one-row batch takes a matrix-vector kernel whose rounding differs from the
-            # matrix-matrix one; run two copies so a row's outputs do not depend on where the
-            # shard boundaries fell (and published numbers on the world size).
-            out = call_model(model, repeat(x))
-            out = out[:1] if isinstance(out, torch.Tensor) else out
-        else:
-            out = call_model(model, x)
+        """One batch's requests answered by ``backend``: (outputs, targets) in the shapes the
+        task's metrics take. ``ctx``: what the pass scores in (spec, output size, device)."""
+        self.check_targets(y, ctx.size, ctx.spec)
+        y = y.to(ctx.device, non_blocking=True)
+        out = backend.forward(x, ctx)
         if not isinstance(out, torch.Tensor):
             raise self.wrong_output(out)
         if not stats.all_finite(out):     # inputs are checked finite when decoded
@@ -160,9 +153,7 @@ class Task:
         raise NotImplementedError
 
     def wrong_output(self, out) -> ModelError:
-        shape = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
-        return ModelError(f"model.factory: the model returns {shape}; task {self.name} needs "
-                          f"{self.needs}")
+        return wrong_output(out, self.name, self.needs)
 
     def check_targets(self, y: torch.Tensor, size: int, spec: DatasetSpec) -> None:
         """Per batch, on the worker: targets the model's output can score."""
@@ -329,38 +320,6 @@ class LanguageModeling(Task):
         return int(states[TOKENS])
 
 
-def logits_of(out: Any) -> Any:
-    """A model's scores: a tensor as it is; ``.logits`` of a Hugging Face ``ModelOutput`` or a
-    mapping; anything else unchanged (the task then says what it needed)."""
-    if isinstance(out, torch.Tensor):
-        return out
-    logits = getattr(out, "logits", None)
-    if logits is None and isinstance(out, Mapping):
-        logits = out.get("logits")
-    return logits if isinstance(logits, torch.Tensor) else out
-
-
-def call_model(model: torch.nn.Module, x: Inputs) -> Any:
-    """Inputs as one positional tensor, or as keyword arguments."""
-    if isinstance(x, Mapping):
-        return logits_of(model(**x))
-    return logits_of(model(x))
-
-
-def move(x: Inputs, device: torch.device, float_dtype: torch.dtype) -> Inputs:
-    """To the device; floating tensors to the model's dtype, integer ones (ids, masks) as
-    they are."""
-    def one(t):
-        t = torch.as_tensor(t)
-        if t.is_floating_point():
-            return t.to(device, float_dtype, non_blocking=True)
-        return t.to(device, non_blocking=True)
-
-    if isinstance(x, Mapping):
-        return {k: one(v) for k, v in x.items()}
-    return one(x)
-
-
 def rows_of(x: Inputs) -> int:
     return int(next(iter(x.values())).shape[0]) if isinstance(x, Mapping) else int(x.shape[0])
 
@@ -374,13 +333,6 @@ def pin(x: Inputs) -> Inputs:
     if isinstance(x, Mapping):
         return {k: v.pin_memory() for k, v in x.items()}
     return x.pin_memory()
-
-
-def repeat(x: Inputs) -> Inputs:
-    """Each tensor twice along the batch (see ``evaluate.Pass.update``)."""
-    if isinstance(x, Mapping):
-        return {k: torch.cat([v, v]) for k, v in x.items()}
-    return torch.cat([x, x])
 
 
 def _words(x: Inputs) -> torch.Tensor:

@@ -15,8 +15,9 @@ long inputs cut from the left, windows conditioned on the BOS (else EOS) token, 
 ``re.split(r"\\s+")`` pieces and bytes of UTF-8.
 
 A decoded batch is a ``TextBatch`` of token lists (tokenized once per tokenizer: a worker keeps
-its decoded shard across checkpoints that share one). Scoring turns it into one small float
-row per item, which the metrics in metrics.py reduce into exact states:
+its decoded shard across checkpoints that share one). Scoring hands its requests to the
+backend (log-likelihoods of token pairs, or generations: ``core.backends``) and turns the
+responses into one small float row per item, which the metrics in metrics.py reduce into exact states:
 
     multiple_choice   (rows, choices, 2): log-likelihood, characters (padding: -inf, 1)
     text_perplexity   (rows, 4): log-likelihood, tokens, words, bytes
@@ -37,12 +38,10 @@ import pyarrow.compute as pc
 import torch
 
 from rayeval.io import data
-from rayeval.core import prepared, stats
+from rayeval.core import prepared
 from rayeval.config.schema import DatasetSpec
-from rayeval.errors import CheckpointError, DataError
-from rayeval.core.tasks.base import TASKS, Task, logits_of
-
-LOGITS_BUDGET_BYTES = 512 << 20     # float32 logits one forward pass may produce
+from rayeval.errors import DataError
+from rayeval.core.tasks.base import TASKS, TOKENS, Task
 
 
 @dataclass
@@ -258,9 +257,9 @@ class MultipleChoice(_TextTask):
         ctx, cont = x.rows[0][0]
         return ctx + cont
 
-    def score(self, model, x, y, run):
+    def score(self, backend, x, y, ctx):
         requests = [pair for pairs in x.rows for pair in pairs]
-        lls = loglikelihoods(model, requests, run)
+        lls = [ll for ll, _ in backend.loglikelihood(requests, ctx)]
         width = max(len(p) for p in x.rows)
         out = torch.zeros((len(x.rows), width, 2), dtype=torch.float64)
         out[:, :, 0] = float("-inf")
@@ -299,9 +298,11 @@ class TextPerplexity(_TextTask):
                 return ctx + cont
         return [0]
 
-    def score(self, model, x, y, run):
+    def score(self, backend, x, y, ctx):
+        # the windows' log-likelihoods summed here, in window order (not loglikelihood_rolling's
+        # exact sum): the numbers this task has always published
         requests = [w for windows in x.rows for w in windows]
-        lls = loglikelihoods(model, requests, run)
+        lls = [ll for ll, _ in backend.loglikelihood(requests, ctx)]
         out = torch.zeros((len(x.rows), 4), dtype=torch.float64)
         k = 0
         for i, (windows, (tokens, words, nbytes)) in enumerate(zip(x.rows, x.extra)):
@@ -320,8 +321,6 @@ class TextPerplexity(_TextTask):
         return int(outputs[:, 1].sum().item())
 
     def scored_units(self, states):
-        from rayeval.core.tasks.base import TOKENS
-
         return int(states[TOKENS])
 
 
@@ -366,17 +365,17 @@ class Generation(_TextTask):
     def first_tokens(self, x):
         return x.rows[0] or [0]
 
-    def score(self, model, x, y, run):
+    def score(self, backend, x, y, ctx):
         """Exact match; with ``repeats`` k, the mean over the item's k generations."""
-        texts = generate(model, x.rows, run, x.ids)
+        texts = backend.generate(x.rows, x.ids, ctx)
         x.responses = [t[0] for t in texts]
-        x.repeats = texts if run.generation.repeats > 1 else None
+        x.repeats = texts if ctx.generation.repeats > 1 else None
         hit = [sum(float(g.strip() == str(a).strip()) for g in t) / len(t)
                for t, a in zip(texts, x.extra)]
         return torch.tensor(hit, dtype=torch.float64), y
 
 
-# --- scoring ---------------------------------------------------------------------------------
+# --- requests ---------------------------------------------------------------------------------
 
 def rolling_windows(tokens: list[int], prefix: int, max_length: int
                     ) -> list[tuple[list[int], list[int]]]:
@@ -394,169 +393,6 @@ def rolling_windows(tokens: list[int], prefix: int, max_length: int
         windows.append((context[:len(context) - (n - 1)], tokens[end - n:end]))
         done = end
     return windows
-
-
-def _forward_rows(run, width: int) -> int:
-    """Sequences per forward pass: the evaluation's batch size, within a logits budget."""
-    per_row = max(1, width * max(1, run.size) * 4)
-    return max(1, min(run.batch, LOGITS_BUDGET_BYTES // per_row))
-
-
-def loglikelihoods(model, requests: list[tuple[list[int], list[int]]], run,
-                   greedy: list[bool] | None = None) -> list[float]:
-    """Each (context, continuation)'s summed log-probability of the continuation (and, into
-    ``greedy`` when given, whether greedy decoding would have produced it). The model
-    sees ``(context + continuation)[-(L + 1):][:-1]``; requests with the same input (such as
-    the one-token answers of a multiple-choice item) share one forward pass. Inputs are sorted
-    by length and right-padded: a causal model's positions do not see the padding after them."""
-    L = run.text.max_length
-    inputs = [tuple((ctx + cont)[-(L + 1):][:-1]) for ctx, cont in requests]
-    users: dict[tuple, list[int]] = {}
-    for r, inp in enumerate(inputs):
-        users.setdefault(inp, []).append(r)
-    unique = sorted(users, key=lambda t: (-len(t), t))
-    result = [0.0] * len(requests)
-    if greedy is not None:
-        greedy[:] = [False] * len(requests)
-    i = 0
-    while i < len(unique):
-        chunk = unique[i:i + _forward_rows(run, len(unique[i]))]
-        i += len(chunk)
-        width = len(chunk[0])
-        batch = torch.zeros((len(chunk), width), dtype=torch.int64)
-        for j, inp in enumerate(chunk):
-            batch[j, :len(inp)] = torch.tensor(inp, dtype=torch.int64)
-        logits = _logits(model, batch.to(run.device), run)
-        for j, inp in enumerate(chunk):
-            rs = users[inp]
-            k = max(len(requests[r][1]) for r in rs)
-            logp = torch.log_softmax(logits[j, len(inp) - k:len(inp)].float(), dim=-1)
-            for r in rs:
-                cont = requests[r][1]
-                picked = logp[k - len(cont):].gather(
-                    1, torch.tensor(cont, device=logp.device).view(-1, 1))
-                result[r] = float(picked.double().sum())
-                if greedy is not None:
-                    tokens = logp[k - len(cont):].argmax(dim=-1).tolist()
-                    greedy[r] = tokens == list(cont)
-        _partly(run, i, len(unique))
-    return result
-
-
-def _partly(run, done: int, total: int) -> None:
-    """Tell the pass how far its scoring is (progress counts scored rows)."""
-    report = getattr(run, "partly", None)
-    if report is not None:
-        report(done, total)
-
-
-def _logits(model, ids: torch.Tensor, run) -> torch.Tensor:
-    out = logits_of(model(ids))
-    if not isinstance(out, torch.Tensor) or out.dim() != 3:
-        raise run.task.wrong_output(out)
-    if int(ids.max()) >= out.shape[2]:
-        raise DataError(f"{run.spec.key_path}: token id {int(ids.max())} is outside the "
-                        f"model's vocabulary of {out.shape[2]}; the tokenizer does not match "
-                        "the model")
-    if not stats.all_finite(out):
-        raise CheckpointError("the model produced NaN or infinite logits with this checkpoint")
-    return out
-
-
-def generate(model, contexts: list[list[int]], run, ids: list[int] | None = None
-             ) -> list[list[str]]:
-    """Each context's ``generation.repeats`` continuations (greedy: one), cut at the first
-    stop string; at most ``max_new_tokens`` each, so a generation that never stops still
-    ends. On backend vllm the engine generates, with sampling seeded by row id."""
-    tok, gen = run.text, run.generation
-    engine = getattr(run, "engine", None)
-    out: list[list[str]] = []
-    step = max(1, run.batch) if engine is None else max(1, len(contexts))
-    for start in range(0, len(contexts), step):
-        chunk = contexts[start:start + step]
-        if engine is not None:
-            tokens = engine.generate(chunk, None if ids is None else ids[start:start + step],
-                                     gen)
-        elif hasattr(model, "generate") and hasattr(model, "config"):
-            tokens = [[t] for t in _hf_generate(model, chunk, run)]
-        else:
-            tokens = [[t] for t in _greedy(model, chunk, run)]
-        for repeats in tokens:
-            texts = []
-            for t in repeats:
-                if tok.eos_id is not None and tok.eos_id in t:
-                    t = t[:t.index(tok.eos_id)]
-                texts.append(cut(tok.decode(t), gen.until))
-            out.append(texts)
-        _partly(run, len(out), len(contexts))
-    return out
-
-
-def cut(text: str, until) -> str:
-    for stop in until:
-        if stop:
-            text = text.split(stop)[0]
-    return text
-
-
-def _stopped(run, tokens: list[int]) -> bool:
-    tok = run.text
-    if tok.eos_id is not None and tok.eos_id in tokens:
-        return True
-    text = tok.decode(tokens)
-    return any(s in text for s in run.generation.until)
-
-
-def _hf_generate(model, contexts: list[list[int]], run) -> list[list[int]]:
-    """Batched, with the model's KV cache: left-padded contexts and an attention mask."""
-    import transformers
-
-    tok = run.text
-    pad = tok.tokenizer.pad_token_id
-    pad = pad if pad is not None else (tok.eos_id if tok.eos_id is not None else 0)
-    width = max(len(c) for c in contexts)
-    ids = torch.full((len(contexts), width), pad, dtype=torch.int64)
-    mask = torch.zeros((len(contexts), width), dtype=torch.int64)
-    for j, c in enumerate(contexts):
-        ids[j, width - len(c):] = torch.tensor(c, dtype=torch.int64)
-        mask[j, width - len(c):] = 1
-
-    class Until(transformers.StoppingCriteria):
-        def __call__(self, input_ids, scores, **kwargs):
-            return torch.tensor([_stopped(run, row[width:].tolist()) for row in input_ids],
-                                dtype=torch.bool, device=input_ids.device)
-
-    result = model.generate(
-        input_ids=ids.to(run.device), attention_mask=mask.to(run.device), do_sample=False,
-        max_new_tokens=run.generation.max_new_tokens, pad_token_id=pad,
-        eos_token_id=tok.eos_id, stopping_criteria=transformers.StoppingCriteriaList([Until()]),
-        use_cache=True,
-        # transformers turns synced_gpus on for FSDP models: an all-reduce over the whole
-        # world at every step, which other replicas never join. A sharded model's replica is
-        # kept in step by sharding.Lockstep instead.
-        synced_gpus=False)
-    return [row[width:].tolist() for row in result.cpu()]
-
-
-def _greedy(model, contexts: list[list[int]], run) -> list[list[int]]:
-    """Any causal model (no cache): each step runs the right-padded sequences so far."""
-    seqs = [list(c) for c in contexts]
-    new: list[list[int]] = [[] for _ in contexts]
-    active = list(range(len(contexts)))
-    for _ in range(run.generation.max_new_tokens):
-        if not active:
-            break
-        width = max(len(seqs[i]) for i in active)
-        batch = torch.zeros((len(active), width), dtype=torch.int64)
-        for j, i in enumerate(active):
-            batch[j, :len(seqs[i])] = torch.tensor(seqs[i], dtype=torch.int64)
-        logits = _logits(model, batch.to(run.device), run)
-        for j, i in enumerate(active):
-            nxt = int(logits[j, len(seqs[i]) - 1].argmax())
-            seqs[i].append(nxt)
-            new[i].append(nxt)
-        active = [i for i in active if not _stopped(run, new[i])]
-    return new
 
 
 # --- data checks -----------------------------------------------------------------------------

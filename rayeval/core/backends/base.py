@@ -1,0 +1,148 @@
+"""What a backend is: the requests a task hands it, the context it scores them in, and the
+interface every backend implements.
+
+A backend turns requests into numbers for one kind of model. The interface is lm-eval's
+``LM`` (``api/model.py``) over token requests, plus a forward pass for tensor models:
+
+    forward                one batch of tensor inputs -> the model's output (a tensor)
+    loglikelihood          (context, continuation) token pairs -> (log-probability of the
+                           continuation, whether greedy decoding gives it) per pair
+    loglikelihood_rolling  each document's rolling windows -> its summed log-likelihood
+    generate               token contexts -> each context's generated texts
+
+A task builds requests from its decoded batch and scores the responses; it never touches a
+model or an engine. What a task and a backend need of the evaluation travels in a ``Context``
+(frozen: the pass builds one per evaluation). Plain torch: no Ray, no collectives.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Callable, ClassVar, Mapping
+
+import torch
+
+from rayeval.config.registry import Registry
+from rayeval.config.schema import DatasetSpec, Generation
+from rayeval.errors import ModelError
+
+Inputs = Any            # a tensor, or a mapping of keyword name -> tensor
+TokenPair = tuple[list[int], list[int]]      # (context tokens, continuation tokens)
+
+# Every backend class, by the name ``model.backend`` gives it:
+# ``@BACKENDS.register()`` on a Backend subclass with a ``name``.
+BACKENDS: Registry[type["Backend"]] = Registry("backend")
+
+
+@dataclass(frozen=True)
+class Context:
+    """What scoring one evaluation's batches reads besides the batch: the data set's spec
+    (its key path names errors), the task's name and what it needs of the model (for the
+    message when the model's output does not fit), the model's output size, the tokenizer
+    (text tasks), the generation settings, sequences per forward pass, the device, and a
+    callback told how many requests of the batch under way are done (progress)."""
+    spec: DatasetSpec
+    task: str = "classification"
+    needs: str = ""
+    size: int = 0
+    text: Any = None                   # io.hf.Tokenizer: text tasks only
+    generation: Generation = Generation()
+    batch: int = 256
+    device: torch.device = torch.device("cpu")
+    progress: Callable[[int, int], None] | None = None
+
+    def partly(self, done: int, total: int) -> None:
+        """Tell the pass how far the scoring of its batch is (progress counts scored rows)."""
+        if self.progress is not None:
+            self.progress(done, total)
+
+
+@dataclass(frozen=True)
+class Setup:
+    """What a worker knows when it builds its backend, once for the sweep: the sweep's
+    ``model`` section (``ModelSpec``), the device, the ranks of one tensor-parallel engine,
+    a name the same on every rank and new for each worker group, and the rank variables an
+    engine's launcher reads (RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE)."""
+    model: Any = None
+    device: torch.device = torch.device("cpu")
+    tensor: int = 1
+    ident: str = ""
+    ranks: Mapping[str, int] | None = None
+
+
+class Backend:
+    """Base class: a subclass sets ``name``, is registered in ``BACKENDS``, and implements the
+    request types its models answer (the others raise NotImplementedError, so a task the
+    backend cannot serve fails its cells with one line)."""
+
+    name: ClassVar[str] = ""
+    title: ClassVar[str] = ""            # for messages ("the vLLM load of ..."); default: name
+    # Whether ``serve`` is collective (every rank of a group must enter it together): the
+    # worker then agrees on its outcome over the group, as it does for a load.
+    collective_serve: ClassVar[bool] = False
+
+    def __init__(self, setup: Setup = Setup()):
+        self.setup = setup
+        self.device = setup.device
+        self.model: torch.nn.Module | None = None
+
+    def serve(self, model: torch.nn.Module, folder: str = "", tokenizer: str | None = None,
+              location: str = "", timer=None) -> None:
+        """Answer requests with this checkpoint's model from now on (``folder``: where its
+        files were fetched; ``tokenizer``: model.tokenizer; ``location``: for messages)."""
+        self.model = model
+
+    def release(self) -> None:
+        """Let go of the checkpoint's model (the worker frees it before the next load)."""
+        self.model = None
+
+    # --- the request types -----------------------------------------------------------------
+
+    def forward(self, x: Inputs, ctx: Context) -> Any:
+        raise NotImplementedError(f"backend {self.name!r} has no forward pass for tensor "
+                                  "models")
+
+    def loglikelihood(self, requests: list[TokenPair], ctx: Context
+                      ) -> list[tuple[float, bool]]:
+        raise NotImplementedError(f"backend {self.name!r} does not score log-likelihoods")
+
+    def loglikelihood_rolling(self, documents: list[list[TokenPair]], ctx: Context
+                              ) -> list[float]:
+        """Each document's log-likelihood: the exact sum (``math.fsum``) of its disjoint
+        windows' (lm-eval's rolling windows, made by the task from the tokens)."""
+        windows = [w for doc in documents for w in doc]
+        lls = [ll for ll, _ in self.loglikelihood(windows, ctx)]
+        out, k = [], 0
+        for doc in documents:
+            out.append(math.fsum(lls[k:k + len(doc)]) if doc else 0.0)
+            k += len(doc)
+        return out
+
+    def generate(self, contexts: list[list[int]], ids: list[int] | None, ctx: Context
+                 ) -> list[list[str]]:
+        raise NotImplementedError(f"backend {self.name!r} does not generate")
+
+
+def wrong_output(out: Any, task: str, needs: str) -> ModelError:
+    """The one line for a model whose output does not fit the task."""
+    shape = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
+    return ModelError(f"model.factory: the model returns {shape}; task {task} needs {needs}")
+
+
+def texts_of(repeats: list[list[int]], ctx: Context) -> list[str]:
+    """Generated token lists as texts: cut at the end-of-sequence token, decoded, then cut at
+    the first stop string (what every backend's ``generate`` returns)."""
+    tok, texts = ctx.text, []
+    for t in repeats:
+        if tok.eos_id is not None and tok.eos_id in t:
+            t = t[:t.index(tok.eos_id)]
+        texts.append(cut(tok.decode(t), ctx.generation.until))
+    return texts
+
+
+def cut(text: str, until) -> str:
+    for stop in until:
+        if stop:
+            text = text.split(stop)[0]
+    return text

@@ -1,0 +1,197 @@
+"""Any ``torch.nn.Module`` as a backend: its forward pass for tensor models, and for causal
+language models (logits of shape (batch, positions, vocab)) log-likelihoods and greedy
+decoding without a cache, scored as lm-evaluation-harness scores them.
+
+What the harness's users' numbers depend on is reproduced here: the model sees
+``(context + continuation)[-(L + 1):][:-1]``, inputs sorted by length and right-padded (a
+causal model's positions do not see the padding after them), requests with the same input
+sharing one forward pass, log-probabilities summed in float64.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import torch
+
+from rayeval.core import stats
+from rayeval.core.backends.base import (Backend, Context, Inputs, TokenPair, texts_of,
+                                        wrong_output)
+from rayeval.errors import CheckpointError, DataError
+
+LOGITS_BUDGET_BYTES = 512 << 20     # float32 logits one forward pass may produce
+
+
+class TorchBackend(Backend):
+    """The model's own forward pass; ``hf.HFBackend`` adds Hugging Face's ``generate``."""
+
+    name = "torch"
+    dtype: torch.dtype = torch.float32       # the model's floating dtype (inputs are cast)
+
+    def serve(self, model, folder="", tokenizer=None, location="", timer=None) -> None:
+        self.model = model
+        self.dtype = float_dtype(model)
+
+    def forward(self, x: Inputs, ctx: Context) -> Any:
+        """One batch on the backend's device (floating inputs in the model's dtype) through
+        the model: a tensor, or whatever the model returned (the task says what it needed)."""
+        x = move(x, self.device, self.dtype)
+        if rows_of(x) == 1:
+            # A one-row batch takes a matrix-vector kernel whose rounding differs from the
+            # matrix-matrix one; run two copies so a row's outputs do not depend on where the
+            # shard boundaries fell (and published numbers on the world size).
+            out = call_model(self.model, repeat(x))
+            return out[:1] if isinstance(out, torch.Tensor) else out
+        return call_model(self.model, x)
+
+    def loglikelihood(self, requests: list[TokenPair], ctx: Context
+                      ) -> list[tuple[float, bool]]:
+        """Each (context, continuation)'s summed log-probability of the continuation, and
+        whether greedy decoding would have produced it."""
+        L = ctx.text.max_length
+        inputs = [tuple((c + t)[-(L + 1):][:-1]) for c, t in requests]
+        users: dict[tuple, list[int]] = {}
+        for r, inp in enumerate(inputs):
+            users.setdefault(inp, []).append(r)
+        unique = sorted(users, key=lambda t: (-len(t), t))
+        result: list[tuple[float, bool]] = [(0.0, False)] * len(requests)
+        i = 0
+        while i < len(unique):
+            chunk = unique[i:i + forward_rows(ctx, len(unique[i]))]
+            i += len(chunk)
+            logits = self.logits(right_padded(chunk).to(self.device), ctx)
+            for j, inp in enumerate(chunk):
+                rs = users[inp]
+                k = max(len(requests[r][1]) for r in rs)
+                logp = torch.log_softmax(logits[j, len(inp) - k:len(inp)].float(), dim=-1)
+                for r in rs:
+                    cont = requests[r][1]
+                    result[r] = continuation_score(logp[k - len(cont):], cont)
+            ctx.partly(i, len(unique))
+        return result
+
+    def logits(self, ids: torch.Tensor, ctx: Context) -> torch.Tensor:
+        """A causal model's logits for right-padded token ids, checked: the task's shape, ids
+        within the vocabulary, finite values."""
+        out = logits_of(self.model(ids))
+        if not isinstance(out, torch.Tensor) or out.dim() != 3:
+            raise wrong_output(out, ctx.task, ctx.needs)
+        if int(ids.max()) >= out.shape[2]:
+            raise DataError(f"{ctx.spec.key_path}: token id {int(ids.max())} is outside the "
+                            f"model's vocabulary of {out.shape[2]}; the tokenizer does not "
+                            "match the model")
+        if not stats.all_finite(out):
+            raise CheckpointError("the model produced NaN or infinite logits with this "
+                                  "checkpoint")
+        return out
+
+    def generate(self, contexts: list[list[int]], ids: list[int] | None, ctx: Context
+                 ) -> list[list[str]]:
+        """Each context's continuation (greedy: one per context), cut at the first stop
+        string; at most ``max_new_tokens`` each, so a generation that never stops still
+        ends. ``batch`` contexts at a time."""
+        out: list[list[str]] = []
+        step = max(1, ctx.batch)
+        for start in range(0, len(contexts), step):
+            for tokens in self.generate_tokens(contexts[start:start + step], ctx):
+                out.append(texts_of([tokens], ctx))
+            ctx.partly(len(out), len(contexts))
+        return out
+
+    def generate_tokens(self, contexts: list[list[int]], ctx: Context) -> list[list[int]]:
+        return self.greedy(contexts, ctx)
+
+    def greedy(self, contexts: list[list[int]], ctx: Context) -> list[list[int]]:
+        """Any causal model (no cache): each step runs the right-padded sequences so far."""
+        seqs = [list(c) for c in contexts]
+        new: list[list[int]] = [[] for _ in contexts]
+        active = list(range(len(contexts)))
+        for _ in range(ctx.generation.max_new_tokens):
+            if not active:
+                break
+            logits = self.logits(right_padded([seqs[i] for i in active]).to(self.device), ctx)
+            for j, i in enumerate(active):
+                nxt = int(logits[j, len(seqs[i]) - 1].argmax())
+                seqs[i].append(nxt)
+                new[i].append(nxt)
+            active = [i for i in active if not stopped(new[i], ctx)]
+        return new
+
+
+def continuation_score(logp: torch.Tensor, cont: list[int]) -> tuple[float, bool]:
+    """(summed log-probability of ``cont``, whether each of its tokens is the argmax) from
+    the log-probabilities of the positions that predict it."""
+    picked = logp.gather(1, torch.tensor(cont, device=logp.device).view(-1, 1))
+    return float(picked.double().sum()), logp.argmax(dim=-1).tolist() == list(cont)
+
+
+def right_padded(seqs) -> torch.Tensor:
+    """Token sequences as one int64 batch, right-padded with 0."""
+    batch = torch.zeros((len(seqs), max(len(s) for s in seqs)), dtype=torch.int64)
+    for j, s in enumerate(seqs):
+        batch[j, :len(s)] = torch.tensor(s, dtype=torch.int64)
+    return batch
+
+
+def forward_rows(ctx: Context, width: int) -> int:
+    """Sequences per forward pass: the evaluation's batch size, within a logits budget."""
+    per_row = max(1, width * max(1, ctx.size) * 4)
+    return max(1, min(ctx.batch, LOGITS_BUDGET_BYTES // per_row))
+
+
+def stopped(tokens: list[int], ctx: Context) -> bool:
+    """Whether a generation so far has ended: the end token, or a stop string in its text."""
+    tok = ctx.text
+    if tok.eos_id is not None and tok.eos_id in tokens:
+        return True
+    text = tok.decode(tokens)
+    return any(s in text for s in ctx.generation.until)
+
+
+# --- plain torch helpers (the driver's probe and a sharded replica's idle forwards use them) ---
+
+def logits_of(out: Any) -> Any:
+    """A model's scores: a tensor as it is; ``.logits`` of a Hugging Face ``ModelOutput`` or a
+    mapping; anything else unchanged (the task then says what it needed)."""
+    if isinstance(out, torch.Tensor):
+        return out
+    logits = getattr(out, "logits", None)
+    if logits is None and isinstance(out, Mapping):
+        logits = out.get("logits")
+    return logits if isinstance(logits, torch.Tensor) else out
+
+
+def call_model(model: torch.nn.Module, x: Inputs) -> Any:
+    """Inputs as one positional tensor, or as keyword arguments."""
+    if isinstance(x, Mapping):
+        return logits_of(model(**x))
+    return logits_of(model(x))
+
+
+def move(x: Inputs, device: torch.device, float_dtype: torch.dtype) -> Inputs:
+    """To the device; floating tensors to the model's dtype, integer ones (ids, masks) as
+    they are."""
+    def one(t):
+        t = torch.as_tensor(t)
+        if t.is_floating_point():
+            return t.to(device, float_dtype, non_blocking=True)
+        return t.to(device, non_blocking=True)
+
+    if isinstance(x, Mapping):
+        return {k: one(v) for k, v in x.items()}
+    return one(x)
+
+
+def repeat(x: Inputs) -> Inputs:
+    """Each tensor twice along the batch (see ``TorchBackend.forward``)."""
+    if isinstance(x, Mapping):
+        return {k: torch.cat([v, v]) for k, v in x.items()}
+    return torch.cat([x, x])
+
+
+def rows_of(x: Inputs) -> int:
+    return int(next(iter(x.values())).shape[0]) if isinstance(x, Mapping) else int(x.shape[0])
+
+
+def float_dtype(model: torch.nn.Module) -> torch.dtype:
+    return next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)

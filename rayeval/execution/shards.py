@@ -1,0 +1,182 @@
+"""A worker's rows of one evaluation, decoded: streamed on the first pass, kept in memory
+for later passes when every worker's shard fits one budget shared by the evaluations.
+
+    Budget     bytes of decoded shards a worker may still keep
+    Shard      an evaluation's decoded batches (or a BadBatch for one that cannot be decoded)
+    Slab       one block per tensor that a kept shard's batches are views of
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import NamedTuple
+
+import ray.train
+import torch
+
+from rayeval.config import constants
+from rayeval.core import tasks
+from rayeval.core.evaluate import Decoder
+from rayeval.errors import DataError, RayevalError, traceback_of
+from rayeval.execution.pipeline import SplitRows
+from rayeval.io.data import RowRange
+
+
+def cache_budget_bytes() -> int:
+    """How much decoded shard a worker may keep, over all evaluations:
+    RAYEVAL_SHARD_CACHE_BYTES, else a quarter of this node's available memory shared by the
+    workers on it."""
+    given = constants.shard_cache_bytes()
+    if given is not None:
+        return given
+    import psutil
+
+    local = max(1, ray.train.get_context().get_local_world_size())
+    return int(psutil.virtual_memory().available / 4 / local)
+
+
+class Budget:
+    """Bytes of decoded shards this worker may still keep."""
+
+    def __init__(self, total: int):
+        self.left = total
+
+    def take(self, n: int) -> bool:
+        if n > self.left:
+            return False
+        self.left -= n
+        return True
+
+    def give(self, n: int) -> None:
+        self.left += n
+
+
+class BadBatch(NamedTuple):
+    """A batch that could not be decoded (bad data in this evaluation): the pass records the
+    error and goes on draining its split, so only this evaluation's cells fail."""
+    error: RayevalError
+    rows: int
+
+
+class Slab:
+    """The kept rows of one tensor of a shard, copied into one block allocated up front (in
+    page-locked memory with ``pin``).
+
+    Kept batches allocated one by one sit among a pass's temporaries: the allocator then put
+    every batch's temporaries on fresh pages above the newest kept batch and gave them back
+    after it, so the first pass paid a page fault per page of every temporary (on the bench
+    sweep's MLP, its ReLUs ran 10x slower and the pass took 2.2 s against 0.45 s later). A
+    tensor whose later batches differ in shape or type (text padded per batch) is kept as
+    it comes (``Shard`` keeps text tasks' batches as they come: their lengths vary)."""
+
+    def __init__(self, rows: int, pin: bool):
+        self.rows = rows
+        self.pin = pin
+        self.block: torch.Tensor | None = None
+        self.at = 0
+
+    def keep(self, t: torch.Tensor) -> torch.Tensor:
+        if self.block is None:
+            self.block = torch.empty((self.rows, *t.shape[1:]), dtype=t.dtype,
+                                     pin_memory=self.pin)
+        n = t.shape[0]
+        if t.shape[1:] != self.block.shape[1:] or t.dtype != self.block.dtype \
+                or self.at + n > self.rows:
+            return t.pin_memory() if self.pin else t
+        view = self.block[self.at:self.at + n]
+        view.copy_(t)
+        self.at += n
+        return view
+
+
+class Shard:
+    """This worker's rows of one evaluation as tensor batches (inputs, targets, row buckets):
+    streamed on the first pass, kept if they fit the budget and every worker's fit (in
+    ``Slab``s; in page-locked memory with ``pin``: a GPU worker's). A batch that cannot be
+    decoded comes as a BadBatch (and the shard is not kept)."""
+
+    def __init__(self, rows: RowRange | SplitRows, decoder: Decoder, batch_size: int, budget: Budget,
+                 pin: bool = False):
+        self.rows = rows
+        self.pin = pin
+        self.decode = decoder
+        self.batch_size = batch_size
+        self.budget = budget
+        self.passes = 0
+        self.cache: list | None = []
+        self.kept = 0
+        self.use_cache = False
+        self.slabs: dict | None = None
+
+    def _keep(self, batch):
+        """A decoded batch as views of the shard's slabs (made at its first batch)."""
+        x, y, buckets = batch
+        if self.decode.task.uses_text:
+            return (tasks.pin(x), y.pin_memory(), buckets.pin_memory()) if self.pin else batch
+        if self.slabs is None:
+            rows = self.rows.num_rows
+            self.slabs = {"y": Slab(rows, self.pin), "buckets": Slab(rows, self.pin),
+                          "x": ({k: Slab(rows, self.pin) for k in x} if isinstance(x, Mapping)
+                                else Slab(rows, self.pin))}
+        slabs = self.slabs
+        x = ({k: slabs["x"][k].keep(v) for k, v in x.items()} if isinstance(x, Mapping)
+             else slabs["x"].keep(x))
+        return x, slabs["y"].keep(y), slabs["buckets"].keep(buckets)
+
+    def __iter__(self):
+        if self.use_cache:
+            yield from self.cache
+            return
+        first = self.passes == 0
+        self.passes += 1
+        for table in self.rows.iter_batches(self.batch_size):
+            if table.num_rows == 0:
+                continue
+            try:
+                batch = self.decode(table)
+            except RayevalError as e:
+                self._drop()
+                yield BadBatch(e, table.num_rows)
+                continue
+            except Exception as e:      # noqa: BLE001 - pyarrow or torch on the user's data
+                self._drop()
+                yield BadBatch(DataError(f"{self.decode.spec.key_path}: a batch could not be "
+                                         f"read: {type(e).__name__}: {e}", traceback_of(e)),
+                               table.num_rows)
+                continue
+            if first and self.cache is not None:
+                size = tasks.nbytes(batch[0]) + batch[1].nbytes + batch[2].nbytes
+                whole = size * self.rows.num_rows // max(1, len(batch[1]))
+                if not self.cache and not self.decode.task.uses_text \
+                        and whole > self.budget.left:
+                    self._drop()                # the shard would not fit: keep none of it
+                elif self.budget.take(size):
+                    self.kept += size
+                    batch = self._keep(batch)
+                    self.cache.append(batch)
+                else:
+                    self._drop()
+            yield batch
+
+    def reset(self) -> None:
+        """Forget the kept shard: the next pass streams and decodes again."""
+        self._drop()
+        self.cache, self.passes, self.use_cache = [], 0, False
+
+    def _drop(self) -> None:
+        if self.cache is not None:
+            self.budget.give(self.kept)
+        self.kept = 0
+        self.cache = None
+        self.slabs = None
+
+    @property
+    def overflowed(self) -> bool:
+        return self.cache is None
+
+    def agree(self, any_overflow: bool) -> None:
+        """After the first pass: keep the cache only if every worker could keep its own."""
+        if self.passes == 1 and not any_overflow and self.cache is not None:
+            self.use_cache = True
+        elif not self.use_cache and self.cache is not None:
+            self._drop()

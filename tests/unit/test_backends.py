@@ -1,0 +1,142 @@
+"""Backends beside tasks: a backend registered from outside the package is what a task's
+requests reach through the public path (``backends.create`` -> ``evaluate.Pass``), and the
+Hugging Face backend's log-likelihoods are the model's own, computed here directly."""
+
+import ast
+import dataclasses
+import math
+import pathlib
+
+import pytest
+import torch
+
+from rayeval.core import backends
+from rayeval.config.schema import DatasetSpec
+from rayeval.core.backends import BACKENDS, Backend, Context
+from rayeval.core.evaluate import Pass, compute
+from rayeval.core.metrics import REGISTRY
+from rayeval.core.tasks.text import TextBatch
+from rayeval.io.hf import Tokenizer
+
+# Each choice's log-likelihood, by its continuation tokens: what the tiny backend answers.
+TABLE = {(1,): -0.5, (2,): -2.0, (3, 4): -1.0, (5,): -3.0, (6,): -0.1}
+
+
+@BACKENDS.register()
+class TableBackend(Backend):
+    """A backend in one class: log-likelihoods looked up in a table, and a forward pass that
+    returns fixed logits. It records what it was asked, to show the task came through it."""
+    name = "test_table"
+
+    def __init__(self, setup=backends.Setup()):
+        super().__init__(setup)
+        self.asked = []
+        self.contexts = []
+
+    def loglikelihood(self, requests, ctx):
+        self.contexts.append(ctx)
+        self.asked.extend(requests)
+        return [(TABLE[tuple(cont)], False) for _, cont in requests]
+
+    def forward(self, x, ctx):
+        self.asked.append(tuple(x.shape))
+        return torch.tensor([[0.0, 1.0], [2.0, 0.0], [0.0, 3.0]])[:x.shape[0]]
+
+
+def test_a_backend_registered_outside_the_package_answers_a_text_task():
+    backend = backends.create("test_table")
+    assert isinstance(backend, TableBackend)
+    metrics = [(n, cls()) for n, cls in REGISTRY["multiple_choice"].items()
+               if n in ("acc", "acc_norm")]
+    # two items: [(ctx, cont) per choice], their choices' lengths in characters, the answer
+    rows = [[([9], [1]), ([9], [2])], [([8], [3, 4]), ([8], [5]), ([8], [6])]]
+    chars = [[1.0, 1.0], [20.0, 1.0, 1.0]]
+    p = Pass(backend, metrics, 0, torch.device("cpu"), "multiple_choice")
+    p.update(TextBatch(rows, chars), torch.tensor([0, 1]))
+    p.finish()
+    got = compute(metrics, p.states, 0)
+    assert backend.asked == [pair for item in rows for pair in item]
+    # the task handed over the pass's frozen context, not the pass
+    assert [type(c) for c in backend.contexts] == [Context]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        backend.contexts[0].batch = 1
+    # item 0: choice 0 (-0.5) is best and right; item 1: choice 2 (-0.1) is best, 1 is right
+    assert got["acc"] == 0.5
+    # per character, item 1's choice 0 (-1.0 / 20) beats choice 2 (-0.1 / 1): still wrong
+    assert got["acc_norm"] == 0.5
+
+
+def test_a_backend_registered_outside_the_package_answers_a_tensor_task():
+    backend = backends.create("test_table")
+    metrics = [("accuracy", REGISTRY["classification"]["accuracy"]())]
+    p = Pass(backend, metrics, 2, torch.device("cpu"), "classification")
+    p.update(torch.zeros((3, 5)), torch.tensor([1, 0, 0]))
+    p.finish()
+    assert backend.asked == [(3, 5)]
+    assert compute(metrics, p.states, 2)["accuracy"] == pytest.approx(2 / 3)
+
+
+def test_a_backend_name_is_registered_once():
+    from rayeval.errors import RegistryError
+
+    with pytest.raises(RegistryError, match="backend 'test_table' is registered twice"):
+        BACKENDS.register()(type("Again", (Backend,), {"name": "test_table"}))
+    assert list(BACKENDS)[:2] == ["hf", "vllm"]
+
+
+def tiny_gpt2():
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    config = GPT2Config(n_layer=2, n_embd=32, n_head=2, n_positions=64, vocab_size=50)
+    return GPT2LMHeadModel(config).eval()
+
+
+def direct(model, context, continuation, max_length):
+    """The continuation's summed log-probability and whether it is greedy, from one forward
+    pass of the model over (context + continuation)[-(L + 1):][:-1], as lm-eval scores it."""
+    whole = (context + continuation)[-(max_length + 1):]
+    with torch.no_grad():
+        logits = model(torch.tensor([whole[:-1]])).logits[0]
+    logp = torch.log_softmax(logits.double(), dim=-1)
+    at = range(len(whole) - 1 - len(continuation), len(whole) - 1)
+    ll = math.fsum(float(logp[i, t]) for i, t in zip(at, continuation))
+    greedy = all(int(logp[i].argmax()) == t for i, t in zip(at, continuation))
+    return ll, greedy
+
+
+def test_hf_log_likelihoods_equal_the_model_computed_directly():
+    model = tiny_gpt2()
+    backend = backends.of_model(model)
+    assert backend.name == "hf"
+    max_length = 12
+    ctx = Context(spec=DatasetSpec(path=""), task="multiple_choice",
+                  size=50, text=Tokenizer(None, max_length, "tiny"), batch=2)
+    requests = [([1, 2, 3], [4]), ([1, 2, 3], [5, 6]), ([7], [8, 9, 10]), ([11, 12], [4]),
+                (list(range(20, 40)), [41, 42])]          # the last one cut from the left
+    with torch.inference_mode():              # as a pass scores
+        got = backend.loglikelihood(requests, ctx)
+    for (context, cont), (ll, greedy) in zip(requests, got):
+        want, want_greedy = direct(model, context, cont, max_length)
+        assert ll == pytest.approx(want, rel=1e-5, abs=1e-5)
+        assert greedy == want_greedy
+    # a document's rolling windows: the exact sum of each window's log-likelihood
+    windows = [requests[:2], [], requests[2:]]
+    with torch.inference_mode():
+        rolled = backend.loglikelihood_rolling(windows, ctx)
+    assert rolled[1] == 0.0
+    assert rolled[0] == math.fsum(ll for ll, _ in got[:2])
+    assert rolled[2] == math.fsum(ll for ll, _ in got[2:])
+
+
+def test_no_task_module_imports_a_model_an_engine_or_ray():
+    """Tasks build requests and score responses: the model side is the backends'."""
+    banned = ("torch.distributed", "ray", "vllm", "transformers")
+    folder = pathlib.Path(__file__).parents[2] / "rayeval" / "core" / "tasks"
+    for path in sorted(folder.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            for name in names:
+                assert not any(name == b or name.startswith(b + ".") for b in banned), \
+                    f"{path.name} imports {name}"
