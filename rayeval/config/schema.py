@@ -25,7 +25,6 @@ from rayeval.config.declarations import (CHECKS, TEXT, keys, numbers_of, section
                                          setting, sweep_fields, yaml_key)
 
 DTYPE_NAMES = ("float32", "float16", "bfloat16", "float64")
-BACKENDS = ("hf", "vllm")      # model.backend: what generates
 DATA_FORMATS = ("parquet", "json", "csv", "hf", "images")   # dataset.format
 
 @dataclass(frozen=True)
@@ -123,8 +122,9 @@ class ModelSpec:
     backend: str = setting(
         "What generates: 'hf' (the model's own forward or Hugging Face generate) or 'vllm' "
         "(one vLLM engine per worker for the whole sweep, each checkpoint's weights loaded "
-        "into it). Greedy outputs agree but are not bit-equal: part of the key.",
-        numbers=True, default="hf", choices=BACKENDS, noun="backend")
+        "into it), or a plugin's backend (checked against core.backends.BACKENDS while "
+        "planning). Greedy outputs agree but are not bit-equal: part of the key.",
+        numbers=True, default="hf")
     vllm: dict = setting(
         "Engine arguments for backend vllm (gpu_memory_utilization, max_model_len, "
         "enforce_eager, ...): some change outputs (max_model_len, dtype), so all are keyed.",

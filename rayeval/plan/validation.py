@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from rayeval.config.reader import Reader, field_of, show
 from rayeval.config.schema import EvalSpec, Generation, ModelSpec, Sweep, WatchSpec
+from rayeval.core.backends import BACKENDS
 from rayeval.core.tasks import TASKS
 
 
@@ -100,6 +101,8 @@ def samples(r: Reader, given: bool, task: str, path: str) -> None:
 
 
 def model(r: Reader, spec: ModelSpec) -> None:
+    if spec.backend not in BACKENDS:          # the built-ins and any plugin's, by name
+        r.fail("model.backend", BACKENDS.unknown(spec.backend))
     if spec.factory is None and spec.kwargs:
         r.fail("model.kwargs", "kwargs are for model.factory; a Hugging Face folder's model "
                                "comes from its config.json (or set model.factory)")

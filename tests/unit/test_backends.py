@@ -140,3 +140,25 @@ def test_no_task_module_imports_a_model_an_engine_or_ray():
             for name in names:
                 assert not any(name == b or name.startswith(b + ".") for b in banned), \
                     f"{path.name} imports {name}"
+
+
+def _sweep_with_backend(name: str):
+    from rayeval.plan.loader import parse_sweep
+
+    return parse_sweep({"name": "s", "model": {"factory": "m:build", "backend": name},
+                        "checkpoints": ["c/*.pt"], "output": "out",
+                        "evals": [{"name": "v", "task": "classification", "metrics": ["accuracy"],
+                                   "dataset": {"path": "d.parquet", "inputs": "x",
+                                               "target": "y"}}]},
+                       base_dir="/tmp", source="sweep.yaml")
+
+
+def test_a_registered_backend_is_a_sweep_s_model_backend_and_an_unknown_one_is_one_line():
+    # A plugin's backend is chosen like a built-in: model.backend names the registry entry.
+    assert _sweep_with_backend("test_table").model.backend == "test_table"
+    from rayeval.errors import SpecError
+
+    with pytest.raises(SpecError) as bad:
+        _sweep_with_backend("tgi")
+    assert str(bad.value).startswith("sweep.yaml: model.backend: unknown backend 'tgi'; "
+                                     "choose one of: hf, vllm, ")

@@ -79,8 +79,6 @@ def test_each_fault_is_one_line_naming_the_key_path(raw, message):
 @pytest.mark.parametrize("cls,raw,message", [
     (ModelSpec, {"dtype": "float8"}, "model.dtype: unknown dtype 'float8'; choose one of: "
                                      "float32, float16, bfloat16, float64"),
-    (ModelSpec, {"backend": "tgi"}, "model.backend: unknown backend 'tgi'; choose one of: hf, "
-                                    "vllm"),
     (ModelSpec, {"factory": "pkg.build"}, "model.factory: expected 'module:callable', got "
                                           "'pkg.build'"),
     (ModelSpec, {"kwargs": [1]}, "model.kwargs: expected a mapping of keyword arguments, got "
