@@ -50,11 +50,10 @@ def failed(table: pa.Table, error: DataError) -> pa.Table:
 
 
 def attach_text(table: pa.Table, rows: list, extra: list, tokenizer_key: str) -> pa.Table:
-    """``table`` with each row's tokens (and what scoring needs beside them) in ``TEXT``."""
-    import pickle
-
-    payload = pa.array([pickle.dumps((r, e), protocol=5) for r, e in zip(rows, extra)],
-                       pa.binary())
+    """``table`` with each row's tokens (and what scoring needs beside them) in ``TEXT``, as
+    plain JSON: a data file that carries such a column is read as data, never run."""
+    payload = pa.array([json.dumps(_plain([r, e]), separators=(",", ":"), allow_nan=True)
+                        .encode() for r, e in zip(rows, extra)], pa.binary())
     field = pa.field(TEXT, pa.binary(), metadata={_TOKENIZER: tokenizer_key})
     return table.append_column(field, payload)
 
@@ -62,8 +61,6 @@ def attach_text(table: pa.Table, rows: list, extra: list, tokenizer_key: str) ->
 def text_rows(table, tokenizer_key: str) -> tuple[list, list, int] | None:
     """(rows, extra, bytes) a stage tokenized with this tokenizer; None when it did not
     (no stage, or another tokenizer)."""
-    import pickle
-
     names = table.schema.names
     if TEXT not in names:
         return None
@@ -71,8 +68,43 @@ def text_rows(table, tokenizer_key: str) -> tuple[list, list, int] | None:
     if meta.get(_TOKENIZER, b"").decode() != tokenizer_key:
         return None
     blobs = table.column(TEXT).to_pylist()
-    pairs = [pickle.loads(b) for b in blobs]
+    try:
+        pairs = [_unplain(json.loads(b)) for b in blobs]
+    except (ValueError, TypeError, AttributeError) as e:   # not what a stage writes
+        raise DataError(f"column {TEXT} holds something rayeval's stages do not write "
+                        f"({type(e).__name__}); the name is reserved: rename that column in "
+                        "the data set") from None
     return [p[0] for p in pairs], [p[1] for p in pairs], 8 * sum(len(b) for b in blobs)
+
+
+# What a text task's rows hold (ints, floats, strings, None, lists, tuples, bytes, mappings),
+# as JSON that keeps every type: a tuple stays a tuple (rows of (context, continuation) pairs),
+# a float its exact value. A type outside these is a bug in the task, said at once.
+def _plain(obj):
+    if obj is None or isinstance(obj, (bool, int, float, str)):
+        return obj
+    if isinstance(obj, list):
+        return [_plain(v) for v in obj]
+    if isinstance(obj, tuple):
+        return {"t": [_plain(v) for v in obj]}
+    if isinstance(obj, bytes):
+        return {"b": obj.decode("latin-1")}
+    if isinstance(obj, Mapping):
+        return {"m": [[_plain(k), _plain(v)] for k, v in obj.items()]}
+    raise TypeError(f"a text row holds a {type(obj).__name__}, which the stage cannot carry")
+
+
+def _unplain(obj):
+    if isinstance(obj, list):
+        return [_unplain(v) for v in obj]
+    if isinstance(obj, dict):
+        (tag, value), = obj.items()
+        if tag == "t":
+            return tuple(_unplain(v) for v in value)
+        if tag == "b":
+            return value.encode("latin-1")
+        return {_unplain(k): _unplain(v) for k, v in value}
+    return obj
 
 
 def is_prepared(table) -> bool:
