@@ -25,7 +25,7 @@ from typing import ClassVar
 import torch
 
 from rayeval.core import metrics as M
-from rayeval.core.tasks.text import TextBatch, _TextTask, rolling_windows
+from rayeval.core.tasks.text import TextBatch, TextTask, rolling_windows
 from rayeval.errors import DataError
 from rayeval.harness import names, store
 from rayeval.harness import requests as request_table    # (score's ``requests`` are its own)
@@ -58,7 +58,7 @@ def _instances(task, extra) -> list:
     return request_table.instances(encoded, _docs(task)[doc_id], doc_id, name)
 
 
-class Harness(_TextTask):
+class Harness(TextTask):
     name = "lm_eval"
     generates = True
     needs_target = False

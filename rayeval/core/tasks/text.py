@@ -66,7 +66,9 @@ def _is_text_list(typ: pa.DataType) -> bool:
     return (pa.types.is_list(typ) or pa.types.is_large_list(typ)) and _is_text(typ.value_type)
 
 
-class _TextTask(Task):
+class TextTask(Task):
+    """The base of tasks whose rows are text: a tokenizer turns them into requests (token
+    pairs, windows, prompts) that a backend answers; a subclass names the columns it reads."""
     needs = "logits of shape (batch, positions, vocab): a causal language model"
     needs_inputs = False
     uses_text = True
@@ -185,7 +187,7 @@ class _TextTask(Task):
 
 
 @TASKS.register(instance=True)
-class MultipleChoice(_TextTask):
+class MultipleChoice(TextTask):
     name = "multiple_choice"
     reads = ("prompt", "choices")
 
@@ -273,7 +275,7 @@ class MultipleChoice(_TextTask):
 
 
 @TASKS.register(instance=True)
-class TextPerplexity(_TextTask):
+class TextPerplexity(TextTask):
     name = "text_perplexity"
     reads = ("text",)
     needs_target = False
@@ -325,7 +327,7 @@ class TextPerplexity(_TextTask):
 
 
 @TASKS.register(instance=True)
-class Generation(_TextTask):
+class Generation(TextTask):
     name = "generation"
     reads = ("prompt",)
     generates = True
