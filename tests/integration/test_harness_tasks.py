@@ -401,9 +401,10 @@ def test_a_pickle_planted_in_the_store_never_runs(example, tmp_path):
     pickle.loads(pickle.dumps(_Touch(str(probe))))
     assert probe.exists()                                 # the payload works when loaded
     payload = pickle.dumps(_Touch(str(marker)), protocol=5)
-    # the folder the sweep renders to (the loader writes its table there: planted over)
+    # the folder the sweep renders to (the run writes its table there unless one is there)
     data = load_sweep(str(ex / "sweep.yaml")).evals[0].dataset.path
     folder = pathlib.Path(data).parent
+    folder.mkdir(parents=True, exist_ok=True)
     pq.write_table(pa.table({"doc_id": [0], "context": ["x"], "target": ["x"],
                              "choices": pa.array([["x"]]), "instances": [payload]}), data)
     (folder / "task.pkl").write_bytes(payload)

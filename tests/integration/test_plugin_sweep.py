@@ -51,6 +51,9 @@ def example_plugin(tmp_path_factory):
     saved = _registries()
     _pip("install", "--no-deps", "--no-build-isolation", str(source))
     importlib.invalidate_caches()
+    # This process may have loaded plugins already (any earlier test that read a sweep), before
+    # the install: it loads them again as a process started now would.
+    plugins._loaded = plugins._failure = None
     try:
         yield
     finally:
