@@ -28,12 +28,7 @@ def pytest_configure(config):
 def ray_cluster():
     """One local Ray cluster per test module, with logical CPUs beyond the largest worker count
     so Ray Data can run beside the Train workers."""
-    import ray
+    from support import local_ray
 
-    from rayeval.execution.lifecycle import start_local_ray
-
-    start_local_ray(num_cpus=5, include_dashboard=False, log_to_driver=False,
-                    logging_level="ERROR",
-                    _system_config={"worker_maximum_startup_concurrency": 8})
-    yield
-    ray.shutdown()
+    with local_ray():
+        yield

@@ -3,6 +3,7 @@ references computed independently of rayeval (numpy)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -202,6 +203,68 @@ def rayeval_cli(*args: str, cwd: str | None = None, timeout: float = 300,
                 env: dict | None = None) -> subprocess.CompletedProcess:
     """Run the real command line in a subprocess, bounded by its progress (see run_live)."""
     return run_live([sys.executable, "-m", "rayeval", *args], cwd=cwd, stall=timeout, env=env)
+
+
+def rayeval_main(*args: str, cwd: str | None = None, env: dict | None = None
+                 ) -> subprocess.CompletedProcess:
+    """The command line's ``main()`` (what the console script calls) in this process, its
+    output captured, for commands that end before a Ray run starts (bad input, reading a
+    store): a subprocess per call only adds interpreter start-up, 3-6 s a call on the 2-core
+    machine with torch and transformers to import. ``cwd`` and ``env`` (variables set on top of
+    this process's) hold for the call only; signal handlers, ``sys.path`` and the modules a
+    sweep's factory imported are put back."""
+    import contextlib
+    import io
+    import signal
+
+    from rayeval.ui.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    path, modules, folder = list(sys.path), set(sys.modules), os.getcwd()
+    saved = {k: os.environ.get(k) for k in env or {}}
+    try:
+        os.environ.update(env or {})
+        if cwd:
+            os.chdir(cwd)
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            code = main(list(args))
+    finally:
+        os.chdir(folder)
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        added = [p for p in sys.path if p and p not in path] + ([cwd] if cwd else [])
+        sys.path[:] = path
+        for name in set(sys.modules) - modules:       # a sweep's factory module: afresh later
+            where = getattr(sys.modules[name], "__file__", None) or ""
+            if any(where.startswith(os.path.join(os.path.abspath(p), "")) for p in added):
+                sys.modules.pop(name, None)
+        for s, h in handlers.items():
+            signal.signal(s, h)
+    return subprocess.CompletedProcess(["rayeval", *args], code, out.getvalue(), err.getvalue())
+
+
+@contextlib.contextmanager
+def local_ray(num_cpus: int = 5):
+    """A local Ray cluster for the block, as the ``ray_cluster`` fixture starts one, shut down
+    after it: a fixture that runs several sweeps on it pays one Ray start instead of one per
+    ``rayeval run`` subprocess, and the module's later tests still see no Ray. ``num_cpus``:
+    logical CPUs, at least workers + 2 as ``rayeval run`` gives its own local Ray (Train's
+    controller and Ray Data run beside the workers)."""
+    import ray
+
+    from rayeval.execution.lifecycle import start_local_ray
+
+    start_local_ray(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False,
+                    logging_level="ERROR",
+                    _system_config={"worker_maximum_startup_concurrency": 8})
+    try:
+        yield
+    finally:
+        ray.shutdown()
 
 
 def load_stretch() -> float:

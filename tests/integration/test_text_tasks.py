@@ -19,11 +19,14 @@ import pytest
 import torch
 import yaml
 
+import rayeval
+
 pytest.importorskip("transformers")
 pytest.importorskip("lm_eval")
 
 from harness import run_harness  # noqa: E402
-from support import rayeval_cli, script, single_process_passes  # noqa: E402
+from support import (local_ray, rayeval_cli, rayeval_main, script,  # noqa: E402
+                     single_process_passes)
 
 from rayeval.execution import driver  # noqa: E402
 from rayeval.io.data import read_batches  # noqa: E402
@@ -151,12 +154,12 @@ def ray_stores(example, tmp_path_factory):
     one = example / "sweep_no_docs_samples.yaml"     # beside it: the same relative paths
     one.write_text(yaml.safe_dump(sweep))
     stores = {}
-    for workers, sweep_path in ((1, one), (3, example / "sweep.yaml")):
-        out = root / f"store{workers}"
-        proc = rayeval_cli("run", str(sweep_path), "--workers", str(workers),
-                           "--output", str(out), timeout=600)
-        assert proc.returncode == 0, proc.stdout + proc.stderr
-        stores[workers] = out
+    with local_ray():       # one Ray start for both runs (rayeval.run is what `run` calls)
+        for workers, sweep_path in ((1, one), (3, example / "sweep.yaml")):
+            out = root / f"store{workers}"
+            report = rayeval.run(str(sweep_path), workers=workers, output=str(out))
+            assert report.outcomes and not report.failures, report.failures
+            stores[workers] = out
     return stores
 
 
@@ -236,22 +239,22 @@ def test_per_item_records_equal_the_harness_items(example, checkpoints, harness,
 def test_samples_and_compare_items_on_the_command_line(checkpoints, harness, ray_stores):
     out = str(ray_stores[3])
     first, last = checkpoints[0], checkpoints[-1]
-    proc = rayeval_cli("samples", out, "--checkpoint", last, "--eval", "facts_mc",
-                       "--format", "json")
+    proc = rayeval_main("samples", out, "--checkpoint", last, "--eval", "facts_mc",
+                        "--format", "json")
     assert proc.returncode == 0, proc.stderr
     items = json.loads(proc.stdout)
     assert len(items) == len(harness[last]["mc"]["samples"])
-    proc = rayeval_cli("samples", out, "--checkpoint", last, "--eval", "facts_mc",
-                       "--format", "csv", "--wrong")
+    proc = rayeval_main("samples", out, "--checkpoint", last, "--eval", "facts_mc",
+                        "--format", "csv", "--wrong")
     assert proc.returncode == 0, proc.stderr
     wrong = sorted(i for i, s in harness[last]["mc"]["samples"].items() if not s["acc"])
     assert sorted(int(line.split(",", 1)[0]) for line in proc.stdout.splitlines()[1:]) == wrong
-    proc = rayeval_cli("samples", out, "--checkpoint", last, "--eval", "sums")
+    proc = rayeval_main("samples", out, "--checkpoint", last, "--eval", "sums")
     assert proc.returncode == 0 and f"{last} on sums: " in proc.stdout, proc.stderr
 
     # the items one checkpoint gets right and the other wrong, by the harness's own items
-    proc = rayeval_cli("compare", out, last, first, "--items", "--dataset", "facts_mc",
-                       "--metric", "acc")
+    proc = rayeval_main("compare", out, last, first, "--items", "--dataset", "facts_mc",
+                        "--metric", "acc")
     assert proc.returncode == 0, proc.stderr
     a, b = harness[last]["mc"]["samples"], harness[first]["mc"]["samples"]
     a_only = sum(1 for i in a if a[i]["acc"] and not b[i]["acc"])
@@ -269,7 +272,7 @@ def test_samples_and_compare_items_on_the_command_line(checkpoints, harness, ray
                         "no right-or-wrong metric"),
                        (("samples", out, "--checkpoint", "12345", "--eval", "docs"),
                         "no checkpoint '12345'")):
-        proc = rayeval_cli(*args)
+        proc = rayeval_main(*args)
         assert proc.returncode == 2 and says in proc.stderr, (args, proc.stderr)
         assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr
 
@@ -303,7 +306,15 @@ def _copy(example, tmp_path):
 
 
 def _fails(folder, *, sweep="sweep.yaml", env=None):
-    proc = rayeval_cli("run", str(folder / sweep), cwd=str(folder), timeout=120, env=env)
+    """The one line of a run that fails before Ray; in this process (see rayeval_main), or as
+    a subprocess when ``env`` (the whole environment) must differ."""
+    if env is None:
+        import ray
+
+        proc = rayeval_main("run", str(folder / sweep), cwd=str(folder))
+        assert not ray.is_initialized(), "failed before Ray starts"
+    else:
+        proc = rayeval_cli("run", str(folder / sweep), cwd=str(folder), timeout=120, env=env)
     assert proc.returncode != 0
     lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
     assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
@@ -329,7 +340,8 @@ def test_bad_text_input_is_one_line_before_ray(example, tmp_path):
     for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
         if (first / name).exists():
             (first / name).unlink()
-    assert "no tokenizer files" in _fails(ex) and "model.tokenizer" in _fails(ex)
+    line = _fails(ex)
+    assert "no tokenizer files" in line and "model.tokenizer" in line
 
     cases = [
         ("mc.parquet", "prompt", lambda n: list(range(n)), None, "evals[0].dataset.prompt", "strings"),

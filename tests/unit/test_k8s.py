@@ -13,7 +13,7 @@ import yaml
 
 from rayeval.errors import SpecError
 from rayeval.integrations.k8s import render
-from support import rayeval_cli
+from support import rayeval_main
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 EXAMPLE = os.path.join(REPO, "configs", "digits", "sweep_s3.yaml")
@@ -140,13 +140,13 @@ def test_render_refuses_what_pods_cannot_reach(tmp_path):
 
 
 def test_render_through_the_cli(tmp_path):
-    proc = rayeval_cli("k8s", "render", EXAMPLE, "--image", "reg/rayeval:2", "--workers", "2")
+    proc = rayeval_main("k8s", "render", EXAMPLE, "--image", "reg/rayeval:2", "--workers", "2")
     assert proc.returncode == 0, proc.stderr
     docs = list(yaml.safe_load_all(proc.stdout))
     assert [d["kind"] for d in docs] == ["ConfigMap", "RayJob"]
     for d in docs:
         check(d)
-    bad = rayeval_cli("k8s", "render", os.path.join(REPO, "configs", "digits", "sweep.yaml"),
-                      "--image", "x")
+    bad = rayeval_main("k8s", "render", os.path.join(REPO, "configs", "digits", "sweep.yaml"),
+                       "--image", "x")
     assert bad.returncode == 2 and bad.stderr.startswith("error: ") and "Traceback" not in \
         bad.stderr and len(bad.stderr.strip().splitlines()) == 1

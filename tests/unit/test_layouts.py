@@ -12,7 +12,7 @@ from safetensors.torch import save_file
 from rayeval.errors import CheckpointError
 from rayeval.io.layouts import read
 from rayeval.io.loading import CheckpointSpec, LeanLoader, describe, load_into
-from support import build_model, lightning_ckpt, rayeval_cli, write_model_module, write_sweep
+from support import build_model, lightning_ckpt, rayeval_main, write_model_module, write_sweep
 
 
 def same(a, b):
@@ -176,20 +176,20 @@ def test_describe_and_inspect_command(tmp_path):
     assert info["parameters"] == sum(v.numel() for v in sd.values())
     assert info["dtypes"] == {"float32": info["parameters"]}
     sweep = write_sweep(str(tmp_path), checkpoints=["ckpts/*"])
-    proc = rayeval_cli("inspect", str(tmp_path / "ckpts" / "step_7.ckpt"), "--sweep", sweep,
-                       "--format", "json")
+    proc = rayeval_main("inspect", str(tmp_path / "ckpts" / "step_7.ckpt"), "--sweep", sweep,
+                        "--format", "json")
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)
     assert out["fits"] and out["prefixes_stripped"] == ["model."]
     bigger = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.Tanh(), torch.nn.Linear(32, 4))
     torch.save(bigger.state_dict(), tmp_path / "ckpts" / "wide.pt")
-    proc = rayeval_cli("inspect", str(tmp_path / "ckpts" / "wide.pt"), "--sweep", sweep)
+    proc = rayeval_main("inspect", str(tmp_path / "ckpts" / "wide.pt"), "--sweep", sweep)
     assert proc.returncode == 1 and "shape mismatch" in proc.stdout
     assert "0.weight" in proc.stdout
-    table = rayeval_cli("inspect", str(tmp_path / "ckpts" / "step_7.ckpt"))
+    table = rayeval_main("inspect", str(tmp_path / "ckpts" / "step_7.ckpt"))
     assert table.returncode == 0 and "lightning" in table.stdout and "1234 (from the file)" \
         in table.stdout
-    missing = rayeval_cli("inspect", str(tmp_path / "nothing.pt"))
+    missing = rayeval_main("inspect", str(tmp_path / "nothing.pt"))
     assert missing.returncode == 2 and missing.stderr.startswith("error: PATH: no checkpoint")
 
 
