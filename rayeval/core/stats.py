@@ -21,6 +21,7 @@ from __future__ import annotations
 import functools
 import math
 
+import numpy as np
 import torch
 
 LIMB_BITS = 32
@@ -193,7 +194,7 @@ def combined_interval(replicates: list[list[float]], weights: list[float], divis
     """Replicate b of the combination sum_i weights[i] * metric_i / divisor, from each metric's
     replicate b, and their percentile interval (the suite aggregate and an lm-eval group
     combine their parts' stored replicates so: see ``reporting.boards.aggregate_row``)."""
-    combined = (torch.tensor(replicates, dtype=torch.float64)
+    combined = (torch.as_tensor(np.asarray(replicates, dtype=np.float64))
                 * torch.tensor(weights, dtype=torch.float64).unsqueeze(1)).sum(dim=0) / divisor
     low, high = percentile_interval(combined, confidence)
     return combined.tolist(), low, high

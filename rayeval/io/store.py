@@ -278,7 +278,8 @@ class ResultStore:
         return removed
 
     def read(self, columns: list[str] | None = None, *, sweep: str | None = None,
-             evaluation: str | None = None, metric: str | None = None) -> pa.Table:
+             evaluation: str | None = None, metric: str | None = None,
+             checkpoint: str | None = None) -> pa.Table:
         """Every stored row (``columns`` only; of one sweep, evaluation or metric: filters
         pushed down to the files), by cell; an empty table when the store holds nothing yet.
         Files written before a nullable column was added (``epoch``, ``num_tokens``) read with
@@ -297,6 +298,9 @@ class ResultStore:
             if value is not None:
                 term = pc.field(column) == value
                 where = term if where is None else where & term
+        if checkpoint is not None:            # a regular expression on the location
+            term = pc.match_substring_regex(pc.field("checkpoint"), pattern=checkpoint)
+            where = term if where is None else where & term
         return layout.read_files(self.fs, files, SCHEMA, self.location, columns, where)[0]
 
     def replicates(self, wanted: set[tuple[str, str, str]], sweep: str | None = None
@@ -326,10 +330,12 @@ def sample_file(tag: str, rank: int, world: int) -> str:
 
 def newest(store: str | os.PathLike, *, sweep: str | None = None,
            evaluation: str | None = None, what: str = "store",
-           columns: list[str] | None = None, metric: str | None = None) -> pa.Table:
+           columns: list[str] | None = None, metric: str | None = None,
+           checkpoint: str | None = None) -> pa.Table:
     """The newest stored row of every (sweep, checkpoint, evaluation, metric), as
     ``rayeval.results`` documents; ``what`` names the store in errors (the command line's
-    ``STORE``, a sweep's ``output``). ``columns``: only these (``store_layout.figures``: all
+    ``STORE``, a sweep's ``output``). ``metric``, ``checkpoint`` (a regular expression on the
+    location): only those rows. ``columns``: only these (``store_layout.figures``: all
     but the replicates, a small part of the bytes)."""
     given = os.fspath(store)
     location = paths.resolve(given, os.getcwd())
@@ -343,7 +349,7 @@ def newest(store: str | os.PathLike, *, sweep: str | None = None,
     extra = [] if wanted is None else \
         [c for c in ("sweep", "checkpoint", "dataset", "metric", "created_at") if c not in wanted]
     table = opened.read(None if wanted is None else wanted + extra, sweep=sweep,
-                        evaluation=evaluation, metric=metric)
+                        evaluation=evaluation, metric=metric, checkpoint=checkpoint)
     table = table.take(latest_indices(table))
     return table if wanted is None else table.select(wanted)
 

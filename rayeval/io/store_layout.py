@@ -150,7 +150,7 @@ def read_files(fs: pafs.FileSystem, files: list[str], schema: pa.Schema, locatio
             table = ds.to_table(columns=wanted, filter=where)
             break
         except (pa.ArrowInvalid, OSError) as e:
-            bad = _damaged(fs, [f for f in files if f not in damaged])
+            bad = damaged_files(fs, [f for f in files if f not in damaged])
             if not bad:
                 raise StoreError(f"cannot read result store: "
                                  f"{paths.explain(e, location)}") from None
@@ -175,7 +175,7 @@ def _in_cell_order(table: pa.Table) -> pa.Table:
     return table.take(order)
 
 
-def _damaged(fs: pafs.FileSystem, files: list[str]) -> list[str]:
+def damaged_files(fs: pafs.FileSystem, files: list[str]) -> list[str]:
     """The files whose parquet footer cannot be read (only looked for after a read failed)."""
     bad = []
     for path in files:

@@ -42,6 +42,12 @@ def without_members(rows: list[dict]) -> list[dict]:
             if (r["sweep"], r["checkpoint"], lm_names.group_of(r["dataset"])) not in shown]
 
 
+def replicates_of(row: dict) -> list | object:
+    """A row's replicates (a list, or a float64 array read from a store), [] when none."""
+    reps = row.get("replicates")
+    return [] if reps is None else reps
+
+
 def value_of(row: dict | None) -> float | None:
     """A row's value, or None when it is missing or NaN."""
     v = None if row is None else row.get("value")
@@ -161,11 +167,11 @@ def aggregate_row(parts: list[dict | None], evaluations: list[str],
         return row
     signs = [1.0 if p["higher_is_better"] else -1.0 for p in parts]
     values = [math.nan if p["value"] is None else p["value"] for p in parts]
-    reps = [p.get("replicates") or [] for p in parts]
+    reps = [replicates_of(p) for p in parts]
     row["value"] = sum(s * v for s, v in zip(signs, values)) / len(parts)
     if len({len(r) for r in reps}) > 1:      # some without replicates, or other counts:
         return row                           # the value stands, without an interval
-    if reps[0]:
+    if len(reps[0]):
         from rayeval.core.stats import combined_interval   # torch: only with intervals
 
         row["replicates"], row["ci_low"], row["ci_high"] = combined_interval(
@@ -207,7 +213,7 @@ class Paired:
 def pairable(a: dict, b: dict) -> bool:
     """Whether two rows hold replicates of the same resamples: same data, seed, buckets and
     replicate count (an aggregate: every part pairable)."""
-    if not a.get("replicates") or not b.get("replicates"):
+    if not len(replicates_of(a)) or not len(replicates_of(b)):
         return False
     if "parts" in a or "parts" in b:
         pa_, pb_ = a.get("parts") or [], b.get("parts") or []

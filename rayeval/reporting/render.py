@@ -276,7 +276,8 @@ def to_json(rows: list[dict], replicates: bool = False, aggregates: list[dict] =
     def clean(r: dict, keys) -> dict:
         out = {k: r.get(k) for k in keys}
         if replicates:
-            out["replicates"] = r.get("replicates")
+            reps = r.get("replicates")
+            out["replicates"] = reps.tolist() if hasattr(reps, "tolist") else reps
         if out.get("created_at") is not None:
             out["created_at"] = out["created_at"].isoformat()
         for k in ("value", "ci_low", "ci_high"):
