@@ -130,7 +130,7 @@ def resolve_metric(name: str, columns: list[Column], what: str = "--metric") -> 
 # --- the aggregate over evaluations ------------------------------------------------------------
 
 def aggregate_row(parts: list[dict | None], evaluations: list[str],
-                  like: dict | None = None) -> dict:
+                  like: dict | None = None, deferred: list | None = None) -> dict:
     """The aggregate of one (sweep, checkpoint) over a suite: the mean over ``evaluations`` of
     each evaluation's first metric, direction-adjusted (a lower-is-better metric enters
     negated, so the aggregate is higher-is-better). ``parts[i]`` is the stored row of
@@ -148,7 +148,8 @@ def aggregate_row(parts: list[dict | None], evaluations: list[str],
     checkpoints pair exactly like a stored metric's do (``paired``).
 
     Missing (value NaN, no interval) when a part is missing; no interval (value kept) when a
-    part has no replicates or the parts' replicate counts differ.
+    part has no replicates or the parts' replicate counts differ. ``deferred``: the interval
+    is left for ``fill_intervals`` (many rows at once), with what it needs appended here.
     """
     present = [p for p in parts if p is not None]
     first = present[0] if present else like
@@ -171,7 +172,9 @@ def aggregate_row(parts: list[dict | None], evaluations: list[str],
     row["value"] = sum(s * v for s, v in zip(signs, values)) / len(parts)
     if len({len(r) for r in reps}) > 1:      # some without replicates, or other counts:
         return row                           # the value stands, without an interval
-    if len(reps[0]):
+    if len(reps[0]) and deferred is not None:
+        deferred.append((row, reps, signs))
+    elif len(reps[0]):
         from rayeval.core.stats import combined_interval   # torch: only with intervals
 
         row["replicates"], row["ci_low"], row["ci_high"] = combined_interval(
@@ -195,8 +198,36 @@ def aggregates(rows: list[dict]) -> list[dict]:
         some_row.setdefault(key, r)
         if firsts[r["dataset"]] == r["metric"]:
             own[r["dataset"]] = r
-    return [aggregate_row([own.get(e) for e in evaluations], evaluations, some_row[key])
+    deferred: list = []
+    rows = [aggregate_row([own.get(e) for e in evaluations], evaluations, some_row[key],
+                          deferred)
             for key, own in parts.items()]
+    fill_intervals(deferred)
+    return rows
+
+
+def fill_intervals(deferred: list, batch: int = 128) -> None:
+    """The intervals ``aggregate_row`` deferred, computed a batch of rows at a time (rows of
+    one shape and confidence together; a batch of 128 rows of 100 parts x 1,000 replicates is
+    ~100 MB)."""
+    if not deferred:
+        return
+    import numpy as np
+
+    from rayeval.core.stats import combined_intervals   # torch: only with intervals
+
+    shapes: dict[tuple, list] = {}
+    for item in deferred:
+        row, reps, _ = item
+        shapes.setdefault((len(reps), len(reps[0]), row["confidence"]), []).append(item)
+    for (n, _, confidence), items in shapes.items():
+        for start in range(0, len(items), batch):
+            chunk = items[start:start + batch]
+            reps = np.stack([np.asarray(r, dtype=np.float64) for _, r, _ in chunk])
+            signs = np.asarray([s for _, _, s in chunk], dtype=np.float64)
+            combined, lows, highs = combined_intervals(reps, signs, n, confidence)
+            for (row, _, _), c, lo, hi in zip(chunk, combined, lows, highs):
+                row["replicates"], row["ci_low"], row["ci_high"] = c.tolist(), lo, hi
 
 
 # --- paired differences --------------------------------------------------------------------
