@@ -9,8 +9,8 @@ every ranked row. Replicates come back as float64 arrays (views of one buffer), 
 
 from __future__ import annotations
 
-import fnmatch
 import os
+import re
 
 from rayeval.errors import StoreError
 from rayeval.io import paths
@@ -57,4 +57,19 @@ def _glob(pattern: str | None) -> str | None:
         return None
     if not pattern.strip():
         raise StoreError("--checkpoint: expected a pattern, e.g. '*/run-3/*'")
-    return fnmatch.translate(pattern)
+    out, i = [], 0                    # Arrow's regular expressions (RE2): no \\Z, no (?s:)
+    while i < len(pattern):
+        c = pattern[i]
+        end = pattern.find("]", i + 1) if c == "[" else -1
+        if c == "*":
+            out.append(".*")
+        elif c == "?":
+            out.append(".")
+        elif end > i + 1:
+            body = pattern[i + 1:end]
+            out.append("[" + ("^" + body[1:] if body.startswith("!") else body) + "]")
+            i = end
+        else:
+            out.append(re.escape(c))
+        i += 1
+    return "^" + "".join(out) + "$"
