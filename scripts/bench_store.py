@@ -292,7 +292,8 @@ class S3:
         import pyarrow.fs as pafs
 
         self.fs = pafs.S3FileSystem(endpoint_override=self.server.url, region="us-east-1",
-                                    access_key="testing", secret_key="testing")
+                                    access_key="testing", secret_key="testing",
+                                    allow_bucket_creation=True)
         self.fs.create_dir("bench")
 
     def upload(self, local: str, prefix: str) -> str:
