@@ -235,12 +235,12 @@ def run_sweep(sweep: Sweep, *, address: str | None = None, force: bool = False,
     report.outcomes = plan.in_order(report.outcomes)
     written: list[str] = []
     groups.publish(plan, written_keys=written)   # lm-eval groups whose members are all stored
-    _consolidate(plan, written)
+    consolidate(plan, written)
     report.seconds = time.perf_counter() - start
     return report
 
 
-def _consolidate(plan: Plan, groups_written: list[str]) -> None:
+def consolidate(plan: Plan, groups_written: list[str]) -> None:
     """The run's cells, each its own file while it ran, into one part (``store_compact``):
     a store that a board reads in a few files. A failure leaves the cells where they are
     (complete: the next ``rayeval store compact`` moves them), with one line."""
