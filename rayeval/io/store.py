@@ -139,8 +139,7 @@ class ResultStore:
         if not cells:
             return set()
         try:
-            infos = self.fs.get_file_info([self._file(c) for c in cells])
-            found = {c for c, i in zip(cells, infos) if i.type == pafs.FileType.File}
+            found = self._own_files(cells)
             rest = [c for c in cells if c not in found]
             parts = layout.list_parts(self.fs, self.root, sweep) if rest else []
         except OSError as e:
@@ -203,6 +202,16 @@ class ResultStore:
                              f"{paths.explain(e, self.location)}; check the path and its "
                              "permissions") from None
 
+    def _own_files(self, cells: list[str]) -> set[str]:
+        """Which of ``cells`` have their own file: one stat each locally; on object storage
+        one listing of ``results/`` (a request per 1,000 names, where a stat is a request
+        per cell: 100 HEADs took 5 s on a loaded machine's S3 server)."""
+        if isinstance(self.fs, pafs.LocalFileSystem):
+            infos = self.fs.get_file_info([self._file(c) for c in cells])
+            return {c for c, i in zip(cells, infos) if i.type == pafs.FileType.File}
+        names = {i.base_name for i in layout.list_cells(self.fs, self.root)}
+        return {c for c in cells if f"{c}.parquet" in names}
+
     def read_cell(self, cell: str, columns: list[str] | None = None,
                   sweep: str | None = None) -> list[dict]:
         """One published cell's rows (``columns`` only: leave out the wide replicates)."""
@@ -214,8 +223,7 @@ class ResultStore:
         (every sweep's when None), each cell once (its newest write)."""
         cells = list(dict.fromkeys(cells))
         try:
-            infos = self.fs.get_file_info([self._file(c) for c in cells])
-            own = [i.path for i in infos if i.type == pafs.FileType.File]
+            own = [self._file(c) for c in self._own_files(cells)]
             rest = len(own) < len(cells)
             parts = [i.path for i in layout.list_parts(self.fs, self.root, sweep)] if rest \
                 else []
