@@ -8,6 +8,7 @@ The public API (see the docs/python-api.md)::
     rayeval.results("out").to_pandas()          # newest row per cell -> pyarrow.Table
     rayeval.leaderboard("out").entries          # ranked -> Board
     rayeval.samples("out", checkpoint="600", evaluation="arc")   # per-item records -> Table
+    rayeval.query("out", "SELECT ... FROM latest")   # SQL over the store -> pyarrow.Table
 
 ``import rayeval`` is cheap: it imports neither torch nor Ray. ``RunReport`` and ``Board`` are
 loaded on first use (``RunReport`` lives with the driver, which imports torch).
@@ -15,14 +16,14 @@ loaded on first use (``RunReport`` lives with the driver, which imports torch).
 
 __version__ = "0.1.0"
 
-from rayeval.api import leaderboard, load_sweep, results, run, samples
+from rayeval.api import leaderboard, load_sweep, query, results, run, samples
 from rayeval.config.schema import Sweep
 from rayeval.errors import (CheckpointError, DataError, EngineError, GroupError, MetricError,
                             ModelError, RayevalError, RunError, SpecError, StoreError)
 
 __all__ = [
     "__version__",
-    "run", "load_sweep", "results", "leaderboard", "samples",
+    "run", "load_sweep", "results", "query", "leaderboard", "samples",
     "RunReport", "Board", "Sweep",
     "RayevalError", "SpecError", "DataError", "ModelError", "MetricError", "CheckpointError",
     "EngineError", "StoreError", "RunError", "GroupError",

@@ -29,7 +29,7 @@ if TYPE_CHECKING:                               # types only: importing these pu
     from rayeval.execution.driver import RunReport
     from rayeval.reporting.boards import Board
 
-__all__ = ["run", "load_sweep", "results", "leaderboard"]
+__all__ = ["run", "load_sweep", "results", "query", "leaderboard"]
 
 
 def load_sweep(path: str | os.PathLike) -> Sweep:
@@ -142,6 +142,20 @@ def results(store: str | os.PathLike, *, sweep: str | None = None,
     from rayeval.io.store import newest
 
     return newest(store, sweep=sweep, evaluation=evaluation, what="store")
+
+
+def query(store: str | os.PathLike, sql: str, *, skip_damaged: bool = False) -> pa.Table:
+    """The answer to ``sql`` over a result store, as a ``pyarrow.Table`` (DuckDB: the
+    ``query`` extra). The SQL sees the views ``results`` (every stored row), ``latest`` (the
+    newest row of every sweep, checkpoint, evaluation and metric, as :func:`results` gives)
+    and ``cells`` (the store's files); see docs/result-store.md.
+
+    Raises :class:`rayeval.StoreError` when the store cannot be read, a file in it is damaged
+    (unless ``skip_damaged``: then it is left out, and named on stderr) or the SQL fails.
+    """
+    from rayeval.io.store_query import query as run_query
+
+    return run_query(store, sql, damaged="skip" if skip_damaged else "refuse")
 
 
 def leaderboard(store: str | os.PathLike, *, metric: str | None = None,

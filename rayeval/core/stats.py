@@ -21,6 +21,7 @@ from __future__ import annotations
 import functools
 import math
 
+import numpy as np
 import torch
 
 LIMB_BITS = 32
@@ -188,12 +189,30 @@ def percentile_interval(samples: torch.Tensor, confidence: float) -> tuple[float
     return float(lo), float(hi)
 
 
+def combined_intervals(replicates: np.ndarray, weights: np.ndarray, divisor: float,
+                       confidence: float) -> tuple[np.ndarray, list[float], list[float]]:
+    """``combined_interval`` for C combinations at once (``replicates``: C x parts x B,
+    ``weights``: C x parts): bit for bit the same numbers (checked on random inputs: torch
+    sums a batch's middle dimension as it sums a single one's first), in one call instead of C
+    (a 1,000-checkpoint board: ~1 s of per-call overhead)."""
+    combined = (torch.as_tensor(replicates) * torch.as_tensor(weights).unsqueeze(2)) \
+        .sum(dim=1) / divisor
+    alpha = (1.0 - confidence) / 2
+    q = torch.tensor([alpha, 1 - alpha], dtype=torch.float64)
+    nan = torch.isnan(combined).any(dim=1)
+    bounds = torch.quantile(combined, q, dim=1) if combined.shape[0] else torch.empty(2, 0)
+    lows, highs = bounds[0].tolist(), bounds[1].tolist()
+    for i in torch.nonzero(nan).flatten().tolist():     # NaNs dropped: one at a time
+        lows[i], highs[i] = percentile_interval(combined[i], confidence)
+    return combined.numpy(), lows, highs
+
+
 def combined_interval(replicates: list[list[float]], weights: list[float], divisor: float,
                       confidence: float) -> tuple[list[float], float, float]:
     """Replicate b of the combination sum_i weights[i] * metric_i / divisor, from each metric's
     replicate b, and their percentile interval (the suite aggregate and an lm-eval group
     combine their parts' stored replicates so: see ``reporting.boards.aggregate_row``)."""
-    combined = (torch.tensor(replicates, dtype=torch.float64)
+    combined = (torch.as_tensor(np.asarray(replicates, dtype=np.float64))
                 * torch.tensor(weights, dtype=torch.float64).unsqueeze(1)).sum(dim=0) / divisor
     low, high = percentile_interval(combined, confidence)
     return combined.tolist(), low, high

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
+import sys
 import tempfile
 import time
 import uuid
@@ -29,7 +30,7 @@ from rayeval.config.plugins import load_plugins
 from rayeval.config.schema import EvalSpec, Sweep
 from rayeval.io.data import inspect_dataset, probe_dataset
 from rayeval.io.checkpoints import expand_checkpoints
-from rayeval.errors import DataError, RayevalError, RunError, SpecError, reason
+from rayeval.errors import DataError, RayevalError, RunError, SpecError, StoreError, reason
 from rayeval.core.evaluate import Decoder, output_size
 from rayeval.io.loading import fit_error
 from rayeval.io.model import ModelSource
@@ -232,9 +233,25 @@ def run_sweep(sweep: Sweep, *, address: str | None = None, force: bool = False,
                 report.worker_times = done.worker_times
                 run.on_outcomes(done.outcomes)
     report.outcomes = plan.in_order(report.outcomes)
-    groups.publish(plan)                  # lm-eval groups whose members are all stored
+    written: list[str] = []
+    groups.publish(plan, written_keys=written)   # lm-eval groups whose members are all stored
+    consolidate(plan, written)
     report.seconds = time.perf_counter() - start
     return report
+
+
+def consolidate(plan: Plan, groups_written: list[str]) -> None:
+    """The run's cells, each its own file while it ran, into one part (``store_compact``):
+    a store that a board reads in a few files. A failure leaves the cells where they are
+    (complete: the next ``rayeval store compact`` moves them), with one line."""
+    keys = [c.key for c in plan.cells] + groups_written
+    if not keys:
+        return
+    try:
+        ResultStore(plan.sweep.output).consolidate(keys)
+    except StoreError as e:
+        print(f"[rayeval] warning: the run's cells stay one file each: {e.message}",
+              file=sys.stderr, flush=True)
 
 
 def evaluate(plan: Plan, display=None, on_cell=None, timer: Timer | None = None) -> Evaluated:

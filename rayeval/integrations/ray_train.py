@@ -343,13 +343,9 @@ class RayevalValidation:
     def metrics(self, store, keys: list[str]) -> dict[str, float]:
         """``{prefix/evaluation/metric: value}`` from the cells' stored rows (confusion
         matrices left out), and ``prefix/aggregate`` as the leaderboard computes it."""
-        import pyarrow.parquet as pq
-
         from rayeval.reporting.boards import aggregates
 
-        rows = []
-        for key in keys:
-            rows += pq.read_table(store._file(key), filesystem=store.fs).to_pylist()
+        rows = store.read_cells(keys, sweep=self.sweep.name).to_pylist()
         out: dict[str, float] = {}
         for r in rows:
             if r["value"] is not None and not r.get("matrix"):

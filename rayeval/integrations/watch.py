@@ -227,5 +227,7 @@ def _poll(life: RayLifecycle, plan, evaluations, state: WatchState, say) -> None
             state.evaluated += 1
         else:
             state.failed.add(o.key)
-    groups.publish(plan)                   # lm-eval groups whose members are all stored now
+    written: list[str] = []
+    groups.publish(plan, written_keys=written)   # lm-eval groups whose members are all stored
+    driver.consolidate(plan, written)            # this poll's cells into one part
     life.callbacks.on_outcomes(outcomes)

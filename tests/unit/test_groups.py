@@ -74,7 +74,7 @@ def test_publish_reads_only_the_members_cells_and_writes_each_aggregate_once(tmp
     (tmp_path / "store" / "results" / "other.parquet").write_bytes(b"not parquet")
     c1, c2 = SimpleNamespace(location="c1"), SimpleNamespace(location="c2")
     plan = SimpleNamespace(
-        sweep=SimpleNamespace(groups=(_group(True),), output=str(tmp_path / "store")),
+        sweep=SimpleNamespace(name="s", groups=(_group(True),), output=str(tmp_path / "store")),
         cached=(Cell(c1, "g/a", "c1-a"),),                 # stored by an earlier run
         cells=(Cell(c1, "g/b", "c1-b"), Cell(c2, "g/a", "c2-a"),
                Cell(c2, "g/b", "c2-b")))                   # c2-b failed: not stored

@@ -1,0 +1,207 @@
+"""Where a result store keeps its rows, and reading them back by column.
+
+Two kinds of files, both with the rows of ``store.SCHEMA``::
+
+    {root}/store.json                                   {"format": 2}: the layout's version
+    {root}/results/{cell}.parquet                       one cell (format 1, and a run's cells
+                                                        while it runs)
+    {root}/parts/sweep-{digest}/part-{time}-{id}.parquet  many cells of one sweep (format 2)
+
+A run writes each cell as it finishes into ``results/`` (so a restarted worker group and a
+concurrent run see it at once), then moves its cells into one part (``store_compact``). A part
+holds an extra column, ``ordinal`` (a row's place in its cell: the cell's first row is its
+headline metric), and its rows are sorted by (metric, dataset, cell, ordinal) in row groups, so
+that reading one metric's replicates reads only the row groups that hold it. A board reads the
+figures (every column but ``replicates``): parquet keeps each column apart, so the replicates'
+bytes (most of a cell: 1,000 float64 per metric row) are not read at all.
+
+Old stores (``results/`` only, no ``store.json``) read as they are; a store whose
+``store.json`` names a newer format is refused in one line.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.dataset as pads
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+
+from rayeval.errors import StoreError
+from rayeval.io import paths
+
+FORMAT = 2
+MARKER = "store.json"
+ORDINAL = "ordinal"
+REPLICATES = "replicates"
+# Rows per row group of a part: a 1,000-replicate row is 8 KB, so a group is ~16 MB of
+# replicates and a few hundred KB of figures.
+ROW_GROUP = 2048
+
+
+def part_schema(schema: pa.Schema) -> pa.Schema:
+    return schema.append(pa.field(ORDINAL, pa.int32()))
+
+
+def figures(schema: pa.Schema) -> list[str]:
+    """The columns a board shows: all but the replicates."""
+    return [n for n in schema.names if n != REPLICATES]
+
+
+def sweep_folder(sweep: str) -> str:
+    """A sweep's folder of parts: named by a digest (sweep names may hold any character)."""
+    return "sweep-" + hashlib.sha256(sweep.encode("utf-8")).hexdigest()[:16]
+
+
+# --- the format marker ---------------------------------------------------------------------
+
+def check_format(fs: pafs.FileSystem, root: str, location: str) -> int:
+    """The store's layout version (1 when unmarked); a newer one than this rayeval reads, or a
+    marker that cannot be read, is one line."""
+    path = f"{root}/{MARKER}"
+    try:
+        with fs.open_input_stream(path) as f:
+            text = f.read().decode("utf-8", "replace")
+    except FileNotFoundError:
+        return 1
+    except OSError as e:
+        if fs.get_file_info(path).type == pafs.FileType.NotFound:
+            return 1
+        raise StoreError(f"cannot read {paths.to_location(fs, path, location)}: "
+                         f"{paths.explain(e, location)}") from None
+    try:
+        found = int(json.loads(text)["format"])
+    except (ValueError, KeyError, TypeError):
+        raise StoreError(f"{paths.to_location(fs, path, location)} is damaged (expected "
+                         f'{{"format": {FORMAT}}}); restore it, or remove it if the store holds '
+                         "no parts/ folder") from None
+    if found > FORMAT:
+        raise StoreError(f"{location} was written by a newer rayeval (store format {found}; "
+                         f"this one reads up to {FORMAT}); upgrade rayeval to read it")
+    return found
+
+
+def mark_format(fs: pafs.FileSystem, root: str) -> None:
+    """Say that the store holds format-2 parts (before the first part is published)."""
+    path = f"{root}/{MARKER}"
+    if fs.get_file_info(path).type == pafs.FileType.File:
+        return
+    paths.put(fs, root, MARKER, json.dumps({"format": FORMAT}).encode() + b"\n")
+
+
+# --- the files -----------------------------------------------------------------------------
+
+@dataclass
+class Files:
+    cells: list[pafs.FileInfo]      # results/{cell}.parquet, by name
+    parts: list[pafs.FileInfo]      # parts/sweep-*/part-*.parquet, by path
+
+    @property
+    def all(self) -> list[str]:
+        return [i.path for i in self.cells + self.parts]
+
+
+def visible(info: pafs.FileInfo) -> bool:
+    return info.type == pafs.FileType.File and info.base_name.endswith(".parquet") \
+        and not info.base_name.startswith((".", "_"))
+
+
+def list_cells(fs: pafs.FileSystem, root: str) -> list[pafs.FileInfo]:
+    found = fs.get_file_info(pafs.FileSelector(f"{root}/results", allow_not_found=True))
+    return sorted((i for i in found if visible(i)), key=lambda i: i.base_name)
+
+
+def list_parts(fs: pafs.FileSystem, root: str, sweep: str | None = None) -> list[pafs.FileInfo]:
+    """The parts of one sweep (one folder listed), or of every sweep."""
+    folder = f"{root}/parts" + (f"/{sweep_folder(sweep)}" if sweep is not None else "")
+    found = fs.get_file_info(pafs.FileSelector(folder, recursive=sweep is None,
+                                               allow_not_found=True))
+    return sorted((i for i in found if visible(i)), key=lambda i: i.path)
+
+
+def list_files(fs: pafs.FileSystem, root: str, sweep: str | None = None) -> Files:
+    return Files(list_cells(fs, root), list_parts(fs, root, sweep))
+
+
+# --- reading -------------------------------------------------------------------------------
+
+def read_files(fs: pafs.FileSystem, files: list[str], schema: pa.Schema, location: str,
+               columns: list[str] | None = None, where: pads.Expression | None = None,
+               skip_damaged: bool = False) -> tuple[pa.Table, list[str]]:
+    """The rows of ``files`` (cells and parts), ``columns`` only, filtered by ``where`` (pushed
+    down: row groups whose statistics rule it out are not read), in the files' order, rows of a
+    cell in their place in it. A damaged file is refused in one line that names it, or, with
+    ``skip_damaged``, left out and returned in the second item."""
+    full = part_schema(schema)
+    wanted = list(columns or schema.names)
+    if ORDINAL not in wanted:
+        wanted.append(ORDINAL)
+    if "cell" not in wanted:
+        wanted.append("cell")
+    damaged: list[str] = []
+    while True:
+        try:
+            ds = pads.dataset(files, filesystem=fs, format="parquet", schema=full)
+            table = ds.to_table(columns=wanted, filter=where)
+            break
+        except (pa.ArrowInvalid, OSError) as e:
+            bad = damaged_files(fs, [f for f in files if f not in damaged])
+            if not bad:
+                raise StoreError(f"cannot read result store: "
+                                 f"{paths.explain(e, location)}") from None
+            if not skip_damaged:
+                raise StoreError(
+                    f"damaged file in the result store: {paths.to_location(fs, bad[0], location)}"
+                    f" ({paths.explain(e, location).split(': ', 1)[-1][:160]}); move it away "
+                    "(its cell is evaluated again on the next run)") from None
+            damaged += bad
+            files = [f for f in files if f not in bad]
+    return _in_cell_order(table).select([c for c in wanted if c in (columns or schema.names)]), \
+        damaged
+
+
+def _in_cell_order(table: pa.Table) -> pa.Table:
+    """Rows by cell, a cell's rows in its own order (a one-cell file's order; a part's
+    ordinal), ties in the files' order: the order a store of one-cell files always read in."""
+    if table.num_rows == 0:
+        return table
+    order = pc.sort_indices(table, sort_keys=[("cell", "ascending"),
+                                              (ORDINAL, "ascending", "at_end")])
+    return table.take(order)
+
+
+def damaged_files(fs: pafs.FileSystem, files: list[str]) -> list[str]:
+    """The files whose parquet footer cannot be read (only looked for after a read failed)."""
+    bad = []
+    for path in files:
+        try:
+            with fs.open_input_file(path) as f:
+                pq.read_metadata(f)
+        except (pa.ArrowInvalid, OSError):
+            bad.append(path)
+    return bad
+
+
+def newest_writes(table: pa.Table) -> pa.Table:
+    """Each cell's rows of its newest write (a cell moved into a part while a reader listed
+    both its file and the part reads twice; a cell written again reads its newest rows)."""
+    if table.num_rows == 0:
+        return table
+    cells = table["cell"].combine_chunks().dictionary_encode().indices.to_numpy(
+        zero_copy_only=False)
+    stamps = table["created_at"].combine_chunks().cast(pa.int64()).to_numpy(
+        zero_copy_only=False)
+    newest = np.full(cells.max() + 1, np.iinfo(np.int64).min)
+    np.maximum.at(newest, cells, stamps)
+    keep = stamps == newest[cells]
+    # the same write twice (file and part): keep the first copy of each (cell, metric)
+    frame = table.filter(pa.array(keep))
+    seen = pc.binary_join_element_wise(frame["cell"], frame["metric"], frame["dataset"], "\x1f")
+    first = np.unique(seen.combine_chunks().dictionary_encode().indices.to_numpy(
+        zero_copy_only=False), return_index=True)[1]
+    return frame.take(pa.array(np.sort(first), pa.int64()))

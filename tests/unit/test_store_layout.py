@@ -1,0 +1,194 @@
+"""Tier 1: the store at scale: parts, compaction beside running writers, filters in the scan,
+SQL, and the one-line errors (a newer format, a damaged file, a failing query)."""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from datetime import datetime, timedelta, timezone
+
+import numpy as np
+import pytest
+
+from rayeval.errors import StoreError
+from rayeval.io.store import ResultStore, newest
+from rayeval.io.store_layout import sweep_folder
+from rayeval.reporting.render import dumps_indented
+from rayeval.ui import cli
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+T0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
+
+
+def cell(sweep, checkpoint, dataset, step, value, reps=8, seed=0):
+    r = np.random.default_rng(seed).normal(value, 0.01, reps).tolist()
+    return [{"sweep": sweep, "checkpoint": checkpoint, "step": step, "dataset": dataset,
+             "metric": m, "value": value * k, "ci_low": value * k - 0.01,
+             "ci_high": value * k + 0.01, "num_samples": 50, "world_size": 1,
+             "higher_is_better": m != "nll", "replicates": [x * k for x in r],
+             "bootstrap": "seed=0;buckets=64;replicates=8;confidence=0.95",
+             "created_at": T0 + timedelta(seconds=step)}
+            for m, k in (("accuracy", 1.0), ("nll", 2.0))]
+
+
+def old_store(root, sweeps=("a", "b")):
+    """A store as the code before wrote it: one file per cell, in results/."""
+    store = ResultStore(str(root))
+    n = 0
+    for s in sweeps:
+        for step in (1, 2, 3):
+            for d in ("val", "ood"):
+                n += 1
+                store.write_cell(f"{s}{step}{d}", cell(s, f"/ck/{s}/step_{step}", d, step,
+                                                       0.1 * step + (d == "ood") * 0.05, seed=n))
+    return store
+
+
+def board(capsys, *argv):
+    code = cli.main(["leaderboard", *argv, "--format", "json"])
+    got = capsys.readouterr()
+    assert code == 0, got.err
+    return got.out
+
+
+def test_compaction_keeps_every_board_and_filter_the_same(tmp_path, capsys):
+    store = old_store(tmp_path)
+    flags = [(), ("--sweep", "b"), ("--dataset", "ood"), ("--checkpoint", "*/step_2"),
+             ("--metric", "ood/nll"), ("--replicates",)]
+    before = {f: board(capsys, str(tmp_path), *f) for f in flags}
+    moved = store.compact()
+    assert (moved.cells, moved.parts_written) == (12, 2)           # one part per sweep
+    assert os.listdir(tmp_path / "results") == []
+    assert json.loads((tmp_path / "store.json").read_text()) == {"format": 2}
+    for f in flags:
+        assert board(capsys, str(tmp_path), *f) == before[f], f
+    got = json.loads(before[("--checkpoint", "*/step_2")])
+    assert {r["checkpoint"] for r in got} == {"/ck/a/step_2", "/ck/b/step_2"}
+    # planning asks one sweep's parts only: another sweep's part, damaged, is never opened
+    (part_a,) = (tmp_path / "parts" / sweep_folder("a")).glob("part-*.parquet")
+    part_a.write_bytes(b"damaged")
+    assert store.stored(["b1val", "b9val", "a1val"], "b") == {"b1val"}
+
+
+def test_two_runs_and_a_compaction_at_once_lose_no_cell_and_duplicate_none(tmp_path):
+    """Two writers (one file per cell, then their cells into a part, as a run does) and a
+    compaction beside them, as separate processes: the compaction moves the runs' first
+    halves while they are still writing (markers make sure of it), then compacts again
+    while they write and consolidate the rest."""
+    writer = textwrap.dedent("""
+        import os, sys, time
+        sys.path.insert(0, sys.argv[1])
+        sys.path.insert(0, sys.argv[1] + "/tests/unit")
+        from test_store_layout import cell, wait_for
+        from rayeval.io.store import ResultStore
+        store, run, marks = ResultStore(sys.argv[2]), sys.argv[3], sys.argv[4]
+        keys = [f"{run}-{i}" for i in range(40)]
+        for i, key in enumerate(keys):
+            if i == 20:
+                open(f"{marks}/half-{run}", "w").close()
+                wait_for(f"{marks}/compacted")
+            store.write_cell(key, cell(run, f"/ck/{run}/{i}", "val", i, 0.5))
+        assert not store.consolidate(keys, wait_s=60).locked
+        open(f"{marks}/done-{run}", "w").close()
+    """)
+    compactor = textwrap.dedent("""
+        import os, sys, time
+        sys.path.insert(0, sys.argv[1])
+        sys.path.insert(0, sys.argv[1] + "/tests/unit")
+        from test_store_layout import wait_for
+        from rayeval.io.store import ResultStore
+        store, marks = ResultStore(sys.argv[2]), sys.argv[3]
+        wait_for(f"{marks}/half-r1", f"{marks}/half-r2")
+        assert store.compact(wait_s=60).cells >= 40       # both runs' first halves
+        open(f"{marks}/compacted", "w").close()
+        deadline = time.monotonic() + 120
+        while not all(os.path.exists(f"{marks}/done-{r}") for r in ("r1", "r2")):
+            assert time.monotonic() < deadline
+            store.compact(wait_s=60)
+    """)
+    root, marks = str(tmp_path / "store"), str(tmp_path)
+    ResultStore(root).check(write=True)
+    procs = [subprocess.Popen([sys.executable, "-c", writer, REPO, root, run, marks])
+             for run in ("r1", "r2")]
+    procs.append(subprocess.Popen([sys.executable, "-c", compactor, REPO, root, marks]))
+    try:
+        for p in procs:
+            assert p.wait(timeout=240) == 0
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    rows = ResultStore(root).read(["cell", "metric"]).to_pylist()
+    counts = {}
+    for r in rows:
+        counts[(r["cell"], r["metric"])] = counts.get((r["cell"], r["metric"]), 0) + 1
+    expected = {(f"{run}-{i}", m) for run in ("r1", "r2") for i in range(40)
+                for m in ("accuracy", "nll")}
+    assert set(counts) == expected
+    assert set(counts.values()) == {1}                # none duplicated in the files
+    assert not os.path.exists(os.path.join(root, "parts", ".lock"))
+
+
+def wait_for(*files, timeout=120.0):
+    import time
+
+    deadline = time.monotonic() + timeout
+    while not all(os.path.exists(f) for f in files):
+        assert time.monotonic() < deadline, f"waited {timeout} s for {files}"
+        time.sleep(0.02)
+
+
+def test_a_newer_store_a_damaged_file_and_a_failing_query_are_one_line(tmp_path, capsys):
+    pytest.importorskip("duckdb")
+    store = old_store(tmp_path, sweeps=("a",))
+    (tmp_path / "store.json").write_text('{"format": 99}')
+    with pytest.raises(StoreError, match=r"newer rayeval \(store format 99; this one reads "
+                                         r"up to 2\); upgrade"):
+        newest(str(tmp_path))
+    with pytest.raises(StoreError, match="newer rayeval"):
+        store.check(write=True)                     # a run refuses before writing a cell
+    (tmp_path / "store.json").unlink()
+    bad = tmp_path / "results" / "zz-damaged.parquet"
+    bad.write_bytes(b"PAR1 not really")
+    code = cli.main(["leaderboard", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert code != 0 and "damaged file in the result store" in err and str(bad) in err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    assert cli.main(["query", str(tmp_path), "SELECT count(*) AS n FROM results"]) != 0
+    assert str(bad) in capsys.readouterr().err
+    assert cli.main(["query", str(tmp_path), "SELECT count(*) AS n FROM latest",
+                     "--skip-damaged"]) == 0
+    got = capsys.readouterr()
+    assert got.out == "n\n12\n" and f"skipped a damaged file: {bad}" in got.err
+    moved = store.compact()                          # compaction leaves it where it is
+    assert moved.damaged == [str(bad)] and bad.exists() and moved.cells == 6
+    assert cli.main(["query", str(tmp_path), "SELECT nope FROM latest", "--skip-damaged"]) != 0
+    err = capsys.readouterr().err
+    assert "SQL: Binder Error" in err and len(err.strip().splitlines()) == 2   # + the skip
+
+
+def test_query_answers_as_the_rows_say(tmp_path):
+    pytest.importorskip("duckdb")
+    from rayeval.io.store_query import query
+
+    store = old_store(tmp_path)
+    store.write_cell("a1val", cell("a", "/ck/a/step_1", "val", 9, 0.9))   # written again
+    store.compact()
+    table = query(str(tmp_path), "SELECT dataset, avg(value) AS mean, count(*) AS n FROM latest "
+                                 "WHERE metric = 'accuracy' GROUP BY dataset ORDER BY dataset")
+    rows = newest(str(tmp_path), metric="accuracy").to_pylist()
+    for d in ("ood", "val"):
+        values = [r["value"] for r in rows if r["dataset"] == d]
+        got = next(r for r in table.to_pylist() if r["dataset"] == d)
+        assert got["n"] == len(values) == 6 and got["mean"] == pytest.approx(np.mean(values))
+    assert 0.9 in [r["value"] for r in rows]        # the newest write of a cell
+
+
+def test_json_boards_are_the_text_json_dumps_writes():
+    tricky = ['a, "b', '}, {"x', "\u00e9", "\\", "\x00", ',\x00"', "},\x00{", "", "x, "]
+    rows = [{f"k{i}": v, "n": i, "f": -2.5e-7, "nan": float("nan"), "none": None, "t": True}
+            for i, v in enumerate(tricky)]
+    rows.insert(3, {"matrix": [[1, 2], [3, 4]], "names": ["val", 'o, "d']})
+    assert dumps_indented(rows) == json.dumps(rows, indent=2)
+    assert dumps_indented([]) == json.dumps([], indent=2)
