@@ -61,6 +61,8 @@ WORKER_PHASES = (
     ("engine start", "  of which starting the vLLM engine (model.backend: vllm)"),
     ("engine load", "  of which loading the weights into the running engine"),
     ("pass", "passes over the worker's rows (scoring)"),
+    ("shared prefixes", "  of which forward passes over shared prefixes (share_prefixes)"),
+    ("continuations", "  of which forward passes from them over the continuations"),
     ("first batch", "  of which waiting for a pass's first batch"),
     ("ray data", "    of which from a Ray Data pipeline (read, preprocessed, split)"),
     ("streamed", "  of which passes that read and decoded their rows (not kept)"),

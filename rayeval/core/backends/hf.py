@@ -25,11 +25,13 @@ class HFBackend(TorchBackend):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.why_not: str | None = "no model served"
+        self.timer = None
         self.said: set[str] = set()          # fallbacks already logged (once each)
 
     def serve(self, model, folder="", tokenizer=None, location="", timer=None) -> None:
         super().serve(model, folder, tokenizer, location, timer)
         self.why_not = prefix.cannot_share(model)
+        self.timer = timer                   # the worker's profile: prefix and continuation work
 
     def loglikelihood(self, requests: list[TokenPair], ctx: Context
                       ) -> list[tuple[float, bool]]:
@@ -41,7 +43,7 @@ class HFBackend(TorchBackend):
                 len((c + t)[-(ctx.text.max_length + 1):]) > 1 for c, t in requests):
             scorer = prefix.Scorer(self.model, requests, ctx.text.max_length, ctx.batch,
                                    ctx.tokens, lambda ids, out: checked_logits(ids, out, ctx),
-                                   self.device)
+                                   self.device, self.timer)
             try:
                 return scorer.run(ctx.partly)
             except prefix.CannotShare as e:

@@ -25,6 +25,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import time
+
 import torch
 
 # A shared run shorter than this is recomputed by each child instead: a level of forward
@@ -165,9 +167,10 @@ class Scorer:
     """One scoring's requests through the trie (see the module docstring)."""
 
     def __init__(self, model, requests, max_length: int, rows: int, tokens: int, check,
-                 device: torch.device = torch.device("cpu")):
+                 device: torch.device = torch.device("cpu"), timer=None):
         self.model, self.rows, self.tokens = model, max(1, rows), max(1, tokens)
         self.check, self.device = check, device     # check(ids, logits) -> logits, or raises
+        self.timer = timer                          # the worker's profile (--profile), or None
         self.inputs: list[tuple] = []
         index: dict[tuple, int] = {}
         self.users: list[list[tuple[int, list]]] = []
@@ -246,6 +249,7 @@ class Scorer:
         positions = (start[:, None] + torch.arange(width)[None, :]) * new
         keep = sorted({p for n in chunk for p in n.reads}) or [width - 1]
         device = self.device
+        started = time.perf_counter()
         out = self.model(input_ids=ids.to(device),
                          attention_mask=torch.cat([before, new], 1).to(device),
                          position_ids=positions.to(device), past_key_values=cache,
@@ -254,6 +258,10 @@ class Scorer:
         self.forwards += 1
         logits = self.check(ids, getattr(out, "logits", None))
         self._read(chunk, logits, keep)
+        if self.timer is not None:
+            inner = any(n.children for n in chunk)
+            self.timer.add("shared prefixes" if inner else "continuations",
+                           time.perf_counter() - started)
         kv = _layers(out.past_key_values, self.model) if any(n.children for n in chunk) else []
         self.done += sum(1 for n in chunk if not n.children)
         if self.progress is not None:
