@@ -260,7 +260,7 @@ class Scorer:
         self._read(chunk, logits, keep)
         if self.timer is not None:
             inner = any(n.children for n in chunk)
-            self.timer.add("shared prefixes" if inner else "continuations",
+            self.timer.add("prefixes" if inner else "suffixes",
                            time.perf_counter() - started)
         kv = _layers(out.past_key_values, self.model) if any(n.children for n in chunk) else []
         self.done += sum(1 for n in chunk if not n.children)
