@@ -82,9 +82,9 @@ def render(driver: Timer, workers: dict[int, dict[str, tuple[float, int]]],
             first = workers.get(0, next(iter(workers.values())))
             lines.append(f"             on the workers ({len(workers)}): rank 0 | slowest rank")
             for phase, label in WORKER_PHASES:
-                mine = first.get(phase)
-                if mine is None:
+                if not any(phase in w for w in workers.values()):
                     continue
+                mine = first.get(phase, (0.0, 0))      # a rank may have had no such work
                 slowest = max(w.get(phase, (0.0, 0))[0] for w in workers.values())
                 lines.append(f"    {mine[0]:7.2f} s | {slowest:7.2f} s  {phase:11s} x{mine[1]:<4d} "
                              f"{label}")
