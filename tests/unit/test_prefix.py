@@ -167,3 +167,24 @@ def test_sharing_off_is_silent_and_keeps_only_the_read_logits():
         backend.loglikelihood(reqs, context(tok, False))
     assert kept == [1]
     assert not backend.said
+
+
+def test_a_continuation_longer_than_the_context_is_one_line_naming_task_and_document():
+    """lm-eval's window keeps the last L + 1 tokens: a longer continuation cannot be scored
+    (torch used to fail with a size mismatch); the line names the task, the document and both
+    lengths. The task here only lends its name, as the driver's rendered task would."""
+    import types
+
+    from rayeval.errors import DataError
+    from rayeval.harness import store, task
+
+    spec = DatasetSpec(path="requests/abc/docs.parquet", key_path="evals[0]")
+    store._TASKS[spec.path] = types.SimpleNamespace(task_name="hellaswag")
+    try:
+        task._fits([([1, 2], [3, 4])], 2, spec, 7)              # exactly L: scored
+        with pytest.raises(DataError, match=r"^evals\[0\]: lm-eval task hellaswag, document "
+                           r"12: a continuation of 3 tokens is longer than the model's "
+                           r"context of 2 tokens; "):
+            task._fits([([1], [2]), ([1, 2], [3, 4, 5])], 2, spec, 12)
+    finally:
+        del store._TASKS[spec.path]
