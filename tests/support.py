@@ -78,6 +78,33 @@ def build_model(seed: int = 0, hidden: int = 16) -> torch.nn.Module:
                                torch.nn.Linear(hidden, CLASSES))
 
 
+def tiny_llama(vocab: int, seed: int = 0, max_positions: int = 256) -> torch.nn.Module:
+    """A Hugging Face Llama of a few thousand weights (grouped-query attention, RoPE)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    config = LlamaConfig(vocab_size=vocab, hidden_size=32, intermediate_size=64,
+                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                         max_position_embeddings=max_positions, bos_token_id=0,
+                         eos_token_id=0, pad_token_id=0)
+    return LlamaForCausalLM(config).eval()
+
+
+def tiny_tokenizer(texts: list[str], vocab: int = 400):
+    """A byte-level BPE trained here on ``texts`` (no hub), as transformers' fast tokenizer."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    bpe = Tokenizer(models.BPE())
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bpe.decoder = decoders.ByteLevel()
+    bpe.train_from_iterator(texts, trainers.BpeTrainer(
+        vocab_size=vocab, special_tokens=["<|endoftext|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    return PreTrainedTokenizerFast(tokenizer_object=bpe, bos_token="<|endoftext|>",
+                                   eos_token="<|endoftext|>")
+
+
 def make_data(n: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
     rng = np.random.default_rng(seed)
     x = rng.normal(size=(n, FEATURES)).astype(np.float32)
@@ -367,7 +394,8 @@ def single_process_passes(sweep):
             metrics = build_all(ev.spec.metrics)
             p = Pass(model, metrics, ev.output_size, torch.device("cpu"), ev.spec.task,
                      ev.spec.bootstrap.k, ev.spec.dataset, text=tok,
-                     generation=ev.spec.generation, batch=ev.spec.batch_size)
+                     generation=ev.spec.generation, batch=ev.spec.batch_size,
+                     share=sweep.model.share_prefixes, tokens=sweep.model.batch_tokens)
             yield ref, ev, model, decode, p, metrics
 
 

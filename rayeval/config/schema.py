@@ -129,6 +129,16 @@ class ModelSpec:
         "Engine arguments for backend vllm (gpu_memory_utilization, max_model_len, "
         "enforce_eager, ...): some change outputs (max_model_len, dtype), so all are keyed.",
         numbers=True, default_factory=dict, expected="a mapping of vLLM engine arguments")
+    share_prefixes: bool = setting(
+        "Log-likelihoods (backend hf, Hugging Face causal models): every shared token prefix "
+        "(a few-shot block, an item's context across its choices) computed once per "
+        "checkpoint. Equal to scoring each request alone within float tolerance, not bits, "
+        "like batch_size: not in the key, so stored cells are not evaluated again.",
+        numbers=False, default=True)
+    batch_tokens: int = setting(
+        "Log-likelihoods with shared prefixes: at most this many tokens per forward pass, "
+        "rows x (cached + new); the memory of the copied key-value rows. How fast, not what "
+        "is counted.", numbers=False, default=8192, minimum=1)
 
     @property
     def hugging_face(self) -> bool:

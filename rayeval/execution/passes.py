@@ -96,10 +96,12 @@ class CellPasses:
         asked to stop (then the pass ends at once: the group is winding down)."""
         index = self.index_of[cell.key]
         skipped = 0                 # rows of batches that could not be decoded
+        model_spec = self.backend.setup.model           # the sweep's model section
         p = Pass(self.backend, self.metrics[ev.name], ev.output_size, self.device,
                  ev.spec.task, ev.spec.bootstrap.k, ev.spec.dataset, text=self.tokenizer,
                  generation=ev.spec.generation, batch=ev.spec.batch_size,
                  samples=ev.spec.samples and self.rank % self.tensor == 0,
+                 share=model_spec.share_prefixes, tokens=model_spec.batch_tokens,
                  # progress counts rows as they are scored, not as they are read
                  on_rows=lambda n: self.progress.rows(index, self.counted(skipped + n)))
         rows, error, stopped = 0, None, False

@@ -61,6 +61,8 @@ WORKER_PHASES = (
     ("engine start", "  of which starting the vLLM engine (model.backend: vllm)"),
     ("engine load", "  of which loading the weights into the running engine"),
     ("pass", "passes over the worker's rows (scoring)"),
+    ("prefixes", "  of which forward passes over shared prefixes (share_prefixes)"),
+    ("suffixes", "  of which forward passes from them over the rest of each request"),
     ("first batch", "  of which waiting for a pass's first batch"),
     ("ray data", "    of which from a Ray Data pipeline (read, preprocessed, split)"),
     ("streamed", "  of which passes that read and decoded their rows (not kept)"),
@@ -80,9 +82,9 @@ def render(driver: Timer, workers: dict[int, dict[str, tuple[float, int]]],
             first = workers.get(0, next(iter(workers.values())))
             lines.append(f"             on the workers ({len(workers)}): rank 0 | slowest rank")
             for phase, label in WORKER_PHASES:
-                mine = first.get(phase)
-                if mine is None:
+                if not any(phase in w for w in workers.values()):
                     continue
+                mine = first.get(phase, (0.0, 0))      # a rank may have had no such work
                 slowest = max(w.get(phase, (0.0, 0))[0] for w in workers.values())
                 lines.append(f"    {mine[0]:7.2f} s | {slowest:7.2f} s  {phase:11s} x{mine[1]:<4d} "
                              f"{label}")

@@ -97,10 +97,11 @@ class Harness(TextTask):
         blobs = data.column_array(table, "instances").to_pylist()
         ids = data.column_array(table, "doc_id").to_pylist()
         rows, n = [], 0
-        for blob in blobs:
+        for doc_id, blob in zip(ids, blobs):
             kind, instances = request_table.kind_of(blob), request_table.arguments(blob)
             if kind in ("loglikelihood", "multiple_choice"):
                 row = [tok.encode_pair(*args[:2]) for args in instances]
+                _fits(row, tok.max_length, spec, doc_id)
             elif kind == "loglikelihood_rolling":
                 row = [rolling_windows(tok.encode(args[0]), tok.prefix_id, tok.max_length)
                        for args in instances]
@@ -181,6 +182,19 @@ class Harness(TextTask):
         if x.repeats is not None:
             records["responses"] = list(x.repeats)
         return records
+
+
+def _fits(pairs, max_length: int, spec, doc_id) -> None:
+    """A continuation longer than the model's context cannot be scored (lm-eval's window
+    keeps the last L + 1 tokens): one line naming the task, the document and both lengths."""
+    for _, cont in pairs:
+        if len(cont) > max_length:
+            task = lm_task(spec.path)
+            name = getattr(task, "task_name", None) or task.get_config("task")
+            raise DataError(f"{spec.key_path}: lm-eval task {name}, document {doc_id}: a "
+                            f"continuation of {len(cont)} tokens is longer than the model's "
+                            f"context of {max_length} tokens; use a model with a longer "
+                            "context (model.max_length) or leave the task out")
 
 
 def _flat(row) -> list:

@@ -7,9 +7,11 @@ a few-shot split, two filter pipelines (regex and whitespace), the loglikelihood
 byte) and a chat-formatted generation task with multi-turn few-shot and a system instruction.
 lm-eval's ``simple_evaluate`` on the same Hugging Face folders is the reference: every metric
 and every document's record, in one process and on a real local Ray with 1, 2 and 3 workers
-(records: the 3-worker run's), and a 5-shot group of two tasks of different sizes.
+(records: the 3-worker run's), and a 5-shot group of two tasks of different sizes; with shared
+prefixes (model.share_prefixes) on and off (one process: both; Ray: off on 2 workers).
 """
 
+import dataclasses
 import os
 import pathlib
 import pickle
@@ -196,10 +198,12 @@ def _check(key: str, ours: float, theirs: float) -> None:
         assert ours == pytest.approx(theirs, rel=REL), key
 
 
-def test_one_process_equals_lm_eval(example, checkpoints, reference):
+@pytest.mark.parametrize("share", [True, False], ids=["shared", "unshared"])
+def test_one_process_equals_lm_eval(example, checkpoints, reference, share):
     seen = set()
-    for ref, ev, model, decode, p, metrics in single_process_passes(
-            load_sweep(str(example / "sweep.yaml"))):
+    sweep = load_sweep(str(example / "sweep.yaml"))
+    sweep = sweep.replace(model=dataclasses.replace(sweep.model, share_prefixes=share))
+    for ref, ev, model, decode, p, metrics in single_process_passes(sweep):
         for table in read_batches(ev.data, ev.spec.dataset, 5):
             x, y, buckets = decode(table)
             p.update(x, y, buckets)
@@ -232,11 +236,17 @@ def test_the_filters_and_the_chat_template_changed_something(reference, checkpoi
 
 @pytest.fixture(scope="module")
 def ray_stores(example, tmp_path_factory):
+    """1, 2 and 3 workers; the 2-worker run scores each request on its own
+    (``model.share_prefixes: false``), the others share prefixes."""
     root = tmp_path_factory.mktemp("harness_stores")
+    sweep = yaml.safe_load((example / "sweep.yaml").read_text())
+    sweep["model"] = {"share_prefixes": False}
+    (example / "sweep-unshared.yaml").write_text(yaml.safe_dump(sweep, sort_keys=False))
     stores = {}
     for workers in (1, 2, 3):
         out = root / f"store{workers}"
-        proc = rayeval_cli("run", str(example / "sweep.yaml"), "--workers", str(workers),
+        name = "sweep-unshared.yaml" if workers == 2 else "sweep.yaml"
+        proc = rayeval_cli("run", str(example / name), "--workers", str(workers),
                            "--output", str(out), timeout=600, env=offline_env())
         assert proc.returncode == 0, proc.stdout + proc.stderr
         stores[workers] = out

@@ -4,9 +4,12 @@ A tiny GPT-2 and a BPE tokenizer are trained here (scripts/make_lm_example.py: n
 downloaded) and saved as Hugging Face folders; the harness (tests/harness.py: its Python API on
 the same folders and parquet files) is the reference. Compared: every item (each choice's
 log-likelihood, each document's, each generation) and every metric, in one process and on a real
-local Ray with 1 and 3 workers. Bad input is one line before Ray starts, with nothing written.
+local Ray with 1 and 3 workers; shared-prefix scoring (model.share_prefixes) both on and off
+(one process: both; Ray: the 1-worker run without it, the 3-worker run with it). Bad input is
+one line before Ray starts, with nothing written.
 """
 
+import dataclasses
 import json
 import math
 import os
@@ -59,11 +62,14 @@ def harness(example, checkpoints):
     return {c: run_harness(c, str(example / "data")) for c in checkpoints}
 
 
-def reference(sweep_path: str) -> dict:
+def reference(sweep_path: str, share: bool = True) -> dict:
     """rayeval's own scoring in one process: {checkpoint: {evaluation: (per-id outputs, metric
-    results)}}, batches of 7 rows so that items meet in different batches than in the harness."""
+    results)}}, batches of 7 rows so that items meet in different batches than in the harness;
+    ``share``: model.share_prefixes."""
     out = {}
-    for ref, ev, model, decode, p, metrics in single_process_passes(load_sweep(sweep_path)):
+    sweep = load_sweep(sweep_path)
+    sweep = sweep.replace(model=dataclasses.replace(sweep.model, share_prefixes=share))
+    for ref, ev, model, decode, p, metrics in single_process_passes(sweep):
         items = {}
         for table in read_batches(ev.data, ev.spec.dataset, 7):
             x, y, buckets = decode(table)
@@ -92,8 +98,9 @@ def test_rolling_windows_are_the_harness_windows():
             assert sum(len(cont) for _, cont in ours) == n      # every token predicted once
 
 
-def test_every_item_and_metric_equals_the_harness(example, checkpoints, harness):
-    ours = reference(str(example / "sweep.yaml"))
+@pytest.mark.parametrize("share", [True, False], ids=["shared", "unshared"])
+def test_every_item_and_metric_equals_the_harness(example, checkpoints, harness, share):
+    ours = reference(str(example / "sweep.yaml"), share)
     for c in checkpoints:
         h = harness[c]
         mc_items, mc, _ = ours[c]["facts_mc"]
@@ -147,10 +154,12 @@ def test_progress_counts_items_as_they_are_scored(example):
 @pytest.fixture(scope="module")
 def ray_stores(example, tmp_path_factory):
     """The example on a real local Ray with 1 and 3 workers; the 1-worker run keeps no
-    per-item records for docs (``evals[1].samples: false``)."""
+    per-item records for docs (``evals[1].samples: false``) and scores each request on its
+    own (``model.share_prefixes: false``), the 3-worker run shares prefixes."""
     root = tmp_path_factory.mktemp("ray_stores")
     sweep = yaml.safe_load(open(example / "sweep.yaml"))
     sweep["evals"][1]["samples"] = False
+    sweep.setdefault("model", {})["share_prefixes"] = False
     one = example / "sweep_no_docs_samples.yaml"     # beside it: the same relative paths
     one.write_text(yaml.safe_dump(sweep))
     stores = {}

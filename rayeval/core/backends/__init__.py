@@ -3,7 +3,8 @@
     base    the request types, the ``Context`` a pass scores in, the ``Backend`` interface
             and the ``BACKENDS`` registry
     torch   any torch module: forward, log-likelihoods, greedy decoding (no cache)
-    hf      ``model.backend: hf``: torch's, with Hugging Face's cached ``generate``
+    hf      ``model.backend: hf``: torch's, with Hugging Face's cached ``generate`` and
+            shared-prefix log-likelihoods (``prefix``: a token trie over the requests)
     vllm    ``model.backend: vllm``: a vLLM engine per worker generates
 
 A new backend is one module holding a ``Backend`` subclass registered with

@@ -1,20 +1,58 @@
 """Backend hf (``model.backend: hf``, the default): the checkpoint's own model in this
 process. Forward passes, log-likelihoods and greedy decoding as ``torch.TorchBackend`` does
-for any module; a Hugging Face model (one with ``generate`` and a ``config``) generates with
-its KV cache instead, batched and left-padded.
+for any module; a Hugging Face causal model scores log-likelihoods with its shared prefixes
+computed once (``prefix``; ``share_prefixes: false`` turns it off) and generates with its KV
+cache, batched and left-padded.
 """
 
 from __future__ import annotations
 
+import logging
+
 import torch
 
-from rayeval.core.backends.base import BACKENDS, Context
-from rayeval.core.backends.torch import TorchBackend, stopped
+from rayeval.core.backends import prefix
+from rayeval.core.backends.base import BACKENDS, Context, TokenPair
+from rayeval.core.backends.torch import TorchBackend, checked_logits, stopped
+
+log = logging.getLogger(__name__)
 
 
 @BACKENDS.register()
 class HFBackend(TorchBackend):
     name = "hf"
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.why_not: str | None = "no model served"
+        self.timer = None
+        self.said: set[str] = set()          # fallbacks already logged (once each)
+
+    def serve(self, model, folder="", tokenizer=None, location="", timer=None) -> None:
+        super().serve(model, folder, tokenizer, location, timer)
+        self.why_not = prefix.cannot_share(model)
+        self.timer = timer                   # the worker's profile: prefix and continuation work
+
+    def loglikelihood(self, requests: list[TokenPair], ctx: Context
+                      ) -> list[tuple[float, bool]]:
+        """As ``TorchBackend.loglikelihood``, with every shared prefix computed once where
+        the model can score from its cache; otherwise (said once in the log) one forward
+        pass per distinct input."""
+        why = self.why_not
+        if ctx.share and why is None and requests and all(
+                len((c + t)[-(ctx.text.max_length + 1):]) > 1 for c, t in requests):
+            scorer = prefix.Scorer(self.model, requests, ctx.text.max_length, ctx.batch,
+                                   ctx.tokens, lambda ids, out: checked_logits(ids, out, ctx),
+                                   self.device, self.timer)
+            try:
+                return scorer.run(ctx.partly)
+            except prefix.CannotShare as e:
+                self.why_not = why = str(e)
+        if ctx.share and why not in self.said:
+            self.said.add(why)
+            log.warning("shared-prefix scoring is off for this model: %s; each request is "
+                        "scored on its own", why)
+        return super().loglikelihood(requests, ctx)
 
     def generate_tokens(self, contexts: list[list[int]], ctx: Context) -> list[list[int]]:
         if hasattr(self.model, "generate") and hasattr(self.model, "config"):

@@ -55,35 +55,39 @@ class TorchBackend(Backend):
             users.setdefault(inp, []).append(r)
         unique = sorted(users, key=lambda t: (-len(t), t))
         result: list[tuple[float, bool]] = [(0.0, False)] * len(requests)
+        keeps = keeps_logits(self.model)
         i = 0
         while i < len(unique):
             chunk = unique[i:i + forward_rows(ctx, len(unique[i]))]
             i += len(chunk)
-            logits = self.logits(right_padded(chunk).to(self.device), ctx)
-            for j, inp in enumerate(chunk):
-                rs = users[inp]
-                k = max(len(requests[r][1]) for r in rs)
-                logp = torch.log_softmax(logits[j, len(inp) - k:len(inp)].float(), dim=-1)
-                for r in rs:
+            deepest = [max(len(requests[r][1]) for r in users[inp]) for inp in chunk]
+            # the output layer only on the positions read (a Hugging Face model's
+            # logits_to_keep): each row's last k; a plain module computes them all
+            keep = sorted({p for inp, k in zip(chunk, deepest)
+                           for p in range(len(inp) - k, len(inp))}) if keeps else None
+            logits = self.logits(right_padded(chunk).to(self.device), ctx, keep)
+            at = {p: n for n, p in enumerate(keep)} if keeps else None
+            for j, (inp, k) in enumerate(zip(chunk, deepest)):
+                span = range(len(inp) - k, len(inp))
+                rows = [at[p] for p in span] if keeps else list(span)
+                logp = torch.log_softmax(logits[j, rows].float(), dim=-1)
+                for r in users[inp]:
                     cont = requests[r][1]
                     result[r] = continuation_score(logp[k - len(cont):], cont)
             ctx.partly(i, len(unique))
         return result
 
-    def logits(self, ids: torch.Tensor, ctx: Context) -> torch.Tensor:
-        """A causal model's logits for right-padded token ids, checked: the task's shape, ids
+    def logits(self, ids: torch.Tensor, ctx: Context, keep: list[int] | None = None
+               ) -> torch.Tensor:
+        """A causal model's logits for right-padded token ids (at the positions ``keep``
+        only, for a model that takes ``logits_to_keep``), checked: the task's shape, ids
         within the vocabulary, finite values."""
-        out = logits_of(self.model(ids))
-        if not isinstance(out, torch.Tensor) or out.dim() != 3:
-            raise wrong_output(out, ctx.task, ctx.needs)
-        if int(ids.max()) >= out.shape[2]:
-            raise DataError(f"{ctx.spec.key_path}: token id {int(ids.max())} is outside the "
-                            f"model's vocabulary of {out.shape[2]}; the tokenizer does not "
-                            "match the model")
-        if not stats.all_finite(out):
-            raise CheckpointError("the model produced NaN or infinite logits with this "
-                                  "checkpoint")
-        return out
+        if keep is None:
+            out = logits_of(self.model(ids))
+        else:
+            out = logits_of(self.model(ids, logits_to_keep=torch.tensor(
+                keep, dtype=torch.int64, device=ids.device)))
+        return checked_logits(ids, out, ctx)
 
     def generate(self, contexts: list[list[int]], ids: list[int] | None, ctx: Context
                  ) -> list[list[str]]:
@@ -116,6 +120,30 @@ class TorchBackend(Backend):
                 new[i].append(nxt)
             active = [i for i in active if not stopped(new[i], ctx)]
         return new
+
+
+def checked_logits(ids: torch.Tensor, out, ctx: Context) -> torch.Tensor:
+    """Logits checked: the task's shape, ids within the vocabulary, finite values."""
+    if not isinstance(out, torch.Tensor) or out.dim() != 3:
+        raise wrong_output(out, ctx.task, ctx.needs)
+    if int(ids.max()) >= out.shape[2]:
+        raise DataError(f"{ctx.spec.key_path}: token id {int(ids.max())} is outside the "
+                        f"model's vocabulary of {out.shape[2]}; the tokenizer does not "
+                        "match the model")
+    if not stats.all_finite(out):
+        raise CheckpointError("the model produced NaN or infinite logits with this "
+                              "checkpoint")
+    return out
+
+
+def keeps_logits(model) -> bool:
+    """Whether the model's forward takes ``logits_to_keep`` (Hugging Face causal models)."""
+    import inspect
+
+    try:
+        return "logits_to_keep" in inspect.signature(model.forward).parameters
+    except (TypeError, ValueError, AttributeError):
+        return False
 
 
 def continuation_score(logp: torch.Tensor, cont: list[int]) -> tuple[float, bool]:
