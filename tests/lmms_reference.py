@@ -5,7 +5,7 @@ items, greedy, in float32, so rayeval can be compared metric by metric and item 
     from lmms_reference import write_task, run_lmms_eval
     write_task(task_dir, items)                      # easy-vqa items -> a local YAML task
     ref = run_lmms_eval(model_dir, task_dir, batch_size=1)
-    ref["results"]["exact_match,none"], ref["samples"][0]["filtered_resps"]
+    ref["results"]["exact_match,none"], ref["samples"]["none"][0]["filtered_resps"]
 
 The task (``TASK``) is what an lmms-eval user writes for local data: ``dataset_path: json``
 over a JSON-lines file of items with image paths, ``doc_to_visual`` opening the image,
@@ -40,6 +40,7 @@ OFFLINE_ENV = {
     "TOKENIZERS_PARALLELISM": "false",
 }
 TASK = "rayeval_easyvqa"
+FILTERS = ("none", "lower")          # the task's filter_list, in order
 MAX_NEW_TOKENS = 6
 
 UTILS = '''\
@@ -58,7 +59,8 @@ def doc_to_text(doc, lmms_eval_specific_kwargs=None):
 def process_results(doc, results):
     answer = results[0].strip()
     return {"exact_match": float(answer == doc["answer"]),
-            "answer_chars": float(len(answer))}
+            "answer_chars": float(len(answer)),
+            "upper_chars": float(sum(c.isupper() for c in answer))}
 '''
 
 
@@ -101,6 +103,7 @@ def write_task(task_dir: str, items: list[dict], *, max_new_tokens: int = MAX_NE
         "metric_list:\n"
         "  - {metric: exact_match, aggregation: mean, higher_is_better: true}\n"
         "  - {metric: answer_chars, aggregation: mean, higher_is_better: false}\n"
+        "  - {metric: upper_chars, aggregation: mean, higher_is_better: false}\n"
         "lmms_eval_specific_kwargs:\n"
         "  default:\n"
         "    pre_prompt: \"\"\n"
@@ -115,8 +118,8 @@ def run_lmms_eval(model_dir: str, task_dir: str, *, task: str = TASK, batch_size
                   output: str | None = None, limit: int | None = None,
                   timeout: float = 600) -> dict:
     """lmms-eval's own run (a subprocess: its command line, the reference model patched as the
-    module says); {"results": {metric,filter: value}, "samples": [logged samples by doc_id],
-    "n": documents}."""
+    module says); {"results": {metric,filter: value}, "samples": {filter: [logged samples by
+    doc_id]}, "n": documents}."""
     output = output or os.path.join(task_dir, f"out-b{batch_size}")
     args = [sys.executable, os.path.abspath(__file__), "--model", "huggingface",
             "--model_args", f"pretrained={model_dir},device_map=cpu",
@@ -132,7 +135,10 @@ def run_lmms_eval(model_dir: str, task_dir: str, *, task: str = TASK, batch_size
     return read_output(output, task)
 
 
-def read_output(output: str, task: str = TASK) -> dict:
+def read_output(output: str, task: str = TASK, filters=FILTERS) -> dict:
+    """lmms-eval's results and logged samples under ``output``. Its samples file holds each
+    filter's documents in turn (the filter is not named in a line): split in ``filters``'
+    order."""
     results = sorted(glob.glob(os.path.join(output, "**", "*_results.json"), recursive=True))
     samples = sorted(glob.glob(os.path.join(output, "**", f"*_samples_{task}.jsonl"),
                                recursive=True))
@@ -141,9 +147,11 @@ def read_output(output: str, task: str = TASK) -> dict:
     with open(results[-1], encoding="utf-8") as f:
         found = json.load(f)
     with open(samples[-1], encoding="utf-8") as f:
-        logged = sorted((json.loads(line) for line in f if line.strip()),
-                        key=lambda s: s["doc_id"])
-    return {"results": found["results"][task], "samples": logged, "n": len(logged)}
+        logged = [json.loads(line) for line in f if line.strip()]
+    n = len(logged) // len(filters)
+    by_filter = {name: sorted(logged[k * n:(k + 1) * n], key=lambda s: s["doc_id"])
+                 for k, name in enumerate(filters)}
+    return {"results": found["results"][task], "samples": by_filter, "n": n}
 
 
 def _patch_reference_model() -> None:
