@@ -185,9 +185,13 @@ class TextTask(Task):
     def tokenize(self, table, spec, tok, decoder) -> TextBatch:
         raise NotImplementedError
 
+    def prepared_table(self, table, x: TextBatch, key: str):
+        """What a Ray Data stage hands the worker: the table with the tokenized rows."""
+        return prepared.attach_text(table, x.rows, x.extra, key)
 
-@TASKS.register(instance=True)
+
 class MultipleChoice(TextTask):
+    """Registered with its image path (``vision.ImageMultipleChoice``)."""
     name = "multiple_choice"
     reads = ("prompt", "choices")
 
@@ -326,8 +330,8 @@ class TextPerplexity(TextTask):
         return int(states[TOKENS])
 
 
-@TASKS.register(instance=True)
 class Generation(TextTask):
+    """Registered with its image path (``vision.ImageGeneration``)."""
     name = "generation"
     reads = ("prompt",)
     generates = True
