@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import inspect
 import io
 import json
 import math
@@ -146,16 +145,18 @@ def _judge(task) -> str | None:
     metadata = task.get_config("metadata")
     if isinstance(metadata, dict) and "gpt_eval_model_name" in metadata:
         return f"metadata.gpt_eval_model_name {metadata['gpt_eval_model_name']!r}"
-    for key in ("process_results", "doc_to_target"):
+    for key in ("process_results", "doc_to_target", "doc_to_visual", "doc_to_messages"):
         fn = task.get_config(key)
-        module = sys.modules.get(getattr(fn, "__module__", "") or "")
+        # lmms-eval imports a YAML's utils.py by file (not into sys.modules): read that file.
+        where = getattr(getattr(fn, "__code__", None), "co_filename", None)
         try:
-            source = inspect.getsource(module) if module is not None else ""
+            with open(where, encoding="utf-8") as f:
+                source = f.read()
         except (OSError, TypeError):
-            source = ""
+            continue
         mark = next((m for m in JUDGE_MARKS if m in source), None)
         if mark:
-            return f"{key} in {os.path.basename(getattr(module, '__file__', '') or '?')} uses {mark}"
+            return f"{key} in {os.path.basename(where)} uses {mark}"
     return None
 
 
