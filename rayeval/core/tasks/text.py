@@ -190,8 +190,13 @@ class TextTask(Task):
         return prepared.attach_text(table, x.rows, x.extra, key)
 
 
+# Registered with its image path (vision.py, imported when first asked for), in this order.
+TASKS.add_lazy("multiple_choice", "rayeval.core.tasks.vision:ImageMultipleChoice",
+               instance=True)
+
+
 class MultipleChoice(TextTask):
-    """Registered with its image path (``vision.ImageMultipleChoice``)."""
+    """The text path; ``vision.ImageMultipleChoice`` adds images and is the registered one."""
     name = "multiple_choice"
     reads = ("prompt", "choices")
 
@@ -330,8 +335,11 @@ class TextPerplexity(TextTask):
         return int(states[TOKENS])
 
 
+TASKS.add_lazy("generation", "rayeval.core.tasks.vision:ImageGeneration", instance=True)
+
+
 class Generation(TextTask):
-    """Registered with its image path (``vision.ImageGeneration``)."""
+    """The text path; ``vision.ImageGeneration`` adds images and is the registered one."""
     name = "generation"
     reads = ("prompt",)
     generates = True

@@ -29,7 +29,6 @@ import torch
 
 from rayeval.core import prepared
 from rayeval.core.backends.base import ImageRequest
-from rayeval.core.tasks.base import TASKS
 from rayeval.core.tasks.text import Generation, MultipleChoice, _content_id, _no_nulls, _row
 from rayeval.errors import DataError
 from rayeval.io import data, images as image_io
@@ -269,6 +268,3 @@ class ImageMultipleChoice(ImageItems, MultipleChoice):
         records["loglikelihoods"] = lls
         return records
 
-
-TASKS.add("generation", ImageGeneration())
-TASKS.add("multiple_choice", ImageMultipleChoice())
