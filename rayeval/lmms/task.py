@@ -78,6 +78,9 @@ class LmmsEval(ImageGeneration):
         chats = data.column_array(table, "messages").to_pylist()
         fields = super().item_fields(table, spec)
         fields["context"] = [context_of(decode_messages(c)) for c in chats]
+        # The images' references are the request table's own PNG bytes ("<225 bytes>"): the
+        # record's id (lmms-eval's doc_id) names the document instead.
+        fields.pop("images", None)
         return fields
 
     def score(self, backend, x, y, ctx):
