@@ -8,6 +8,13 @@ the document's metric values, per filter. The values land in the columns
 ``requests.layout`` assigns; the ``lm_mean`` metric sums them and counts the documents (exact
 states: any split of the documents over workers merges to the same sums).
 
+Then, as lmms-eval's evaluator does before ``process_results``, each filtered response loses its
+reasoning blocks and surrounding whitespace (``strip_reasoning_tags``): with the task's
+``reasoning_tags``, else the pairs lmms-eval's command line uses by default
+(``<think>``/``</think>``, ``<analysis>``/``</analysis>``); ``reasoning_tags: none`` keeps the
+text as it is. The record's response is the first filter's, after that step (what lmms-eval
+logs as ``filtered_resps``).
+
 ``process_results`` is called without the retry lmms-eval wraps it in (tenacity: 5 attempts,
 2 s apart, up to 20 minutes): a failing document is one error naming it, at once.
 """
@@ -46,6 +53,32 @@ def instances(task, doc_ids: list[int], texts: list[list[str]]) -> list:
     return out
 
 
+# lmms-eval's command line default for --reasoning_tags (0.7.3, lmms_eval/__main__.py).
+CLI_REASONING_TAGS = '[["<think>", "</think>"], ["<analysis>", "</analysis>"]]'
+
+
+def reasoning_tags(task):
+    """The tag pairs lmms-eval's run strips from each response of ``task`` (None: none)."""
+    from lmms_eval.api.reasoning import parse_reasoning_tags_config
+
+    return parse_reasoning_tags_config(cli_value=CLI_REASONING_TAGS,
+                                       task_value=task.get_config("reasoning_tags"))
+
+
+def without_reasoning(response, tags):
+    """A filtered response (text, or a list of texts) as lmms-eval hands it to
+    process_results."""
+    from lmms_eval.api.reasoning import strip_reasoning_tags
+
+    if tags is None:
+        return response
+    if isinstance(response, str):
+        return strip_reasoning_tags(response, tags)
+    if isinstance(response, list):
+        return [strip_reasoning_tags(r, tags) if isinstance(r, str) else r for r in response]
+    return response
+
+
 def process_results(task, doc, results: list) -> dict:
     """The task's ``process_results``, without tenacity's retry around it."""
     fn = type(task).process_results
@@ -62,12 +95,14 @@ def score_documents(task, doc_ids: list[int], texts: list[list[str]], where: str
         ensemble.apply(found, task.task_docs)
     columns = layout(task)
     filters = filter_names(task)
+    tags = reasoning_tags(task)
     out = torch.zeros((len(found), len(columns)), dtype=torch.float64)
     responses = []
     for i, inst in enumerate(found):
-        values = {}
+        values, first = {}, None
         for name in filters:
-            got = inst.filtered_resps.get(name, inst.resps[0])
+            got = without_reasoning(inst.filtered_resps.get(name, inst.resps[0]), tags)
+            first = got if first is None else first
             try:
                 result = process_results(task, inst.doc, [got])
             except Exception as error:
@@ -82,7 +117,6 @@ def score_documents(task, doc_ids: list[int], texts: list[list[str]], where: str
                 raise DataError(f"{where}: lmms-eval's process_results gave no "
                                 f"{names.metric_of(key)!r} for document {inst.doc_id}")
             out[i, col] = _number(values[key], key, inst.doc_id, where)
-        first = inst.filtered_resps.get(filters[0], inst.resps[0])
         responses.append(first if isinstance(first, str) else str(first))
     return out, responses
 

@@ -179,3 +179,43 @@ def test_lmms_eval_missing_is_one_line_naming_the_install(tmp_path):
     assert line.startswith("ERR ") and "\n" not in line, done.stderr[-2000:]
     assert "lmms-eval is not installed" in line
     assert "pip install 'rayeval[lmms-eval]' && pip install --no-deps lmms-eval==0.7.3" in line
+
+
+def test_scoring_equals_lmms_evals_evaluator_on_the_same_texts(rendered):
+    """Generated texts -> rayeval's scoring (filters, reasoning blocks stripped, process_results)
+    against lmms-eval's own evaluator functions on the same texts: each document's value of
+    each metric under each filter, and the response its log shows."""
+    from lmms_eval.api.instance import Instance
+    from lmms_eval.api.reasoning import parse_reasoning_tags_config
+    from lmms_eval.evaluator import _process_document_results
+
+    from rayeval.lmms.scoring import CLI_REASONING_TAGS, score_documents
+
+    items, ev, rendered_task = rendered
+    task = rendered_task.lm
+    texts = ["<think>a Circle?</think> Circle", "  Blue ", "no", "<analysis>x</analysis>YES",
+             "Rectangle\n"][:len(items)]
+    ids = list(range(len(texts)))
+    rows, responses = score_documents(task, ids, [[t] for t in texts], "evals[0]")
+
+    theirs = [Instance(request_type="generate_until", arguments=("", None, {}, i, task.task_name,
+                                                                 "test"), idx=0,
+                       metadata={"task": task.task_name, "doc_id": i, "repeats": 1})
+              for i in ids]
+    for inst, text in zip(theirs, texts):
+        inst.resps = [text]
+    task._instances = theirs
+    task.apply_filters()
+    tags = parse_reasoning_tags_config(cli_value=CLI_REASONING_TAGS)
+    columns = {m.key: dict(m.params)["column"] for m in ev.metrics}
+    for name in ("none", "lower"):
+        for i in ids:
+            done = _process_document_results((i, task.eval_docs[i], [theirs[i]]), task=task,
+                                             filter_key=name, reasoning_tags=tags,
+                                             log_samples=True)
+            for metric, value in done.metrics.items():
+                assert rows[i, columns[f"{metric},{name}"]].item() == value, (i, metric, name)
+            if name == "none":
+                assert responses[i] == done.logged_sample["filtered_resps"][0]
+    assert responses[0] == "Circle" and rows[:, columns["upper_chars,lower"]].sum() == 0
+    task._instances = None
