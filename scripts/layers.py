@@ -166,7 +166,7 @@ LADDER = [
     {"errors", "config"},                   # base: errors, schema, registries, constants
     {"io"},                                 # locations, layouts, loading, the result store
     {"core"},                               # tasks, backends, metrics, statistics, the pass
-    {"harness"},                            # lm-eval, one vertical slice above core
+    {"harness", "lmms"},                    # lm-eval, lmms-eval: vertical slices above core
     {"plan"},                               # sweeps to cells, rendering, group aggregates
     {"execution"},                          # Ray lifecycle, driver, workers, callbacks
     {"reporting"},                          # boards, display, trackers, plots

@@ -268,6 +268,30 @@ class LmEvalSpec:
 
 
 @dataclass(frozen=True)
+class LmmsEvalSpec:
+    """An lmms-eval task over images and text, as lmms-eval's own run with its generic
+    ``huggingface`` chat model would evaluate it: documents, images, prompts, filters and
+    metrics come from lmms-eval; rayeval splits the documents over the workers, decodes the
+    images on CPU stages and generates (greedy)."""
+    task: str = setting("A task lmms-eval knows (its registry or include_path's YAMLs).",
+                        numbers=True)
+    include_path: str | None = setting(
+        "A folder of task YAMLs (relative to the sweep file); its tasks come first.",
+        numbers=True, default=None, location=True)
+    model_name: str = setting(
+        "Which entry of a task's lmms_eval_specific_kwargs (per-model prompts) applies, as "
+        "lmms-eval's --model picks it; tasks without that entry use their 'default'.",
+        numbers=True, default="huggingface")
+    gen_kwargs: dict = setting(
+        "Overrides of the tasks' generation_kwargs (greedy only: max_new_tokens).",
+        numbers=True, default_factory=dict, expected="a mapping (max_new_tokens)")
+    limit: int | float | None = setting(
+        "The first N documents of each task (a number below 1: that share of them), as "
+        "lmms-eval's --limit; for trying a task, not for figures to report.", numbers=True,
+        default=None, above=0, expected="a positive number of documents (or a share below 1)")
+
+
+@dataclass(frozen=True)
 class EvalSpec:
     """One evaluation of a suite: a data set, a task and its metrics."""
     name: str = setting("The evaluation's name: stored rows carry it (their dataset column).",
@@ -284,6 +308,9 @@ class EvalSpec:
                                      default=Generation())
     lm_eval: LmEvalSpec | None = setting(
         "An lm-evaluation-harness task or group instead of task/dataset/metrics.",
+        numbers=True, default=None)
+    lmms_eval: LmmsEvalSpec | None = setting(
+        "An lmms-eval task (images and text) instead of task/dataset/metrics.",
         numbers=True, default=None)
     samples: bool = setting(
         "Keep each item's record (text tasks; default true for them): which items a "

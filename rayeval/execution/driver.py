@@ -158,8 +158,8 @@ def check_inputs(sweep: Sweep, force: bool = False) -> tuple[tuple[Evaluation, .
 
 
 def _lm_eval_tables(specs) -> list[str]:
-    """The request tables of the lm-eval evaluations among ``specs``."""
-    return [s.dataset.path for s in specs if s.lm_eval is not None]
+    """The request tables of the lm-eval and lmms-eval evaluations among ``specs``."""
+    return [s.dataset.path for s in specs if s.lm_eval is not None or s.lmms_eval is not None]
 
 
 def prepare(sweep: Sweep, force: bool = False, ready=None) -> Plan:

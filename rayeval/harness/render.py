@@ -148,10 +148,11 @@ def chat_template(tokenizer):
 
 
 @contextlib.contextmanager
-def _quiet():
+def quiet():
     """lm-eval and the datasets library log and draw progress bars while a task is built;
     rayeval's own display is the run's, and its errors are one line."""
-    loggers = [logging.getLogger(n) for n in ("lm_eval", "lm-eval", "datasets", "filelock")]
+    loggers = [logging.getLogger(n)
+               for n in ("lm_eval", "lm-eval", "lmms_eval", "datasets", "filelock")]
     levels = [lg.level for lg in loggers]
     for lg in loggers:
         lg.setLevel(logging.ERROR)
@@ -166,7 +167,7 @@ def _quiet():
 def render(spec: LmEvalSpec, path: str, tokenizer=None) -> tuple[list[Rendered], list[Group]]:
     """Every task ``spec`` names (a group: each member), rendered as its request table, and
     the groups (the one asked for first; none for a single task)."""
-    with _quiet():
+    with quiet():
         return _render(spec, path, tokenizer)
 
 
@@ -222,7 +223,7 @@ def _render_task(spec, path, name, task, tokenizer) -> Rendered:
     filters = filter_names(task)
     lm_keys = {names.metric_key(m, f): names.result_key(m, f, len(filters))
                for f in filters for m in task.aggregation()}
-    config = json.dumps(task.dump_config(), sort_keys=True, default=_plain)
+    config = json.dumps(task.dump_config(), sort_keys=True, default=config_value)
     digest = hashlib.sha256()
     for part in (TABLE_FORMAT, version("lm_eval"), version("pyarrow"), config,
                  json.dumps([[i.args for i in by_doc[d]] for d in sorted(by_doc)], default=str),
@@ -231,12 +232,12 @@ def _render_task(spec, path, name, task, tokenizer) -> Rendered:
         digest.update(part.encode("utf-8"))
         digest.update(b"\0")
     task._instances = None
-    blob = _pickle(task, spec)
+    blob = pickle_task(task, spec)
     return Rendered(name, output_type, table, blob, metrics, until, max_gen_toks,
                     digest.hexdigest()[:24], lm_keys, sampling, lm=task)
 
 
-def _plain(value) -> str:
+def config_value(value) -> str:
     """A config value JSON does not know, the same in every process: a function (a YAML's
     ``!function``) by its name and its source (an edit is a new digest), never by its address
     (``str`` of one differs per process, which made each run render to a new folder)."""
@@ -261,7 +262,7 @@ def _encode(kind: str, instances: list, path: str, name: str) -> str:
                               f"({e}); rayeval scores text requests only")
 
 
-def _pickle(task, spec: LmEvalSpec) -> bytes:
+def pickle_task(task, spec: LmEvalSpec) -> bytes:
     """The task, with the code of its YAMLs' ``!function`` modules (``utils.py`` beside them,
     which lm-eval imports under its file path, not a name a worker can import) pickled by
     value, so that a worker on any node can run them."""

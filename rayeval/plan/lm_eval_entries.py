@@ -16,15 +16,17 @@ from rayeval.harness import groups as lm_groups, names, store as lm_store
 from rayeval.io import paths
 from rayeval.plan import validation
 
-# docs-table location -> (result store, rendered task): rendered, not yet written.
-_UNWRITTEN: dict[str, tuple[str, object]] = {}
+# docs-table location -> (result store, rendered task): rendered, not yet written (lm-eval's
+# tasks and lmms-eval's, ``plan.lmms_eval_entries``).
+UNWRITTEN: dict[str, tuple[str, object]] = {}
 
 
 def write_requests(sweep: Sweep) -> None:
-    """Write the request tables of the sweep's lm-eval evaluations that this process rendered
-    and has not written yet (a table already in the store is kept)."""
+    """Write the request tables of the sweep's lm-eval and lmms-eval evaluations that this
+    process rendered and has not written yet (a table already in the store is kept)."""
     for ev in sweep.evals:
-        waiting = _UNWRITTEN.pop(ev.dataset.path, None) if ev.lm_eval is not None else None
+        rendered = ev.lm_eval is not None or ev.lmms_eval is not None
+        waiting = UNWRITTEN.pop(ev.dataset.path, None) if rendered else None
         if waiting is not None:
             lm_store.write(*waiting)
 
@@ -70,7 +72,7 @@ class LmEvalEntries:
         (``NAME/TASK``) and the group's aggregates (``self.groups``)."""
         from rayeval.harness import render as lm_render      # pyarrow: only with lm_eval entries
 
-        validation.lm_eval_entry(self.r, m, path)
+        validation.lm_eval_entry(self.r, m, path, "lm_eval")
         spec = self.r.build(LmEvalSpec, m["lm_eval"], f"{path}.lm_eval")
         where = f"{self.r.source}: {path}.lm_eval"
         tasks, groups = lm_render.render(spec, where, self.tokenizer()
@@ -97,7 +99,7 @@ class LmEvalEntries:
 
     def _one(self, task, name: str, path: str, common: dict) -> EvalSpec:
         data = f"{lm_store.location(self.output, task.digest)}/{lm_store.DOCS_FILE}"
-        _UNWRITTEN[data] = (self.output, task)
+        UNWRITTEN[data] = (self.output, task)
         # The request table's columns, read as they are (the task tokenizes them).
         dataset = DatasetSpec(path=data, inputs=("context", "target", "choices", "instances"),
                               id="doc_id", key_path=f"{path}.lm_eval")

@@ -25,6 +25,7 @@ from rayeval.core.tasks import TASKS
 from rayeval.errors import SpecError
 from rayeval.io import paths
 from rayeval.plan import validation
+from rayeval.plan import lmms_eval_entries
 from rayeval.plan.lm_eval_entries import LmEvalEntries
 # Re-exported: the command line, the API and the integrations take them from the loader.
 from rayeval.plan.overrides import (is_relative_local, with_overrides,  # noqa: F401
@@ -138,6 +139,12 @@ def _evals(r: Reader, raw: Any, base_dir: str, defaults: _Defaults,
             samples = r.field(EvalSpec, "samples", m, f"{path}.samples",
                               default=defaults.samples)
             evals.extend(entries.evaluation(m, path, batch_size, bootstrap, samples))
+        elif m.get("lmms_eval") is not None:
+            batch_size, bootstrap = _own_settings(r, m, path, defaults)
+            samples = r.field(EvalSpec, "samples", m, f"{path}.samples",
+                              default=defaults.samples)
+            evals.append(lmms_eval_entries.evaluation(r, entries.output, m, path, batch_size,
+                                                      bootstrap, samples))
         else:
             evals.append(_evaluation(r, m, path, base_dir, defaults))
     return tuple(evals)

@@ -35,9 +35,10 @@ def one_form(r: Reader, top: dict, single_form_keys: set[str]) -> None:
             r.fail(both[0], "give the evaluations either as evals: or as one top-level "
                             "dataset/task/metrics, not both; move it into an entry of evals")
         return
-    if top.get("lm_eval") is not None:
-        r.fail("lm_eval", "give an lm-eval task as an entry of evals: "
-                          "(evals: [{name: N, lm_eval: {task: T}}])")
+    for kind in ("lm_eval", "lmms_eval"):
+        if top.get(kind) is not None:
+            r.fail(kind, f"give an {kind.replace('_', '-')} task as an entry of evals: "
+                         f"(evals: [{{name: N, {kind}: {{task: T}}}}])")
     missing = [k for k in ("dataset", "task", "metrics") if top.get(k) is None]
     if missing:
         r.fail(missing[0], "missing required key (or list the evaluations under evals:)")
@@ -48,17 +49,22 @@ def evals_list(r: Reader, raw) -> None:
         r.fail("evals", f"expected a non-empty list of evaluations, got {show(raw)}")
 
 
-def lm_eval_entry(r: Reader, m: dict, path: str) -> None:
-    """An ``lm_eval:`` entry takes its data, metrics and decoding from lm-eval."""
-    for key in ("task", "dataset", "metrics", "generation"):
-        if m.get(key) is not None:
-            r.fail(f"{path}.{key}", "an lm_eval entry takes its data, metrics and decoding "
-                                    "from lm-eval; remove the key")
+def lm_eval_entry(r: Reader, m: dict, path: str, kind: str = "lm_eval") -> None:
+    """An ``lm_eval:`` (``lmms_eval:``) entry takes its data, metrics and decoding from lm-eval
+    (lmms-eval)."""
+    library = {"lm_eval": "lm-eval", "lmms_eval": "lmms-eval"}[kind]
+    for key in ("task", "dataset", "metrics", "generation", "lm_eval", "lmms_eval"):
+        if key != kind and m.get(key) is not None:
+            r.fail(f"{path}.{key}", f"an {kind} entry takes its data, metrics and decoding "
+                                    f"from {library}; remove the key")
 
 
 def task_name(r: Reader, task: str, path: str) -> None:
     if task == "lm_eval":
         r.fail(path, "an lm-evaluation-harness task is given as lm_eval: {task: NAME} "
+                     "(without task, dataset and metrics)")
+    if task == "lmms_eval":
+        r.fail(path, "an lmms-eval task is given as lmms_eval: {task: NAME} "
                      "(without task, dataset and metrics)")
     if task not in TASKS:
         r.fail(path, f"unknown task {task!r}; choose one of: {', '.join(TASKS)}")

@@ -75,7 +75,8 @@ def test_register_names_an_instance_and_refuses_a_nameless_class():
 
 def test_tasks_are_registered_instances_in_order():
     assert TASKS.names() == ["classification", "regression", "language_modeling",
-                             "multiple_choice", "text_perplexity", "generation", "lm_eval"]
+                             "multiple_choice", "text_perplexity", "generation", "lm_eval",
+                             "lmms_eval"]
     assert tasks.get("regression") is TASKS.get("regression")
     assert isinstance(tasks.get("generation"), tasks.Task)
     with pytest.raises(RegistryError, match="unknown task 'clasification'; choose one of: "

@@ -20,7 +20,8 @@ the whole change (with the README's task list and its tests).
            of vision-language models; these two tasks are registered here, with both paths
 
 lm_eval, an lm-evaluation-harness task's rendered requests, lives in its own package above this
-one (``rayeval.harness``); the registry names it lazily, so that core never imports it.
+one (``rayeval.harness``), and lmms_eval, an lmms-eval task's, in ``rayeval.lmms``; the
+registry names them lazily, so that core never imports them.
 """
 
 import importlib
@@ -47,6 +48,10 @@ for _metric, _cls in (("lm_mean", "LmMean"), ("lm_perplexity", "LmPerplexity"),
                       ("lm_weighted_perplexity", "LmWeightedPerplexity"),
                       ("lm_bits_per_byte", "LmBitsPerByte")):
     _metrics._registry("lm_eval").add_lazy(_metric, f"rayeval.harness.task:{_cls}")
+# lmms_eval, an lmms-eval task's rendered documents (images and chats), likewise
+# (``rayeval.lmms``): its means are lm-eval's ``lm_mean``.
+TASKS.add_lazy("lmms_eval", "rayeval.lmms.task:LmmsEval", instance=True)
+_metrics._registry("lmms_eval").add_lazy("lm_mean", "rayeval.lmms.task:LmmsMean")
 
 
 def get(name: str) -> Task:

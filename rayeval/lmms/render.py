@@ -1,0 +1,292 @@
+"""Rendering lmms-eval tasks while planning: the driver's half.
+
+An ``evals:`` entry with ``lmms_eval: {task: T, ...}`` is rendered here, before Ray starts,
+with lmms-eval as a library for everything it defines: the documents (``process_docs``
+included), ``doc_to_visual``, ``doc_to_text`` or ``doc_to_messages`` with the task's
+``lmms_eval_specific_kwargs`` for ``model_name``, the target, the generation kwargs. The task
+is loaded as lmms-eval loads it for a chat model (``ConfigurableMessagesTask``), and each
+document's chat is the one lmms-eval's generic ``huggingface`` model would template: the
+messages in Hugging Face form, each image a placeholder, the images themselves PNG-encoded in
+prompt order (``requests.py``). The table goes to the result store under a digest of its
+content and the task's configuration (``harness.store``: written once, checked before a run
+reads it); the task object travels to the workers through Ray.
+
+What is refused, in one line naming the task: a group (name its tasks one by one), an output
+type other than ``generate_until`` (lmms-eval's chat models generate only), a video or audio
+in a document, a task judged by an API model, sampling, an aggregation that is not a mean.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import io
+import json
+import math
+import os
+import sys
+from dataclasses import dataclass
+
+import pyarrow as pa
+
+from rayeval.config.schema import LmmsEvalSpec
+from rayeval.errors import SpecError
+from rayeval.harness import names
+from rayeval.harness.render import config_value, pickle_task, quiet
+from rayeval.lmms.requests import (AGGREGATIONS, NotMergeable, context_of, encode_messages,
+                                   filter_names, layout, table_schema)
+
+TABLE_FORMAT = "lmms-requests-v1"
+INSTALL = ("pip install 'rayeval[lmms-eval]' && pip install --no-deps lmms-eval==0.7.3")
+# lmms-eval's huggingface chat model: max_new_tokens 4096 unless the task says otherwise;
+# it stops at the end-of-sequence token and ignores ``until``.
+DEFAULT_MAX_NEW_TOKENS = 4096
+GENERATION_KEYS = {"max_new_tokens", "temperature", "do_sample", "top_p", "num_beams", "until"}
+# What a task module that calls an API judge contains (lmms-eval's judge helpers, an API
+# client); the task's process_results is then a network call, which rayeval does not make.
+JUDGE_MARKS = ("lmms_eval.llm_judge", "import openai", "from openai", "OPENAI_API_KEY",
+               "gpt_eval_model_name")
+
+
+@dataclass
+class Rendered:
+    """One lmms-eval task, rendered: the request table and what scoring it needs (the
+    attributes ``harness.store`` reads: table, digest, blob, lm)."""
+    task: str
+    table: pa.Table
+    blob: bytes               # the task, pickled (sent through Ray, never stored)
+    metrics: list             # [(key, metric name, column, higher_is_better)]
+    max_new_tokens: int
+    digest: str
+    lm_keys: dict             # lmms-eval's "metric,filter" -> the metric's key here
+    lm: object = None         # the task itself, in the process that rendered it
+    output_type: str = "generate_until"
+
+
+def _fail(path: str, problem: str):
+    raise SpecError(f"{path}: {problem}")
+
+
+def task_manager(spec: LmmsEvalSpec, path: str):
+    """lmms-eval's TaskManager for ``spec.model_name``: ``include_path``'s YAMLs alone when
+    the task is among them (indexing lmms-eval's own hundreds of folders takes seconds)."""
+    try:
+        from lmms_eval.tasks import TaskManager
+    except ImportError as e:
+        _fail(path, f"lmms-eval is not installed or cannot be imported ({e}); {INSTALL}")
+    if spec.include_path is not None:
+        if not os.path.isdir(spec.include_path):
+            _fail(f"{path}.include_path", f"no folder at {spec.include_path}; give a folder of "
+                                          "task YAMLs (relative to the sweep file)")
+        manager = TaskManager("ERROR", include_path=spec.include_path, include_defaults=False,
+                              model_name=spec.model_name)
+        if spec.task in manager.all_tasks:
+            return manager
+        return TaskManager("ERROR", include_path=spec.include_path, model_name=spec.model_name)
+    return TaskManager("ERROR", model_name=spec.model_name)
+
+
+@contextlib.contextmanager
+def _silent():
+    """lmms-eval logs through loguru (not ``logging``) while a task is built; rayeval's
+    display is the run's, and its errors are one line."""
+    try:
+        from loguru import logger
+    except ImportError:
+        logger = None
+    if logger is not None:
+        logger.disable("lmms_eval")
+    try:
+        with quiet():
+            yield
+    finally:
+        if logger is not None:
+            logger.enable("lmms_eval")
+
+
+def load_task(spec: LmmsEvalSpec, path: str):
+    """The task lmms-eval builds for a chat model, with the sweep's generation overrides."""
+    manager = task_manager(spec, path)
+    if spec.task not in manager.all_tasks:
+        from difflib import get_close_matches
+        near = get_close_matches(spec.task, manager.all_tasks, n=1)
+        hint = f" (did you mean {near[0]!r}?)" if near else ""
+        _fail(f"{path}.task", f"lmms-eval knows no task {spec.task!r}{hint}; check the name "
+                              "or set include_path to the folder of its YAML")
+    try:
+        loaded = manager.load_task_or_group([spec.task], task_type="chat")
+    except Exception as error:                        # lmms-eval's own message says what
+        _fail(f"{path}.task", f"lmms-eval could not build {spec.task!r}: "
+                              f"{type(error).__name__}: {str(error).splitlines()[0][:300]}")
+    task = loaded.get(spec.task)
+    if len(loaded) != 1 or task is None or isinstance(task, dict):
+        _fail(f"{path}.task", f"{spec.task!r} is an lmms-eval group or tag; rayeval takes "
+                              "lmms-eval tasks one by one: give each as its own entry")
+    if spec.gen_kwargs:
+        task.set_config(key="generation_kwargs", value=dict(spec.gen_kwargs), update=True)
+    return task
+
+
+def check_task(task, name: str, path: str) -> None:
+    """What rayeval cannot do the way lmms-eval's run does it, in one line."""
+    kind = task.OUTPUT_TYPE
+    if kind != "generate_until":
+        _fail(f"{path}.task", f"lmms-eval task {name!r} has output_type {kind!r}; rayeval "
+                              "evaluates generate_until tasks (what lmms-eval's chat models do)")
+    judge = _judge(task)
+    if judge:
+        _fail(f"{path}.task", f"lmms-eval task {name!r} is judged by an API model ({judge}); "
+                              "rayeval does not call API judges")
+
+
+def _judge(task) -> str | None:
+    """Where a task calls an API judge: its config's judge model, or the module of its
+    process_results importing a judge or an API client."""
+    metadata = task.get_config("metadata")
+    if isinstance(metadata, dict) and "gpt_eval_model_name" in metadata:
+        return f"metadata.gpt_eval_model_name {metadata['gpt_eval_model_name']!r}"
+    for key in ("process_results", "doc_to_target", "doc_to_visual", "doc_to_messages"):
+        fn = task.get_config(key)
+        # lmms-eval imports a YAML's utils.py by file (not into sys.modules): read that file.
+        where = getattr(getattr(fn, "__code__", None), "co_filename", None)
+        try:
+            with open(where, encoding="utf-8") as f:
+                source = f.read()
+        except (OSError, TypeError):
+            continue
+        mark = next((m for m in JUDGE_MARKS if m in source), None)
+        if mark:
+            return f"{key} in {os.path.basename(where)} uses {mark}"
+    return None
+
+
+def _limit(task, limit: float | None) -> int | None:
+    """lmms-eval's --limit: a share below 1.0 of the documents, else a count."""
+    if limit is None:
+        return None
+    n = len(task.eval_docs)
+    return int(math.ceil(n * limit)) if limit < 1.0 else int(limit)
+
+
+def render(spec: LmmsEvalSpec, path: str) -> Rendered:
+    """The task ``spec`` names, rendered as its request table."""
+    with _silent():
+        task = load_task(spec, path)
+        check_task(task, spec.task, path)
+        return _render_task(spec, path, spec.task, task)
+
+
+def _render_task(spec, path, name, task) -> Rendered:
+    from importlib.metadata import version
+
+    try:
+        task.build_all_requests(limit=_limit(task, spec.limit), rank=0, world_size=1)
+    except Exception as error:
+        _fail(f"{path}.task", f"lmms-eval could not render the requests of {name!r}: "
+                              f"{type(error).__name__}: {str(error).splitlines()[0][:300]}")
+    instances = sorted(task.instances, key=lambda i: i.doc_id)
+    rows = {"doc_id": [], "messages": [], "images": [], "context": [], "target": []}
+    digest = hashlib.sha256()
+    for inst in instances:
+        ctx, doc_to_messages, gen_kwargs, doc_id, _, split = inst.args
+        doc = task.dataset[split][doc_id]
+        messages, images = chat_of(doc_to_messages(doc), name, doc_id, path)
+        rows["doc_id"].append(int(doc_id))
+        rows["messages"].append(encode_messages(messages))
+        rows["images"].append(images)
+        rows["context"].append(context_of(messages))
+        rows["target"].append(_text(task.doc_to_target(doc)))
+        for part in (rows["messages"][-1], rows["target"][-1], *images):
+            digest.update(part if isinstance(part, bytes) else part.encode("utf-8"))
+            digest.update(b"\0")
+    table = pa.table(rows, schema=table_schema())
+    max_new_tokens = _generation(instances, path, name)
+    metrics = _metrics(task, path, name)
+    filters = filter_names(task)
+    lm_keys = {names.metric_key(m, f): names.result_key(m, f, len(filters))
+               for f in filters for m in task.aggregation()}
+    config = json.dumps(task.dump_config(), sort_keys=True, default=config_value)
+    for part in (TABLE_FORMAT, version("lmms_eval"), version("pyarrow"), config,
+                 spec.model_name, str(max_new_tokens)):
+        digest.update(part.encode("utf-8"))
+        digest.update(b"\0")
+    task._instances = None
+    blob = pickle_task(task, spec)
+    return Rendered(name, table, blob, metrics, max_new_tokens, digest.hexdigest()[:24],
+                    lm_keys, lm=task)
+
+
+def chat_of(messages: list[dict], name: str, doc_id: int, path: str) -> tuple[list, list]:
+    """lmms-eval's chat for one document, as its huggingface model templates it
+    (``ChatMessages.to_hf_messages``), with each image a placeholder, and the images as PNG
+    bytes in prompt order; a video or audio part is a one-line error."""
+    from lmms_eval.protocol import ChatMessages
+
+    try:
+        chat = ChatMessages(messages=messages)
+    except Exception as error:
+        _fail(f"{path}.task", f"lmms-eval task {name!r}: document {doc_id}'s messages are not "
+                              f"a chat ({type(error).__name__}: {str(error).splitlines()[0]})")
+    out, images = [], []
+    for message in chat.to_hf_messages():
+        content = []
+        for part in message["content"]:
+            kind = part.get("type")
+            if kind == "text":
+                content.append({"type": "text", "text": part["text"]})
+            elif kind == "image":
+                images.append(png_bytes(part["image"], name, doc_id, path))
+                content.append({"type": "image"})
+            else:
+                _fail(f"{path}.task", f"lmms-eval task {name!r} gives document {doc_id} a "
+                                      f"{kind} input; rayeval evaluates images and text "
+                                      "(video and audio are not supported)")
+        out.append({"role": message["role"], "content": content})
+    return out, images
+
+
+def png_bytes(image, name: str, doc_id: int, path: str) -> bytes:
+    """An image ``doc_to_visual`` gave (a PIL image, or a path to one) as PNG bytes."""
+    from PIL import Image
+
+    try:
+        if isinstance(image, str):
+            with Image.open(image) as opened:
+                image = opened.copy()
+        buf = io.BytesIO()
+        image.save(buf, format="PNG")
+    except Exception as error:
+        _fail(f"{path}.task", f"lmms-eval task {name!r}: document {doc_id}'s image cannot be "
+                              f"encoded ({type(error).__name__}: {error})")
+    return buf.getvalue()
+
+
+def _text(target) -> str:
+    return json.dumps(target) if isinstance(target, (list, dict)) else str(target)
+
+
+def _generation(instances, path, name) -> int:
+    """The task's token budget; greedy decoding only (lmms-eval's huggingface model samples
+    when temperature is above 0)."""
+    kinds = {json.dumps(i.args[2], sort_keys=True, default=str) for i in instances}
+    if len(kinds) != 1:
+        _fail(f"{path}.task", f"lmms-eval task {name!r} asks for different generation_kwargs "
+                              "per document; rayeval decodes one way per task")
+    kwargs = dict(instances[0].args[2] or {})
+    unknown = sorted(set(kwargs) - GENERATION_KEYS)
+    if unknown:
+        _fail(f"{path}.gen_kwargs", f"lmms-eval task {name!r} sets generation_kwargs {unknown} "
+                                    "that rayeval cannot honour; max_new_tokens applies")
+    if float(kwargs.get("temperature", 0) or 0) > 0 or int(kwargs.get("num_beams", 1) or 1) > 1:
+        _fail(f"{path}.gen_kwargs", f"lmms-eval task {name!r} samples or searches beams "
+                                    "(temperature above 0 or num_beams above 1); rayeval decodes "
+                                    "lmms-eval tasks greedily: gen_kwargs: {temperature: 0}")
+    return int(kwargs.get("max_new_tokens", DEFAULT_MAX_NEW_TOKENS))
+
+
+def _metrics(task, path, name) -> list:
+    try:
+        return layout(task)
+    except NotMergeable as e:
+        _fail(f"{path}.task", f"lmms-eval task {name!r}: {e}, which needs every item in one "
+                              f"place; rayeval merges exact sums ({', '.join(AGGREGATIONS)})")

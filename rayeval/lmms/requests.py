@@ -1,0 +1,86 @@
+"""The request table of an lmms-eval task: what the result store keeps of it, as plain data.
+
+One row per document of the task:
+
+    doc_id    the document's index in the task's evaluation split (the bootstrap keys on it)
+    messages  the chat lmms-eval's ``doc_to_messages`` gives for the document, as JSON in the
+              Hugging Face form its ``huggingface`` model hands ``apply_chat_template``:
+              ``[{"role", "content": [{"type": "image"}, {"type": "text", "text"}]}]``, each
+              image a placeholder in prompt order
+    images    the images ``doc_to_visual`` returned, in that order, encoded as PNG bytes
+              (lossless: the decoded pixels are the ones lmms-eval hands its processor)
+    context   the text of the messages (for the per-item record)
+    target    ``doc_to_target`` as text (for the record)
+
+Nothing in it is a pickle: a table read back from a shared store is data, never code; the
+driver checks the stored bytes against its own rendering (``harness.store.check_stored``)
+before a run reads it. The task object a worker scores with (filters, ``process_results``)
+comes from the driver through Ray, as for lm-eval tasks.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pyarrow as pa
+
+COLUMNS = ("doc_id", "messages", "images", "context", "target")
+IMAGES = "images"
+# lmms-eval aggregation function name -> rayeval metric over its per-document value. Only
+# means merge exactly over workers (a sum and a count); a median, a BLEU or a task's own
+# aggregation function needs every item in one place.
+AGGREGATIONS = {"mean": "lm_mean"}
+
+
+class NotMergeable(ValueError):
+    """An lmms-eval aggregation that needs every item in one place."""
+
+
+def table_schema() -> pa.Schema:
+    return pa.schema([("doc_id", pa.int64()), ("messages", pa.string()),
+                      (IMAGES, pa.list_(pa.binary())), ("context", pa.string()),
+                      ("target", pa.string())])
+
+
+def encode_messages(messages: list[dict]) -> str:
+    return json.dumps(messages, sort_keys=True, ensure_ascii=False)
+
+
+def decode_messages(encoded: str) -> list[dict]:
+    return json.loads(encoded)
+
+
+def context_of(messages: list[dict]) -> str:
+    """The messages' text parts, in order: what the per-item record shows as the question."""
+    return "\n".join(part["text"] for m in messages for part in m["content"]
+                     if part.get("type") == "text")
+
+
+def filter_names(task) -> list[str]:
+    from rayeval.harness import names
+
+    return [f.name for f in getattr(task, "_filters", None) or []] or [names.NO_FILTER]
+
+
+def layout(task) -> list[tuple[str, str, int, bool]]:
+    """(result key, rayeval metric, column, higher is better) of each metric of an lmms-eval
+    task under each of its filters, in lmms-eval's order; keys as lm-eval's
+    (``harness.names``: ``metric`` or ``metric,filter``)."""
+    import lmms_eval.api.metrics as lmms_metrics
+
+    from rayeval.harness import names
+
+    known = {getattr(lmms_metrics, fn): fn for fn in AGGREGATIONS}
+    filters = filter_names(task)
+    higher = task.higher_is_better() or {}
+    out, column = [], 0
+    for filter_name in filters:
+        for metric, agg in task.aggregation().items():
+            fn = known.get(agg)
+            if fn is None:
+                raise NotMergeable(f"{metric} aggregates with "
+                                   f"{getattr(agg, '__name__', agg)}")
+            key = names.result_key(metric, filter_name, len(filters))
+            out.append((key, AGGREGATIONS[fn], column, bool(higher.get(metric, True))))
+            column += 1
+    return out

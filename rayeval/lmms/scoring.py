@@ -1,0 +1,130 @@
+"""Generated texts -> lmms-eval's own filters and ``process_results`` -> per-document float rows.
+
+What lmms-eval's evaluator does after its model answered, for the documents one worker
+scored: each document's response becomes an ``Instance``'s ``resps``; each of the task's
+filter ensembles (``filter_list``: ``take_first``, regexes, ``lowercase``, a task's own)
+writes its ``filtered_resps``; the task's ``process_results(doc, [filtered response])`` gives
+the document's metric values, per filter. The values land in the columns
+``requests.layout`` assigns; the ``lm_mean`` metric sums them and counts the documents (exact
+states: any split of the documents over workers merges to the same sums).
+
+Then, as lmms-eval's evaluator does before ``process_results``, each filtered response loses its
+reasoning blocks and surrounding whitespace (``strip_reasoning_tags``): with the task's
+``reasoning_tags``, else the pairs lmms-eval's command line uses by default
+(``<think>``/``</think>``, ``<analysis>``/``</analysis>``); ``reasoning_tags: none`` keeps the
+text as it is. The record's response is the first filter's, after that step (what lmms-eval
+logs as ``filtered_resps``).
+
+``process_results`` is called without the retry lmms-eval wraps it in (tenacity: 5 attempts,
+2 s apart, up to 20 minutes): a failing document is one error naming it, at once.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from rayeval.errors import DataError
+from rayeval.harness import names
+from rayeval.lmms.requests import filter_names, layout
+
+
+def documents(task):
+    """The task's evaluation documents, which ``doc_id`` indexes (lmms-eval's
+    ``eval_docs``), once per task object."""
+    docs = getattr(task, "_rayeval_docs", None)
+    if docs is None:
+        docs = task._rayeval_docs = task.eval_docs
+    return docs
+
+
+def instances(task, doc_ids: list[int], texts: list[list[str]]) -> list:
+    """One lmms-eval ``Instance`` per document, its responses the generated texts."""
+    from lmms_eval.api.instance import Instance
+
+    name = task.task_name
+    out = []
+    for doc_id, generated in zip(doc_ids, texts):
+        inst = Instance(request_type="generate_until", arguments=("", None, {}, int(doc_id),
+                                                                  name, None),
+                        idx=0, metadata={"task": name, "doc_id": int(doc_id), "repeats": 1})
+        inst.doc = documents(task)[int(doc_id)]
+        inst.resps = [generated[0]]
+        out.append(inst)
+    return out
+
+
+# lmms-eval's command line default for --reasoning_tags (0.7.3, lmms_eval/__main__.py).
+CLI_REASONING_TAGS = '[["<think>", "</think>"], ["<analysis>", "</analysis>"]]'
+
+
+def reasoning_tags(task):
+    """The tag pairs lmms-eval's run strips from each response of ``task`` (None: none)."""
+    from lmms_eval.api.reasoning import parse_reasoning_tags_config
+
+    return parse_reasoning_tags_config(cli_value=CLI_REASONING_TAGS,
+                                       task_value=task.get_config("reasoning_tags"))
+
+
+def without_reasoning(response, tags):
+    """A filtered response (text, or a list of texts) as lmms-eval hands it to
+    process_results."""
+    from lmms_eval.api.reasoning import strip_reasoning_tags
+
+    if tags is None:
+        return response
+    if isinstance(response, str):
+        return strip_reasoning_tags(response, tags)
+    if isinstance(response, list):
+        return [strip_reasoning_tags(r, tags) if isinstance(r, str) else r for r in response]
+    return response
+
+
+def process_results(task, doc, results: list) -> dict:
+    """The task's ``process_results``, without tenacity's retry around it."""
+    fn = type(task).process_results
+    fn = getattr(fn, "__wrapped__", fn)
+    return fn(task, doc, results)
+
+
+def score_documents(task, doc_ids: list[int], texts: list[list[str]], where: str
+                    ) -> tuple[torch.Tensor, list[str]]:
+    """(one float64 row per document of its metric values in ``layout``'s columns, the first
+    filter's response per document, for the records)."""
+    found = instances(task, doc_ids, texts)
+    for ensemble in getattr(task, "_filters", None) or []:
+        ensemble.apply(found, task.task_docs)
+    columns = layout(task)
+    filters = filter_names(task)
+    tags = reasoning_tags(task)
+    out = torch.zeros((len(found), len(columns)), dtype=torch.float64)
+    responses = []
+    for i, inst in enumerate(found):
+        values, first = {}, None
+        for name in filters:
+            got = without_reasoning(inst.filtered_resps.get(name, inst.resps[0]), tags)
+            first = got if first is None else first
+            try:
+                result = process_results(task, inst.doc, [got])
+            except Exception as error:
+                raise DataError(f"{where}: lmms-eval's process_results failed on document "
+                                f"{inst.doc_id}: {type(error).__name__}: "
+                                f"{str(error).splitlines()[0][:200] if str(error) else ''}"
+                                ) from None
+            for metric, value in result.items():
+                values[names.result_key(metric, name, len(filters))] = value
+        for key, _, col, _ in columns:
+            if key not in values:
+                raise DataError(f"{where}: lmms-eval's process_results gave no "
+                                f"{names.metric_of(key)!r} for document {inst.doc_id}")
+            out[i, col] = _number(values[key], key, inst.doc_id, where)
+        responses.append(first if isinstance(first, str) else str(first))
+    return out, responses
+
+
+def _number(value, key: str, doc_id, where: str) -> float:
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        raise DataError(f"{where}: lmms-eval's process_results gave {key!r} of document "
+                        f"{doc_id} as {type(value).__name__}, not a number; a mean of "
+                        "numbers is what rayeval merges") from None

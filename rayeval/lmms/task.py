@@ -1,0 +1,96 @@
+"""lmms-eval tasks: the worker's half (the driver's is ``render``).
+
+A row is one document of an lmms-eval task, rendered on the driver (``requests.py``): its chat
+as JSON, its images as PNG bytes, the target. The task is the image ``generation`` task
+(``core.tasks.vision``) with two changes:
+
+- the prompt is the document's chat templated by the checkpoint's processor
+  (``apply_chat_template(messages, add_generation_prompt=True)``, what lmms-eval's
+  ``huggingface`` model does), not a question wrapped in one user turn; the images are decoded
+  and run through the processor on the same CPU stage as for any image item;
+- the generated texts are scored by lmms-eval's own filters and ``process_results``
+  (``scoring.py``) with the task object the driver sent through Ray, into one float row of
+  metric values per document, which the ``lm_mean`` metrics below sum exactly.
+"""
+
+from __future__ import annotations
+
+from rayeval.core.tasks.vision import ImageGeneration
+from rayeval.errors import DataError
+from rayeval.harness import store
+from rayeval.harness.task import LmMean
+from rayeval.io import data
+from rayeval.lmms.requests import COLUMNS, context_of, decode_messages
+from rayeval.lmms.scoring import score_documents
+
+
+def lmms_task(data_location: str):
+    """The lmms-eval task a request table was rendered from: the driver's own, or the one it
+    sent this worker with the plan; never read from the store."""
+    task = store.task_for(data_location)
+    if task is None:
+        raise DataError(f"{data_location}: the lmms-eval task rendered for these requests did "
+                        "not come with the plan; run the sweep again to render it")
+    return task
+
+
+class TemplatedChats:
+    """A ``Processor`` whose ``render`` templates a row's chat (JSON messages) instead of
+    wrapping a question in one user turn; everything else is the processor's."""
+
+    def __init__(self, processor):
+        self._processor = processor
+
+    def __getattr__(self, name):
+        return getattr(self._processor, name)
+
+    def render(self, messages_json: str, images: int) -> str:
+        messages = decode_messages(messages_json)
+        placeholders = sum(part.get("type") == "image" for m in messages for part in m["content"])
+        if placeholders != images:
+            raise DataError(f"a document's chat has {placeholders} image placeholders for "
+                            f"{images} images; render the lmms-eval task again")
+        return self._processor.processor.apply_chat_template(
+            messages, tokenize=False, add_generation_prompt=True)
+
+
+class LmmsEval(ImageGeneration):
+    name = "lmms_eval"
+    needs_target = False
+
+    def spec_problem(self, spec):
+        return None
+
+    def check_schema(self, spec, schema):
+        missing = [c for c in COLUMNS if c not in schema.names]
+        if missing:
+            raise DataError(f"{spec.key_path}: {spec.path} is not a request table rendered "
+                            f"from an lmms-eval task (no column {missing[0]!r})")
+        super().check_schema(spec, schema)
+
+    def tokenize(self, table, spec, tok, decoder):
+        return super().tokenize(table, spec, TemplatedChats(tok), decoder)
+
+    def row_ids(self, table, spec, x, y):
+        return data.id_values(table, "doc_id", f"{spec.key_path}.doc_id")
+
+    def item_fields(self, table, spec):
+        chats = data.column_array(table, "messages").to_pylist()
+        fields = super().item_fields(table, spec)
+        fields["context"] = [context_of(decode_messages(c)) for c in chats]
+        # The images' references are the request table's own PNG bytes ("<225 bytes>"): the
+        # record's id (lmms-eval's doc_id) names the document instead.
+        fields.pop("images", None)
+        return fields
+
+    def score(self, backend, x, y, ctx):
+        texts = backend.generate_images(x.requests(), x.ids, ctx)
+        rows, x.responses = score_documents(lmms_task(ctx.spec.path), x.ids, texts,
+                                            ctx.spec.key_path)
+        x.repeats = None
+        return rows, y
+
+
+class LmmsMean(LmMean):
+    """lmms-eval's ``mean``: the sum of the documents' values in one column, over the count."""
+    task = "lmms_eval"

@@ -1,0 +1,41 @@
+"""A sweep's ``lmms_eval:`` entries: each rendered by lmms-eval (``lmms.render``) into a request
+table that the evaluation reads as its data set, with an image column.
+
+As for ``lm_eval:`` entries (``plan.lm_eval_entries``): rendering happens while the sweep file
+is read, writing the table into the result store when the run is planned
+(``lm_eval_entries.write_requests``, which writes every table rendered and not yet written).
+"""
+
+from __future__ import annotations
+
+from rayeval.config.reader import Reader
+from rayeval.config.schema import (Bootstrap, DatasetSpec, EvalSpec, Generation,
+                                   LmmsEvalSpec, MetricSpec)
+from rayeval.harness import store as lm_store
+from rayeval.plan import validation
+from rayeval.plan.lm_eval_entries import UNWRITTEN
+
+
+def evaluation(r: Reader, output: str, m: dict, path: str, batch_size: int,
+               bootstrap: Bootstrap, samples: bool) -> EvalSpec:
+    """Entry ``m`` (at ``path``): one evaluation of an lmms-eval task."""
+    from rayeval.lmms import render as lmms_render     # pyarrow: only with lmms_eval entries
+
+    validation.lm_eval_entry(r, m, path, "lmms_eval")
+    spec = r.build(LmmsEvalSpec, m["lmms_eval"], f"{path}.lmms_eval")
+    task = lmms_render.render(spec, f"{r.source}: {path}.lmms_eval")
+    data = f"{lm_store.location(output, task.digest)}/{lm_store.DOCS_FILE}"
+    UNWRITTEN[data] = (output, task)
+    # The request table: the chat as JSON (the prompt column, templated by the checkpoint's
+    # processor on the CPU stage), the images as PNG bytes, lmms-eval's doc_id as the row id.
+    dataset = DatasetSpec(path=data, prompt="messages", images="images", target="target",
+                          id="doc_id", key_path=f"{path}.lmms_eval")
+    metrics = tuple(MetricSpec(name=kind, task="lmms_eval", key=key,
+                               params=(("column", column), ("higher", higher)))
+                    for key, kind, column, higher in task.metrics)
+    # lmms-eval's huggingface model stops at the end-of-sequence token or max_new_tokens
+    # (it does not apply a task's ``until``): so does this evaluation.
+    return EvalSpec(name=m["name"], task="lmms_eval", dataset=dataset, metrics=metrics,
+                    generation=Generation(until=(), max_new_tokens=max(1, task.max_new_tokens)),
+                    batch_size=batch_size, bootstrap=bootstrap, samples=samples,
+                    lmms_eval=spec, key_path=path)

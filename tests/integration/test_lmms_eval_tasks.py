@@ -1,0 +1,134 @@
+"""lmms-eval task definitions as rayeval evaluations, against lmms-eval's own run.
+
+The task is what a team writes for local data (``tests/lmms_reference.py``): a YAML over a
+JSON-lines file of easy-vqa items (real 64x64 images inside the easy-vqa wheel), its
+``doc_to_visual`` opening each image, ``lmms_eval_specific_kwargs`` prompts, two filters and a
+``process_results`` with three mean metrics. The model is the tiny untrained Idefics3 of
+``tests/vlm_support.py`` (its generations differ item by item, so equal texts mean something).
+The reference is ``python -m lmms_eval --model huggingface`` at batch size 1, float32, its two
+transformers-5 bugs fixed in the reference's own process. rayeval must give the same figures
+and the same generated text and values for every document: in one process at batch sizes 1
+and 16, and on one real local Ray with 1, 2 and 3 workers (records: each document once).
+8 items keep this small; scripts/bench_vlm.py compares more.
+"""
+
+import dataclasses
+import os
+
+import pytest
+import yaml
+
+pytest.importorskip("transformers")
+pytest.importorskip("lmms_eval")
+pytest.importorskip("easy_vqa")
+
+from lmms_reference import FILTERS, OFFLINE_ENV, TASK, run_lmms_eval, write_task  # noqa: E402
+from support import single_process_passes  # noqa: E402
+from vlm_support import build_tiny_vlm, easy_vqa_items, item_texts  # noqa: E402
+
+from rayeval.core.evaluate import finalize  # noqa: E402
+from rayeval.io.data import read_batches  # noqa: E402
+from rayeval.io.store import ResultStore  # noqa: E402
+from rayeval.plan.loader import load_sweep  # noqa: E402
+from rayeval.reporting.boards import latest_rows  # noqa: E402
+
+for _key, _value in OFFLINE_ENV.items():
+    os.environ.setdefault(_key, _value)
+
+N = 8
+METRICS = ("exact_match", "answer_chars", "upper_chars")
+
+
+@pytest.fixture(scope="module")
+def example(tmp_path_factory):
+    root = tmp_path_factory.mktemp("lmms_example")
+    items = easy_vqa_items(n=N, seed=0)
+    build_tiny_vlm(str(root / "ckpts" / "checkpoint-1"),
+                   item_texts(easy_vqa_items("train", n=500)))
+    write_task(str(root / "tasks"), items)
+    (root / "sweep.yaml").write_text(yaml.safe_dump({
+        "name": "vqa", "checkpoints": ["ckpts/checkpoint-*"], "output": "results",
+        "workers": 1, "evals": [{"name": "vqa", "batch_size": 16,
+                                 "lmms_eval": {"task": TASK, "include_path": "tasks"}}]}))
+    return root
+
+
+@pytest.fixture(scope="module")
+def reference(example):
+    return run_lmms_eval(str(example / "ckpts" / "checkpoint-1"), str(example / "tasks"),
+                         batch_size=1)
+
+
+def _theirs(reference, key: str) -> float:
+    return reference["results"][key]
+
+
+def test_the_reference_is_not_degenerate(reference):
+    """Different texts per document, and the filters change a metric."""
+    texts = [s["filtered_resps"] for s in reference["samples"]["none"]]
+    assert reference["n"] == N and len(set(texts)) > N // 2
+    assert _theirs(reference, "upper_chars,none") != _theirs(reference, "upper_chars,lower")
+
+
+@pytest.mark.parametrize("batch_size", [1, 16])
+def test_one_process_equals_lmms_eval(example, reference, batch_size):
+    sweep = load_sweep(str(example / "sweep.yaml"))
+    for _, ev, _, decode, p, metrics in single_process_passes(sweep):
+        for table in read_batches(ev.data, ev.spec.dataset, batch_size):
+            x, y, buckets = decode(table)
+            p.update(x, y, buckets)
+        p.finish()
+        results = finalize(metrics, p.states, ev.output_size, ev.spec.bootstrap)
+        assert sorted(results) == sorted(f"{m},{f}" for m in METRICS for f in FILTERS)
+        for key, r in results.items():
+            assert float(r.value) == pytest.approx(_theirs(reference, key), abs=1e-12), key
+
+
+@pytest.fixture(scope="module")
+def ray_stores(example, ray_cluster):
+    from rayeval.execution.driver import run_sweep
+
+    sweep = load_sweep(str(example / "sweep.yaml"))
+    stores = {}
+    for workers in (1, 2, 3):
+        out = example / f"store{workers}"
+        report = run_sweep(dataclasses.replace(sweep, workers=workers, output=str(out)))
+        assert all(o.ok for o in report.outcomes), report.outcomes
+        stores[workers] = out
+    return stores
+
+
+@pytest.mark.ray
+def test_ray_runs_with_1_2_and_3_workers_equal_lmms_eval(reference, ray_stores):
+    runs = {}
+    for workers, out in ray_stores.items():
+        rows = latest_rows(ResultStore(str(out)).read())
+        assert sorted(r["metric"] for r in rows) == sorted(
+            f"{m},{f}" for m in METRICS for f in FILTERS)
+        for r in rows:
+            assert r["world_size"] == workers and r["num_samples"] == N
+            assert r["value"] == pytest.approx(_theirs(reference, r["metric"]), abs=1e-12)
+            assert r["ci_low"] <= r["value"] <= r["ci_high"]
+        runs[workers] = {r["metric"]: r for r in rows}
+    for workers in (2, 3):                     # the intervals do not depend on the workers
+        for key, r in runs[workers].items():
+            for k in ("value", "ci_low", "ci_high"):
+                assert r[k] == runs[1][key][k], (workers, key, k)
+
+
+@pytest.mark.ray
+def test_per_item_records_equal_lmms_eval_samples(example, reference, ray_stores):
+    import rayeval
+
+    for workers, out in ray_stores.items():
+        records = rayeval.samples(str(out), checkpoint="checkpoint-1", evaluation="vqa").to_pylist()
+        assert sorted(r["id"] for r in records) == list(range(N))       # each once
+        for r in records:
+            theirs = {f: reference["samples"][f][r["id"]] for f in FILTERS}
+            assert theirs["none"]["doc_id"] == r["id"]
+            assert r["context"] == theirs["none"]["input"]
+            assert r["target"] == theirs["none"]["target"]
+            assert r["response"] == theirs["none"]["filtered_resps"]     # the generated text
+            for f in FILTERS:
+                for m in METRICS:
+                    assert r[f"{m},{f}"] == theirs[f][m], (workers, r["id"], m, f)

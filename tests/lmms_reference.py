@@ -1,0 +1,196 @@
+"""The reference for rayeval's ``lmms_eval:`` entries: lmms-eval 0.7.3's own command line
+(``python -m lmms_eval --model huggingface``) run on the same Hugging Face folder and the same
+items, greedy, in float32, so rayeval can be compared metric by metric and item by item.
+
+    from lmms_reference import write_task, run_lmms_eval
+    write_task(task_dir, items)                      # easy-vqa items -> a local YAML task
+    ref = run_lmms_eval(model_dir, task_dir, batch_size=1)
+    ref["results"]["exact_match,none"], ref["samples"]["none"][0]["filtered_resps"]
+
+The task (``TASK``) is what an lmms-eval user writes for local data: ``dataset_path: json``
+over a JSON-lines file of items with image paths, ``doc_to_visual`` opening the image,
+``doc_to_text`` with ``lmms_eval_specific_kwargs`` (pre/post prompts), a filter list with two
+filters (``none``: take the first response; ``lower``: lower-cased), a ``process_results``
+giving two mean-aggregated metrics.
+
+lmms-eval's generic ``huggingface`` chat model has two bugs under transformers 5 and loads
+bfloat16 (DESIGN.md): it picks the model class by comparing ``model_type`` with config classes
+(so it loads ``AutoModel``, which has no ``generate``) and passes ``videos=[]``/``audios=[]``
+to the processor, which Idefics3's rejects. ``_patch_reference_model`` fixes both for this
+reference run only (and loads float32); rayeval never runs lmms-eval's models.
+
+Nothing is downloaded: the hub and datasets libraries are offline, the JSON file loads through
+the datasets library's packaged "json" builder into a cache inside the task folder.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import subprocess
+import sys
+
+OFFLINE_ENV = {
+    "HF_HUB_OFFLINE": "1",
+    "HF_DATASETS_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+    "HF_HUB_DISABLE_TELEMETRY": "1",
+    "HF_DATASETS_DISABLE_PROGRESS_BARS": "1",
+    "TOKENIZERS_PARALLELISM": "false",
+}
+TASK = "rayeval_easyvqa"
+FILTERS = ("none", "lower")          # the task's filter_list, in order
+MAX_NEW_TOKENS = 6
+
+UTILS = '''\
+from PIL import Image
+
+
+def doc_to_visual(doc):
+    return [Image.open(doc["image"]).convert("RGB")]
+
+
+def doc_to_text(doc, lmms_eval_specific_kwargs=None):
+    kwargs = lmms_eval_specific_kwargs or {}
+    return f"{kwargs.get('pre_prompt', '')}{doc['question']}{kwargs.get('post_prompt', '')}"
+
+
+def process_results(doc, results):
+    answer = results[0].strip()
+    return {"exact_match": float(answer == doc["answer"]),
+            "answer_chars": float(len(answer)),
+            "upper_chars": float(sum(c.isupper() for c in answer))}
+'''
+
+
+def write_task(task_dir: str, items: list[dict], *, max_new_tokens: int = MAX_NEW_TOKENS,
+               name: str = TASK) -> str:
+    """Write ``items`` (easy-vqa's: id, image, question, answer) as a JSON-lines file and a
+    local lmms-eval task over it into ``task_dir``; return the YAML's path."""
+    os.makedirs(task_dir, exist_ok=True)
+    task_dir = os.path.abspath(task_dir)
+    data = os.path.join(task_dir, "items.jsonl")
+    with open(data, "w", encoding="utf-8") as f:
+        for it in items:
+            f.write(json.dumps(it) + "\n")
+    with open(os.path.join(task_dir, "utils.py"), "w", encoding="utf-8") as f:
+        f.write(UTILS)
+    yaml_text = (
+        f"task: {name}\n"
+        "dataset_path: json\n"
+        "dataset_kwargs:\n"
+        f"  data_files: {{test: {json.dumps(data)}}}\n"
+        f"  cache_dir: {json.dumps(os.path.join(task_dir, 'datasets_cache'))}\n"
+        "test_split: test\n"
+        "output_type: generate_until\n"
+        "doc_to_visual: !function utils.doc_to_visual\n"
+        "doc_to_text: !function utils.doc_to_text\n"
+        "doc_to_target: answer\n"
+        "process_results: !function utils.process_results\n"
+        "generation_kwargs:\n"
+        f"  max_new_tokens: {max_new_tokens}\n"
+        "  temperature: 0\n"
+        "  do_sample: false\n"
+        "filter_list:\n"
+        "  - name: none\n"
+        "    filter:\n"
+        "      - function: take_first\n"
+        "  - name: lower\n"
+        "    filter:\n"
+        "      - function: lowercase\n"
+        "      - function: take_first\n"
+        "metric_list:\n"
+        "  - {metric: exact_match, aggregation: mean, higher_is_better: true}\n"
+        "  - {metric: answer_chars, aggregation: mean, higher_is_better: false}\n"
+        "  - {metric: upper_chars, aggregation: mean, higher_is_better: false}\n"
+        "lmms_eval_specific_kwargs:\n"
+        "  default:\n"
+        "    pre_prompt: \"\"\n"
+        "    post_prompt: \" Answer in one word.\"\n")
+    path = os.path.join(task_dir, f"{name}.yaml")
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(yaml_text)
+    return path
+
+
+def run_lmms_eval(model_dir: str, task_dir: str, *, task: str = TASK, batch_size: int = 1,
+                  output: str | None = None, limit: int | None = None,
+                  timeout: float = 600) -> dict:
+    """lmms-eval's own run (a subprocess: its command line, the reference model patched as the
+    module says); {"results": {metric,filter: value}, "samples": {filter: [logged samples by
+    doc_id]}, "n": documents}."""
+    output = output or os.path.join(task_dir, f"out-b{batch_size}")
+    args = [sys.executable, os.path.abspath(__file__), "--model", "huggingface",
+            "--model_args", f"pretrained={model_dir},device_map=cpu",
+            "--tasks", task, "--include_path", os.path.abspath(task_dir),
+            "--batch_size", str(batch_size), "--device", "cpu", "--log_samples",
+            "--output_path", output, "--verbosity", "WARNING"]
+    if limit is not None:
+        args += ["--limit", str(limit)]
+    env = {**os.environ, **OFFLINE_ENV}
+    done = subprocess.run(args, env=env, capture_output=True, text=True, timeout=timeout)
+    if done.returncode != 0:
+        raise RuntimeError(f"lmms-eval failed ({done.returncode}):\n{done.stderr[-3000:]}")
+    return read_output(output, task)
+
+
+def read_output(output: str, task: str = TASK, filters=FILTERS) -> dict:
+    """lmms-eval's results and logged samples under ``output``. Its samples file holds each
+    filter's documents in turn (the filter is not named in a line): split in ``filters``'
+    order."""
+    results = sorted(glob.glob(os.path.join(output, "**", "*_results.json"), recursive=True))
+    samples = sorted(glob.glob(os.path.join(output, "**", f"*_samples_{task}.jsonl"),
+                               recursive=True))
+    if not results or not samples:
+        raise RuntimeError(f"lmms-eval wrote no results or samples under {output}")
+    with open(results[-1], encoding="utf-8") as f:
+        found = json.load(f)
+    with open(samples[-1], encoding="utf-8") as f:
+        logged = [json.loads(line) for line in f if line.strip()]
+    n = len(logged) // len(filters)
+    by_filter = {name: sorted(logged[k * n:(k + 1) * n], key=lambda s: s["doc_id"])
+                 for k, name in enumerate(filters)}
+    return {"results": found["results"][task], "samples": by_filter, "n": n}
+
+
+def _patch_reference_model() -> None:
+    """The two transformers-5 fixes and float32, on lmms-eval's ``huggingface`` model, in
+    this process only (the reference run)."""
+    import torch
+    import transformers
+    from lmms_eval.models.chat import huggingface as hf_chat
+
+    class _ImageTextToText:
+        @staticmethod
+        def from_pretrained(path, **kwargs):
+            kwargs["torch_dtype"] = torch.float32
+            return transformers.AutoModelForImageTextToText.from_pretrained(path, **kwargs)
+
+    class _Processor:
+        @staticmethod
+        def from_pretrained(path, **kwargs):
+            processor = transformers.AutoProcessor.from_pretrained(path, **kwargs)
+            base = type(processor)
+
+            def call(self, *args, **kw):
+                for key in ("videos", "audios"):
+                    if not kw.get(key):
+                        kw.pop(key, None)
+                return base.__call__(self, *args, **kw)
+
+            processor.__class__ = type(f"Reference{base.__name__}", (base,),
+                                       {"__call__": call})
+            return processor
+
+    hf_chat.AutoModel = _ImageTextToText                 # the class its lookup falls back to
+    hf_chat.AutoProcessor = _Processor
+
+
+if __name__ == "__main__":
+    for _key, _value in OFFLINE_ENV.items():
+        os.environ.setdefault(_key, _value)
+    _patch_reference_model()
+    from lmms_eval.__main__ import cli_evaluate
+
+    cli_evaluate()
