@@ -10,7 +10,9 @@ row is still accounted for.
 
 A text task's stage tokenizes (prompts, choices, rolling windows) with the driver's tokenizer
 and adds each row's tokens as a ``TEXT`` column, keyed by the tokenizer; the row's own columns
-stay, so a worker whose checkpoint has another tokenizer tokenizes them itself.
+stay, so a worker whose checkpoint has another tokenizer tokenizes them itself. An image
+task's stage does the same with the checkpoint's processor (``attach_arrays``): decoded images
+and the processor's outputs as typed columns.
 """
 
 from __future__ import annotations
@@ -105,6 +107,71 @@ def _unplain(obj):
             return value.encode("latin-1")
         return {_unplain(k): _unplain(v) for k, v in value}
     return obj
+
+
+# An image task's stage output: per row, a few named lists of arrays of any shape and dtype
+# (the decoded images, the processor's outputs), each name as two typed columns: the raw
+# bytes (list<binary>) and the shapes (list<list<int64>>), the dtype in the field's metadata.
+# Plain bytes, never pickles; float32 pixel values travel bit for bit.
+VISION = "__rayeval_vision"
+_DTYPE = b"rayeval.dtype"
+
+
+def attach_arrays(table: pa.Table, rows: list[dict[str, list]], texts: dict[str, list],
+                  key: str) -> pa.Table:
+    """``table`` with each row's named arrays (``rows[i][name]``: a list of numpy arrays or
+    tensors of one dtype per name) and named strings (``texts[name][i]``), keyed by the
+    processor that made them."""
+    names = list(rows[0]) if rows else []
+    for name in names:
+        arrays = [[_numpy(a) for a in row[name]] for row in rows]
+        dtypes = {str(a.dtype) for row in arrays for a in row}
+        if len(dtypes) > 1:
+            raise TypeError(f"{name}: arrays of several dtypes {sorted(dtypes)} in one column")
+        meta = {_DTYPE: (dtypes.pop() if dtypes else "uint8").encode(), _TOKENIZER: key.encode()}
+        data = pa.array([[a.tobytes() for a in row] for row in arrays], pa.list_(pa.binary()))
+        shapes = pa.array([[list(a.shape) for a in row] for row in arrays],
+                          pa.list_(pa.list_(pa.int64())))
+        table = table.append_column(pa.field(f"{VISION}.{name}", data.type, metadata=meta),
+                                    data)
+        table = table.append_column(f"{VISION}.{name}.shape", shapes)
+    for name, values in texts.items():
+        table = table.append_column(pa.field(f"{VISION}:{name}", pa.string(),
+                                             metadata={_TOKENIZER: key.encode()}),
+                                    pa.array(values, pa.string()))
+    return table
+
+
+def array_rows(table, key: str) -> tuple[list[dict[str, list]], dict[str, list]] | None:
+    """(rows of named arrays, named strings) a stage attached with this processor; None when
+    no stage did (or one with another processor)."""
+    names = table.schema.names
+    mine = [n for n in names if n.startswith(VISION) and not n.endswith(".shape")]
+    if not mine:
+        return None
+    fields = [table.schema.field(n) for n in mine]
+    if any((f.metadata or {}).get(_TOKENIZER, b"").decode() != key for f in fields):
+        return None
+    rows: list[dict[str, list]] = [{} for _ in range(table.num_rows)]
+    texts: dict[str, list] = {}
+    for f in fields:
+        if f.name.startswith(VISION + ":"):
+            texts[f.name[len(VISION) + 1:]] = table.column(f.name).to_pylist()
+            continue
+        name = f.name[len(VISION) + 1:]
+        dtype = np.dtype(f.metadata[_DTYPE].decode())
+        data = table.column(f.name).to_pylist()
+        shapes = table.column(f.name + ".shape").to_pylist()
+        for i, (blobs, dims) in enumerate(zip(data, shapes)):
+            rows[i][name] = [np.frombuffer(b, dtype=dtype).reshape(d).copy()
+                             for b, d in zip(blobs, dims)]
+    return rows, texts
+
+
+def _numpy(a) -> np.ndarray:
+    if isinstance(a, torch.Tensor):
+        return a.detach().cpu().contiguous().numpy()
+    return np.ascontiguousarray(a)
 
 
 def is_prepared(table) -> bool:

@@ -176,7 +176,8 @@ class Prepare:
 
 class Tokenize:
     """A text task's tokenization as a Ray Data stage, with the driver's tokenizer: the
-    worker gets each row's tokens (``prepared.attach_text``). A batch it cannot tokenize
+    worker gets each row's tokens (``prepared.attach_text``); for image items, the decoded
+    images and the processor's outputs (``prepared.attach_arrays``). A batch it cannot tokenize
     (bad text) goes on as it came: the worker checks it, meets the same error and fails
     the cells."""
 
@@ -197,7 +198,7 @@ class Tokenize:
             x = task.tokenize(table, spec, self.tokenizer, decoder)
         except Exception:        # noqa: BLE001 - the worker checks the rows and says why
             return table
-        return prepared.attach_text(table, x.rows, x.extra, self.tokenizer.key)
+        return task.prepared_table(table, x, self.tokenizer.key)
 
 
 def exact_split():

@@ -46,7 +46,10 @@ class DatasetInfo:
         sends everything through it)."""
         local_parquet = self.format == "parquet" and not any(paths.is_uri(f)
                                                               for f in self.files)
-        return not local_parquet or spec.cpus is not None or constants.data_plane() == "ray"
+        # Image items always go through it: their decoding and processor run on its CPU
+        # stage, never in the scoring process.
+        return (not local_parquet or spec.cpus is not None or spec.images is not None
+                or constants.data_plane() == "ray")
 
     def shard_rows(self, rank: int, world: int) -> tuple[int, int]:
         """The rows [start, stop) of worker ``rank`` of ``world``: an even split, disjoint,
@@ -84,8 +87,8 @@ def inspect_dataset(spec: DatasetSpec, task) -> DatasetInfo:
     schema = ds.schema
     names = schema.names
     named = [(f"{key}.inputs", c) for c in spec.inputs]
-    named += [(f"{key}.{k}", getattr(spec, k)) for k in ("prompt", "choices", "text", "target",
-                                                         "id")]
+    named += [(f"{key}.{k}", getattr(spec, k)) for k in ("prompt", "choices", "text", "images",
+                                                         "target", "id")]
     for where, column in named:
         if column is not None and column not in names:
             raise DataError(f"{where}: no column {column!r} in {spec.path!r}; its columns are: "

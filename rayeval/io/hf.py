@@ -153,13 +153,29 @@ class Builder:
         """The folder's model, parameters on the meta device, in eval mode."""
         config = self.config(folder)
         transformers = require()
+        # Image-text-to-text models (Idefics3, LLaVA, Qwen2-VL, ...) are not causal-LM auto
+        # classes: their own auto class builds them, with the vision tower.
+        auto = (transformers.AutoModelForImageTextToText
+                if is_vision_type(getattr(config, "model_type", None))
+                else transformers.AutoModelForCausalLM)
         try:
             with _parameters_on_meta():
-                model = transformers.AutoModelForCausalLM.from_config(config)
+                model = auto.from_config(config)
         except ValueError as e:
             raise errors.wrap(e, CheckpointError, f"{folder}: {CONFIG} is not a causal "
                               "language model transformers knows", location=folder) from None
         return model.eval()
+
+
+def is_vision_type(kind: str | None) -> bool:
+    """Whether transformers builds a ``model_type`` with ``AutoModelForImageTextToText`` (a
+    vision-language model: ``io.vision``)."""
+    if not kind:
+        return False
+    require()
+    from transformers.models.auto.modeling_auto import MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES
+
+    return kind in MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES
 
 
 def max_length(model: torch.nn.Module | None, tokenizer, configured: int | None) -> int:

@@ -129,7 +129,13 @@ class ModelSource:
             raise ModelError("text tasks need a tokenizer: set model.tokenizer")
         cache_key = f"{folder}|{hf.max_length(model, None, self.spec.max_length)}"
         if cache_key not in self._tokenizers:
-            self._tokenizers[cache_key] = hf.load_tokenizer(
+            from rayeval.io import vision
+
+            # A vision-language folder's tokenizer comes with its processor (image items need
+            # it; text items use it as the plain tokenizer it also is).
+            load = (vision.load_processor if hf.is_vision_type(vision.model_type(folder))
+                    and vision.has_processor(folder) else hf.load_tokenizer)
+            self._tokenizers[cache_key] = load(
                 folder, what=what, model=model, configured_max=self.spec.max_length)
         return self._tokenizers[cache_key]
 

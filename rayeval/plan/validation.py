@@ -79,6 +79,9 @@ def dataset(r: Reader, spec, task: str, path: str) -> None:
     if len(set(spec.inputs)) != len(spec.inputs):
         r.fail(f"{path}.inputs", f"a column is listed twice in {list(spec.inputs)}")
     problem = TASKS[task].spec_problem(spec)
+    if spec.images is not None and not getattr(TASKS[task], "takes_images", False):
+        problem = ("images", f"task {task} takes no images column (generation and "
+                             "multiple_choice do)")
     if problem:
         r.fail(f"{path}.{problem[0]}", problem[1])
 

@@ -1,15 +1,20 @@
 """Backend hf (``model.backend: hf``, the default): the checkpoint's own model in this
 process. Forward passes, log-likelihoods and greedy decoding as ``torch.TorchBackend`` does
 for any module; a Hugging Face model (one with ``generate`` and a ``config``) generates with
-its KV cache instead, batched and left-padded.
+its KV cache instead, batched and left-padded. A vision-language model generates from
+image+text items (``generate_images``) and scores their choices (``loglikelihood_images``)
+from the processor outputs a Ray Data stage made.
 """
 
 from __future__ import annotations
 
 import torch
 
-from rayeval.core.backends.base import BACKENDS, Context
-from rayeval.core.backends.torch import TorchBackend, stopped
+from rayeval.core import stats
+from rayeval.core.backends.base import BACKENDS, Context, ImageRequest, texts_of
+from rayeval.core.backends.torch import (TorchBackend, continuation_score, logits_of, move,
+                                         stopped)
+from rayeval.errors import CheckpointError, ModelError
 
 
 @BACKENDS.register()
@@ -50,3 +55,119 @@ class HFBackend(TorchBackend):
             # is kept in step by sharding.Lockstep instead.
             synced_gpus=False)
         return [row[width:].tolist() for row in result.cpu()]
+
+    # --- image+text items (vision-language models) -----------------------------------------
+
+    def generate_images(self, requests: list[ImageRequest], ids: list[int] | None,
+                        ctx: Context) -> list[list[str]]:
+        """Greedy generations of image+text items from their processor outputs, ``batch``
+        items at a time, left-padded (an item's tokens equal those of ``generate`` on the
+        item alone: tests/unit/test_vlm_backend.py)."""
+        if not hasattr(self.model, "generate"):
+            raise ModelError("model: image items need a Hugging Face vision-language model "
+                             "(one with generate); this model has none")
+        out: list[list[str]] = []
+        step = max(1, ctx.batch)
+        for start in range(0, len(requests), step):
+            for tokens in self.image_tokens(requests[start:start + step], ctx):
+                out.append(texts_of([tokens], ctx))
+            ctx.partly(len(out), len(requests))
+        return out
+
+    def image_tokens(self, requests: list[ImageRequest], ctx: Context) -> list[list[int]]:
+        import transformers
+
+        tok = ctx.text
+        pad = pad_id(tok)
+        batch = collate([r.inputs for r in requests], pad, left=True)
+        width = batch["input_ids"].shape[1]
+
+        class Until(transformers.StoppingCriteria):
+            def __call__(self, input_ids, scores, **kwargs):
+                return torch.tensor([stopped(row[width:].tolist(), ctx) for row in input_ids],
+                                    dtype=torch.bool, device=input_ids.device)
+
+        result = self.model.generate(
+            **move(batch, self.device, self.dtype), do_sample=False,
+            max_new_tokens=ctx.generation.max_new_tokens, pad_token_id=pad,
+            eos_token_id=tok.eos_id, use_cache=True, synced_gpus=False,
+            stopping_criteria=transformers.StoppingCriteriaList([Until()]))
+        return [row[width:].tolist() for row in result.cpu()]
+
+    def loglikelihood_images(self, requests: list[tuple[ImageRequest, list[list[int]]]],
+                             ctx: Context) -> list[list[tuple[float, bool]]]:
+        """Each item's continuations scored after its prompt and images: one forward pass per
+        item over its continuations (right-padded, the item's processor outputs repeated), so
+        an item's numbers never depend on the batch it came in."""
+        out = []
+        for done, (request, conts) in enumerate(requests, 1):
+            prompt = [int(t) for t in request.inputs["input_ids"].reshape(-1).tolist()]
+            seqs = [(prompt + c)[:-1] for c in conts]
+            width = max(len(s) for s in seqs)
+            ids = torch.full((len(seqs), width), pad_id(ctx.text), dtype=torch.int64)
+            mask = torch.zeros((len(seqs), width), dtype=torch.int64)
+            for j, s in enumerate(seqs):
+                ids[j, :len(s)] = torch.tensor(s, dtype=torch.int64)
+                mask[j, :len(s)] = 1
+            rest = {k: torch.cat([v] * len(seqs)) for k, v in request.inputs.items()
+                    if k not in TEXT_KEYS and not is_text_like(k, v, request.inputs)}
+            batch = {"input_ids": ids, "attention_mask": mask, **rest}
+            logits = logits_of(self.model(**move(batch, self.device, self.dtype)))
+            if not stats.all_finite(logits):
+                raise CheckpointError("the model produced NaN or infinite logits with this "
+                                      "checkpoint")
+            item = []
+            for j, c in enumerate(conts):
+                start = len(prompt) - 1
+                logp = torch.log_softmax(logits[j, start:start + len(c)].float(), dim=-1)
+                item.append(continuation_score(logp, c))
+            out.append(item)
+            ctx.partly(done, len(requests))
+        return out
+
+
+TEXT_KEYS = ("input_ids", "attention_mask", "token_type_ids", "mm_token_type_ids")
+
+
+def pad_id(tok) -> int:
+    pad = tok.tokenizer.pad_token_id
+    return pad if pad is not None else (tok.eos_id if tok.eos_id is not None else 0)
+
+
+def is_text_like(key: str, value, inputs) -> bool:
+    """A per-token input (ids, masks, token types): padded along the sequence."""
+    ids = inputs.get("input_ids")
+    return key in TEXT_KEYS or (ids is not None and value.dim() == 2
+                                and tuple(value.shape) == tuple(ids.shape))
+
+
+def collate(inputs: list, pad: int, left: bool) -> dict:
+    """Several items' processor outputs as one batch: per-token inputs padded to the longest
+    (``pad`` for ids, 0 for masks) on the left or right; the others (pixel values, image
+    masks, grids) concatenated along their first dimension, zero-padded to a common shape
+    where items differ (Idefics3 pads missing images with zeros and masks them out)."""
+    out = {}
+    for key in inputs[0]:
+        values = [x[key] for x in inputs]
+        if is_text_like(key, values[0], inputs[0]):
+            width = max(v.shape[1] for v in values)
+            fill = pad if key == "input_ids" else 0
+            batch = torch.full((len(values), width), fill, dtype=values[0].dtype)
+            for j, v in enumerate(values):
+                n = v.shape[1]
+                if left:
+                    batch[j, width - n:] = v[0]
+                else:
+                    batch[j, :n] = v[0]
+            out[key] = batch
+            continue
+        shape = [max(v.shape[d] for v in values) for d in range(1, values[0].dim())]
+        padded = []
+        for v in values:
+            if list(v.shape[1:]) != shape:
+                grown = torch.zeros((v.shape[0], *shape), dtype=v.dtype)
+                grown[tuple(slice(0, s) for s in v.shape)] = v
+                v = grown
+            padded.append(v)
+        out[key] = torch.cat(padded)
+    return out

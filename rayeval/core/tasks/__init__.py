@@ -16,6 +16,8 @@ the whole change (with the README's task list and its tests).
            modeling over token ids
     text   the text tasks of language models, scored as lm-evaluation-harness scores them:
            multiple_choice, text_perplexity, generation
+    vision generation and multiple_choice with images (``dataset.images``): image+text items
+           of vision-language models; these two tasks are registered here, with both paths
 
 lm_eval, an lm-evaluation-harness task's rendered requests, lives in its own package above this
 one (``rayeval.harness``); the registry names it lazily, so that core never imports it.

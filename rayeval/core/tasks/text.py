@@ -185,9 +185,18 @@ class TextTask(Task):
     def tokenize(self, table, spec, tok, decoder) -> TextBatch:
         raise NotImplementedError
 
+    def prepared_table(self, table, x: TextBatch, key: str):
+        """What a Ray Data stage hands the worker: the table with the tokenized rows."""
+        return prepared.attach_text(table, x.rows, x.extra, key)
 
-@TASKS.register(instance=True)
+
+# Registered with its image path (vision.py, imported when first asked for), in this order.
+TASKS.add_lazy("multiple_choice", "rayeval.core.tasks.vision:ImageMultipleChoice",
+               instance=True)
+
+
 class MultipleChoice(TextTask):
+    """The text path; ``vision.ImageMultipleChoice`` adds images and is the registered one."""
     name = "multiple_choice"
     reads = ("prompt", "choices")
 
@@ -326,8 +335,11 @@ class TextPerplexity(TextTask):
         return int(states[TOKENS])
 
 
-@TASKS.register(instance=True)
+TASKS.add_lazy("generation", "rayeval.core.tasks.vision:ImageGeneration", instance=True)
+
+
 class Generation(TextTask):
+    """The text path; ``vision.ImageGeneration`` adds images and is the registered one."""
     name = "generation"
     reads = ("prompt",)
     generates = True

@@ -1,0 +1,107 @@
+"""Vision-language Hugging Face folders: which configs are image-text-to-text models, and their
+processors.
+
+A folder whose config's ``model_type`` is one of transformers' image-text-to-text models
+(``AutoModelForImageTextToText``: Idefics3/SmolVLM, LLaVA, Qwen2-VL, ...) is built with that
+auto class instead of the causal-LM one, in every layout rayeval loads (``hf.Builder``). Its
+``AutoProcessor`` (image processor + tokenizer + chat template) is a ``Processor``: an
+``hf.Tokenizer`` (so generation's stop strings, decoding and the text conventions are the
+same) that also renders and processes image+text items. ``key`` covers the tokenizer files,
+the processor's files and the context length: decoded image batches are kept per key, so
+checkpoints sharing a processor share one decoding of every data set.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass
+from typing import Any
+
+from rayeval import errors
+from rayeval.errors import CheckpointError, SpecError
+from rayeval.io import hf
+
+PROCESSOR_FILES = ("processor_config.json", "preprocessor_config.json",
+                   "chat_template.jinja", "chat_template.json")
+
+
+def model_type(folder: str) -> str | None:
+    """The ``model_type`` of a folder's config.json (read as JSON, no transformers)."""
+    try:
+        with open(os.path.join(folder, hf.CONFIG), encoding="utf-8") as f:
+            return json.load(f).get("model_type")
+    except (OSError, ValueError):
+        return None
+
+
+def has_processor(folder: str) -> bool:
+    return any(os.path.isfile(os.path.join(folder, n))
+               for n in ("processor_config.json", "preprocessor_config.json"))
+
+
+def processor_digest(folder: str) -> str:
+    h = hashlib.sha256(hf.tokenizer_digest(folder).encode())
+    for name in PROCESSOR_FILES:
+        p = os.path.join(folder, name)
+        if os.path.isfile(p):
+            h.update(name.encode())
+            with open(p, "rb") as f:
+                h.update(f.read())
+    return h.hexdigest()[:16]
+
+
+@dataclass
+class Processor(hf.Tokenizer):
+    """A checkpoint's ``AutoProcessor`` beside its tokenizer (``tokenizer`` is the processor's
+    own): what turns a prompt and its images into the model's inputs."""
+    processor: Any = None
+
+    def render(self, question: str, images: int) -> str:
+        """The full prompt of a question with ``images`` images, as lmms-eval's generic
+        ``huggingface`` chat model renders it: one user turn whose content is the images then
+        the text, the processor's chat template with the generation prompt."""
+        content = [{"type": "image"} for _ in range(images)]
+        content.append({"type": "text", "text": question})
+        messages = [{"role": "user", "content": content}]
+        return self.processor.apply_chat_template(messages, tokenize=False,
+                                                  add_generation_prompt=True)
+
+    def inputs(self, prompt: str, images: list) -> dict:
+        """The processor's outputs for one item (tensors with a batch dimension of 1)."""
+        from PIL import Image
+
+        pil = [Image.fromarray(a) for a in images]
+        out = self.processor(text=[prompt], images=[pil] if pil else None, return_tensors="pt")
+        return {k: v for k, v in out.items() if hasattr(v, "shape")}
+
+
+def load_processor(folder: str, *, what: str, model=None,
+                   configured_max: int | None = None) -> Processor:
+    """The processor of a vision-language folder; one-line errors when it has none or
+    transformers cannot read it."""
+    transformers = hf.require()
+    error = SpecError if what == "model.tokenizer" else CheckpointError
+    if not has_processor(folder):
+        raise error(f"{what}: {folder}: no processor files (processor_config.json or "
+                    "preprocessor_config.json) beside this vision-language model; save the "
+                    "processor with it (AutoProcessor...save_pretrained(folder))")
+    try:
+        processor = transformers.AutoProcessor.from_pretrained(folder)
+    except Exception as e:               # noqa: BLE001 - files transformers cannot read
+        raise errors.wrap(e, error, f"{what}: {folder}: transformers cannot load the processor",
+                          typed=True, location=folder) from None
+    tok = getattr(processor, "tokenizer", None)
+    if tok is None or getattr(processor, "image_processor", None) is None:
+        raise error(f"{what}: {folder}: its processor ({type(processor).__name__}) has no "
+                    "image processor and tokenizer; it is not a vision-language processor")
+    if getattr(processor, "chat_template", None) is None:
+        raise error(f"{what}: {folder}: the processor has no chat template; image items are "
+                    "rendered with it (save one: processor.chat_template = ...)")
+    if tok.eos_token_id is None and tok.bos_token_id is None:
+        raise error(f"{what}: {folder}: the tokenizer has neither an end-of-sequence nor a "
+                    "beginning-of-sequence token")
+    length = hf.max_length(model, tok, configured_max)
+    tok.model_max_length = hf._HUGE
+    return Processor(tok, length, f"{processor_digest(folder)}:{length}:vision", processor)
