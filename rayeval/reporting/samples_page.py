@@ -58,9 +58,11 @@ def samples_page(table: pa.Table, title: str, metrics: list[str], metric: str | 
 def _item(r: dict, metrics: list[str], metric: str | None) -> str:
     mark = "" if metric is None or r.get(metric) is None else \
         (" wrong" if r[metric] == 0.0 else " right")
-    images = "".join(f'<img src="{data_uri(png)}" alt="image {i + 1} of item '
-                     f'{escape(str(r.get("id")))}">' for i, png in
-                     enumerate(r.get("images") or []))
+    sources = r.get("images") or []
+    images = "".join(
+        f'<img src="{data_uri(png)}" alt="image {i + 1} of item {escape(str(r.get("id")))}"'
+        + (f' title="{escape(sources[i])}"' if i < len(sources) else "") + ">"
+        for i, png in enumerate(r.get("thumbnails") or []))
     parts = [f'<div class="field"><span class="label">id</span>{escape(str(r.get("id")))}'
              '</div>']
     if r.get("context") is not None:

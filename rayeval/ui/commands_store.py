@@ -188,8 +188,8 @@ def _with_data_uris(records: list[dict]) -> list[dict]:
     from rayeval.reporting.samples_page import data_uri
 
     for r in records:
-        if r.get("images") is not None:
-            r["images"] = [data_uri(png) for png in r["images"]]
+        if r.get("thumbnails") is not None:
+            r["thumbnails"] = [data_uri(png) for png in r["thumbnails"]]
     return records
 
 
@@ -213,11 +213,11 @@ def _samples_table(out: Console, title: str, table, width: int = 60) -> None:
 
     from rayeval.reporting.samples import RECORD_COLUMNS
 
-    # multiple choice: the choices and their log-likelihoods stay in json and csv; images
-    # in json, csv and html
+    # multiple choice: the choices and their log-likelihoods stay in json and csv; image
+    # thumbnails in json, csv and html
     many = "choices" in table.column_names
     shown = [c for c in table.column_names
-             if not (many and c in ("choices", "loglikelihoods")) and c != "images"]
+             if not (many and c in ("choices", "loglikelihoods")) and c != "thumbnails"]
     out.print(title, markup=False, highlight=False, soft_wrap=True)
     view = Table()
     for c in shown:

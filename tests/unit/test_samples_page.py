@@ -43,12 +43,14 @@ class Page(HTMLParser):
     def __init__(self):
         super().__init__()
         self.tags, self.sources, self.items, self.links = [], [], [], []
+        self.titles = []
 
     def handle_starttag(self, tag, attrs):
         attrs = dict(attrs)
         self.tags.append(tag)
         if tag == "img":
             self.sources.append(attrs["src"])
+            self.titles.append(attrs.get("title"))
         if tag == "div" and "item" in attrs.get("class", "").split():
             self.items.append(attrs["class"])
         if tag == "a":
@@ -89,7 +91,8 @@ def store(tmp_path):
         batch = {"id": list(range(5)),
                  "context": [hostile] + [it["question"] for it in items[1:]],
                  "target": [it["answer"] for it in items], "response": answers,
-                 "images": [[thumbnail(_pixels(it["image"]))] for it in items],
+                 "images": [[it["image"]] for it in items],
+                 "thumbnails": [[thumbnail(_pixels(it["image"]))] for it in items],
                  "exact_match": [0.0 if i in wrong else 1.0 for i in range(5)]}
         for ev, table in (("shapes", records_table([batch])),
                           ("sums", records_table([{"id": [7, 8], "context": ["1+1=", "2+2="],
@@ -126,9 +129,10 @@ def test_the_samples_page_shows_images_beside_text_wrong_items_first(store, caps
     # each item's image, as a data URI of the thumbnail of its own easy-vqa file
     assert len(page.sources) == 5 and all(s.startswith("data:image/png;base64,")
                                           for s in page.sources)
-    for src, i in zip(page.sources, order):
+    for src, title, i in zip(page.sources, page.titles, order):
         png = base64.b64decode(src.split(",", 1)[1])
         assert png == thumbnail(_pixels(items[i]["image"]))
+        assert title == items[i]["image"]          # where it came from, on hover
     # the records' text is escaped: the hostile question is text, not a tag
     assert "script" not in page.tags and "&lt;script&gt;alert(1)&lt;/script&gt;" in text
     # self-contained: nothing fetched, nothing run
@@ -149,11 +153,13 @@ def test_the_samples_page_works_for_text_records_and_json_carries_the_images(sto
     code, text, err = run_cli(capsys, "samples", out, "--checkpoint", "ckpt-1", "--eval",
                               "shapes", "--format", "json")
     records = json.loads(text)
-    assert code == 0 and [len(r["images"]) for r in records] == [1] * 5
-    assert all(r["images"][0].startswith("data:image/png;base64,") for r in records)
+    assert code == 0 and [len(r["thumbnails"]) for r in records] == [1] * 5
+    assert all(r["thumbnails"][0].startswith("data:image/png;base64,") for r in records)
+    assert [r["images"] for r in records] == [[it["image"]] for it in _easy_vqa(5)]
     code, text, err = run_cli(capsys, "samples", out, "--checkpoint", "ckpt-1", "--eval",
                               "shapes")
-    assert code == 0 and "images" not in text and "base64" not in text   # the table: text
+    assert code == 0 and "thumbnails" not in text and "base64" not in text  # the table: text
+    assert "images" in text
 
 
 def test_the_leaderboard_page_links_each_value_to_its_items(store, capsys, tmp_path,
