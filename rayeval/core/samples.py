@@ -31,8 +31,6 @@ COLUMNS = {
     "responses": pa.list_(pa.string()),      # every generation, with generation.repeats > 1
     "loglikelihoods": pa.list_(pa.float64()),
     "tokens": pa.int64(),
-    "images": pa.list_(pa.string()),         # where the item's images came from: each one's
-                                             # path, or "<N bytes>" when the row held them
     "thumbnails": pa.list_(pa.binary()),     # the item's images as PNGs (``thumbnail``)
 }
 
