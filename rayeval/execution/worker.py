@@ -230,6 +230,7 @@ class Worker(CellPasses):
             if batch is None:
                 return self.outcomes
             if not batch:
+                self.timer.doing("waiting for new checkpoints")
                 continue
             cells = [(i, pickle.loads(blob)) for i, blob in batch]
             self.plan = dataclasses.replace(base, cells=tuple(c for _, c in cells))
