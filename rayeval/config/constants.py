@@ -37,6 +37,11 @@ DEFAULT_DATA_PLANE = "auto"
 MAX_UPLOAD_MB_ENV = "RAYEVAL_MAX_UPLOAD_MB"
 DEFAULT_MAX_UPLOAD_MB = 100
 
+# Seconds between the plain progress lines of a run whose output is not a terminal (CI, Ray
+# Job logs). Tests set it low to see what the line says during a short run.
+PROGRESS_INTERVAL_ENV = "RAYEVAL_PROGRESS_INTERVAL_S"
+DEFAULT_PROGRESS_INTERVAL_S = 10.0
+
 # Attempts of each S3 request (pyarrow's retry strategy): a 503 storm of an object store is
 # ridden out, a dead endpoint is not waited on for long. Read by rayeval.io.paths (which still
 # spells the name out; that layer is being reworked apart from this change).
@@ -109,3 +114,7 @@ def max_upload_bytes() -> int:
 def ray_address() -> str | None:
     """The Jobs API address from the environment, if any."""
     return next((os.environ[k] for k in RAY_ADDRESS_ENVS if os.environ.get(k)), None)
+
+
+def progress_interval_s() -> float:
+    return float(os.environ.get(PROGRESS_INTERVAL_ENV, DEFAULT_PROGRESS_INTERVAL_S))

@@ -1,10 +1,19 @@
-"""Per-item records: what a checkpoint did with each item of a text task.
+"""Per-item records: what a checkpoint did with each item of a text (or image and text) task.
 
 A worker's pass keeps, for each item it scored, the item's id, the context the model saw, the
 choices (multiple choice), the target, the response (the choice with the highest
-log-likelihood, or the generated text; all of them as ``responses`` when sampled repeatedly), the log-likelihoods (each choice's, or the document's)
-and the item's value of each metric that has one (``evaluate.item_values``). Each worker writes
-its own items (``reporting.store.ResultStore.write_samples``); nothing is gathered.
+log-likelihood, or the generated text; all of them as ``responses`` when sampled repeatedly),
+the log-likelihoods (each choice's, or the document's), the item's images (where each came
+from, and each as a small PNG thumbnail: ``thumbnail``), and the item's value of each metric that has one
+(``evaluate.item_values``). Each worker writes its own items
+(``reporting.store.ResultStore.write_samples``); nothing is gathered.
+
+Why a thumbnail in the record and not a reference to the source row: the record then shows the
+item wherever the store goes (the data set may be private, moved, on another bucket, or read
+through a Ray Data stage that has no row address), and the page a person reads
+(``rayeval samples --format html``) needs no access to the data. The cost is small: a 64 px
+PNG of an easy-vqa image is 426 bytes on average (200 test images; the files are 424) and takes
+0.3 ms to make; of a 640x480 image of pure noise (the worst case for PNG) 5.3 KB.
 """
 
 from __future__ import annotations
@@ -22,7 +31,34 @@ COLUMNS = {
     "responses": pa.list_(pa.string()),      # every generation, with generation.repeats > 1
     "loglikelihoods": pa.list_(pa.float64()),
     "tokens": pa.int64(),
+    "thumbnails": pa.list_(pa.binary()),     # the item's images as PNGs (``thumbnail``)
 }
+
+THUMBNAIL_PX = 64      # the longest side of a record's image: enough to see what was asked
+
+
+def thumbnail(image, px: int = THUMBNAIL_PX) -> bytes:
+    """An image (a PIL image, or a numpy uint8 array HxW or HxWx3/4) as PNG bytes whose
+    longest side is at most ``px`` (a smaller image is kept as it is)."""
+    import io
+
+    from PIL import Image
+
+    if not isinstance(image, Image.Image):
+        image = Image.fromarray(image)
+    if image.mode not in ("RGB", "RGBA", "L"):
+        image = image.convert("RGB")
+    if max(image.size) > px:
+        image = image.copy()
+        image.thumbnail((px, px), Image.Resampling.BICUBIC, reducing_gap=2.0)
+    out = io.BytesIO()
+    image.save(out, format="PNG")   # optimize=True: 10% smaller, 4x slower (1.3 vs 0.3 ms)
+    return out.getvalue()
+
+
+def thumbnails(images: list) -> list[list[bytes]]:
+    """Each item's images (a list per item) as thumbnails: the ``thumbnails`` column."""
+    return [[thumbnail(a) for a in item] for item in images]
 
 
 def records_table(batches: list[dict[str, list]]) -> pa.Table:

@@ -39,11 +39,14 @@ class Tracker:
         self.closed = False                       # standing group: no more cells will come
         self.phases: dict[int, str] = {}          # rank -> where it is, this attempt (a loss
                                                   # says it: ``recovery``)
+        self.activities: dict[int, tuple[str, float]] = {}   # rank -> (what it is doing, in
+                                                  # words; since when, on this actor's clock)
 
     def start_attempt(self) -> int:
         self.attempts += 1
         self.in_flight.clear()      # the nodes are not cleared: another rank may have said hello
         self.phases.clear()
+        self.activities.clear()
         # A standing group (watch) that restarts takes again the cells it had not finished.
         self.queue = [c for c in self.taken if c[1] not in self.outcomes] + self.queue
         self.taken = []
@@ -105,6 +108,19 @@ class Tracker:
     def phase_of(self, rank: int) -> str | None:
         return self.phases.get(rank)
 
+    def doing(self, rank: int, what: str) -> None:
+        """What a rank is doing now ("starting the vLLM engine"), timed from when it began."""
+        if self.activities.get(rank, ("",))[0] != what:
+            self.activities[rank] = (what, time.monotonic())
+
+    def activity(self) -> tuple[str, float] | None:
+        """The activity that has lasted longest over the ranks (what the run waits on), and
+        for how many seconds; None before any rank said."""
+        if not self.activities:
+            return None
+        what, since = min(self.activities.values(), key=lambda a: a[1])
+        return what, time.monotonic() - since
+
     def cell_error(self, key: str, message: str, detail: str | None = None) -> None:
         if key not in self.errors:
             self.errors[key] = (message, detail)
@@ -160,6 +176,7 @@ class Tracker:
             "current": self.cells[min(current)][1] if current else None,
             "attempts": self.attempts,
             "problems": list(self.problems),
+            "activity": self.activity(),
         }
 
 
@@ -174,6 +191,7 @@ class WorkerProgress:
         self._last = 0.0
         self._answer = None          # the tracker's reply to the last rows report
         self._stop = False
+        self._doing: str | None = None   # the activity last said (``doing``)
 
     def _get(self, ref, timeout: float = 30.0):
         import ray
@@ -233,6 +251,13 @@ class WorkerProgress:
         if self.tracker is not None:
             return self.tracker.phase.remote(self.rank, where)
         return None
+
+    def doing(self, what: str) -> None:
+        """What this rank is doing now, in words, for the driver's progress line while no row
+        moves: fire-and-forget, and only when it changes."""
+        if self.tracker is not None and what != self._doing:
+            self._doing = what
+            self.tracker.doing.remote(self.rank, what)
 
     def take(self):
         """Rank 0 of a standing group: the next cells (see ``Tracker.take``)."""

@@ -78,6 +78,12 @@ def inspect_evaluations(sweep: Sweep) -> tuple[Evaluation, ...]:
     source = ModelSource(sweep.model, sweep.base_dir)
     text = any(tasks.get(e.task).uses_text for e in sweep.evals)
     first = _first_folder(sweep) if sweep.model.hugging_face else None
+    if sweep.model.backend == "vllm" and first is not None:
+        from rayeval.io import engine
+
+        why = engine.serves_folder(first)       # the engine starts from the first's config
+        if why:
+            raise SpecError(f"{sweep.source}: model.backend: {why}")
     meta = source.meta(first)              # imports and calls the factory, or reads config.json
     if sweep.parallelism.sharded:
         from rayeval.execution.sharding import units

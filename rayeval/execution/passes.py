@@ -51,7 +51,7 @@ class CellPasses:
         streamed = not shard.use_cache        # read and decoded (not from the kept shard)
         began = time.perf_counter()
         self.mark("pass", f"during the pass over {cell.checkpoint.location} on {ev.name}")
-        with self.timer.span("pass"):
+        with self.timer.span("pass", doing=first_rows(ev)):
             states, error, stopped, samples = self.one_pass(model, cell, ev)
         if streamed:
             self.timer.add("streamed", time.perf_counter() - began)
@@ -68,7 +68,7 @@ class CellPasses:
         where = f"the end of the pass over {cell.checkpoint.location} on {ev.name}"
         self.mark("reduce", f"during the all-reduce of the states of "
                             f"{cell.checkpoint.location} on {ev.name}")
-        with self.timer.span("reduce"):
+        with self.timer.span("reduce", doing=f"waiting for every worker to finish {ev.name}"):
             dist.sync(where, self.timeout)
             merged = dist.all_reduce_states(states, where, self.timeout)   # the one reduce
         if merged[_STOP]:
@@ -87,7 +87,7 @@ class CellPasses:
         if self.rank != 0:
             return None
         self.mark("publish", f"while publishing {cell.checkpoint.location} on {ev.name}")
-        with self.timer.span("publish"):
+        with self.timer.span("publish", doing=f"publishing {ev.name}"):
             return self.publish(cell, ev, merged, step, layout, start)
 
     def one_pass(self, model, cell: Cell, ev: Evaluation):
@@ -108,6 +108,7 @@ class CellPasses:
         waited = time.perf_counter()
         for batch in self.shards[ev.name]:
             if waited is not None:
+                self.timer.doing(f"scoring {ev.name}")
                 self.timer.add("first batch", time.perf_counter() - waited)
                 if isinstance(self.shards[ev.name].rows, SplitRows):
                     self.timer.add("ray data", time.perf_counter() - waited)
@@ -208,6 +209,14 @@ class CellPasses:
         self.outcomes.append(outcome)
         if self.rank == 0:
             self.progress.finish(outcome.key, outcome)
+
+
+def first_rows(ev: Evaluation) -> str:
+    """What a pass waits on before its first batch, in words: its rows read and decoded
+    (images decoded on a CPU stage, for an evaluation with an ``images`` column)."""
+    if getattr(ev.spec.dataset, "images", None):
+        return f"decoding the images of {ev.name}"
+    return f"reading the rows of {ev.name}"
 
 
 def peak_rss() -> int:

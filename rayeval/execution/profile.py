@@ -11,20 +11,31 @@ from __future__ import annotations
 import contextlib
 import time
 from dataclasses import dataclass, field
+from typing import Callable
 
 
 @dataclass
 class Timer:
-    """Named wall-time totals, with how many times each was added to."""
+    """Named wall-time totals, with how many times each was added to; ``on_doing`` (a
+    worker's progress, ``WorkerProgress.doing``) is told what a span is doing, in words, as
+    it begins, so that the driver's progress line can say it while no row moves."""
     seconds: dict[str, float] = field(default_factory=dict)
     counts: dict[str, int] = field(default_factory=dict)
+    on_doing: Callable[[str], None] | None = field(default=None, repr=False, compare=False)
 
     def add(self, name: str, seconds: float) -> None:
         self.seconds[name] = self.seconds.get(name, 0.0) + seconds
         self.counts[name] = self.counts.get(name, 0) + 1
 
+    def doing(self, what: str) -> None:
+        """Say what this process is doing now ("starting the vLLM engine")."""
+        if self.on_doing is not None:
+            self.on_doing(what)
+
     @contextlib.contextmanager
-    def span(self, name: str):
+    def span(self, name: str, doing: str | None = None):
+        if doing:
+            self.doing(doing)
         began = time.perf_counter()
         try:
             yield

@@ -72,8 +72,8 @@ def train_loop(config: dict) -> list[CellOutcome]:
         return []          # an earlier attempt met bad input: a restart would meet it again
     try:
         load_plugins()         # this process resolves the plan's names too; a failure is fatal
-        timer = Timer()
-        with timer.span("setup"):
+        timer = Timer(on_doing=progress.doing)
+        with timer.span("setup", doing="setting up the workers"):
             worker = Worker(plan, progress, attempt, timer, config.get("ray_data", ()))
         if config.get("standing"):
             outcomes = worker.stand()
@@ -230,6 +230,7 @@ class Worker(CellPasses):
             if batch is None:
                 return self.outcomes
             if not batch:
+                self.timer.doing("waiting for new checkpoints")
                 continue
             cells = [(i, pickle.loads(blob)) for i, blob in batch]
             self.plan = dataclasses.replace(base, cells=tuple(c for _, c in cells))
@@ -247,7 +248,7 @@ class Worker(CellPasses):
             start = time.perf_counter()
             self.progress.rows(self.index_of[group[0].key], 0, force=True)
             self.mark("load", f"while loading {ref.location}")
-            with self.timer.span("load"):
+            with self.timer.span("load", doing=f"loading {_name(ref.location)}"):
                 model, raw, error = self.load_and_agree(ref, fingerprint)
             if i + 1 < len(pending):      # the next one comes in while this one runs
                 self.ahead.start(pending[i + 1][0].location, pending[i + 1][1])
@@ -337,3 +338,7 @@ class Worker(CellPasses):
                 if shard.decode.use(tokenizer):
                     shard.reset()
 
+
+def _name(location: str) -> str:
+    """A checkpoint's last path part, as the progress line names it."""
+    return location.rstrip("/").rsplit("/", 1)[-1]

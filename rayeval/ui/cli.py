@@ -112,6 +112,10 @@ def _parser() -> argparse.ArgumentParser:
     lb.add_argument("store", metavar="STORE", help="a result store: folder or s3://bucket/prefix")
     lb.add_argument("--format", choices=("table", "json", "csv", "markdown", "html"),
                     default="table", help="html: a self-contained page")
+    lb.add_argument("--samples-dir", metavar="DIR",
+                    help="with --format html: write each cell's per-item records as a page "
+                         "in DIR (rayeval samples --format html) and link the board's values "
+                         "to them; put DIR beside the board's file")
     lb.add_argument("--metric", metavar="NAME",
                     help="rank by this column: EVAL/METRIC, a METRIC stored for one evaluation, "
                          "or aggregate (default: the aggregate with several evaluations, else "
@@ -176,7 +180,9 @@ def _parser() -> argparse.ArgumentParser:
     sm.add_argument("--eval", metavar="E", dest="evaluation",
                     help="the evaluation (default: the only one with records)")
     sm.add_argument("--sweep", metavar="NAME", help="only this sweep")
-    sm.add_argument("--format", choices=("table", "json", "csv"), default="table")
+    sm.add_argument("--format", choices=("table", "json", "csv", "html"), default="table",
+                    help="html: a self-contained page, each item's images beside its text, "
+                         "wrong items first")
     sm.add_argument("--wrong", action="store_true",
                     help="only the items the checkpoint got wrong (the first right-or-wrong "
                          "metric is 0)")

@@ -49,6 +49,8 @@ def _leaderboard(args, out: Console) -> int:
     from rayeval.reporting.boards import (AGGREGATE, aggregates, build_board, columns_of,
                                           resolve_metric, without_members)
 
+    if args.samples_dir is not None and args.format != "html":
+        raise SpecError("--samples-dir: only with --format html (the pages the board links to)")
     rows = _board_rows(args)
     code = EXIT_OK if _push(args, rows) else EXIT_CELLS_FAILED
     if not args.members:
@@ -78,10 +80,34 @@ def _leaderboard(args, out: Console) -> int:
     elif args.format == "markdown":
         sys.stdout.write(to_markdown(board))
     elif args.format == "html":
-        sys.stdout.write(to_html(board))
+        pages = _samples_pages(args.store, rows, args.samples_dir) if args.samples_dir else None
+        sys.stdout.write(to_html(board, samples=pages))
     else:
         sys.stdout.write(to_csv(board))
     return code
+
+
+def _samples_pages(store: str, rows: list[dict], folder: str) -> dict[tuple[str, str], str]:
+    """``leaderboard --format html --samples-dir DIR``: the page of every (checkpoint,
+    evaluation) of the board that kept per-item records, written to DIR/<cell>.html; the
+    board links to each as DIR/<cell>.html (DIR as given: relative to where the board is
+    opened, so put DIR beside it)."""
+    import os
+
+    from rayeval.reporting.samples import read_cell_samples
+
+    os.makedirs(folder, exist_ok=True)
+    pages = {}
+    for row in rows:
+        key = (row["checkpoint"], row["dataset"])
+        if not row.get("samples") or key in pages:
+            continue
+        evaluation, table = read_cell_samples(store, [row], row["dataset"])
+        name = f"{row['cell']}.html"
+        with open(os.path.join(folder, name), "w", encoding="utf-8") as f:
+            f.write(samples_html(table, row["checkpoint"], evaluation))
+        pages[key] = f"{folder.rstrip('/')}/{name}"
+    return pages
 
 
 def _push(args, rows: list[dict]) -> bool:
@@ -152,8 +178,11 @@ def _samples(args, out: Console) -> int:
     if args.wrong:
         metric = right_or_wrong_metric(table, None, evaluation)
         table = table.filter(pc.equal(table[metric], 0.0))
-    if args.format == "json":
-        sys.stdout.write(json.dumps(table.to_pylist(), indent=1, default=str) + "\n")
+    if args.format == "html":
+        sys.stdout.write(samples_html(table, rows[0]["checkpoint"], evaluation))
+    elif args.format == "json":
+        sys.stdout.write(json.dumps(_with_data_uris(table.to_pylist()), indent=1, default=str)
+                         + "\n")
     elif args.format == "csv":
         sys.stdout.write(_csv(table))
     else:
@@ -162,15 +191,38 @@ def _samples(args, out: Console) -> int:
     return EXIT_OK
 
 
+def samples_html(table, checkpoint: str, evaluation: str) -> str:
+    """One cell's records as a page (``reporting.samples_page``), wrong items first by the
+    first right-or-wrong metric, if the records have one."""
+    from rayeval.reporting.samples import metric_columns, right_or_wrong_metric
+    from rayeval.reporting.samples_page import samples_page
+
+    try:
+        metric = right_or_wrong_metric(table, None, evaluation)
+    except StoreError:              # no right-or-wrong metric (perplexity): items by id
+        metric = None
+    return samples_page(table, f"{checkpoint} on {evaluation}", metric_columns(table), metric)
+
+
+def _with_data_uris(records: list[dict]) -> list[dict]:
+    """Records with their image thumbnails as data URIs (json and csv)."""
+    from rayeval.reporting.samples_page import data_uri
+
+    for r in records:
+        if r.get("thumbnails") is not None:
+            r["thumbnails"] = [data_uri(png) for png in r["thumbnails"]]
+    return records
+
+
 def _csv(table) -> str:
-    """CSV of records; list columns (choices, log-likelihoods) as JSON."""
+    """CSV of records; list columns (choices, log-likelihoods, images as data URIs) as JSON."""
     import csv
     import io
 
     buf = io.StringIO()
     writer = csv.writer(buf, lineterminator="\n")
     writer.writerow(table.column_names)
-    for r in table.to_pylist():
+    for r in _with_data_uris(table.to_pylist()):
         writer.writerow([json.dumps(v) if isinstance(v, list) else ("" if v is None else v)
                          for v in r.values()])
     return buf.getvalue()
@@ -182,10 +234,11 @@ def _samples_table(out: Console, title: str, table, width: int = 60) -> None:
 
     from rayeval.reporting.samples import RECORD_COLUMNS
 
-    # multiple choice: the choices and their log-likelihoods stay in json and csv
+    # multiple choice: the choices and their log-likelihoods stay in json and csv; image
+    # thumbnails in json, csv and html
     many = "choices" in table.column_names
     shown = [c for c in table.column_names
-             if not (many and c in ("choices", "loglikelihoods"))]
+             if not (many and c in ("choices", "loglikelihoods")) and c != "thumbnails"]
     out.print(title, markup=False, highlight=False, soft_wrap=True)
     view = Table()
     for c in shown:

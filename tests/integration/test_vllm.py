@@ -91,8 +91,9 @@ def _sweep(example, name: str, *, checkpoints, workers: int, backend: str = "vll
     return str(path)
 
 
-def _run(path: str, *extra: str):
-    proc = rayeval_cli("run", path, *extra, timeout=900)
+def _run(path: str, *extra: str, env: dict | None = None):
+    proc = rayeval_cli("run", path, *extra, timeout=900,
+                       env={**os.environ, **env} if env else None)
     return proc
 
 
@@ -116,7 +117,8 @@ def greedy(example):
     for name, kw in (("hf", {"backend": "hf", "workers": 1}),
                      ("tp", {"workers": 2, "tensor": 2})):
         path = _sweep(example, name, checkpoints=ckpts, **kw)
-        proc = _run(path)
+        # a progress line every half second: the engine's start (~3 s) is seen in it
+        proc = _run(path, env={"RAYEVAL_PROGRESS_INTERVAL_S": "0.5"})
         stores[name] = (str(example["root"] / f"store_{name}"), proc)
     return stores
 
@@ -141,6 +143,9 @@ def test_vllm_greedy_generations_equal_the_hf_backend_through_swaps_and_back(exa
     for key, value in theirs.items():
         if key[0] != "checkpoint-500":
             assert ours[key] == value, key
+    # while no row moved, the progress line said what the workers were doing
+    said = [ln for ln in tp_proc.stderr.splitlines() if "starting the vLLM engine" in ln]
+    assert said and "of rows, starting the vLLM engine" in said[0], tp_proc.stderr[-3000:]
 
 
 @pytest.mark.ray

@@ -109,3 +109,86 @@ def test_nodes_are_counted_whichever_rank_says_hello_first():
     t.hello(0, "node-a")
     t.hello(1, "node-a")
     assert t.node_count() == 1
+
+
+def test_the_tracker_says_the_longest_activity_and_forgets_it_on_a_restart():
+    t = Tracker(cells(1))
+    t.start_attempt()
+    assert t.snapshot()["activity"] is None
+    t.doing(0, "starting the vLLM engine")
+    t.doing(1, "loading step_0.pt")
+    t.doing(0, "starting the vLLM engine")        # said again: still timed from the first
+    what, seconds = t.snapshot()["activity"]
+    assert what == "starting the vLLM engine" and seconds >= 0
+    t.doing(0, "scoring e")                        # rank 0 moved on: rank 1 is the oldest now
+    assert t.snapshot()["activity"][0] == "loading step_0.pt"
+    t.start_attempt()
+    assert t.snapshot()["activity"] is None
+
+
+def test_the_line_says_what_the_workers_do_while_no_row_moves():
+    r = Rate(still_s=3)
+    engine = ("starting the vLLM engine", 41.0)
+    s = r.status(status(2, rows_per_cell=100, activity=engine), now=0.0)
+    assert line(s, 45).split(", ")[2] == "starting the vLLM engine for 0:41", \
+        "no row yet: the activity in place of '? rows/s'"
+    s = r.status(status(2, rows_per_cell=100, rows_in_flight=10,
+                        activity=("scoring e", 1.0)), now=1.0)
+    assert "rows/s" in line(s, 46) and "scoring" not in line(s, 46), "rows move: the rate"
+    s = r.status(status(2, rows_per_cell=100, rows_in_flight=10,
+                        activity=("scoring e", 3.0)), now=3.0)
+    assert "scoring" not in line(s, 48), "still for 2 s: not yet"
+    s = r.status(status(2, rows_per_cell=100, rows_in_flight=10,
+                        activity=("loading the weights into the vLLM engine", 4.0)), now=4.5)
+    assert "loading the weights into the vLLM engine for 0:04" in line(s, 49)
+    s = r.status(status(2, rows_per_cell=100, rows_in_flight=20, activity=engine), now=5.0)
+    assert "vLLM" not in line(s, 50), "moving again"
+    s = r.status(status(2, rows_per_cell=100, rows_in_flight=20), now=60.0)
+    assert "rows/s" in line(s, 105), "no activity said (an older worker): the rate as before"
+
+
+def test_the_terminal_bar_shows_the_activity_too():
+    from rich.console import Console
+
+    out = io.StringIO()
+    d = make_display("auto", Console(file=out, force_terminal=True, width=160))
+    with d:
+        d.update(Rate().status(status(2, activity=("loading step_1.pt", 7.0)), 0), 1)
+    assert "loading step_1.pt for 0:07" in out.getvalue()
+
+
+def test_the_plain_line_interval_comes_from_the_environment(monkeypatch):
+    monkeypatch.setenv("RAYEVAL_PROGRESS_INTERVAL_S", "0.5")
+    assert make_display("lines").interval_s == 0.5
+    monkeypatch.delenv("RAYEVAL_PROGRESS_INTERVAL_S")
+    assert make_display("lines").interval_s == 10.0
+
+
+def test_a_worker_timer_says_each_span_and_the_vllm_start_steps_from_its_log_lines():
+    import logging
+    import logging.config
+
+    from rayeval.core.backends.vllm import _steps_said, engine_step
+    from rayeval.execution.profile import Timer
+
+    said = []
+    timer = Timer(on_doing=said.append)
+    with timer.span("load", doing="loading step_0.pt"):
+        with timer.span("engine start", doing="starting the vLLM engine"):
+            with _steps_said(timer.doing):
+                # vLLM configures its loggers inside LLM(), as here (a handler added before
+                # would be dropped); then its own lines (0.32.0's CPU worker)
+                logging.config.dictConfig({"version": 1, "disable_existing_loggers": False,
+                                           "loggers": {"vllm": {"propagate": False}}})
+                log = logging.getLogger("vllm.v1.worker.cpu_model_runner")
+                log.setLevel(logging.INFO)
+                log.info("Starting to load model %s...", "/ckpts/step_0")
+                log.info("Warming up model for the compilation...")
+                log.info("Using max model len 64")          # no step: nothing said
+    log.info("Starting to load model %s...", "/x")            # after the start: not heard
+    assert said == ["loading step_0.pt", "starting the vLLM engine",
+                    "starting the vLLM engine: building the model",
+                    "starting the vLLM engine: compiling and warming up"]
+    assert timer.counts == {"load": 1, "engine start": 1}
+    assert engine_step("init engine (profile, create kv cache, warmup model) took 0.07 s") \
+        == "starting the vLLM engine: finishing"

@@ -16,22 +16,27 @@ its engine arguments) is ``io.engine``.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import logging
 import os
 
 import torch
 
 from rayeval.core.backends.base import BACKENDS, Context, Setup, texts_of
 from rayeval.core.backends.hf import HFBackend
-from rayeval.errors import CheckpointError, EngineError
+from rayeval.errors import CheckpointError, EngineError, SpecError
 
 CPU_KV_CACHE_BYTES = 1 << 30      # on CPU, vLLM's memory fraction is of the whole host's RAM
+IMAGES_PER_PROMPT = 1             # a vision-language engine's default limit_mm_per_prompt
 # Config fields that shape a model's weights: a checkpoint that differs in one cannot be
 # loaded into the engine (a missing layer would keep the previous checkpoint's weights).
 SHAPE_FIELDS = ("model_type", "architectures", "vocab_size", "hidden_size", "n_embd",
                 "num_hidden_layers", "n_layer", "num_attention_heads", "n_head",
                 "num_key_value_heads", "intermediate_size", "n_inner", "head_dim",
                 "tie_word_embeddings")
+VISION_SHAPE_FIELDS = ("image_size", "patch_size", "hidden_size", "num_hidden_layers",
+                       "num_attention_heads", "intermediate_size")
 
 
 def item_seed(seed: int, row: int, repeat: int) -> int:
@@ -54,20 +59,21 @@ class Engine:
         self.llm = None
         self.shape: dict | None = None        # the engine's architecture (SHAPE_FIELDS)
         self.loaded: str | None = None        # the checkpoint whose weights it holds
+        self._default_images: int | None = None   # images per prompt rayeval chose
 
     def serve(self, model: torch.nn.Module, folder: str, tokenizer: str | None,
               location: str, timer=None) -> None:
         """Hold ``model``'s weights (the checkpoint at ``location``, read from ``folder``);
         the profile's ``engine start`` and ``engine load`` spans time the two steps."""
-        import contextlib
-
-        span = timer.span if timer is not None else (lambda name: contextlib.nullcontext())
+        span = timer.span if timer is not None else \
+            (lambda name, doing=None: contextlib.nullcontext())
+        say = getattr(timer, "doing", None)
         shape = _shape(model)
         if self.llm is None:
-            with span("engine start"):
-                self._start(folder, tokenizer or folder, model)
+            with span("engine start", doing="starting the vLLM engine"):
+                self._start(folder, tokenizer or folder, model, say)
             self.shape = shape
-        differs = [k for k in SHAPE_FIELDS if shape.get(k) != self.shape.get(k)]
+        differs = [k for k in shape if shape.get(k) != self.shape.get(k)]
         if differs:
             k = differs[0]
             raise CheckpointError(
@@ -75,7 +81,7 @@ class Engine:
                 f"{self.shape.get(k)!r} (started from the sweep's first checkpoint); "
                 "evaluate it in a sweep of its own")
         self.loaded = None
-        with span("engine load"):
+        with span("engine load", doing="loading the weights into the vLLM engine"):
             weights = model.state_dict()
             try:
                 self.llm.collective_rpc("reload_weights",
@@ -86,9 +92,10 @@ class Engine:
                                       ) from None
             self.llm.apply_model(_refresh_cpu_kernels)
             self.llm.reset_prefix_cache()
+            _reset_encoder_cache(self.llm)
         self.loaded = location
 
-    def _start(self, folder: str, tokenizer: str, model: torch.nn.Module) -> None:
+    def _start(self, folder: str, tokenizer: str, model: torch.nn.Module, say=None) -> None:
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"    # the engine in this process
         for name, value in self.ranks.items():
             os.environ[name] = str(value)
@@ -106,9 +113,15 @@ class Engine:
         if self.device.type == "cpu" and not {"gpu_memory_utilization",
                                                 "kv_cache_memory_bytes"} & set(self.spec.vllm):
             args["kv_cache_memory_bytes"] = CPU_KV_CACHE_BYTES
+        if _vision(model) and "limit_mm_per_prompt" not in self.spec.vllm:
+            # vLLM's default is 999 images per prompt, which its start-up profile plans
+            # memory for (and which does not fit a short max_model_len): one, unless set
+            args["limit_mm_per_prompt"] = {"image": IMAGES_PER_PROMPT}
+            self._default_images = IMAGES_PER_PROMPT
         args.update(self.spec.vllm)
         try:
-            self.llm = vllm.LLM(model=folder, tokenizer=tokenizer, **args)
+            with _steps_said(say):
+                self.llm = vllm.LLM(model=folder, tokenizer=tokenizer, **args)
         except Exception as e:
             raise EngineError(_start_failure(e)) from None
 
@@ -116,22 +129,55 @@ class Engine:
                  ) -> list[list[list[int]]]:
         """Each context's ``gen.repeats`` continuations as token ids: greedy, or sampled
         with the seed of (generation.seed, row id, repeat)."""
-        from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
-        prompts, params = [], []
-        for i, context in enumerate(contexts):
+        return self._generate([TokensPrompt(prompt_token_ids=list(c)) for c in contexts],
+                              ids, gen)
+
+    def generate_images(self, requests, ids: list[int] | None, gen
+                        ) -> list[list[list[int]]]:
+        """Like ``generate`` for image+text items (``ImageRequest``): vLLM runs the model's
+        own processor on each prompt and its images (PIL, in prompt order)."""
+        from PIL import Image
+
+        limit = self.images_per_prompt
+        prompts = []
+        for i, request in enumerate(requests):
+            if limit is not None and len(request.images) > limit:
+                raise SpecError(
+                    f"model.vllm.limit_mm_per_prompt: item {ids[i] if ids else i} has "
+                    f"{len(request.images)} images, more than the engine's {limit} per "
+                    f"prompt; set limit_mm_per_prompt: {{image: {len(request.images)}}}")
+            images = [Image.fromarray(a) for a in request.images]
+            prompts.append({"prompt": request.prompt, "multi_modal_data": {"image": images}}
+                           if images else {"prompt": request.prompt})
+        return self._generate(prompts, ids, gen)
+
+    def _generate(self, prompts: list, ids: list[int] | None, gen) -> list[list[list[int]]]:
+        """Each prompt's ``gen.repeats`` continuations, in one call (vLLM batches them)."""
+        from vllm import SamplingParams
+
+        every, params = [], []
+        for i, prompt in enumerate(prompts):
             for r in range(gen.repeats):
-                prompts.append(TokensPrompt(prompt_token_ids=list(context)))
+                every.append(prompt)
                 params.append(SamplingParams(
                     temperature=gen.temperature, top_p=gen.top_p,
                     max_tokens=gen.max_new_tokens, stop=list(gen.until) or None,
                     seed=item_seed(gen.seed, ids[i], r) if gen.samples else None,
                     detokenize=bool(gen.until)))
-        outs = self.llm.generate(prompts, params, use_tqdm=False)
+        outs = self.llm.generate(every, params, use_tqdm=False)
         tokens = [list(o.outputs[0].token_ids) for o in outs]
         k = gen.repeats
-        return [tokens[i * k:(i + 1) * k] for i in range(len(contexts))]
+        return [tokens[i * k:(i + 1) * k] for i in range(len(prompts))]
+
+    @property
+    def images_per_prompt(self) -> int | None:
+        """The engine's limit of images per prompt (None: vLLM's own, unlimited)."""
+        limit = (self.spec.vllm.get("limit_mm_per_prompt") or {}).get("image")
+        if isinstance(limit, dict):            # vLLM's richer form: {image: {count: N}}
+            limit = limit.get("count")
+        return self._default_images if limit is None else int(limit)
 
 
 @BACKENDS.register()
@@ -162,6 +208,17 @@ class VllmBackend(HFBackend):
         ctx.partly(len(out), len(contexts))
         return out
 
+    def generate_images(self, requests, ids: list[int] | None, ctx: Context
+                        ) -> list[list[str]]:
+        """Image+text items on the engine (its own processor, from each request's prompt
+        and images), all in one call, like ``generate``."""
+        if not requests:
+            return []
+        tokens = self.engine.generate_images(requests, ids, ctx.generation)
+        out = [texts_of(repeats, ctx) for repeats in tokens]
+        ctx.partly(len(out), len(requests))
+        return out
+
 
 def _name_shared_memory(ident: str) -> None:
     """vLLM's CPU tensor-parallel communicator names its shared-memory segments after the
@@ -184,10 +241,96 @@ def _name_shared_memory(ident: str) -> None:
     Launcher._rayeval_named = True
 
 
+# The steps of an engine's start, told by the first words of vLLM's own INFO log lines
+# (0.32.0; a start took 5.6 s here on CPU, 22-76 s with its engine in a process of its own,
+# minutes on a GPU with torch.compile and CUDA graphs). A line that matches none leaves the
+# step said before; a vLLM that words them otherwise leaves "starting the vLLM engine".
+ENGINE_STEPS = (
+    ("init engine", "starting the vLLM engine: finishing"),   # "... (profile, kv cache) took"
+    ("initializing a v1 llm engine", "starting the vLLM engine: setting it up"),
+    ("starting to load model", "starting the vLLM engine: building the model"),
+    ("kv cache", "starting the vLLM engine: allocating its KV cache"),
+    ("warming up", "starting the vLLM engine: compiling and warming up"),
+    ("compiling a graph", "starting the vLLM engine: compiling and warming up"),
+    ("dynamo bytecode", "starting the vLLM engine: compiling and warming up"),
+    ("capturing cuda graphs", "starting the vLLM engine: capturing CUDA graphs"),
+)
+
+
+def engine_step(message: str) -> str | None:
+    """The step of an engine's start that one of vLLM's log lines begins, or None."""
+    low = message.lower()
+    return next((step for words, step in ENGINE_STEPS if words in low), None)
+
+
+_listeners: list = []          # the ``say`` of the engine start under way in this process
+_hearing = False               # whether this process's log record factory tells them
+
+
+@contextlib.contextmanager
+def _steps_said(say):
+    """While vLLM starts its engine, tell ``say`` each step its log lines begin.
+
+    The lines are heard where log records are made (the record factory, wrapped once per
+    process): vLLM configures its loggers inside ``LLM()`` (``dictConfig``), which drops any
+    handler added to them before."""
+    global _hearing
+    if say is None:
+        yield
+        return
+    if not _hearing:
+        logging.setLogRecordFactory(_hear(logging.getLogRecordFactory()))
+        _hearing = True
+    _listeners.append(say)
+    try:
+        yield
+    finally:
+        _listeners.remove(say)
+
+
+def _hear(previous):
+    def make(*args, **kwargs):
+        record = previous(*args, **kwargs)
+        if _listeners and record.name.startswith("vllm"):
+            try:
+                step = engine_step(record.getMessage())
+            except Exception:        # noqa: BLE001 - a log line must never fail the start
+                step = None
+            if step:
+                _listeners[-1](step)
+        return record
+
+    return make
+
+
+def _reset_encoder_cache(llm) -> None:
+    """Forget the vision encoder's outputs of the previous weights: vLLM keeps them by image
+    hash, so the next checkpoint would reuse them for the same images (stale answers), or,
+    as measured here with the scheduler's record and the worker's store out of step, fail
+    with "Encoder cache miss" on the first image it had seen before."""
+    reset = getattr(getattr(llm, "llm_engine", None), "reset_encoder_cache", None)
+    if reset is not None:
+        reset()
+
+
+def _vision(model: torch.nn.Module) -> bool:
+    """Whether the model takes images (its config has a vision tower's)."""
+    return getattr(getattr(model, "config", None), "vision_config", None) is not None
+
+
 def _shape(model: torch.nn.Module) -> dict:
+    """The config fields that shape the weights; a vision-language model's from its text
+    model's config (where they are), and its vision tower's prefixed ``vision.``."""
     config = getattr(model, "config", None)
     values = config.to_dict() if config is not None else {}
-    return {k: values.get(k) for k in SHAPE_FIELDS}
+    text = config.get_text_config().to_dict() if hasattr(config, "get_text_config") else {}
+    shape = {k: values.get(k) if values.get(k) is not None else text.get(k)
+             for k in SHAPE_FIELDS}
+    vision = getattr(config, "vision_config", None)
+    if vision is not None:
+        vision = vision.to_dict() if hasattr(vision, "to_dict") else dict(vision)
+        shape.update({f"vision.{k}": vision.get(k) for k in VISION_SHAPE_FIELDS})
+    return shape
 
 
 def _refresh_cpu_kernels(model: torch.nn.Module) -> int:

