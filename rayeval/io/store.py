@@ -323,7 +323,8 @@ class ResultStore:
         if not files:
             return {}
         table, _ = layout.read_files(self.fs, files, SCHEMA, self.location,
-                                     ["cell", "dataset", "metric", "replicates"], where)
+                                     ["cell", "dataset", "metric", "replicates"], where,
+                                     ordered=False)
         out = {}
         keys = zip(*(table[c].to_pylist() for c in ("cell", "dataset", "metric")))
         for key, reps in zip(keys, _rows_of(table["replicates"])):

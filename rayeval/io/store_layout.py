@@ -132,11 +132,13 @@ def list_files(fs: pafs.FileSystem, root: str, sweep: str | None = None) -> File
 
 def read_files(fs: pafs.FileSystem, files: list[str], schema: pa.Schema, location: str,
                columns: list[str] | None = None, where: pads.Expression | None = None,
-               skip_damaged: bool = False) -> tuple[pa.Table, list[str]]:
+               skip_damaged: bool = False, ordered: bool = True) -> tuple[pa.Table, list[str]]:
     """The rows of ``files`` (cells and parts), ``columns`` only, filtered by ``where`` (pushed
     down: row groups whose statistics rule it out are not read), in the files' order, rows of a
     cell in their place in it. A damaged file is refused in one line that names it, or, with
-    ``skip_damaged``, left out and returned in the second item."""
+    ``skip_damaged``, left out and returned in the second item. ``ordered=False``: in the
+    scan's order (a sort and a copy less: 2.6 s of a 10,000-cell board's replicates on a
+    loaded machine)."""
     full = part_schema(schema)
     wanted = list(columns or schema.names)
     if ORDINAL not in wanted:
@@ -161,7 +163,8 @@ def read_files(fs: pafs.FileSystem, files: list[str], schema: pa.Schema, locatio
                     "(its cell is evaluated again on the next run)") from None
             damaged += bad
             files = [f for f in files if f not in bad]
-    return _in_cell_order(table).select([c for c in wanted if c in (columns or schema.names)]), \
+    table = _in_cell_order(table) if ordered else table     # unordered: keyed reads
+    return table.select([c for c in wanted if c in (columns or schema.names)]), \
         damaged
 
 
