@@ -299,7 +299,14 @@ class S3:
         from s3server import CREDENTIALS, MotoServer
 
         self.server = MotoServer()
-        self.env = {**CREDENTIALS, "AWS_ENDPOINT_URL": self.server.url}
+        try:
+            self._connect(CREDENTIALS)
+        except BaseException:
+            self.server.stop()
+            raise
+
+    def _connect(self, credentials: dict) -> None:
+        self.env = {**credentials, "AWS_ENDPOINT_URL": self.server.url}
         os.environ.update(self.env)
         import pyarrow.fs as pafs
 
