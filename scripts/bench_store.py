@@ -107,7 +107,7 @@ def synth(cell: pa.Table, cells: int):
             rows_per
 
 
-def build(cell: pa.Table, cells: int, old_dir: str, new_dir: str) -> float:
+def build(cell: pa.Table, cells: int, old_dir: str | None, new_dir: str) -> float:
     """Both layouts of one size; returns the seconds taken."""
     from rayeval.io import store_layout as layout
     from rayeval.io.store_compact import PART_ROWS, _publish, _with_ordinals
@@ -115,11 +115,12 @@ def build(cell: pa.Table, cells: int, old_dir: str, new_dir: str) -> float:
 
     began = time.perf_counter()
     fs = pafs.LocalFileSystem()
-    os.makedirs(os.path.join(old_dir, "results"), exist_ok=True)
+    if old_dir:
+        os.makedirs(os.path.join(old_dir, "results"), exist_ok=True)
     os.makedirs(new_dir, exist_ok=True)
     layout.mark_format(fs, new_dir)
     for sweep, table, rows_per in synth(cell, cells):
-        for i in range(0, table.num_rows, rows_per):      # old: one file per cell
+        for i in range(0, table.num_rows if old_dir else 0, rows_per):   # old: a file a cell
             one = table.slice(i, rows_per)
             pq.write_table(one, os.path.join(old_dir, "results",
                                              one["cell"][0].as_py() + ".parquet"))
@@ -189,6 +190,8 @@ def main(argv=None) -> int:
     p.add_argument("--compact-up-to", type=int, default=10000)
     p.add_argument("--s3", action="store_true", help="also on moto's S3 server on loopback")
     p.add_argument("--s3-old-up-to", type=int, default=10000)
+    p.add_argument("--old-up-to", type=int, default=10 ** 9,
+                   help="build and time the old layout and code only up to this many cells")
     p.add_argument("--keep", action="store_true")
     p.add_argument("--json", metavar="FILE")
     args = p.parse_args(argv)
@@ -223,24 +226,32 @@ def main(argv=None) -> int:
 
 def one_size(args, n: int, cell: pa.Table, work: str, env: dict, s3) -> dict:
     old_dir, new_dir = os.path.join(work, f"old-{n}"), os.path.join(work, f"new-{n}")
-    out: dict = {"build_s": round(build(cell, n, old_dir, new_dir), 1),
-                 "old_mb": _size(old_dir), "new_mb": _size(new_dir)}
-    print(f"\n== {n:,} cells: old store {out['old_mb']:,.0f} MB, new {out['new_mb']:,.0f} MB "
-          f"(built in {out['build_s']} s)", flush=True)
+    with_old = n <= args.old_up_to
+    out: dict = {"build_s": round(build(cell, n, old_dir if with_old else None, new_dir), 1),
+                 "old_mb": _size(old_dir) if with_old else None, "new_mb": _size(new_dir)}
+    print(f"\n== {n:,} cells: old store {out['old_mb'] or 0:,.0f} MB, new "
+          f"{out['new_mb']:,.0f} MB (built in {out['build_s']} s)", flush=True)
     pairs = []
     for i in range(args.repeats if n < 100_000 else 1):
+        if not with_old:
+            w = leaderboard(REPO, new_dir, env, os.path.join(work, "new.json"))
+            pairs.append({"new_s": round(w[0], 2), "new_rss_mb": round(w[1])})
+            print(f"leaderboard --format json, local: new {w[0]:.2f} s ({w[1]:.0f} MB)",
+                  flush=True)
+            continue
         o = leaderboard(args.old, old_dir, env, os.path.join(work, "old.json"))
         w = leaderboard(REPO, new_dir, env, os.path.join(work, "new.json"))
-        pairs.append({"old_s": round(o[0], 2), "new_s": round(w[0], 2), "ratio": round(o[0] / w[0], 1),
+        pairs.append({"old_s": round(o[0], 2), "new_s": round(w[0], 2),
+                      "ratio": round(o[0] / w[0], 1),
                       "old_rss_mb": round(o[1]), "new_rss_mb": round(w[1])})
         print(f"leaderboard --format json, local: old {o[0]:.2f} s ({o[1]:.0f} MB), "
               f"new {w[0]:.2f} s ({w[1]:.0f} MB): {o[0] / w[0]:.1f}x", flush=True)
     out["local"] = pairs
-    if n <= args.compare_up_to:
+    if with_old and n <= args.compare_up_to:
         same = _same(os.path.join(work, "old.json"), os.path.join(work, "new.json"))
         out["same_output"] = same
         print(f"same output, old code on the old store vs new code on the new: {same}")
-    if n <= args.compact_up_to:
+    if with_old and n <= args.compact_up_to:
         copy = shutil.copytree(old_dir, os.path.join(work, f"compact-{n}"))
         s, rss = timed([sys.executable, "-m", "rayeval", "store", "compact", copy],
                        {**env, "PYTHONPATH": REPO})
@@ -257,7 +268,8 @@ def one_size(args, n: int, cell: pa.Table, work: str, env: dict, s3) -> dict:
     plan = {}
     for label, code, store in (("old", args.old, old_dir), ("new", REPO, new_dir),
                                ("old_empty", args.old, empty), ("new_empty", REPO, empty)):
-        plan[label] = planning(code, store, sweep, keys, env)
+        if with_old or not label.startswith("old"):
+            plan[label] = planning(code, store, sweep, keys, env)
     out["planning"] = {k: {"s": round(v[0], 3), "found": v[1]} for k, v in plan.items()}
     print("planning 100 cells (store look-up): " + ", ".join(
         f"{k} {v[0]:.3f} s ({v[1]} found)" for k, v in plan.items()), flush=True)
@@ -287,7 +299,14 @@ class S3:
         from s3server import CREDENTIALS, MotoServer
 
         self.server = MotoServer()
-        self.env = {**CREDENTIALS, "AWS_ENDPOINT_URL": self.server.url}
+        try:
+            self._connect(CREDENTIALS)
+        except BaseException:
+            self.server.stop()
+            raise
+
+    def _connect(self, credentials: dict) -> None:
+        self.env = {**credentials, "AWS_ENDPOINT_URL": self.server.url}
         os.environ.update(self.env)
         import pyarrow.fs as pafs
 
@@ -311,7 +330,7 @@ class S3:
         w = leaderboard(REPO, new, env, os.path.join(work, "s3-new.json"))
         out["new_s"], out["new_rss_mb"] = round(w[0], 2), round(w[1])
         line = f"leaderboard --format json, S3: new {w[0]:.2f} s ({w[1]:.0f} MB)"
-        if n <= args.s3_old_up_to:
+        if n <= min(args.s3_old_up_to, args.old_up_to):
             old = self.upload(old_dir, f"old-{n}")
             o = leaderboard(args.old, old, env, os.path.join(work, "s3-old.json"))
             out["old_s"], out["old_rss_mb"] = round(o[0], 2), round(o[1])

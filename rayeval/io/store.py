@@ -141,7 +141,7 @@ class ResultStore:
         try:
             found = self._own_files(cells)
             rest = [c for c in cells if c not in found]
-            parts = layout.list_parts(self.fs, self.root, sweep) if rest else []
+            parts = layout.list_parts(self.fs, self.root, sweep, figures=True) if rest else []
         except OSError as e:
             raise StoreError(f"output: cannot read result store: "
                              f"{paths.explain(e, self.location)}") from None
@@ -225,8 +225,9 @@ class ResultStore:
         try:
             own = [self._file(c) for c in self._own_files(cells)]
             rest = len(own) < len(cells)
-            parts = [i.path for i in layout.list_parts(self.fs, self.root, sweep)] if rest \
-                else []
+            small = columns is not None and "replicates" not in columns
+            parts = [i.path for i in layout.list_parts(self.fs, self.root, sweep, small)] \
+                if rest else []
         except OSError as e:
             raise StoreError(f"cannot read result store: {paths.explain(e, self.location)}") \
                 from None
@@ -295,7 +296,8 @@ class ResultStore:
         lacks."""
         self.check_format()
         try:
-            files = layout.list_files(self.fs, self.root, sweep).all
+            small = columns is not None and "replicates" not in columns
+            files = layout.list_files(self.fs, self.root, sweep, figures=small).all
         except OSError as e:
             raise StoreError(f"cannot read result store: {paths.explain(e, self.location)}") \
                 from None
@@ -323,7 +325,8 @@ class ResultStore:
         if not files:
             return {}
         table, _ = layout.read_files(self.fs, files, SCHEMA, self.location,
-                                     ["cell", "dataset", "metric", "replicates"], where)
+                                     ["cell", "dataset", "metric", "replicates"], where,
+                                     ordered=False)
         out = {}
         keys = zip(*(table[c].to_pylist() for c in ("cell", "dataset", "metric")))
         for key, reps in zip(keys, _rows_of(table["replicates"])):

@@ -176,11 +176,19 @@ def _publish(fs, root: str, sweep: str, rows: pa.Table) -> str:
     read of one metric skips the others' row groups by their statistics."""
     rows = rows.sort_by([("metric", "ascending"), ("dataset", "ascending"),
                          ("cell", "ascending"), (layout.ORDINAL, "ascending")])
-    buf = io.BytesIO()
-    pq.write_table(rows, buf, row_group_size=layout.ROW_GROUP)
     stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S%f")
     name = f"part-{stamp}-{uuid.uuid4().hex[:8]}.parquet"
-    return paths.put(fs, f"{root}/parts/{layout.sweep_folder(sweep)}", name, buf.getvalue())
+    folder = f"{root}/parts/{layout.sweep_folder(sweep)}"
+    # the figures file first: a part is read once it is there, its figures file when both are
+    small = rows.drop_columns([layout.REPLICATES])
+    paths.put(fs, folder, layout.figures_of(name), _parquet(small))
+    return paths.put(fs, folder, name, _parquet(rows))
+
+
+def _parquet(table: pa.Table) -> bytes:
+    buf = io.BytesIO()
+    pq.write_table(table, buf, row_group_size=layout.ROW_GROUP)
+    return buf.getvalue()
 
 
 def _remove_if_unchanged(fs, info: pafs.FileInfo) -> bool:
@@ -222,7 +230,8 @@ def _merge_small(fs, root, location, schema, sweep_dir: str, moved: Moved) -> No
     part per checkpoint), up to PART_ROWS rows a part."""
     small, rows = [], 0
     found = fs.get_file_info(pafs.FileSelector(sweep_dir, allow_not_found=True))
-    for info in sorted((i for i in found if layout.visible(i)), key=lambda i: i.path):
+    for info in sorted((i for i in found if layout.visible(i)
+                        and not i.base_name.endswith(layout.FIGURES)), key=lambda i: i.path):
         with fs.open_input_file(info.path) as f:
             n = pq.read_metadata(f).num_rows
         if n < PART_ROWS // 2:
@@ -247,5 +256,9 @@ def _merge_small(fs, root, location, schema, sweep_dir: str, moved: Moved) -> No
             moved.parts_written += 1
         for info in group:
             if info.path not in damaged:
-                fs.delete_file(info.path)
+                fs.delete_file(info.path)                  # the part, then its figures
+                try:
+                    fs.delete_file(layout.figures_of(info.path))
+                except FileNotFoundError:
+                    pass
                 moved.parts_merged += 1
