@@ -74,7 +74,8 @@ def choices(instances, lls) -> list[tuple]:
     for inst, ll in zip(instances, lls):
         docs.setdefault((inst.task_name, inst.doc_id), []).append((ll, len(inst.args[1])))
     return [(key, max(range(len(v)), key=lambda j: v[j][0]),
-             max(range(len(v)), key=lambda j: v[j][0] / v[j][1])) for key, v in sorted(docs.items())]
+             max(range(len(v)), key=lambda j: v[j][0] / v[j][1]))
+            for key, v in sorted(docs.items())]
 
 
 def main(argv=None) -> int:
