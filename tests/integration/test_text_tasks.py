@@ -92,8 +92,13 @@ def test_rolling_windows_are_the_harness_windows():
             assert sum(len(cont) for _, cont in ours) == n      # every token predicted once
 
 
-def test_every_item_and_metric_equals_the_harness(example, checkpoints, harness):
-    ours = reference(str(example / "sweep.yaml"))
+@pytest.fixture(scope="module")
+def ours(example):
+    """rayeval's single-process scoring of the example (read by two tests, computed once)."""
+    return reference(str(example / "sweep.yaml"))
+
+
+def test_every_item_and_metric_equals_the_harness(example, checkpoints, harness, ours):
     for c in checkpoints:
         h = harness[c]
         mc_items, mc, _ = ours[c]["facts_mc"]
@@ -277,7 +282,7 @@ def test_samples_and_compare_items_on_the_command_line(checkpoints, harness, ray
         assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr
 
 
-def test_a_factory_returning_a_transformers_model_scores_the_same(example, tmp_path):
+def test_a_factory_returning_a_transformers_model_scores_the_same(example, tmp_path, ours):
     """model.factory + model.tokenizer instead of the folders' config: the same numbers."""
     ex = _copy(example, tmp_path)
     first = sorted((ex / "ckpts").iterdir())[0]
@@ -290,7 +295,7 @@ def test_a_factory_returning_a_transformers_model_scores_the_same(example, tmp_p
         "factory": "hf_factory:gpt2", "kwargs": {"folder": str(first)},
         "tokenizer": str(first)}))
     by_factory = reference(str(ex / "sweep.yaml"))
-    by_folder = reference(str(example / "sweep.yaml"))
+    by_folder = ours
     for (_, evals), (_, theirs) in zip(sorted(by_factory.items()), sorted(by_folder.items())):
         for name, (_, results, _) in evals.items():
             for metric, r in results.items():
