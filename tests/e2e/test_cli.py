@@ -9,8 +9,8 @@ import shutil
 import pytest
 import torch
 
-from support import (build_model, make_data, rayeval_cli, write_model_module, write_parquet,
-                     write_sweep)
+from support import (build_model, make_data, rayeval_cli, rayeval_main, write_model_module,
+                     write_parquet, write_sweep)
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -260,31 +260,31 @@ def test_quickstart_example_end_to_end(tmp_path):
                            "evaluate")
     assert progress[-1].startswith("[rayeval] 8/8 cells, 100% of rows, ")
     assert "rows/s" in progress[-1] and "left ~0:00" in progress[-1]
-    rows = json.loads(rayeval_cli("leaderboard", str(example / "out"), "--format",
-                                  "json").stdout)
+    rows = json.loads(rayeval_main("leaderboard", str(example / "out"), "--format",
+                                   "json").stdout)
     stored = [r for r in rows if r["metric"] != "aggregate"]
     assert len(stored) == 24 and len(rows) == 28, "4 checkpoints x 2 evaluations x 3, + 4"
     assert {(r["dataset"], r["num_samples"]) for r in stored} == {("clean", 1009),
                                                                    ("noisy", 2003)}
     assert {r["world_size"] for r in stored} == {2}
-    md = rayeval_cli("leaderboard", str(example / "out"), "--format", "markdown", "--metric",
-                     "noisy/nll")
+    md = rayeval_main("leaderboard", str(example / "out"), "--format", "markdown", "--metric",
+                      "noisy/nll")
     assert md.returncode == 0 and md.stdout.splitlines()[2].startswith("| 1 * | digits |")
-    again = rayeval_cli("run", str(example / "sweep.yaml"), cwd=str(tmp_path))
+    again = rayeval_main("run", str(example / "sweep.yaml"), cwd=str(tmp_path))
     assert again.returncode == 0 and "0 cell(s) evaluated, 8 already in the store" in \
         again.stdout and "nothing to run" in again.stdout
     assert "8 cell(s), 8 already in the store, 0 to evaluate" in again.stderr
-    quiet = rayeval_cli("run", str(example / "sweep.yaml"), "--quiet", cwd=str(tmp_path))
+    quiet = rayeval_main("run", str(example / "sweep.yaml"), "--quiet", cwd=str(tmp_path))
     assert quiet.returncode == 0 and quiet.stderr == ""
 
-    html = rayeval_cli("leaderboard", str(example / "out"), "--format", "html")
+    html = rayeval_main("leaderboard", str(example / "out"), "--format", "html")
     assert html.returncode == 0 and html.stdout.startswith("<!DOCTYPE html>")
     assert "<script" not in html.stdout and "http" not in html.stdout, "self-contained"
     assert html.stdout.count('<tr class="best">') == 1 and html.stdout.count("<tr") == 5
     assert "step_000600" in html.stdout.split('<tr class="best">')[1].split("</tr>")[0]
 
     png = tmp_path / "curves.png"
-    plotted = rayeval_cli("leaderboard", str(example / "out"), "--plot", str(png))
+    plotted = rayeval_main("leaderboard", str(example / "out"), "--plot", str(png))
     assert plotted.returncode == 0, plotted.stderr
     from matplotlib.image import imread
 
@@ -304,8 +304,8 @@ def test_metric_catalog_custom_metrics_compare_and_confusion(tmp_path):
                     ignore=shutil.ignore_patterns("out"))
     proc = rayeval_cli("run", str(example / "sweep_metrics.yaml"), cwd=str(tmp_path))
     assert proc.returncode == 0, (proc.stdout, proc.stderr)
-    rows = json.loads(rayeval_cli("leaderboard", str(example / "out"), "--format", "json",
-                                  "--replicates").stdout)
+    rows = json.loads(rayeval_main("leaderboard", str(example / "out"), "--format", "json",
+                                   "--replicates").stdout)
     by = {(os.path.basename(r["checkpoint"]), r["metric"]): r for r in rows}
     best = by[("step_000600", "target_probability")]
     exact = by[("step_000600", "target_probability_rows")]
@@ -316,9 +316,9 @@ def test_metric_catalog_custom_metrics_compare_and_confusion(tmp_path):
         else:
             assert r["ci_low"] <= r["value"] <= r["ci_high"], r["metric"]
             assert len(r["replicates"]) == 1000
-    cmp = rayeval_cli("compare", str(example / "out"), "step_000600", "step_000020.pt",
-                      "--metric", "accuracy")
+    cmp = rayeval_main("compare", str(example / "out"), "step_000600", "step_000020.pt",
+                       "--metric", "accuracy")
     assert cmp.returncode == 0, cmp.stderr
     assert "accuracy" in cmp.stdout and "1.000" in cmp.stdout     # A better in every replicate
-    cm = rayeval_cli("confusion", str(example / "out"), "step_000600")
+    cm = rayeval_main("confusion", str(example / "out"), "step_000600")
     assert cm.returncode == 0 and "rows: target" in cm.stdout

@@ -15,7 +15,7 @@ from rayeval.reporting.boards import latest_rows
 from rayeval.plan.loader import load_sweep, with_overrides
 from rayeval.io.store import ResultStore
 from s3server import CREDENTIALS, FlakyProxy, MotoServer
-from support import rayeval_cli
+from support import rayeval_cli, rayeval_main
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DIGITS = os.path.join(REPO, "configs", "digits")
@@ -85,7 +85,7 @@ def test_data_checkpoints_and_results_in_s3(s3, ray_cluster, tmp_path):
     again = run_sweep(sweep)
     assert again.outcomes == [] and len(again.plan.cached) == 4
 
-    lb = rayeval_cli("leaderboard", "s3://rayeval-example/evals", "--format", "json")
+    lb = rayeval_main("leaderboard", "s3://rayeval-example/evals", "--format", "json")
     assert lb.returncode == 0, lb.stderr
     assert len(json.loads(lb.stdout)) == 12
 
@@ -117,17 +117,17 @@ def test_transient_errors_are_retried(s3, tmp_path, monkeypatch):
 
 
 def test_missing_bucket_is_one_line(s3, tmp_path):
-    proc = rayeval_cli("run", s3_sweep(tmp_path, output="s3://no-such-bucket/evals"))
+    proc = rayeval_main("run", s3_sweep(tmp_path, output="s3://no-such-bucket/evals"))
     assert proc.returncode == 2, (proc.stdout, proc.stderr)
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in proc.stderr
     assert "output: bucket 'no-such-bucket' does not exist" in lines[0]
 
-    data = rayeval_cli("run", s3_sweep(tmp_path, **{
+    data = rayeval_main("run", s3_sweep(tmp_path, **{
         "s3://rayeval-example/digits/eval.parquet": "s3://missing-data/eval.parquet"}))
     assert data.returncode == 2 and "dataset.path: bucket 'missing-data' does not exist" in \
         data.stderr, data.stderr
-    ckpt = rayeval_cli("leaderboard", "s3://no-such-bucket/evals")
+    ckpt = rayeval_main("leaderboard", "s3://no-such-bucket/evals")
     assert ckpt.returncode == 2 and "bucket 'no-such-bucket' does not exist" in ckpt.stderr
 
 

@@ -22,11 +22,14 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
+import rayeval
+
 pytest.importorskip("transformers")
 pytest.importorskip("lm_eval")
 
 from harness import offline_env  # noqa: E402
-from support import rayeval_cli, script, single_process_passes  # noqa: E402
+from support import (local_ray, rayeval_cli, rayeval_main, script,  # noqa: E402
+                     single_process_passes)
 
 from rayeval.core.evaluate import finalize  # noqa: E402
 from rayeval.io.data import read_batches  # noqa: E402
@@ -243,13 +246,13 @@ def ray_stores(example, tmp_path_factory):
     sweep["model"] = {"share_prefixes": False}
     (example / "sweep-unshared.yaml").write_text(yaml.safe_dump(sweep, sort_keys=False))
     stores = {}
-    for workers in (1, 2, 3):
-        out = root / f"store{workers}"
-        name = "sweep-unshared.yaml" if workers == 2 else "sweep.yaml"
-        proc = rayeval_cli("run", str(example / name), "--workers", str(workers),
-                           "--output", str(out), timeout=600, env=offline_env())
-        assert proc.returncode == 0, proc.stdout + proc.stderr
-        stores[workers] = out
+    with local_ray():     # one Ray start for the three runs (rayeval.run is what `run` calls)
+        for workers in (1, 2, 3):
+            out = root / f"store{workers}"
+            name = "sweep-unshared.yaml" if workers == 2 else "sweep.yaml"
+            report = rayeval.run(str(example / name), workers=workers, output=str(out))
+            assert report.outcomes and not report.failures, report.failures
+            stores[workers] = out
     return stores
 
 
@@ -317,11 +320,11 @@ def test_per_item_records_equal_lm_eval_samples(checkpoints, reference, ray_stor
 @pytest.mark.ray
 def test_the_leaderboard_shows_the_group_and_its_tasks_on_request(ray_stores):
     out = str(ray_stores[3])
-    plain = rayeval_cli("leaderboard", out, "--format", "csv")
+    plain = rayeval_main("leaderboard", out, "--format", "csv")
     assert plain.returncode == 0, plain.stderr
     header = plain.stdout.splitlines()[0].split(",")
     assert f"{GROUP}/acc" in header and not any(h.startswith(f"{GROUP}/arith") for h in header)
-    full = rayeval_cli("leaderboard", out, "--format", "csv", "--members")
+    full = rayeval_main("leaderboard", out, "--format", "csv", "--members")
     assert full.returncode == 0, full.stderr
     header = full.stdout.splitlines()[0].split(",")
     assert {f"{GROUP}/acc", f"{GROUP}/arith_mc/acc", f"{GROUP}/arith_half/acc"} <= set(header)
@@ -338,8 +341,10 @@ def _fails(ex, evals):
     sweep = yaml.safe_load((ex / "sweep.yaml").read_text())
     sweep["evals"] = evals
     (ex / "sweep.yaml").write_text(yaml.safe_dump(sweep))
-    proc = rayeval_cli("run", str(ex / "sweep.yaml"), timeout=120, env=offline_env())
-    assert proc.returncode != 0
+    import ray
+
+    proc = rayeval_main("run", str(ex / "sweep.yaml"), env=offline_env({}))   # in process
+    assert proc.returncode != 0 and not ray.is_initialized()        # before Ray
     lines = [line for line in proc.stderr.strip().splitlines() if line.strip()]
     assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
     assert not (ex / "results").exists()                  # nothing written
@@ -419,8 +424,10 @@ def test_a_pickle_planted_in_the_store_never_runs(example, tmp_path):
                              "choices": pa.array([["x"]]), "instances": [payload]}), data)
     (folder / "task.pkl").write_bytes(payload)
 
-    proc = rayeval_cli("run", str(ex / "sweep.yaml"), timeout=300, env=offline_env())
-    assert proc.returncode != 0
+    import ray
+
+    proc = rayeval_main("run", str(ex / "sweep.yaml"), env=offline_env({}))   # in process
+    assert proc.returncode != 0 and not ray.is_initialized()        # before Ray
     lines = [line for line in proc.stderr.strip().splitlines() if line.strip()]
     assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
     assert data in lines[0] and "not trusted" in lines[0] and "--force" in lines[0]

@@ -24,8 +24,9 @@ import pytest
 import torch
 import yaml
 
-from support import rayeval_cli, script, single_process_passes
+from support import local_ray, rayeval_cli, rayeval_main, script, single_process_passes
 
+import rayeval
 from rayeval.reporting.boards import latest_rows
 from rayeval.config.schema import Parallelism
 from rayeval.io.data import read_batches
@@ -136,12 +137,13 @@ def test_text_tasks_sharded_over_2_and_4_ranks_equal_the_whole_model(tmp_path):
         pq.write_table(pq.read_table(data).slice(0, 12), data)
     sweep = tmp_path / "sweep.yaml"
     expected = single_process(str(sweep))
-    for shard in (2, 4):
-        _set(sweep, workers=4, parallelism={"shard": shard})
-        out = tmp_path / f"store{shard}"
-        proc = rayeval_cli("run", str(sweep), "--output", str(out), timeout=600)
-        assert proc.returncode == 0, proc.stdout + proc.stderr
-        _same(_stored(out), expected, world=4)
+    with local_ray(num_cpus=6):     # one Ray start for both runs (rayeval.run: what `run` calls)
+        for shard in (2, 4):
+            _set(sweep, workers=4, parallelism={"shard": shard})
+            out = tmp_path / f"store{shard}"
+            report = rayeval.run(str(sweep), output=str(out))
+            assert report.outcomes and not report.failures, report.failures
+            _same(_stored(out), expected, world=4)
 
 
 LM_MODULE = """
@@ -181,8 +183,6 @@ def test_a_dcp_checkpoint_from_4_fsdp_ranks_evaluates_on_2_sharded_workers(ranks
 # --- bad input, before Ray --------------------------------------------------------------------
 
 def test_parallelism_errors_name_the_keys_before_ray(tmp_path):
-    import rayeval
-
     shutil.copy(os.path.join(HERE, "sharded_ranks.py"), tmp_path / "sharded_ranks.py")
     (tmp_path / "lm_model.py").write_text(LM_MODULE)
     pq.write_table(pa.table({"tokens": [[1, 2, 3]] * 4}), tmp_path / "tokens.parquet")
@@ -208,10 +208,13 @@ def test_parallelism_errors_name_the_keys_before_ray(tmp_path):
             rayeval.run(path, **overrides)
         assert message in str(e.value)
         assert not (tmp_path / "results").exists()
-    # The command line: the same, as its one line, before Ray starts.
-    proc = rayeval_cli("run", str(path), timeout=120)
+    # The command line (its main(), in this process): the same, as its one line, before Ray.
+    import ray
+
+    proc = rayeval_main("run", str(path))
     lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
     assert proc.returncode != 0 and len(lines) == 1, proc.stderr
+    assert not ray.is_initialized()
     assert "parallelism.wrap: the model has no module of class Block" in lines[0]
     assert "Traceback" not in proc.stderr
 
@@ -260,13 +263,13 @@ def test_units_and_the_memory_inspect_reports(tmp_path):
         "evals": [{"name": "t", "task": "language_modeling",
                    "dataset": {"path": "tokens.parquet", "inputs": "tokens"},
                    "metrics": ["nll"]}]}))
-    proc = rayeval_cli("inspect", str(tmp_path / "step_1.pt"), "--sweep",
-                       str(tmp_path / "sweep.yaml"), "--format", "json")
+    proc = rayeval_main("inspect", str(tmp_path / "step_1.pt"), "--sweep",
+                        str(tmp_path / "sweep.yaml"), "--format", "json")
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["memory"] == {
         "shard": 2, "weights_bytes": total, "held_bytes": math.ceil(total / 2),
         "root_bytes": need.root, "largest_unit_bytes": block, "units": 3,
         "peak_weights_bytes": math.ceil(total / 2) + need.root + 2 * block}
-    table = rayeval_cli("inspect", str(tmp_path / "step_1.pt"), "--sweep",
-                        str(tmp_path / "sweep.yaml"), "--shard", "4")
+    table = rayeval_main("inspect", str(tmp_path / "step_1.pt"), "--sweep",
+                         str(tmp_path / "sweep.yaml"), "--shard", "4")
     assert "sharded over 4 workers" in table.stdout and "of 3 units" in table.stdout

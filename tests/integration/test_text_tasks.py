@@ -98,9 +98,22 @@ def test_rolling_windows_are_the_harness_windows():
             assert sum(len(cont) for _, cont in ours) == n      # every token predicted once
 
 
+@pytest.fixture(scope="module")
+def ours(example):
+    """rayeval's single-process scoring of the example, shared prefixes on or off: each
+    computed once (read by two tests)."""
+    done = {}
+
+    def scored(share: bool = True):
+        if share not in done:
+            done[share] = reference(str(example / "sweep.yaml"), share)
+        return done[share]
+    return scored
+
+
 @pytest.mark.parametrize("share", [True, False], ids=["shared", "unshared"])
-def test_every_item_and_metric_equals_the_harness(example, checkpoints, harness, share):
-    ours = reference(str(example / "sweep.yaml"), share)
+def test_every_item_and_metric_equals_the_harness(example, checkpoints, harness, ours, share):
+    ours = ours(share)
     for c in checkpoints:
         h = harness[c]
         mc_items, mc, _ = ours[c]["facts_mc"]
@@ -286,7 +299,7 @@ def test_samples_and_compare_items_on_the_command_line(checkpoints, harness, ray
         assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr
 
 
-def test_a_factory_returning_a_transformers_model_scores_the_same(example, tmp_path):
+def test_a_factory_returning_a_transformers_model_scores_the_same(example, tmp_path, ours):
     """model.factory + model.tokenizer instead of the folders' config: the same numbers."""
     ex = _copy(example, tmp_path)
     first = sorted((ex / "ckpts").iterdir())[0]
@@ -299,7 +312,7 @@ def test_a_factory_returning_a_transformers_model_scores_the_same(example, tmp_p
         "factory": "hf_factory:gpt2", "kwargs": {"folder": str(first)},
         "tokenizer": str(first)}))
     by_factory = reference(str(ex / "sweep.yaml"))
-    by_folder = reference(str(example / "sweep.yaml"))
+    by_folder = ours()
     for (_, evals), (_, theirs) in zip(sorted(by_factory.items()), sorted(by_folder.items())):
         for name, (_, results, _) in evals.items():
             for metric, r in results.items():

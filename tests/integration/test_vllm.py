@@ -6,7 +6,9 @@ checked against lm-evaluation-harness in test_text_tasks)."""
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
+import io
 import os
 import shutil
 
@@ -14,7 +16,7 @@ import pytest
 import yaml
 
 from harness import write_tasks
-from support import rayeval_cli, script
+from support import local_ray, rayeval_cli, script
 
 import rayeval
 from rayeval.errors import SpecError
@@ -109,24 +111,52 @@ def _values(store: str) -> dict:
 
 
 @pytest.fixture(scope="module")
-def greedy(example):
-    """The Hugging Face backend (1 worker) and vLLM with one tensor-parallel engine over 2
-    workers, on A, B, A again and the one-layer checkpoint."""
+def runs(example):
+    """Every successful-or-partly-failed run of the module on one local Ray (rayeval.run, what
+    `rayeval run` calls; a Ray start per run as a subprocess cost 10-20 s more each): the
+    Hugging Face backend (1 worker) and vLLM with one tensor-parallel engine over 2 workers
+    on A, B, A again and the one-layer checkpoint; sampled generation on B with 1 and 2
+    workers. {name: (store, report)}."""
     ckpts = [example["A"], example["B"], example["A again"], example["other"]]
-    stores = {}
-    for name, kw in (("hf", {"backend": "hf", "workers": 1}),
-                     ("tp", {"workers": 2, "tensor": 2})):
-        path = _sweep(example, name, checkpoints=ckpts, **kw)
-        # a progress line every half second: the engine's start (~3 s) is seen in it
-        proc = _run(path, env={"RAYEVAL_PROGRESS_INTERVAL_S": "0.5"})
-        stores[name] = (str(example["root"] / f"store_{name}"), proc)
-    return stores
+    gen = {"until": ["\n"], "max_new_tokens": 6, "temperature": 1.0, "repeats": 3, "seed": 7}
+    sweeps = {name: _sweep(example, name, checkpoints=ckpts, **kw) for name, kw in (
+        ("hf", {"backend": "hf", "workers": 1}), ("tp", {"workers": 2, "tensor": 2}))}
+    for workers in (1, 2):
+        sweeps[f"sampled{workers}"] = _sweep(example, f"sampled{workers}",
+                                             checkpoints=[example["B"]], workers=workers,
+                                             generation=gen, lm_eval="rayeval_gen_maj")
+    out = {}
+    with local_ray():
+        for name, path in sweeps.items():
+            store = str(example["root"] / f"store_{name}")
+            if name != "tp":
+                out[name] = (store, rayeval.run(path))
+                continue
+            # the progress lines as `rayeval run` prints them, a line every half second:
+            # the engine's start (~3 s) is seen in them
+            lines, before = io.StringIO(), os.environ.get("RAYEVAL_PROGRESS_INTERVAL_S")
+            os.environ["RAYEVAL_PROGRESS_INTERVAL_S"] = "0.5"
+            try:
+                with contextlib.redirect_stderr(lines):
+                    out[name] = (store, rayeval.run(path, progress=True))
+            finally:
+                if before is None:
+                    os.environ.pop("RAYEVAL_PROGRESS_INTERVAL_S")
+                else:
+                    os.environ["RAYEVAL_PROGRESS_INTERVAL_S"] = before
+            out["tp progress"] = lines.getvalue()
+    return out
+
+
+@pytest.fixture(scope="module")
+def greedy(runs):
+    return {name: runs[name] for name in ("hf", "tp", "tp progress")}
 
 
 @pytest.mark.ray
 def test_vllm_greedy_generations_equal_the_hf_backend_through_swaps_and_back(example, greedy):
-    (hf, hf_proc), (tp, tp_proc) = greedy["hf"], greedy["tp"]
-    assert hf_proc.returncode == 0, hf_proc.stdout + hf_proc.stderr   # hf builds any config
+    (hf, hf_report), (tp, _) = greedy["hf"], greedy["tp"]
+    assert hf_report.outcomes and not hf_report.failures, hf_report.failures  # any config
     for evaluation in ("sums", "lm_sums"):
         for which in ("A", "B", "A again"):
             ours = _records(tp, example[which], evaluation)
@@ -144,34 +174,33 @@ def test_vllm_greedy_generations_equal_the_hf_backend_through_swaps_and_back(exa
         if key[0] != "checkpoint-500":
             assert ours[key] == value, key
     # while no row moved, the progress line said what the workers were doing
-    said = [ln for ln in tp_proc.stderr.splitlines() if "starting the vLLM engine" in ln]
-    assert said and "of rows, starting the vLLM engine" in said[0], tp_proc.stderr[-3000:]
+    progress = greedy["tp progress"]
+    said = [ln for ln in progress.splitlines() if "starting the vLLM engine" in ln]
+    assert said and "of rows, starting the vLLM engine" in said[0], progress[-3000:]
 
 
 @pytest.mark.ray
 def test_a_checkpoint_the_engine_cannot_hold_fails_its_own_cells(example, greedy):
-    tp, proc = greedy["tp"]
-    assert proc.returncode == 1, proc.stdout + proc.stderr    # 1: cells failed
+    tp, report = greedy["tp"]
+    failed = {(os.path.basename(o.checkpoint), o.evaluation) for o in report.failures}
+    assert failed and {c for c, _ in failed} == {"checkpoint-500"}, report.failures
     rows = {(os.path.basename(r["checkpoint"]), r["dataset"])
             for r in rayeval.results(tp).to_pylist()}
     assert ("checkpoint-500", "sums") not in rows
     assert {(os.path.basename(example[c]), e) for c in ("A", "B", "A again")
             for e in ("sums", "lm_sums")} <= rows
-    text = proc.stdout + proc.stderr
+    text = "\n".join(f"{o.checkpoint}: {o.error}" for o in report.failures)
     assert "checkpoint-500" in text and "n_layer 1" in text, text
     assert "differs from the vLLM engine's" in text
 
 
 @pytest.mark.ray
-def test_sampled_generations_are_the_same_on_1_and_2_workers(example):
-    gen = {"until": ["\n"], "max_new_tokens": 6, "temperature": 1.0, "repeats": 3, "seed": 7}
+def test_sampled_generations_are_the_same_on_1_and_2_workers(example, runs):
     stores = {}
     for workers in (1, 2):
-        path = _sweep(example, f"sampled{workers}", checkpoints=[example["B"]],
-                      workers=workers, generation=gen, lm_eval="rayeval_gen_maj")
-        proc = _run(path)
-        assert proc.returncode == 0, proc.stdout + proc.stderr
-        stores[workers] = str(example["root"] / f"store_sampled{workers}")
+        store, report = runs[f"sampled{workers}"]
+        assert report.outcomes and not report.failures, report.failures
+        stores[workers] = store
     one, two = (_records(stores[w], example["B"], "sums", "responses") for w in (1, 2))
     assert len(one) == 40 and one == two
     assert all(isinstance(r, list) and len(r) == 3 for r in one.values())
