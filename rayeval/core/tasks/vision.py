@@ -140,7 +140,7 @@ class ImageItems:
         cells = data.column_array(table, spec.images).to_pylist()
         prompts, pictures, inputs = [], [], []
         for i, (question, cell) in enumerate(zip(questions, cells)):
-            decoded = image_io.decode_cell(cell, root, self._where(table, spec, i),
+            decoded = image_io.decode_cell(cell, root, _row(table, spec, i),
                                            f"{spec.key_path}.images")
             prompt = tok.render(question, len(decoded))
             prompts.append(prompt)
