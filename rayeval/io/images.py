@@ -11,6 +11,7 @@ an image is decoded (the ``vlm`` extra brings it).
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 
@@ -64,11 +65,27 @@ def read_bytes(source, root: str | None) -> bytes:
         return f.read()
 
 
+@contextlib.contextmanager
+def _truncation_refused():
+    """PIL's process-wide ``ImageFile.LOAD_TRUNCATED_IMAGES`` off while rayeval decodes:
+    importing lmms-eval's task module turns it on (``lmms_eval/api/task.py``, 0.7.3), and a
+    worker that scores an lmms-eval task would then decode a truncated file silently, its
+    missing rows grey. Put back afterwards, for lmms-eval's own ``doc_to_visual``."""
+    from PIL import ImageFile
+
+    before = ImageFile.LOAD_TRUNCATED_IMAGES
+    ImageFile.LOAD_TRUNCATED_IMAGES = False
+    try:
+        yield
+    finally:
+        ImageFile.LOAD_TRUNCATED_IMAGES = before
+
+
 def decode_bytes(data: bytes) -> np.ndarray:
     """RGB uint8 (height, width, 3) of encoded image bytes, fully decoded."""
     from PIL import Image
 
-    with Image.open(io.BytesIO(data)) as im:
+    with _truncation_refused(), Image.open(io.BytesIO(data)) as im:
         im.load()                      # decodes every pixel: a truncated file raises here
         return np.asarray(im.convert("RGB"), dtype=np.uint8).copy()
 
@@ -78,7 +95,7 @@ def verify_bytes(data: bytes) -> None:
     truncation, as PIL's ``verify`` finds them."""
     from PIL import Image
 
-    with Image.open(io.BytesIO(data)) as im:
+    with _truncation_refused(), Image.open(io.BytesIO(data)) as im:
         im.verify()
 
 

@@ -183,7 +183,13 @@ def test_an_item_without_an_image_is_named(base):
     assert f"id = {items[2]['id']}" in e.value.message and "has no image" in e.value.message
 
 
-def test_a_truncated_image_is_named_by_its_row_id(base):
+@pytest.mark.parametrize("pil_lenient", [False, True], ids=["pil-default", "lmms-eval-imported"])
+def test_a_truncated_image_is_named_by_its_row_id(base, pil_lenient, monkeypatch):
+    """Also when PIL was told to load truncated images, as importing lmms-eval's task module
+    tells it for the whole process."""
+    from PIL import ImageFile
+
+    monkeypatch.setattr(ImageFile, "LOAD_TRUNCATED_IMAGES", pil_lenient)
     out, folder, items = base
     pngs = [_png(it["image"]) for it in items]
     pngs[4] = pngs[4][:len(pngs[4]) // 2]
@@ -197,6 +203,7 @@ def test_a_truncated_image_is_named_by_its_row_id(base):
     assert "not a readable image" in e.value.message
     with pytest.raises(DataError, match="not a readable image"):     # and when decoded
         image_io.decode_cell(pngs[4], None, "row", "dataset.images")
+    assert ImageFile.LOAD_TRUNCATED_IMAGES is pil_lenient               # and left as it was
 
 
 def test_a_model_that_is_not_a_vision_language_model(base, tmp_path):
