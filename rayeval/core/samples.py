@@ -15,6 +15,7 @@ import pyarrow as pa
 # ``id`` keeps the id column's own type (a content id is int64).
 COLUMNS = {
     "context": pa.string(),
+    "images": pa.list_(pa.string()),         # image items: each image's path, or its size
     "choices": pa.list_(pa.string()),
     "target": pa.string(),
     "response": pa.string(),

@@ -17,7 +17,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Iterable
 
-from rayeval.io import paths
+from rayeval.io import paths, vision
 from rayeval.execution import recovery
 from rayeval.plan import groups
 from rayeval.execution.callbacks import Callbacks, RunCallback
@@ -86,6 +86,8 @@ def inspect_evaluations(sweep: Sweep) -> tuple[Evaluation, ...]:
     out = []
     for spec in sweep.evals:
         task = tasks.get(spec.task)
+        if spec.dataset.images is not None:
+            vision.check_image_model(tokenizer, meta, first, spec.dataset.key_path)
         info = inspect_dataset(spec.dataset, task)
         size = _probe_output_size(sweep, spec, info, source, meta, tokenizer)
         task.check_values(probe_dataset(info, spec.dataset.key_path), spec.dataset, size)

@@ -178,6 +178,34 @@ def is_vision_type(kind: str | None) -> bool:
     return kind in MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES
 
 
+def key_renamer(model: torch.nn.Module):
+    """How transformers renames a folder's saved keys to its model's keys when it loads it
+    (``save_pretrained`` writes some families, LLaVA among them, under their original names:
+    ``language_model.model.*`` for ``model.language_model.*``), as a function of a key; None
+    for a model with no renaming (or not a transformers model). Renames only: a folder that
+    needs transformers' other weight conversions (fused experts, ...) fails the key check."""
+    if not hasattr(model, "base_model_prefix") or not hasattr(model, "config"):
+        return None
+    try:
+        from transformers.conversion_mapping import get_model_conversion_mapping
+        from transformers.core_model_loading import WeightRenaming, rename_source_key
+    except ImportError:                   # an older transformers: keys as they are
+        return None
+    renamings = [c for c in get_model_conversion_mapping(model)
+                 if isinstance(c, WeightRenaming)]
+    if not renamings:
+        return None
+    known = set(model.state_dict())
+    prefix = model.base_model_prefix
+
+    def rename(key: str) -> str:
+        if key in known:
+            return key
+        return rename_source_key(key, renamings, [], prefix, None)[0]
+
+    return rename
+
+
 def max_length(model: torch.nn.Module | None, tokenizer, configured: int | None) -> int:
     """The model's context in tokens, as lm-evaluation-harness resolves it: the sweep's
     ``model.max_length``, else the config's n_positions / max_position_embeddings / n_ctx

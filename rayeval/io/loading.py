@@ -180,17 +180,30 @@ def model_state(raw: layouts.Raw, model: torch.nn.Module, spec: CheckpointSpec =
                 ) -> dict[str, torch.Tensor]:
     """The checkpoint's tensors under the model's keys, checked to fit it exactly."""
     expected = model.state_dict()
+    shapes, back = renamed(raw.shapes, model)
     try:
-        m = match(raw.shapes, expected, spec)
+        m = match(shapes, expected, spec)
     except CheckpointError as e:
         raise CheckpointError(f"{raw.path}: {e.message}") from None
-    selected = {ck: mk for ck, mk in m.mapping.items()}
+    selected = {back.get(ck, ck): mk for ck, mk in m.mapping.items()}
     check_fit(raw.path, {mk: raw.shapes[ck][0] for ck, mk in selected.items()}, model)
     if raw.tensors is None:
         tensors = layouts.read_dcp_tensors(raw, list(selected))
     else:
         tensors = raw.tensors
     return {mk: tensors[ck] for ck, mk in selected.items()}
+
+
+def renamed(shapes: Mapping, model: torch.nn.Module) -> tuple[dict, dict]:
+    """A checkpoint's keys as transformers renames them for this model (``hf.key_renamer``),
+    and the way back to the stored keys; unchanged for other models."""
+    from rayeval.io import hf
+
+    rename = hf.key_renamer(model)
+    if rename is None:
+        return dict(shapes), {}
+    back = {rename(k): k for k in shapes}
+    return {k: shapes[v] for k, v in back.items()}, {k: v for k, v in back.items() if k != v}
 
 
 def fit_error(path: str, model: torch.nn.Module, spec: CheckpointSpec = CheckpointSpec()
@@ -200,8 +213,9 @@ def fit_error(path: str, model: torch.nn.Module, spec: CheckpointSpec = Checkpoi
     tensors), or None when it fits."""
     try:
         raw = layouts.read(path, spec.trust_pickle)
-        m = match(raw.shapes, model.state_dict(), spec)
-        check_fit(raw.path, {mk: raw.shapes[ck][0] for ck, mk in m.mapping.items()}, model)
+        shapes, _ = renamed(raw.shapes, model)
+        m = match(shapes, model.state_dict(), spec)
+        check_fit(raw.path, {mk: shapes[ck][0] for ck, mk in m.mapping.items()}, model)
     except CheckpointError as e:
         return e.message if e.message.startswith(path) else f"{path}: {e.message}"
     return None

@@ -105,3 +105,18 @@ def load_processor(folder: str, *, what: str, model=None,
     length = hf.max_length(model, tok, configured_max)
     tok.model_max_length = hf._HUGE
     return Processor(tok, length, f"{processor_digest(folder)}:{length}:vision", processor)
+
+
+def check_image_model(tokenizer, model, folder: str | None, key_path: str) -> None:
+    """Before Ray starts, for an evaluation with ``dataset.images``: the model must be a
+    vision-language model and its folder must hold its processor (one line each)."""
+    if isinstance(tokenizer, Processor):
+        return
+    kind = getattr(getattr(model, "config", None), "model_type", None)
+    where = folder or "model.factory"
+    if not hf.is_vision_type(kind):
+        what = f"model_type {kind!r}" if kind else type(model).__name__
+        raise SpecError(f"{key_path}.images: {where}: {what} is not a vision-language model "
+                        "(transformers' AutoModelForImageTextToText); image items need one, or "
+                        "drop dataset.images", key_path=f"{key_path}.images")
+    load_processor(folder or "", what="checkpoint")       # raises: none there, or unreadable

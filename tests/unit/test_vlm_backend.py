@@ -17,27 +17,49 @@ from rayeval.core.backends import ImageRequest, Setup, create  # noqa: E402
 from rayeval.core.backends.base import Context  # noqa: E402
 from rayeval.io import images as image_io, vision  # noqa: E402
 
-from tests.vlm_support import build_tiny_vlm, easy_vqa_items, item_texts  # noqa: E402
+from tests.vlm_support import (build_tiny_llava, build_tiny_vlm, easy_vqa_items,  # noqa: E402
+                               item_texts)
 
 NEW_TOKENS = 6
 
 
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    folder = build_tiny_vlm(tmp_path_factory.mktemp("vlm"),
-                            item_texts(easy_vqa_items("train", n=500)))
+def _requests(proc, items, images=lambda i: 1):
+    out = []
+    for i, it in enumerate(items):
+        with open(it["image"], "rb") as f:
+            pictures = [image_io.decode_bytes(f.read())] * images(i)
+        prompt = proc.render(it["question"], len(pictures))
+        out.append(ImageRequest(prompt, tuple(pictures), proc.inputs(prompt, pictures)))
+    return out
+
+
+@pytest.fixture(scope="module", params=["idefics3", "llava"])
+def tiny(request, tmp_path_factory):
+    """The model as rayeval loads it (built from config.json on the meta device, the
+    safetensors loaded lean: ``ModelSource.loader``), its processor, 16 items."""
+    from rayeval.config.schema import CheckpointSpec, ModelSpec
+    from rayeval.io.model import ModelSource
+
+    build = build_tiny_vlm if request.param == "idefics3" else build_tiny_llava
+    folder = build(tmp_path_factory.mktemp(request.param) / "checkpoint-3",
+                   item_texts(easy_vqa_items("train", n=500)))
+    source = ModelSource(ModelSpec(), "")
+    model, _ = source.loader(torch.device("cpu"), CheckpointSpec()).load(folder)
+    proc = source.tokenizer(folder, model)
+    assert isinstance(proc, vision.Processor)
+    return model.eval(), proc, _requests(proc, easy_vqa_items("test", n=16, seed=1)), folder
+
+
+def test_rayeval_loads_the_weights_transformers_loads(tiny):
     from transformers import AutoModelForImageTextToText
 
-    model = AutoModelForImageTextToText.from_pretrained(folder).eval()
-    proc = vision.load_processor(folder, what="checkpoint", model=model)
-    items = easy_vqa_items("test", n=16, seed=1)
-    requests = []
-    for it in items:
-        with open(it["image"], "rb") as f:
-            pictures = [image_io.decode_bytes(f.read())]
-        prompt = proc.render(it["question"], 1)
-        requests.append(ImageRequest(prompt, tuple(pictures), proc.inputs(prompt, pictures)))
-    return model, proc, requests
+    model, proc, _, folder = tiny
+    assert type(model).__name__ in ("Idefics3ForConditionalGeneration",
+                                    "LlavaForConditionalGeneration")
+    theirs = AutoModelForImageTextToText.from_pretrained(folder)
+    mine = model.state_dict()
+    for k, v in theirs.state_dict().items():
+        assert torch.equal(mine[k], v), k
 
 
 def _context(proc, batch):
@@ -52,52 +74,76 @@ def _backend(model):
 
 
 def test_the_prompt_is_the_chat_template_with_the_image_before_the_question(tiny):
-    _, proc, requests = tiny
+    _, proc, requests, _ = tiny
     assert requests[0].prompt.startswith("User:<image>")
     assert requests[0].prompt.endswith("<end_of_utterance>\nAssistant:")
     ids = requests[0].inputs["input_ids"][0].tolist()
     image = proc.tokenizer.convert_tokens_to_ids("<image>")
-    assert ids.count(image) == 16            # 64x64, patch 8, scale factor 2
+    assert ids.count(image) == 16     # Idefics3: 64/8 squared over 2x2; LLaVA: 32/8 squared
     assert requests[0].images[0].shape == (64, 64, 3)
     assert requests[0].images[0].dtype == np.uint8
 
 
+@pytest.fixture(scope="module")
+def alone(tiny):
+    """transformers' own ``generate`` on each item alone: its new tokens, through EOS."""
+    model, proc, requests, _ = tiny
+    out = []
+    for r in requests:
+        ref = model.generate(**r.inputs, do_sample=False, max_new_tokens=NEW_TOKENS,
+                             pad_token_id=proc.tokenizer.pad_token_id, eos_token_id=proc.eos_id)
+        out.append(_through_eos(ref[0, r.inputs["input_ids"].shape[1]:].tolist(), proc))
+    return out
+
+
+def _through_eos(tokens, proc):
+    """Up to the first EOS: batched generate pads finished rows after it."""
+    return tokens[:tokens.index(proc.eos_id) + 1] if proc.eos_id in tokens else tokens
+
+
 @pytest.mark.parametrize("batch", [1, 16])
-def test_greedy_tokens_equal_generate_on_each_item_alone(tiny, batch):
-    model, proc, requests = tiny
+def test_greedy_tokens_equal_generate_on_each_item_alone(tiny, alone, batch):
+    model, proc, requests, _ = tiny
     backend = _backend(model)
     ctx = _context(proc, batch)
     got = []
     for start in range(0, len(requests), batch):
         got += backend.image_tokens(requests[start:start + batch], ctx)
-    for r, tokens in zip(requests, got):
-        ref = model.generate(**r.inputs, do_sample=False, max_new_tokens=NEW_TOKENS,
-                             pad_token_id=proc.tokenizer.pad_token_id,
-                             eos_token_id=proc.eos_id)
-        want = ref[0, r.inputs["input_ids"].shape[1]:].tolist()
-        if proc.eos_id in want:                  # generate pads finished rows after EOS
-            want = want[:want.index(proc.eos_id) + 1]
-        if proc.eos_id in tokens:
-            tokens = tokens[:tokens.index(proc.eos_id) + 1]
-        assert tokens == want
-    texts = backend.generate_images(requests, None, ctx)
-    assert len(texts) == len(requests) and all(len(t) == 1 for t in texts)
+    assert [_through_eos(t, proc) for t in got] == alone
+    assert len({tuple(t) for t in alone}) > len(alone) // 2      # items differ: a real check
+    if batch == 16:
+        texts = backend.generate_images(requests, None, ctx)
+        assert [t[0] for t in texts] == [
+            proc.decode(t[:-1] if t and t[-1] == proc.eos_id else t) for t in alone]
 
 
 def test_choice_loglikelihoods_equal_a_forward_pass_of_the_item_alone(tiny):
-    model, proc, requests = tiny
+    model, proc, requests, _ = tiny
     backend = _backend(model)
     ctx = dataclasses.replace(_context(proc, 4), task="multiple_choice")
     conts = [proc.encode_pair(requests[0].prompt, " " + c)[1] for c in ("circle", "red")]
     (got,) = backend.loglikelihood_images([(requests[0], conts)], ctx)
     for (ll, _), cont in zip(got, conts):
         ids = torch.cat([requests[0].inputs["input_ids"], torch.tensor([cont])], dim=1)
+        rest = {k: v for k, v in requests[0].inputs.items()
+                if k not in ("input_ids", "attention_mask")}
         with torch.no_grad():
-            logits = model(input_ids=ids, attention_mask=torch.ones_like(ids),
-                           pixel_values=requests[0].inputs["pixel_values"],
-                           pixel_attention_mask=requests[0].inputs["pixel_attention_mask"]
-                           ).logits
+            logits = model(input_ids=ids, attention_mask=torch.ones_like(ids), **rest).logits
         n = requests[0].inputs["input_ids"].shape[1]
         logp = torch.log_softmax(logits[0, n - 1:n - 1 + len(cont)].double(), dim=-1)
         want = float(logp.gather(1, torch.tensor(cont).view(-1, 1)).sum())
         assert ll == pytest.approx(want, abs=1e-4)
+
+
+def test_items_with_one_and_two_images_in_one_batch(tiny):
+    """Idefics3 pads an item's missing images with zeros (masked out); each item's tokens are
+    still those of ``generate`` on it alone."""
+    model, proc, _, _ = tiny
+    if type(model).__name__ != "Idefics3ForConditionalGeneration":
+        pytest.skip("LLaVA takes one image per item here")
+    requests = _requests(proc, easy_vqa_items("test", n=4, seed=2), images=lambda i: 1 + i % 2)
+    got = _backend(model).image_tokens(requests, _context(proc, 4))
+    for r, tokens in zip(requests, got):
+        ref = model.generate(**r.inputs, do_sample=False, max_new_tokens=NEW_TOKENS,
+                             pad_token_id=proc.tokenizer.pad_token_id, eos_token_id=proc.eos_id)
+        assert tokens[:NEW_TOKENS] == ref[0, r.inputs["input_ids"].shape[1]:].tolist()

@@ -1,0 +1,148 @@
+"""Image+text items on a real local Ray, 1 and 3 workers, against transformers itself.
+
+An untrained tiny Idefics3 (tests/vlm_support.py) and 32 easy-vqa test items as parquet image
+bytes. The reference is transformers run by hand, one item at a time: ``AutoProcessor`` (chat
+template, images then text) and ``generate`` for generation, a forward pass for each choice's
+log-likelihood. An untrained model never gives easy-vqa's answers, so exact match would be 0
+everywhere and prove nothing: half of the targets are the model's own reference generation (the
+other half the real answer), and exact match is then right only if every item's generation
+equals transformers' item by item. Batch sizes 1 and 16 are two evaluations of the same items.
+"""
+
+import os
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+import yaml
+
+pytest.importorskip("transformers")
+pytest.importorskip("easy_vqa")
+
+from support import rayeval_cli  # noqa: E402
+from vlm_support import build_tiny_vlm, easy_vqa_answers, easy_vqa_items, item_texts  # noqa: E402
+
+from rayeval.io.store import ResultStore  # noqa: E402
+from rayeval.reporting.boards import latest_rows  # noqa: E402
+
+N = 32
+NEW_TOKENS = 4
+CHOICES = 4
+
+
+def _reference(folder, items, choices):
+    """transformers alone, item by item: each generation's text, each item's acc/acc_norm."""
+    from PIL import Image
+    from transformers import AutoModelForImageTextToText, AutoProcessor
+
+    model = AutoModelForImageTextToText.from_pretrained(folder).eval()
+    proc = AutoProcessor.from_pretrained(folder)
+    tok = proc.tokenizer
+    texts, acc, acc_norm = {}, {}, {}
+    for it, options in zip(items, choices):
+        messages = [{"role": "user", "content": [{"type": "image"},
+                                                 {"type": "text", "text": it["question"]}]}]
+        prompt = proc.apply_chat_template(messages, add_generation_prompt=True)
+        image = Image.open(it["image"]).convert("RGB")
+        inputs = proc(text=[prompt], images=[[image]], return_tensors="pt")
+        with torch.no_grad():
+            out = model.generate(**inputs, do_sample=False, max_new_tokens=NEW_TOKENS,
+                                 pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
+        new = out[0, inputs["input_ids"].shape[1]:].tolist()
+        if tok.eos_token_id in new:
+            new = new[:new.index(tok.eos_token_id)]
+        texts[it["id"]] = tok.decode(new, skip_special_tokens=True).split("\n")[0]
+        lls = []
+        for c in options:      # lm-eval's split: prompt and " choice" encoded together
+            whole = tok.encode(prompt + " " + c)
+            cont = whole[len(tok.encode(prompt)):]
+            ids = torch.cat([inputs["input_ids"], torch.tensor([cont])], dim=1)[:, :-1]
+            with torch.no_grad():
+                logits = model(input_ids=ids, attention_mask=torch.ones_like(ids),
+                               pixel_values=inputs["pixel_values"],
+                               pixel_attention_mask=inputs["pixel_attention_mask"]).logits
+            n = inputs["input_ids"].shape[1]
+            logp = torch.log_softmax(logits[0, n - 1:].double(), dim=-1)
+            lls.append(float(logp.gather(1, torch.tensor(cont).view(-1, 1)).sum()))
+        best = max(range(len(lls)), key=lambda j: (lls[j], -j))
+        norm = max(range(len(lls)), key=lambda j: (lls[j] / len(options[j]), -j))
+        acc[it["id"]] = float(options[best] == it["answer"])
+        acc_norm[it["id"]] = float(options[norm] == it["answer"])
+    return texts, acc, acc_norm
+
+
+@pytest.fixture(scope="module")
+def example(tmp_path_factory):
+    out = tmp_path_factory.mktemp("vlm_ray")
+    folder = build_tiny_vlm(out / "ckpts" / "checkpoint-1",
+                            item_texts(easy_vqa_items("train", n=500)))
+    items = easy_vqa_items("test", n=N, seed=7)
+    answers = easy_vqa_answers()
+    choices = [answers[:CHOICES] if it["answer"] in answers[:CHOICES]
+               else answers[:CHOICES - 1] + [it["answer"]] for it in items]
+    texts, acc, acc_norm = _reference(folder, items, choices)
+    targets = [texts[it["id"]] if i % 2 == 0 else it["answer"] for i, it in enumerate(items)]
+    pq.write_table(pa.table({
+        "id": [it["id"] for it in items], "question": [it["question"] for it in items],
+        "image": [open(it["image"], "rb").read() for it in items], "target": targets,
+        "choices": choices, "label": [c.index(it["answer"]) for c, it in zip(choices, items)]}),
+        out / "items.parquet")
+    data = {"path": "items.parquet", "prompt": "question", "images": "image", "id": "id"}
+    gen = {"task": "generation", "metrics": ["exact_match"],
+           "generation": {"max_new_tokens": NEW_TOKENS, "until": ["\n"]},
+           "dataset": {**data, "target": "target"}}
+    sweep = {"name": "vqa", "checkpoints": ["ckpts/checkpoint-*"], "output": "out",
+             "recovery": {"max_restarts": 0}, "bootstrap": {"replicates": 200},
+             "evals": [{"name": "gen_b1", "batch_size": 1, **gen},
+                       {"name": "gen_b16", "batch_size": 16, **gen},
+                       {"name": "mc", "task": "multiple_choice", "batch_size": 16,
+                        "metrics": ["acc", "acc_norm"],
+                        "dataset": {**data, "choices": "choices", "target": "label"}}]}
+    (out / "sweep.yaml").write_text(yaml.safe_dump(sweep, sort_keys=False))
+    reference = {"texts": texts, "targets": dict(zip([it["id"] for it in items], targets)),
+                 "acc": acc, "acc_norm": acc_norm, "questions": {it["id"]: it["question"]
+                                                                 for it in items}}
+    return out, reference
+
+
+@pytest.mark.ray
+def test_1_and_3_workers_and_batch_sizes_1_and_16_equal_transformers_item_by_item(example):
+    import rayeval
+
+    out, ref = example
+    ckpt = str(out / "ckpts" / "checkpoint-1")
+    em = sum(float(ref["texts"][i].strip() == ref["targets"][i].strip())
+             for i in ref["texts"]) / N
+    assert em >= 0.5                    # the half whose target is the reference generation
+    want = {"exact_match": em, "acc": sum(ref["acc"].values()) / N,
+            "acc_norm": sum(ref["acc_norm"].values()) / N}
+    runs = {}
+    for workers in (1, 3):
+        store = out / f"store{workers}"
+        proc = rayeval_cli("run", str(out / "sweep.yaml"), "--workers", str(workers),
+                           "--output", str(store), timeout=600)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        rows = latest_rows(ResultStore(str(store)).read())
+        assert len(rows) == 4
+        runs[workers] = {(r["dataset"], r["metric"]): r for r in rows}
+        for r in rows:
+            assert r["world_size"] == workers and r["num_samples"] == N
+            assert r["value"] == want[r["metric"]], (workers, r["dataset"], r["metric"])
+        for name in ("gen_b1", "gen_b16"):
+            records = rayeval.samples(str(store), checkpoint=ckpt, evaluation=name).to_pylist()
+            assert sorted(r["id"] for r in records) == sorted(ref["texts"])     # each once
+            for r in records:
+                assert r["response"] == ref["texts"][r["id"]]
+                assert r["target"] == ref["targets"][r["id"]]
+                assert r["context"] == ref["questions"][r["id"]]
+                assert len(r["images"]) == 1 and r["images"][0].endswith("bytes>")
+        mc = rayeval.samples(str(store), checkpoint=ckpt, evaluation="mc").to_pylist()
+        assert {r["id"]: r["acc"] for r in mc} == ref["acc"]
+        assert {r["id"]: r["acc_norm"] for r in mc} == ref["acc_norm"]
+    for key, r in runs[3].items():       # identical intervals on any worker count
+        assert (r["value"], r["ci_low"], r["ci_high"]) == (
+            runs[1][key]["value"], runs[1][key]["ci_low"], runs[1][key]["ci_high"])
+    assert runs[1][("gen_b1", "exact_match")]["ci_low"] == runs[1][("gen_b16", "exact_match")][
+        "ci_low"]
+    assert os.path.isdir(out / "store3" / "samples")
