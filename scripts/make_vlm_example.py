@@ -1,6 +1,7 @@
-"""Build the vision-language example (configs/vlm): a tiny Idefics3 trained a few minutes on
-easy-vqa's train questions, saved as Hugging Face folders (model, processor, tokenizer) at three
-steps, and 200 easy-vqa test items as parquet with the images' PNG bytes.
+"""Build the vision-language example beside configs/vlm/sweep.yaml: a tiny Idefics3 trained a few
+minutes on easy-vqa's train questions, saved as Hugging Face folders (model, processor,
+tokenizer) at three steps in ckpts/, and 200 easy-vqa test items as parquet with the images'
+PNG bytes in data/ (neither is committed: configs/vlm/.gitignore).
 
     python scripts/make_vlm_example.py [--out configs/vlm] [--steps 1200] [--checkpoints 3]
 

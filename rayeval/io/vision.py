@@ -59,14 +59,8 @@ class Processor(hf.Tokenizer):
     processor: Any = None
 
     def render(self, question: str, images: int) -> str:
-        """The full prompt of a question with ``images`` images, as lmms-eval's generic
-        ``huggingface`` chat model renders it: one user turn whose content is the images then
-        the text, the processor's chat template with the generation prompt."""
-        content = [{"type": "image"} for _ in range(images)]
-        content.append({"type": "text", "text": question})
-        messages = [{"role": "user", "content": content}]
-        return self.processor.apply_chat_template(messages, tokenize=False,
-                                                  add_generation_prompt=True)
+        """The full prompt of a question with ``images`` images (``chat_prompt``)."""
+        return chat_prompt(self.processor, question, images)
 
     def inputs(self, prompt: str, images: list) -> dict:
         """The processor's outputs for one item (tensors with a batch dimension of 1)."""
@@ -75,6 +69,23 @@ class Processor(hf.Tokenizer):
         pil = [Image.fromarray(a) for a in images]
         out = self.processor(text=[prompt], images=[pil] if pil else None, return_tensors="pt")
         return {k: v for k, v in out.items() if hasattr(v, "shape")}
+
+
+def chat_prompt(processor, question: str, images: int) -> str:
+    """The full prompt of a question with ``images`` images, as lmms-eval's generic
+    ``huggingface`` chat model renders it (``lmms_eval/models/chat/huggingface.py``): one user
+    turn whose content is the images then the text, through the processor's chat template with
+    the generation prompt. ``processor``: a transformers processor (or anything with its
+    ``apply_chat_template``)."""
+    content = [{"type": "image"} for _ in range(images)]
+    content.append({"type": "text", "text": question})
+    return render_messages(processor, [{"role": "user", "content": content}])
+
+
+def render_messages(processor, messages: list) -> str:
+    """Chat messages (Hugging Face's form: content parts ``{"type": "image"}`` and
+    ``{"type": "text", "text": ...}``) as the prompt the model continues."""
+    return processor.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
 
 
 def load_processor(folder: str, *, what: str, model=None,

@@ -110,6 +110,8 @@ RE_EVALUATED = [
     ("DatasetSpec.choices", "mc", ("evals.0.dataset.choices", "choices2")),
     ("DatasetSpec.delimiter", "mc", ("evals.0.dataset.delimiter", "::")),
     ("DatasetSpec.text", "tp", ("evals.0.dataset.text", "text2")),
+    # a string column passes as image paths here (only the schema is read while planning)
+    ("DatasetSpec.images", "gen", ("evals.0.dataset.images", "prompt")),
     ("DatasetSpec.target", "gen", ("evals.0.dataset.target", "answer_text2")),
     ("MetricSpec.name", "tensor", ("evals.0.metrics.0", "nll")),
     ("MetricSpec.params", "tensor", lambda s: _metric1(s, params=(("k", 3),))),

@@ -74,7 +74,14 @@ def _backend(model):
 
 
 def test_the_prompt_is_the_chat_template_with_the_image_before_the_question(tiny):
-    _, proc, requests, _ = tiny
+    from transformers import AutoProcessor
+
+    _, proc, requests, folder = tiny
+    question = easy_vqa_items("test", n=16, seed=1)[0]["question"]
+    theirs = AutoProcessor.from_pretrained(folder).apply_chat_template(
+        [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": question}]}],
+        add_generation_prompt=True)
+    assert requests[0].prompt == theirs == vision.chat_prompt(proc.processor, question, 1)
     assert requests[0].prompt.startswith("User:<image>")
     assert requests[0].prompt.endswith("<end_of_utterance>\nAssistant:")
     ids = requests[0].inputs["input_ids"][0].tolist()

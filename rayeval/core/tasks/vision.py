@@ -4,7 +4,7 @@ with a ``dataset.images`` column (the same tasks without it are text.py's).
 An item is a question (``dataset.prompt``) with one or more images (``dataset.images``). Its
 prompt is rendered as lmms-eval's generic ``huggingface`` chat model renders it (one user
 turn: the images, then the text; the processor's chat template with the generation prompt:
-``io.vision.Processor.render``), then the images are decoded and the checkpoint's processor
+``chat_prompt``, from ``io.vision``: lmms-eval's task reuses it), then the images are decoded and the checkpoint's processor
 makes the model's inputs for that item alone, so an item's inputs never depend on which items
 share its batch. That work runs on a Ray Data CPU stage (``execution.pipeline.Tokenize``),
 once per processor: the stage hands the worker typed columns (``prepared.attach_arrays``);
@@ -32,6 +32,7 @@ from rayeval.core.backends.base import ImageRequest
 from rayeval.core.tasks.text import Generation, MultipleChoice, _content_id, _no_nulls, _row
 from rayeval.errors import DataError
 from rayeval.io import data, images as image_io
+from rayeval.io.vision import chat_prompt, render_messages  # noqa: F401  (the one renderer)
 
 PROMPT = "prompt"        # the rendered prompt's column name among the stage's strings
 
@@ -140,7 +141,7 @@ class ImageItems:
         cells = data.column_array(table, spec.images).to_pylist()
         prompts, pictures, inputs = [], [], []
         for i, (question, cell) in enumerate(zip(questions, cells)):
-            decoded = image_io.decode_cell(cell, root, self._where(table, spec, i),
+            decoded = image_io.decode_cell(cell, root, _row(table, spec, i),
                                            f"{spec.key_path}.images")
             prompt = tok.render(question, len(decoded))
             prompts.append(prompt)
