@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import pyarrow as pa
 
 from rayeval.config.schema import LmmsEvalSpec
-from rayeval.errors import SpecError
+from rayeval.errors import SpecError, reason
 from rayeval.harness import names
 from rayeval.harness.render import config_value, pickle_task, quiet
 from rayeval.lmms.requests import (AGGREGATIONS, NotMergeable, context_of, encode_messages,
@@ -117,7 +117,7 @@ def load_task(spec: LmmsEvalSpec, path: str):
         loaded = manager.load_task_or_group([spec.task], task_type="chat")
     except Exception as error:                        # lmms-eval's own message says what
         _fail(f"{path}.task", f"lmms-eval could not build {spec.task!r}: "
-                              f"{type(error).__name__}: {str(error).splitlines()[0][:300]}")
+                              f"{reason(error, typed=True)}")
     task = loaded.get(spec.task)
     if len(loaded) != 1 or task is None or isinstance(task, dict):
         _fail(f"{path}.task", f"{spec.task!r} is an lmms-eval group or tag; rayeval takes "
@@ -183,7 +183,7 @@ def _render_task(spec, path, name, task) -> Rendered:
         task.build_all_requests(limit=_limit(task, spec.limit), rank=0, world_size=1)
     except Exception as error:
         _fail(f"{path}.task", f"lmms-eval could not render the requests of {name!r}: "
-                              f"{type(error).__name__}: {str(error).splitlines()[0][:300]}")
+                              f"{reason(error, typed=True)}")
     instances = sorted(task.instances, key=lambda i: i.doc_id)
     rows = {"doc_id": [], "messages": [], "images": [], "context": [], "target": []}
     digest = hashlib.sha256()
@@ -226,7 +226,7 @@ def chat_of(messages: list[dict], name: str, doc_id: int, path: str) -> tuple[li
         chat = ChatMessages(messages=messages)
     except Exception as error:
         _fail(f"{path}.task", f"lmms-eval task {name!r}: document {doc_id}'s messages are not "
-                              f"a chat ({type(error).__name__}: {str(error).splitlines()[0]})")
+                              f"a chat ({reason(error, typed=True)})")
     out, images = [], []
     for message in chat.to_hf_messages():
         content = []

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import torch
 
-from rayeval.errors import DataError
+from rayeval.errors import DataError, reason
 from rayeval.harness import names
 from rayeval.lmms.requests import filter_names, layout
 
@@ -107,9 +107,7 @@ def score_documents(task, doc_ids: list[int], texts: list[list[str]], where: str
                 result = process_results(task, inst.doc, [got])
             except Exception as error:
                 raise DataError(f"{where}: lmms-eval's process_results failed on document "
-                                f"{inst.doc_id}: {type(error).__name__}: "
-                                f"{str(error).splitlines()[0][:200] if str(error) else ''}"
-                                ) from None
+                                f"{inst.doc_id}: {reason(error, typed=True)}") from None
             for metric, value in result.items():
                 values[names.result_key(metric, name, len(filters))] = value
         for key, _, col, _ in columns:

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import importlib.util
+import json
 import os
 
 import numpy as np
@@ -56,8 +58,11 @@ GEN = {**TEXT_BASE, "evals": [{"name": "gen", "task": "generation", "metrics": [
 # An lm-eval task over the same text (YAMLs written by the ``home`` fixture).
 LME = {**TEXT_BASE, "evals": [{"name": "lme", "lm_eval": {"task": "tiny_mc",
                                                           "include_path": "lmtasks"}}]}
+# An lmms-eval task over images (YAMLs and PNGs written by the ``home`` fixture).
+LMME = {**TEXT_BASE, "evals": [{"name": "lmme", "lmms_eval": {"task": "tiny_vqa",
+                                                            "include_path": "lmmstasks"}}]}
 BASES = {"tensor": TENSOR, "no_bootstrap": NO_BOOTSTRAP, "lm": LM, "mc": MC, "tp": TP,
-         "gen": GEN, "lme": LME}
+         "gen": GEN, "lme": LME, "lmme": LMME}
 
 
 def _lm_eval0(**changes):
@@ -139,6 +144,12 @@ RE_EVALUATED = [
     ("LmEvalSpec.gen_kwargs", "lme", ("evals.0.lm_eval.gen_kwargs", {"max_gen_toks": 4})),
     ("LmEvalSpec.limit", "lme", ("evals.0.lm_eval.limit", 1)),
     ("LmEvalSpec.fewshot_seed", "lme", ("evals.0.lm_eval.fewshot_seed", 7)),
+    ("LmmsEvalSpec.task", "lmme", ("evals.0.lmms_eval.task", "tiny_vqa2")),
+    ("LmmsEvalSpec.include_path", "lmme", ("evals.0.lmms_eval.include_path", "lmmstasks2")),
+    ("LmmsEvalSpec.model_name", "lmme", ("evals.0.lmms_eval.model_name", "other")),
+    ("LmmsEvalSpec.gen_kwargs", "lmme", ("evals.0.lmms_eval.gen_kwargs",
+                                         {"max_new_tokens": 4})),
+    ("LmmsEvalSpec.limit", "lmme", ("evals.0.lmms_eval.limit", 1)),
 ]
 
 CACHED = [
@@ -270,7 +281,32 @@ def home(tmp_path_factory):
                 "test_split: test\noutput_type: multiple_choice\n"
                 f"doc_to_text: '{{{{{prompt}}}}}'\ndoc_to_choice: choices\n"
                 "doc_to_target: answer\nmetric_list: [{metric: acc}]\n")
+    if importlib.util.find_spec("lmms_eval") is not None:
+        _lmms_tasks(d)
     return d
+
+
+def _lmms_tasks(d):
+    """Two lmms-eval tasks over two tiny PNGs, in two folders."""
+    from PIL import Image
+
+    items = d / "vqa.jsonl"
+    with open(items, "w") as f:
+        for i, (colour, answer) in enumerate((("red", "yes"), ("blue", "no"))):
+            Image.new("RGB", (8, 8), colour).save(d / f"img{i}.png")
+            f.write(json.dumps({"image": str(d / f"img{i}.png"), "question": "Red?",
+                                "question2": "Is it red?", "answer": answer}) + "\n")
+    for folder in ("lmmstasks", "lmmstasks2"):
+        (d / folder).mkdir()
+        for task, question in (("tiny_vqa", "question"), ("tiny_vqa2", "question2")):
+            (d / folder / f"{task}.yaml").write_text(
+                f"task: {task}\ndataset_path: json\n"
+                f"dataset_kwargs: {{data_files: {{test: {items}}}}}\n"
+                "test_split: test\noutput_type: generate_until\ndoc_to_visual: image\n"
+                f"doc_to_text: {question}\ndoc_to_target: answer\n"
+                "generation_kwargs: {max_new_tokens: 2}\n"
+                "metric_list: [{metric: exact_match, aggregation: mean, "
+                "higher_is_better: true}]\n")
 
 
 def plan(raw, home, store, edit=None):
@@ -319,6 +355,8 @@ def changed_plan(home, store, base, change):
 @pytest.mark.parametrize("field,base,change", RE_EVALUATED,
                          ids=[f"{c}-{b}" for c, b, _ in RE_EVALUATED])
 def test_a_number_changing_field_re_evaluates_the_cell(home, tmp_path, field, base, change):
+    if base == "lmme" and importlib.util.find_spec("lmms_eval") is None:
+        pytest.skip("lmms-eval is not installed (pip install --no-deps lmms-eval==0.7.3)")
     store, n = stored(home, base, tmp_path)
     p = changed_plan(home, store, base, change)
     assert len(p.cells) == n and not p.cached, f"{field}: a changed value served old numbers"
