@@ -108,7 +108,8 @@ def test_core_finds_the_lm_eval_task_by_name_without_importing_it():
     code = ("import sys\n"
             "from rayeval.core import metrics, tasks\n"
             "assert 'rayeval.harness.task' not in sys.modules\n"
-            "assert 'lm_eval' in tasks.TASKS and list(tasks.TASKS)[-1] == 'lm_eval'\n"
+            "assert 'rayeval.lmms.task' not in sys.modules\n"
+            "assert list(tasks.TASKS)[-2:] == ['lm_eval', 'lmms_eval']\n"
             "assert 'lm_mean' in metrics.for_task('lm_eval')\n"
             "assert type(tasks.get('lm_eval')).__module__ == 'rayeval.harness.task'\n"
             "assert metrics.for_task('lm_eval').get('lm_bits_per_byte').name == "
@@ -119,7 +120,7 @@ def test_core_finds_the_lm_eval_task_by_name_without_importing_it():
 
 
 def test_a_function_in_a_tasks_config_is_named_the_same_in_every_process():
-    from rayeval.harness.render import _plain
+    from rayeval.harness.render import config_value as _plain
 
     def add_question(dataset):
         return dataset
