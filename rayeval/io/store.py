@@ -311,7 +311,13 @@ class ResultStore:
         if checkpoint is not None:            # a regular expression on the location
             term = pc.match_substring_regex(pc.field("checkpoint"), pattern=checkpoint)
             where = term if where is None else where & term
-        return layout.read_files(self.fs, files, SCHEMA, self.location, columns, where)[0]
+        wanted = list(columns or SCHEMA.names)
+        keys = [c for c in ("cell", "created_at", "metric", "dataset") if c not in wanted]
+        table = layout.read_files(self.fs, files, SCHEMA, self.location, wanted + keys,
+                                  where)[0]
+        # a cell evaluated again (--force) or read both from its file and the part it moved
+        # into while listed: its newest write once
+        return layout.newest_writes(table).select(wanted)
 
     def replicates(self, wanted: set[tuple[str, str, str]], sweep: str | None = None
                    ) -> dict[tuple[str, str, str], np.ndarray]:
