@@ -133,8 +133,9 @@ class ModelSpec:
         "Log-likelihoods (backend hf, Hugging Face causal models): every shared token prefix "
         "(a few-shot block, an item's context across its choices) computed once per "
         "checkpoint. Equal to scoring each request alone within float tolerance, not bits, "
-        "like batch_size: not in the key, so stored cells are not evaluated again.",
-        numbers=False, default=True)
+        "like batch_size: not in the key, so stored cells are not evaluated again. Off by "
+        "default: on, a figure's last bits depend on which requests share a batch.",
+        numbers=False, default=False)
     batch_tokens: int = setting(
         "Log-likelihoods with shared prefixes: at most this many tokens per forward pass, "
         "rows x (cached + new); the memory of the copied key-value rows. How fast, not what "

@@ -8,7 +8,7 @@ byte) and a chat-formatted generation task with multi-turn few-shot and a system
 lm-eval's ``simple_evaluate`` on the same Hugging Face folders is the reference: every metric
 and every document's record, in one process and on a real local Ray with 1, 2 and 3 workers
 (records: the 3-worker run's), and a 5-shot group of two tasks of different sizes; with shared
-prefixes (model.share_prefixes) on and off (one process: both; Ray: off on 2 workers).
+prefixes (model.share_prefixes) on and off (one process: both; Ray: on for 2 workers).
 """
 
 import dataclasses
@@ -239,17 +239,17 @@ def test_the_filters_and_the_chat_template_changed_something(reference, checkpoi
 
 @pytest.fixture(scope="module")
 def ray_stores(example, tmp_path_factory):
-    """1, 2 and 3 workers; the 2-worker run scores each request on its own
-    (``model.share_prefixes: false``), the others share prefixes."""
+    """1, 2 and 3 workers; the 2-worker run shares prefixes (``model.share_prefixes:
+    true``), the others score each request on its own (the default)."""
     root = tmp_path_factory.mktemp("harness_stores")
     sweep = yaml.safe_load((example / "sweep.yaml").read_text())
-    sweep["model"] = {"share_prefixes": False}
-    (example / "sweep-unshared.yaml").write_text(yaml.safe_dump(sweep, sort_keys=False))
+    sweep["model"] = {"share_prefixes": True}
+    (example / "sweep-shared.yaml").write_text(yaml.safe_dump(sweep, sort_keys=False))
     stores = {}
     with local_ray():     # one Ray start for the three runs (rayeval.run is what `run` calls)
         for workers in (1, 2, 3):
             out = root / f"store{workers}"
-            name = "sweep-unshared.yaml" if workers == 2 else "sweep.yaml"
+            name = "sweep-shared.yaml" if workers == 2 else "sweep.yaml"
             report = rayeval.run(str(example / name), workers=workers, output=str(out))
             assert report.outcomes and not report.failures, report.failures
             stores[workers] = out

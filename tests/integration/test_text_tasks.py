@@ -167,12 +167,12 @@ def test_progress_counts_items_as_they_are_scored(example):
 @pytest.fixture(scope="module")
 def ray_stores(example, tmp_path_factory):
     """The example on a real local Ray with 1 and 3 workers; the 1-worker run keeps no
-    per-item records for docs (``evals[1].samples: false``) and scores each request on its
-    own (``model.share_prefixes: false``), the 3-worker run shares prefixes."""
+    per-item records for docs (``evals[1].samples: false``) and shares prefixes
+    (``model.share_prefixes: true``), the 3-worker run scores each request on its own."""
     root = tmp_path_factory.mktemp("ray_stores")
     sweep = yaml.safe_load(open(example / "sweep.yaml"))
     sweep["evals"][1]["samples"] = False
-    sweep.setdefault("model", {})["share_prefixes"] = False
+    sweep.setdefault("model", {})["share_prefixes"] = True
     one = example / "sweep_no_docs_samples.yaml"     # beside it: the same relative paths
     one.write_text(yaml.safe_dump(sweep))
     stores = {}

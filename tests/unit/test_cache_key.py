@@ -174,7 +174,7 @@ CACHED = [
     ("ModelSpec.tokenizer", "tensor", ("model.tokenizer", "tok_a")),      # text tasks only
     ("ModelSpec.max_length", "tensor", ("model.max_length", 64)),
     # how log-likelihoods are computed, equal within float tolerance (like batch_size)
-    ("ModelSpec.share_prefixes", "mc", ("model.share_prefixes", False)),
+    ("ModelSpec.share_prefixes", "mc", ("model.share_prefixes", True)),
     ("ModelSpec.batch_tokens", "mc", ("model.batch_tokens", 512)),
     ("Bootstrap.seed", "no_bootstrap", ("bootstrap.seed", 1)),         # no replicates drawn
     ("Bootstrap.confidence", "no_bootstrap", ("bootstrap.confidence", 0.5)),

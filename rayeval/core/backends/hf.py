@@ -1,7 +1,7 @@
 """Backend hf (``model.backend: hf``, the default): the checkpoint's own model in this
 process. Forward passes, log-likelihoods and greedy decoding as ``torch.TorchBackend`` does
 for any module; a Hugging Face causal model scores log-likelihoods with its shared prefixes
-computed once (``prefix``; ``share_prefixes: false`` turns it off) and generates with its KV
+computed once (``prefix``; ``share_prefixes: true`` turns it on) and generates with its KV
 cache, batched and left-padded. A vision-language model generates from image+text items
 (``generate_images``) and scores their choices (``loglikelihood_images``) from the processor
 outputs a Ray Data stage made.

@@ -1,4 +1,4 @@
-"""Shared-prefix log-likelihoods (``share_prefixes``, on by default) for Hugging Face causal
+"""Shared-prefix log-likelihoods (``share_prefixes``, off by default) for Hugging Face causal
 models: every shared token prefix of a scoring's requests is computed once, and the output
 layer runs only on the positions whose log-probabilities are read.
 
