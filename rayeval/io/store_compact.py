@@ -137,12 +137,7 @@ def move_cells(fs: pafs.FileSystem, root: str, location: str, schema: pa.Schema,
 
 
 def _move_batch(fs, root, location, schema, infos: list[pafs.FileInfo], moved: Moved) -> None:
-    table, damaged = layout.read_files(fs, [i.path for i in infos], schema, location,
-                                       schema.names + [layout.ORDINAL], skip_damaged=True)
-    moved.damaged += damaged
-    for sweep, rows in _by_sweep(_with_ordinals(layout.newest_writes(table))):
-        _publish(fs, root, sweep, rows)
-        moved.parts_written += 1
+    damaged = _publish_rows_of(fs, root, location, schema, infos, moved)
     for info in infos:
         if info.path in damaged:
             continue
@@ -150,6 +145,19 @@ def _move_batch(fs, root, location, schema, infos: list[pafs.FileInfo], moved: M
             moved.cells += 1
         else:
             moved.kept.append(info.path)
+
+
+def _publish_rows_of(fs, root, location, schema, infos: list[pafs.FileInfo],
+                     moved: Moved) -> list[str]:
+    """Read ``infos`` (cell files or parts; a damaged one left out and counted) and publish
+    their rows, each cell's newest write once, as one part per sweep; the damaged paths."""
+    table, damaged = layout.read_files(fs, [i.path for i in infos], schema, location,
+                                       schema.names + [layout.ORDINAL], skip_damaged=True)
+    moved.damaged += damaged
+    for sweep, rows in _by_sweep(_with_ordinals(layout.newest_writes(table))):
+        _publish(fs, root, sweep, rows)
+        moved.parts_written += 1
+    return damaged
 
 
 def _with_ordinals(table: pa.Table) -> pa.Table:
@@ -248,12 +256,7 @@ def _merge_small(fs, root, location, schema, sweep_dir: str, moved: Moved) -> No
     for group in groups:
         if len(group) < 2:
             continue
-        table, damaged = layout.read_files(fs, [i.path for i in group], schema, location,
-                                           schema.names + [layout.ORDINAL], skip_damaged=True)
-        moved.damaged += damaged
-        for sweep, part in _by_sweep(_with_ordinals(layout.newest_writes(table))):
-            _publish(fs, root, sweep, part)
-            moved.parts_written += 1
+        damaged = _publish_rows_of(fs, root, location, schema, group, moved)
         for info in group:
             if info.path not in damaged:
                 fs.delete_file(info.path)                  # the part, then its figures
