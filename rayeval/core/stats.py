@@ -207,6 +207,26 @@ def combined_intervals(replicates: np.ndarray, weights: np.ndarray, divisor: flo
     return combined.numpy(), lows, highs
 
 
+def combined_intervals_by_shape(items: list, batch: int = 128) -> list:
+    """``combined_intervals`` over many combinations of any shapes: ``items`` are
+    (replicates: parts x B, weights, confidence); returns (combined, low, high) per item, in
+    order. Items of one shape and confidence go together, a batch of rows at a time (128 rows
+    of 100 parts x 1,000 replicates is ~100 MB)."""
+    shapes: dict[tuple, list[int]] = {}
+    for i, (reps, _, confidence) in enumerate(items):
+        shapes.setdefault((len(reps), len(reps[0]), confidence), []).append(i)
+    out: list = [None] * len(items)
+    for (n, _, confidence), members in shapes.items():
+        for start in range(0, len(members), batch):
+            chunk = members[start:start + batch]
+            reps = np.stack([np.asarray(items[i][0], dtype=np.float64) for i in chunk])
+            weights = np.asarray([items[i][1] for i in chunk], dtype=np.float64)
+            combined, lows, highs = combined_intervals(reps, weights, n, confidence)
+            for i, c, lo, hi in zip(chunk, combined, lows, highs):
+                out[i] = (c, lo, hi)
+    return out
+
+
 def combined_interval(replicates: list[list[float]], weights: list[float], divisor: float,
                       confidence: float) -> tuple[list[float], float, float]:
     """Replicate b of the combination sum_i weights[i] * metric_i / divisor, from each metric's

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from rayeval.harness import names
+from rayeval.config import names
 
 if TYPE_CHECKING:
     from rayeval.harness.render import Rendered

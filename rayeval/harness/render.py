@@ -32,7 +32,7 @@ import pyarrow as pa
 
 from rayeval.config.schema import LmEvalSpec
 from rayeval.errors import SpecError
-from rayeval.harness import names
+from rayeval.config import names
 from rayeval.harness.groups import Group
 from rayeval.harness.requests import (AGGREGATIONS, NotMergeable, encode, filter_names, layout,
                                       table_schema)

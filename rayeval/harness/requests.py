@@ -24,7 +24,7 @@ import json
 
 import pyarrow as pa
 
-from rayeval.harness import names
+from rayeval.config import names
 
 COLUMNS = ("doc_id", "context", "target", "choices", "instances")
 # lm-eval's aggregation function name -> (rayeval metric, columns per document)

@@ -27,7 +27,8 @@ import torch
 from rayeval.core import metrics as M
 from rayeval.core.tasks.text import TextBatch, TextTask, rolling_windows
 from rayeval.errors import DataError
-from rayeval.harness import names, store
+from rayeval.config import names
+from rayeval.harness import store
 from rayeval.harness import requests as request_table    # (score's ``requests`` are its own)
 from rayeval.harness.requests import COLUMNS, WIDTH, filter_names, layout
 from rayeval.io import data

@@ -11,7 +11,7 @@
 Why its own package and not inside ``harness``: lmms-eval is a fork of lm-eval whose task API
 differs where it matters here (chat messages instead of contexts, ``doc_to_visual``, images,
 generation only, its own module tree ``lmms_eval.*``); what the two share is taken from
-``harness`` rather than written twice: the naming grammar (``harness.names``), the request
+``harness`` rather than written twice: the naming grammar (``config.names``), the request
 tables in the store and the task objects sent through Ray (``harness.store``), and the
 task pickling and config digest helpers (``harness.render``). It stands on harness's floor.
 

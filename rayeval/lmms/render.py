@@ -31,7 +31,7 @@ import pyarrow as pa
 
 from rayeval.config.schema import LmmsEvalSpec
 from rayeval.errors import SpecError, reason
-from rayeval.harness import names
+from rayeval.config import names
 from rayeval.harness.render import config_value, pickle_task, quiet
 from rayeval.lmms.requests import (AGGREGATIONS, NotMergeable, context_of, encode_messages,
                                    filter_names, layout, table_schema)

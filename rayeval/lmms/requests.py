@@ -57,7 +57,7 @@ def context_of(messages: list[dict]) -> str:
 
 
 def filter_names(task) -> list[str]:
-    from rayeval.harness import names
+    from rayeval.config import names
 
     return [f.name for f in getattr(task, "_filters", None) or []] or [names.NO_FILTER]
 
@@ -65,10 +65,10 @@ def filter_names(task) -> list[str]:
 def layout(task) -> list[tuple[str, str, int, bool]]:
     """(result key, rayeval metric, column, higher is better) of each metric of an lmms-eval
     task under each of its filters, in lmms-eval's order; keys as lm-eval's
-    (``harness.names``: ``metric`` or ``metric,filter``)."""
+    (``config.names``: ``metric`` or ``metric,filter``)."""
     import lmms_eval.api.metrics as lmms_metrics
 
-    from rayeval.harness import names
+    from rayeval.config import names
 
     known = {getattr(lmms_metrics, fn): fn for fn in AGGREGATIONS}
     filters = filter_names(task)

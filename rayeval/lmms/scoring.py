@@ -24,7 +24,7 @@ from __future__ import annotations
 import torch
 
 from rayeval.errors import DataError, reason
-from rayeval.harness import names
+from rayeval.config import names
 from rayeval.lmms.requests import filter_names, layout
 
 

@@ -12,7 +12,8 @@ from __future__ import annotations
 from rayeval.config.reader import Reader
 from rayeval.config.schema import (Bootstrap, DatasetSpec, EvalSpec, Generation, GroupMetric,
                                    GroupSpec, LmEvalSpec, MetricSpec, ModelSpec, Sweep)
-from rayeval.harness import groups as lm_groups, names, store as lm_store
+from rayeval.config import names
+from rayeval.harness import groups as lm_groups, store as lm_store
 from rayeval.io import paths
 from rayeval.plan import validation
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 import pyarrow as pa
 
 from rayeval.errors import StoreError
-from rayeval.harness import names as lm_names
+from rayeval.config import names as lm_names
 from rayeval.io.store import bootstrap_params, confidence_of, latest_rows  # noqa: F401 - the row's format
 
 AGGREGATE = "aggregate"
@@ -206,28 +206,17 @@ def aggregates(rows: list[dict]) -> list[dict]:
     return rows
 
 
-def fill_intervals(deferred: list, batch: int = 128) -> None:
-    """The intervals ``aggregate_row`` deferred, computed a batch of rows at a time (rows of
-    one shape and confidence together; a batch of 128 rows of 100 parts x 1,000 replicates is
-    ~100 MB)."""
+def fill_intervals(deferred: list) -> None:
+    """The intervals ``aggregate_row`` deferred, computed many rows at a time
+    (``stats.combined_intervals_by_shape``)."""
     if not deferred:
         return
-    import numpy as np
+    from rayeval.core.stats import combined_intervals_by_shape   # torch: only with intervals
 
-    from rayeval.core.stats import combined_intervals   # torch: only with intervals
-
-    shapes: dict[tuple, list] = {}
-    for item in deferred:
-        row, reps, _ = item
-        shapes.setdefault((len(reps), len(reps[0]), row["confidence"]), []).append(item)
-    for (n, _, confidence), items in shapes.items():
-        for start in range(0, len(items), batch):
-            chunk = items[start:start + batch]
-            reps = np.stack([np.asarray(r, dtype=np.float64) for _, r, _ in chunk])
-            signs = np.asarray([s for _, _, s in chunk], dtype=np.float64)
-            combined, lows, highs = combined_intervals(reps, signs, n, confidence)
-            for (row, _, _), c, lo, hi in zip(chunk, combined, lows, highs):
-                row["replicates"], row["ci_low"], row["ci_high"] = c.tolist(), lo, hi
+    found = combined_intervals_by_shape([(reps, signs, row["confidence"])
+                                         for row, reps, signs in deferred])
+    for (row, _, _), (c, lo, hi) in zip(deferred, found):
+        row["replicates"], row["ci_low"], row["ci_high"] = c.tolist(), lo, hi
 
 
 # --- paired differences --------------------------------------------------------------------

@@ -9,7 +9,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from rayeval.errors import StoreError
-from rayeval.harness import names, requests, store
+from rayeval.config import names
+from rayeval.harness import requests, store
 from rayeval.harness.groups import Group, group_metrics
 from rayeval.harness.render import Rendered
 
