@@ -109,6 +109,7 @@ def synth(cell: pa.Table, cells: int):
 
 def build(cell: pa.Table, cells: int, old_dir: str | None, new_dir: str) -> float:
     """Both layouts of one size; returns the seconds taken."""
+    from rayeval.core.suite import summaries
     from rayeval.io import store_layout as layout
     from rayeval.io.store_compact import PART_ROWS, _publish, _with_ordinals
     import pyarrow.fs as pafs
@@ -127,7 +128,7 @@ def build(cell: pa.Table, cells: int, old_dir: str | None, new_dir: str) -> floa
         table = table.append_column(layout.ORDINAL, pa.array(
             np.tile(np.arange(rows_per, dtype=np.int32), table.num_rows // rows_per)))
         for i in range(0, table.num_rows, PART_ROWS):
-            _publish(fs, new_dir, sweep, _with_ordinals(table.slice(i, PART_ROWS)))
+            _publish(fs, new_dir, sweep, _with_ordinals(table.slice(i, PART_ROWS)), summaries)
     return time.perf_counter() - began
 
 

@@ -25,7 +25,7 @@ from rayeval.execution.callbacks import Callbacks, RunCallback
 from rayeval.execution.coordinator import Tracker, TrackerClient
 # follow and quick_health_checks: evaluate()'s and Standing's, from the one lifecycle
 from rayeval.execution.lifecycle import RayLifecycle, follow, quick_health_checks
-from rayeval.core import tasks
+from rayeval.core import suite, tasks
 from rayeval.config.plugins import load_plugins
 from rayeval.config.schema import EvalSpec, Sweep
 from rayeval.io.data import inspect_dataset, probe_dataset
@@ -256,7 +256,7 @@ def consolidate(plan: Plan, groups_written: list[str]) -> None:
     if not keys:
         return
     try:
-        ResultStore(plan.sweep.output).consolidate(keys)
+        ResultStore(plan.sweep.output).consolidate(keys, summarize=suite.summaries)
     except StoreError as e:
         print(f"[rayeval] warning: the run's cells stay one file each: {e.message}",
               file=sys.stderr, flush=True)

@@ -239,19 +239,20 @@ class ResultStore:
                                      columns=wanted + extra, where=pc.field("cell").isin(cells))
         return layout.newest_writes(table).select(wanted)
 
-    def consolidate(self, cells, wait_s: float = 10.0):
+    def consolidate(self, cells, wait_s: float = 10.0, summarize=None):
         """Move these cells' own files into one part per sweep (the end of a run); nothing
-        when another mover holds the lock for ``wait_s`` (the next compaction moves them)."""
+        when another mover holds the lock for ``wait_s`` (the next compaction moves them).
+        ``summarize``: what to keep beside each part (``store_compact.move_cells``)."""
         from rayeval.io.store_compact import move_cells
 
         try:
             return move_cells(self.fs, self.root, self.location, SCHEMA, list(cells),
-                              wait_s=wait_s)
+                              wait_s=wait_s, summarize=summarize)
         except OSError as e:
             raise StoreError(f"cannot write to result store: "
                              f"{paths.explain(e, self.location)}") from None
 
-    def compact(self, wait_s: float = 0.0):
+    def compact(self, wait_s: float = 0.0, summarize=None):
         """Every cell file into parts, and each sweep's small parts merged
         (``rayeval store compact``); refused in one line while another mover works."""
         from rayeval.io.store_compact import LOCK, move_cells
@@ -259,7 +260,7 @@ class ResultStore:
         self.check("STORE")
         try:
             moved = move_cells(self.fs, self.root, self.location, SCHEMA, None, merge=True,
-                               wait_s=wait_s)
+                               wait_s=wait_s, summarize=summarize)
         except OSError as e:
             raise StoreError(f"cannot compact result store: "
                              f"{paths.explain(e, self.location)}") from None
@@ -319,6 +320,24 @@ class ResultStore:
         # into while listed: its newest write once
         return layout.newest_writes(table).select(wanted)
 
+    def suites(self, sweep: str | None = None) -> pa.Table:
+        """The rows of the parts' suite files (``core.suite``: the suite aggregate's
+        replicates per checkpoint), of one sweep or every sweep; a damaged one is left out
+        (a board then combines those replicates itself)."""
+        try:
+            files = layout.list_suites(self.fs, self.root, sweep)
+        except OSError as e:
+            raise StoreError(f"cannot read result store: {paths.explain(e, self.location)}") \
+                from None
+        tables = []
+        for path in files:
+            try:
+                with self.fs.open_input_file(path) as f:
+                    tables.append(pq.read_table(f))
+            except (pa.ArrowInvalid, OSError):
+                continue
+        return pa.concat_tables(tables) if tables else None
+
     def replicates(self, wanted: set[tuple[str, str, str]], sweep: str | None = None
                    ) -> dict[tuple[str, str, str], np.ndarray]:
         """The replicates of the rows ``(cell, dataset, metric)``, as float64 arrays: read
@@ -335,7 +354,7 @@ class ResultStore:
                                      ordered=False)
         out = {}
         keys = zip(*(table[c].to_pylist() for c in ("cell", "dataset", "metric")))
-        for key, reps in zip(keys, _rows_of(table["replicates"])):
+        for key, reps in zip(keys, replicate_arrays(table["replicates"])):
             if key in wanted and reps is not None:
                 out[key] = reps
         return out
@@ -397,7 +416,7 @@ def latest_rows(table: pa.Table) -> list[dict]:
     return table.take(latest_indices(table)).to_pylist()
 
 
-def _rows_of(column: pa.ChunkedArray) -> list[np.ndarray | None]:
+def replicate_arrays(column: pa.ChunkedArray) -> list[np.ndarray | None]:
     """A list<double> column as one float64 array per row (views of one buffer when every
     row has the same length), None for nulls."""
     out: list[np.ndarray | None] = []

@@ -20,6 +20,7 @@ import socket
 import time
 import uuid
 from dataclasses import dataclass, field
+from typing import Callable
 from datetime import datetime, timezone
 
 import numpy as np
@@ -105,12 +106,16 @@ class Lock:
         self.held = False
 
 
+Summarize = Callable[[pa.Table], "pa.Table | None"]
+
+
 def move_cells(fs: pafs.FileSystem, root: str, location: str, schema: pa.Schema,
                cells: list[str] | None = None, merge: bool = False,
-               wait_s: float = 0.0) -> Moved:
+               wait_s: float = 0.0, summarize: Summarize | None = None) -> Moved:
     """Move cell files into parts (``cells``: only these keys; None: every one), and with
     ``merge`` merge each sweep's small parts. Returns what was done; ``locked`` when another
-    mover held the lock for ``wait_s`` seconds."""
+    mover held the lock for ``wait_s`` seconds. ``summarize``: a part's rows to the table
+    kept beside it (``core.suite.summaries``: this layer cannot compute it)."""
     lock = Lock(fs, root)
     deadline = time.monotonic() + wait_s
     while not lock.acquire():
@@ -127,17 +132,19 @@ def move_cells(fs: pafs.FileSystem, root: str, location: str, schema: pa.Schema,
                                       for c in dict.fromkeys(cells)])
             infos = [i for i in found if i.type == pafs.FileType.File]
         for start in range(0, len(infos), BATCH_CELLS):
-            _move_batch(fs, root, location, schema, infos[start:start + BATCH_CELLS], moved)
+            _move_batch(fs, root, location, schema, infos[start:start + BATCH_CELLS], moved,
+                        summarize)
         if merge:
             for sweep_dir in _sweep_dirs(fs, root):
-                _merge_small(fs, root, location, schema, sweep_dir, moved)
+                _merge_small(fs, root, location, schema, sweep_dir, moved, summarize)
         return moved
     finally:
         lock.release()
 
 
-def _move_batch(fs, root, location, schema, infos: list[pafs.FileInfo], moved: Moved) -> None:
-    damaged = _publish_rows_of(fs, root, location, schema, infos, moved)
+def _move_batch(fs, root, location, schema, infos: list[pafs.FileInfo], moved: Moved,
+                summarize: Summarize | None) -> None:
+    damaged = _publish_rows_of(fs, root, location, schema, infos, moved, summarize)
     for info in infos:
         if info.path in damaged:
             continue
@@ -148,14 +155,14 @@ def _move_batch(fs, root, location, schema, infos: list[pafs.FileInfo], moved: M
 
 
 def _publish_rows_of(fs, root, location, schema, infos: list[pafs.FileInfo],
-                     moved: Moved) -> list[str]:
+                     moved: Moved, summarize: Summarize | None) -> list[str]:
     """Read ``infos`` (cell files or parts; a damaged one left out and counted) and publish
     their rows, each cell's newest write once, as one part per sweep; the damaged paths."""
     table, damaged = layout.read_files(fs, [i.path for i in infos], schema, location,
                                        schema.names + [layout.ORDINAL], skip_damaged=True)
     moved.damaged += damaged
     for sweep, rows in _by_sweep(_with_ordinals(layout.newest_writes(table))):
-        _publish(fs, root, sweep, rows)
+        _publish(fs, root, sweep, rows, summarize)
         moved.parts_written += 1
     return damaged
 
@@ -179,15 +186,19 @@ def _by_sweep(table: pa.Table):
             yield sweep, rows.slice(start, PART_ROWS)
 
 
-def _publish(fs, root: str, sweep: str, rows: pa.Table) -> str:
+def _publish(fs, root: str, sweep: str, rows: pa.Table,
+             summarize: Summarize | None = None) -> str:
     """One part, rows by (metric, dataset, cell, ordinal): a metric's rows sit together, so a
-    read of one metric skips the others' row groups by their statistics."""
+    read of one metric skips the others' row groups by their statistics. Its suite file
+    (``summarize``) and figures file go first: a part is read once it is there."""
     rows = rows.sort_by([("metric", "ascending"), ("dataset", "ascending"),
                          ("cell", "ascending"), (layout.ORDINAL, "ascending")])
     stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S%f")
     name = f"part-{stamp}-{uuid.uuid4().hex[:8]}.parquet"
     folder = f"{root}/parts/{layout.sweep_folder(sweep)}"
-    # the figures file first: a part is read once it is there, its figures file when both are
+    suite = summarize(rows) if summarize is not None else None
+    if suite is not None:
+        paths.put(fs, folder, layout.suite_of(name), _parquet(suite))
     small = rows.drop_columns([layout.REPLICATES])
     paths.put(fs, folder, layout.figures_of(name), _parquet(small))
     return paths.put(fs, folder, name, _parquet(rows))
@@ -233,7 +244,8 @@ def _sweep_dirs(fs, root: str) -> list[str]:
     return sorted(i.path for i in found if i.type == pafs.FileType.Directory)
 
 
-def _merge_small(fs, root, location, schema, sweep_dir: str, moved: Moved) -> None:
+def _merge_small(fs, root, location, schema, sweep_dir: str, moved: Moved,
+                 summarize: Summarize | None) -> None:
     """Merge the parts of a sweep holding under half of PART_ROWS rows (a `watch` writes one
     part per checkpoint), up to PART_ROWS rows a part."""
     small, rows = [], 0
@@ -256,12 +268,13 @@ def _merge_small(fs, root, location, schema, sweep_dir: str, moved: Moved) -> No
     for group in groups:
         if len(group) < 2:
             continue
-        damaged = _publish_rows_of(fs, root, location, schema, group, moved)
+        damaged = _publish_rows_of(fs, root, location, schema, group, moved, summarize)
         for info in group:
             if info.path not in damaged:
-                fs.delete_file(info.path)                  # the part, then its figures
-                try:
-                    fs.delete_file(layout.figures_of(info.path))
-                except FileNotFoundError:
-                    pass
+                fs.delete_file(info.path)          # the part, then its figures and suite
+                for beside in (layout.figures_of(info.path), layout.suite_of(info.path)):
+                    try:
+                        fs.delete_file(beside)
+                    except FileNotFoundError:
+                        pass
                 moved.parts_merged += 1

@@ -39,6 +39,7 @@ FORMAT = 2
 MARKER = "store.json"
 ORDINAL = "ordinal"
 FIGURES = ".figures.parquet"
+SUITE = ".suite.parquet"
 REPLICATES = "replicates"
 # Rows per row group of a part: a 1,000-replicate row is 8 KB, so a group is ~16 MB of
 # replicates and a few hundred KB of figures.
@@ -117,6 +118,13 @@ def list_cells(fs: pafs.FileSystem, root: str) -> list[pafs.FileInfo]:
     return sorted((i for i in found if visible(i)), key=lambda i: i.base_name)
 
 
+def suite_of(part: str) -> str:
+    """A part's suite file (``core.suite``): hidden from a part listing (and from a rayeval
+    that predates it) by its leading underscore."""
+    folder, sep, name = part.rpartition("/")
+    return f"{folder}{sep}_{name[:-len('.parquet')]}{SUITE}"
+
+
 def figures_of(part: str) -> str:
     """A part's figures file: the same rows without the replicates (~2% of its bytes)."""
     return part[:-len(".parquet")] + FIGURES
@@ -139,6 +147,22 @@ def list_parts(fs: pafs.FileSystem, root: str, sweep: str | None = None,
         return parts
     small = {i.path: i for i in found if i.base_name.endswith(FIGURES)}
     return [small.get(figures_of(i.path), i) for i in parts]
+
+
+def list_suites(fs: pafs.FileSystem, root: str, sweep: str | None = None) -> list[str]:
+    """The suite files of the parts of one sweep, or of every sweep (a crashed writer's
+    suite file without its part is left out)."""
+    folder = f"{root}/parts" + (f"/{sweep_folder(sweep)}" if sweep is not None else "")
+    found = fs.get_file_info(pafs.FileSelector(folder, recursive=sweep is None,
+                                               allow_not_found=True))
+    files = {i.path for i in found if i.type == pafs.FileType.File}
+    return sorted(suite_of(p) for p in files if visible_part(p) and suite_of(p) in files)
+
+
+def visible_part(path: str) -> bool:
+    name = path.rsplit("/", 1)[-1]
+    return name.endswith(".parquet") and not name.startswith((".", "_")) \
+        and not name.endswith(FIGURES)
 
 
 def list_files(fs: pafs.FileSystem, root: str, sweep: str | None = None,

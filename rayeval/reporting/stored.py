@@ -29,7 +29,8 @@ def stored_rows(store: str | os.PathLike, *, sweep: str | None = None,
     evaluation, metric; ``checkpoint``: a glob on the checkpoint's location), with
     ``replicates`` for no row, the headline rows or every row."""
     rows = newest(store, sweep=sweep, evaluation=evaluation, what=what, metric=metric,
-                  columns=figures(SCHEMA), checkpoint=_glob(checkpoint)).to_pylist()
+                  columns=figures(SCHEMA),
+                  checkpoint=checkpoint_pattern(checkpoint)).to_pylist()
     if replicates == NONE or not rows:
         return rows
     wanted = _headline(rows) if replicates == HEADLINE else \
@@ -51,7 +52,7 @@ def _headline(rows: list[dict]) -> set[tuple[str, str, str]]:
             if r["dataset"] not in members and firsts.get(r["dataset"]) == r["metric"]}
 
 
-def _glob(pattern: str | None) -> str | None:
+def checkpoint_pattern(pattern: str | None) -> str | None:
     """``--checkpoint``: a glob (``*step_1?00*``) as a regular expression for the scan."""
     if pattern is None:
         return None

@@ -29,28 +29,84 @@ def _stored_rows(args, replicates: str = "all", metric: str | None = None) -> li
 
 
 def _board_rows(args) -> list[dict]:
-    """A board's rows: a JSON board needs replicates only for the aggregate's interval (or
-    every row's, with --replicates), and, ranked by one stored metric, only that metric's
-    rows (read alone when the store has it)."""
+    """A board's rows; a JSON board ranked by one stored metric (``_json_rows``), only that
+    metric's rows (read alone when the store has it)."""
     plain = args.format == "json" and not args.plot and not args.to_mlflow \
         and not args.to_wandb
-    if not plain:
-        return _stored_rows(args)
-    wants = "all" if args.replicates else "headline"
     metric = args.metric.rsplit("/", 1)[-1] if args.metric else None
-    if metric and metric != "aggregate":
-        rows = _stored_rows(args, "all" if args.replicates else "none", metric)
+    if plain and metric and metric != "aggregate":
+        rows = _stored_rows(args, "all", metric)
         if rows:
             return rows                  # else: the error names the metrics the store has
-    return _stored_rows(args, wants)
+    return _stored_rows(args)
+
+
+def _json_board(args):
+    """``leaderboard --format json`` on columns (``reporting.json_board``): the text the
+    row-by-row path below writes, for stores of any size."""
+    import pyarrow.compute as pc
+
+    from rayeval.io import paths
+    from rayeval.io.store import SCHEMA, ResultStore, newest
+    from rayeval.io.store_layout import figures
+    from rayeval.reporting import json_board as jb
+    from rayeval.reporting.boards import AGGREGATE, columns_of, resolve_metric
+    from rayeval.reporting.stored import checkpoint_pattern
+
+    def read(metric=None):
+        return newest(args.store, sweep=args.sweep or None, evaluation=args.dataset or None,
+                      what="STORE", metric=metric, columns=figures(SCHEMA),
+                      checkpoint=checkpoint_pattern(args.checkpoint_glob))
+
+    one = args.metric.rsplit("/", 1)[-1] if args.metric else None
+    table = read(one) if one and one != AGGREGATE else None
+    if table is None or table.num_rows == 0:      # else: the error names what is stored
+        table = read()
+    if not args.members:
+        table = jb.without_members(table)
+    store = ResultStore(paths.resolve(args.store, os.getcwd()))
+    if not args.metric or table.num_rows == 0:
+        return jb.board_json(table, jb.aggregates(table, store, args.sweep or None))
+    matrices = table.filter(pc.and_(pc.equal(table["metric"], args.metric),
+                                    pc.invert(jb.ranked_mask(table))))
+    if matrices.num_rows:                          # --metric confusion_matrix
+        return jb.board_json(matrices, [])
+    column = resolve_metric(args.metric, columns_of(jb.column_rows(table)))
+    if column.name == AGGREGATE:
+        return jb.board_json(table.slice(0, 0), jb.aggregates(table, store,
+                                                              args.sweep or None))
+    shown = pc.and_(pc.equal(table["dataset"], column.evaluation),
+                    pc.equal(table["metric"], column.metric))
+    return jb.board_json(table.filter(shown), [])
+
+
+def _json_rows(args, rows: list[dict]) -> str:
+    """``leaderboard --format json`` row by row, from the rows as dicts (with --replicates,
+    which prints every row's; ``_json_board`` writes the same text on columns otherwise)."""
+    from rayeval.reporting.boards import AGGREGATE, aggregates, columns_of, resolve_metric
+
+    summary = aggregates(rows)
+    matrices = [r for r in rows if r["metric"] == args.metric and r["matrix"]]
+    if matrices:                                  # --metric confusion_matrix
+        rows, summary = matrices, []
+    elif args.metric and rows:
+        column = resolve_metric(args.metric, columns_of(rows))
+        rows = [r for r in rows
+                if (r["dataset"], r["metric"]) == (column.evaluation, column.metric)]
+        summary = summary if column.name == AGGREGATE else []
+    return to_json(rows, replicates=args.replicates, aggregates=summary)
 
 
 def _leaderboard(args, out: Console) -> int:
-    from rayeval.reporting.boards import (AGGREGATE, aggregates, build_board, columns_of,
-                                          resolve_metric, without_members)
+    from rayeval.reporting.boards import build_board, without_members
 
     if args.samples_dir is not None and args.format != "html":
         raise SpecError("--samples-dir: only with --format html (the pages the board links to)")
+    if args.format == "json" and not (args.plot or args.to_mlflow or args.to_wandb
+                                      or args.replicates):
+        for text in _json_board(args):
+            sys.stdout.write(text)
+        return EXIT_OK
     rows = _board_rows(args)
     code = EXIT_OK if _push(args, rows) else EXIT_CELLS_FAILED
     if not args.members:
@@ -64,16 +120,7 @@ def _leaderboard(args, out: Console) -> int:
         plot(board, columns, args.plot, title=f"rayeval: {args.store}")
         print(f"plot written to {args.plot}", file=sys.stderr, flush=True)
     if args.format == "json":
-        summary = aggregates(rows)
-        matrices = [r for r in rows if r["metric"] == args.metric and r["matrix"]]
-        if matrices:                                  # --metric confusion_matrix
-            rows, summary = matrices, []
-        elif args.metric and rows:
-            column = resolve_metric(args.metric, columns_of(rows))
-            rows = [r for r in rows
-                    if (r["dataset"], r["metric"]) == (column.evaluation, column.metric)]
-            summary = summary if column.name == AGGREGATE else []
-        sys.stdout.write(to_json(rows, replicates=args.replicates, aggregates=summary))
+        sys.stdout.write(_json_rows(args, rows))
         return code
     if args.format == "table":
         render_rich(board, out)
@@ -312,6 +359,7 @@ def _confusion(args, out: Console) -> int:
 
 
 def _compact(args, out: Console) -> int:
+    from rayeval.core.suite import summaries
     from rayeval.io import paths
     from rayeval.io.store import ResultStore
 
@@ -319,7 +367,7 @@ def _compact(args, out: Console) -> int:
     if not paths.is_uri(location) and not os.path.isdir(location):
         raise StoreError(f"STORE: no result store at {args.store!r}; give the output folder "
                          "of a sweep")
-    moved = ResultStore(location).compact()
+    moved = ResultStore(location).compact(summarize=summaries)
     print(f"{moved.cells} cell file(s) moved into {moved.parts_written} part(s); "
           f"{moved.parts_merged} small part(s) merged", file=sys.stderr, flush=True)
     for path in moved.damaged:
