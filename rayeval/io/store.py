@@ -346,6 +346,9 @@ class ResultStore:
             return {}
         where = pc.field("dataset").isin(sorted({d for _, d, _ in wanted})) & \
             pc.field("metric").isin(sorted({m for _, _, m in wanted}))
+        cells = {c for c, _, _ in wanted}
+        if len(cells) <= 10_000:                  # few cells: only their rows are kept
+            where = where & pc.field("cell").isin(sorted(cells))
         files = [f for f in layout.list_files(self.fs, self.root, sweep).all]
         if not files:
             return {}

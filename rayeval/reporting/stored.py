@@ -33,9 +33,22 @@ def stored_rows(store: str | os.PathLike, *, sweep: str | None = None,
                   checkpoint=checkpoint_pattern(checkpoint)).to_pylist()
     if replicates == NONE or not rows:
         return rows
-    wanted = _headline(rows) if replicates == HEADLINE else \
-        {(r["cell"], r["dataset"], r["metric"]) for r in ranked_rows(rows)}
-    found = ResultStore(paths.resolve(os.fspath(store), os.getcwd())).replicates(wanted, sweep)
+    wanted = _headline(rows) if replicates == HEADLINE else None
+    return with_replicates(store, rows, sweep, wanted)
+
+
+def with_replicates(store: str | os.PathLike, rows: list[dict], sweep: str | None = None,
+                    wanted: set | None = None) -> list[dict]:
+    """``rows`` with their replicates (``wanted`` keys only; default every ranked row's), read
+    from only the row groups that hold them: ``compare`` reads two checkpoints' replicates,
+    not the store's."""
+    if wanted is None:
+        wanted = {(r["cell"], r["dataset"], r["metric"]) for r in ranked_rows(rows)}
+    opened = ResultStore(paths.resolve(os.fspath(store), os.getcwd()))
+    sweeps = {r["sweep"] for r in rows}
+    if sweep is None and len(sweeps) == 1:            # that sweep's parts only
+        sweep = next(iter(sweeps))
+    found = opened.replicates(wanted, sweep)
     for r in rows:
         r["replicates"] = found.get((r["cell"], r["dataset"], r["metric"]))
     return rows

@@ -186,10 +186,12 @@ def _compare(args, out: Console) -> int:
     from rich.text import Text
 
     from rayeval.reporting.boards import AGGREGATE, compare, find_checkpoint
+    from rayeval.reporting.stored import with_replicates
 
-    rows = _stored_rows(args)
+    rows = _stored_rows(args, "none")
     a_rows = find_checkpoint(rows, args.a, "A")
     b_rows = find_checkpoint(rows, args.b, "B")
+    with_replicates(args.store, a_rows + b_rows, getattr(args, "sweep", None) or None)
     found = compare(a_rows, b_rows, args.metric)
     if all(c.paired is None for c in found):
         raise StoreError("no bootstrap replicates to pair for these checkpoints; evaluate them "
