@@ -35,7 +35,7 @@ WIDTH = dict(AGGREGATIONS.values())
 
 
 class NotMergeable(ValueError):
-    """An lm-eval aggregation that needs every item in one place."""
+    """An lm-eval (or lmms-eval) aggregation that needs every item in one place."""
 
 
 def table_schema() -> pa.Schema:
@@ -78,11 +78,20 @@ def filter_names(task) -> list[str]:
 
 def layout(task) -> list[tuple[str, str, int, bool]]:
     """(result key, rayeval metric, first column, higher is better) of each metric of an
-    lm-eval task under each of its filters, in lm-eval's order. Keys are lm-eval's metric
-    names, with ``,filter`` where the task has more than one filter."""
+    lm-eval task under each of its filters, in lm-eval's order (``metric_layout``)."""
     import lm_eval.api.metrics as lm_metrics
 
-    known = {getattr(lm_metrics, fn): fn for fn in AGGREGATIONS}
+    return metric_layout(task, lm_metrics, AGGREGATIONS)
+
+
+def metric_layout(task, metrics_module, aggregations: dict) -> list[tuple[str, str, int, bool]]:
+    """(result key, rayeval metric, first column, higher is better) of each metric of a task
+    of lm-eval or of its fork lmms-eval (``metrics_module``: that library's ``api.metrics``,
+    whose functions the task's ``aggregation()`` names) under each of its filters, in the
+    task's order; ``aggregations``: function name -> (rayeval metric, columns per document).
+    Keys are lm-eval's metric names, with ``,filter`` where the task has more than one filter;
+    an aggregation not in ``aggregations`` is NotMergeable."""
+    known = {getattr(metrics_module, fn): fn for fn in aggregations}
     filters = filter_names(task)
     higher = task.higher_is_better() or {}
     out, column = [], 0
@@ -92,7 +101,7 @@ def layout(task) -> list[tuple[str, str, int, bool]]:
             if fn is None:
                 raise NotMergeable(f"{metric} aggregates with "
                                    f"{getattr(agg, '__name__', agg)}")
-            kind, width = AGGREGATIONS[fn]
+            kind, width = aggregations[fn]
             key = names.result_key(metric, filter_name, len(filters))
             out.append((key, kind, column, bool(higher.get(metric, True))))
             column += width

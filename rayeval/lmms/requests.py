@@ -24,16 +24,15 @@ import json
 
 import pyarrow as pa
 
+from rayeval.harness.requests import (NotMergeable, filter_names,  # noqa: F401 - re-exported
+                                      metric_layout)
+
 COLUMNS = ("doc_id", "messages", "images", "context", "target")
 IMAGES = "images"
-# lmms-eval aggregation function name -> rayeval metric over its per-document value. Only
-# means merge exactly over workers (a sum and a count); a median, a BLEU or a task's own
-# aggregation function needs every item in one place.
-AGGREGATIONS = {"mean": "lm_mean"}
-
-
-class NotMergeable(ValueError):
-    """An lmms-eval aggregation that needs every item in one place."""
+# lmms-eval aggregation function name -> (rayeval metric over its per-document value, columns
+# per document). Only means merge exactly over workers (a sum and a count); a median, a BLEU or
+# a task's own aggregation function needs every item in one place (NotMergeable).
+AGGREGATIONS = {"mean": ("lm_mean", 1)}
 
 
 def table_schema() -> pa.Schema:
@@ -56,31 +55,11 @@ def context_of(messages: list[dict]) -> str:
                      if part.get("type") == "text")
 
 
-def filter_names(task) -> list[str]:
-    from rayeval.config import names
-
-    return [f.name for f in getattr(task, "_filters", None) or []] or [names.NO_FILTER]
-
-
 def layout(task) -> list[tuple[str, str, int, bool]]:
     """(result key, rayeval metric, column, higher is better) of each metric of an lmms-eval
     task under each of its filters, in lmms-eval's order; keys as lm-eval's
-    (``config.names``: ``metric`` or ``metric,filter``)."""
+    (``config.names``: ``metric`` or ``metric,filter``). The walk is lm-eval's
+    (``harness.requests.metric_layout``) over lmms-eval's metrics module."""
     import lmms_eval.api.metrics as lmms_metrics
 
-    from rayeval.config import names
-
-    known = {getattr(lmms_metrics, fn): fn for fn in AGGREGATIONS}
-    filters = filter_names(task)
-    higher = task.higher_is_better() or {}
-    out, column = [], 0
-    for filter_name in filters:
-        for metric, agg in task.aggregation().items():
-            fn = known.get(agg)
-            if fn is None:
-                raise NotMergeable(f"{metric} aggregates with "
-                                   f"{getattr(agg, '__name__', agg)}")
-            key = names.result_key(metric, filter_name, len(filters))
-            out.append((key, AGGREGATIONS[fn], column, bool(higher.get(metric, True))))
-            column += 1
-    return out
+    return metric_layout(task, lmms_metrics, AGGREGATIONS)
