@@ -44,6 +44,15 @@ def lm_task(data_location: str):
     return task
 
 
+def check_request_table(spec, schema, columns, tool: str) -> None:
+    """A data set that an lm-eval or lmms-eval (``tool``) entry reads is a request table its
+    renderer wrote: every one of ``columns`` there, else one line naming the first missing."""
+    missing = [c for c in columns if c not in schema.names]
+    if missing:
+        raise DataError(f"{spec.key_path}: {spec.path} is not a request table rendered "
+                        f"from an {tool} task (no column {missing[0]!r})")
+
+
 def _docs(task):
     """The task's documents (lm-eval's ``eval_docs``, which ``doc_id`` indexes), once."""
     docs = getattr(task, "_rayeval_docs", None)
@@ -69,10 +78,7 @@ class Harness(TextTask):
         return None
 
     def check_schema(self, spec, schema):
-        missing = [c for c in COLUMNS if c not in schema.names]
-        if missing:
-            raise DataError(f"{spec.key_path}: {spec.path} is not a request table rendered "
-                            f"from an lm-eval task (no column {missing[0]!r})")
+        check_request_table(spec, schema, COLUMNS, "lm-eval")
 
     def check_values(self, ds, spec, size):
         pass

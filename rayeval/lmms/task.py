@@ -18,7 +18,7 @@ from __future__ import annotations
 from rayeval.core.tasks.vision import ImageGeneration
 from rayeval.errors import DataError
 from rayeval.harness import store
-from rayeval.harness.task import LmMean
+from rayeval.harness.task import LmMean, check_request_table
 from rayeval.io import data
 from rayeval.lmms.requests import COLUMNS, context_of, decode_messages
 from rayeval.lmms.scoring import score_documents
@@ -62,10 +62,7 @@ class LmmsEval(ImageGeneration):
         return None
 
     def check_schema(self, spec, schema):
-        missing = [c for c in COLUMNS if c not in schema.names]
-        if missing:
-            raise DataError(f"{spec.key_path}: {spec.path} is not a request table rendered "
-                            f"from an lmms-eval task (no column {missing[0]!r})")
+        check_request_table(spec, schema, COLUMNS, "lmms-eval")
         super().check_schema(spec, schema)
 
     def tokenize(self, table, spec, tok, decoder):
