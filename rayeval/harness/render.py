@@ -81,16 +81,22 @@ def task_manager(spec: LmEvalSpec, path: str):
     return TaskManager()
 
 
+def check_known(manager, task: str, path: str, tool: str, what: str) -> None:
+    """One line, with the nearest name it knows, where ``tool``'s (lm-eval's or lmms-eval's)
+    TaskManager knows no ``what`` (a task, or a task or group) of the name ``task``."""
+    if task not in manager.all_tasks:
+        from difflib import get_close_matches
+        near = get_close_matches(task, manager.all_tasks, n=1)
+        hint = f" (did you mean {near[0]!r}?)" if near else ""
+        _fail(f"{path}.task", f"{tool} knows no {what} {task!r}{hint}; check the name or set "
+                              "include_path to the folder of its YAML")
+
+
 def load_tasks(spec: LmEvalSpec, path: str) -> tuple[dict, list[Group]]:
     """{task name: Task} with the overrides simple_evaluate applies, and the groups (the one
     asked for first)."""
     manager = task_manager(spec, path)
-    if spec.task not in manager.all_tasks:
-        from difflib import get_close_matches
-        near = get_close_matches(spec.task, manager.all_tasks, n=1)
-        hint = f" (did you mean {near[0]!r}?)" if near else ""
-        _fail(f"{path}.task", f"lm-eval knows no task or group {spec.task!r}{hint}; check the "
-                              "name or set include_path to the folder of its YAML")
+    check_known(manager, spec.task, path, "lm-eval", "task or group")
     try:
         loaded = manager.load([spec.task])
     except Exception as error:                        # lm-eval's own message says what

@@ -32,7 +32,7 @@ import pyarrow as pa
 from rayeval.config.schema import LmmsEvalSpec
 from rayeval.errors import SpecError, reason
 from rayeval.config import names
-from rayeval.harness.render import config_value, pickle_task, quiet
+from rayeval.harness.render import check_known, config_value, pickle_task, quiet
 from rayeval.lmms.requests import (AGGREGATIONS, NotMergeable, context_of, encode_messages,
                                    filter_names, layout, table_schema)
 
@@ -107,12 +107,7 @@ def _silent():
 def load_task(spec: LmmsEvalSpec, path: str):
     """The task lmms-eval builds for a chat model, with the sweep's generation overrides."""
     manager = task_manager(spec, path)
-    if spec.task not in manager.all_tasks:
-        from difflib import get_close_matches
-        near = get_close_matches(spec.task, manager.all_tasks, n=1)
-        hint = f" (did you mean {near[0]!r}?)" if near else ""
-        _fail(f"{path}.task", f"lmms-eval knows no task {spec.task!r}{hint}; check the name "
-                              "or set include_path to the folder of its YAML")
+    check_known(manager, spec.task, path, "lmms-eval", "task")
     try:
         loaded = manager.load_task_or_group([spec.task], task_type="chat")
     except Exception as error:                        # lmms-eval's own message says what
