@@ -227,8 +227,14 @@ def max_length(model: torch.nn.Module | None, tokenizer, configured: int | None)
 def tokenizer_digest(folder: str) -> str:
     """The identity of a folder's tokenizer files: checkpoints that share it share one
     tokenization of every data set."""
-    h = hashlib.sha256()
-    for name in TOKENIZER_FILES:
+    return files_digest(folder, TOKENIZER_FILES)
+
+
+def files_digest(folder: str, names, seed: bytes = b"") -> str:
+    """A digest of ``seed`` and, in order, the name and bytes of each of ``names`` that is a
+    file in ``folder`` (a missing one counts as nothing)."""
+    h = hashlib.sha256(seed)
+    for name in names:
         p = os.path.join(folder, name)
         if os.path.isfile(p):
             h.update(name.encode())
@@ -301,17 +307,37 @@ def load_tokenizer(folder: str, *, what: str, model: torch.nn.Module | None = No
                     "tokenizer_config.json, ...); save the tokenizer beside the model "
                     "(tokenizer.save_pretrained) or set model.tokenizer to a folder that "
                     "holds one")
-    try:
-        tok = transformers.AutoTokenizer.from_pretrained(folder)
-    except Exception as e:               # noqa: BLE001 - files transformers cannot read
-        raise errors.wrap(e, error, f"{what}: {folder}: transformers cannot load the tokenizer",
-                          typed=True, location=folder,
-                          key_path=what if error is SpecError else None) from None
-    if tok.eos_token_id is None and tok.bos_token_id is None:
-        raise error(f"{what}: {folder}: the tokenizer has neither an end-of-sequence nor a "
-                    "beginning-of-sequence token; text tasks need one to condition on")
-    length = max_length(model, tok, configured_max)
-    # Long documents are cut into windows here, never truncated by the tokenizer: its warning
-    # that a text is longer than the model's context would only mislead.
-    tok.model_max_length = _HUGE
+    tok = from_folder(transformers.AutoTokenizer, folder, what, error, "tokenizer",
+                      key_path=what if error is SpecError else None)
+    check_prefix_token(tok, error, f"{what}: {folder}", "; text tasks need one to condition on")
+    length = context_length(tok, model, configured_max)
     return Tokenizer(tok, length, f"{tokenizer_digest(folder)}:{length}")
+
+
+def from_folder(auto, folder: str, what: str, error: type, noun: str, **fields):
+    """``auto.from_pretrained(folder)`` (a transformers auto class: the tokenizer's, the
+    processor's), or ``error`` in one line naming ``what``, the folder and the ``noun``, with
+    ``fields`` (key_path, ...)."""
+    try:
+        return auto.from_pretrained(folder)
+    except Exception as e:               # noqa: BLE001 - files transformers cannot read
+        raise errors.wrap(e, error, f"{what}: {folder}: transformers cannot load the {noun}",
+                          typed=True, location=folder, **fields) from None
+
+
+def check_prefix_token(tok, error: type, where: str, why: str = "") -> None:
+    """``error`` (``where``: the key and folder; ``why``: the message's tail) for a
+    transformers tokenizer with neither EOS nor BOS, which a prefix or a stop needs."""
+    if tok.eos_token_id is None and tok.bos_token_id is None:
+        raise error(f"{where}: the tokenizer has neither an end-of-sequence nor a "
+                    f"beginning-of-sequence token{why}")
+
+
+def context_length(tok, model: torch.nn.Module | None, configured_max: int | None) -> int:
+    """The model's context in tokens (``max_length``), with the transformers tokenizer told
+    never to truncate: long documents are cut into windows here, never truncated by the
+    tokenizer, whose warning that a text is longer than the model's context would only
+    mislead."""
+    length = max_length(model, tok, configured_max)
+    tok.model_max_length = _HUGE
+    return length

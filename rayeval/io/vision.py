@@ -13,13 +13,11 @@ checkpoints sharing a processor share one decoding of every data set.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from dataclasses import dataclass
 from typing import Any
 
-from rayeval import errors
 from rayeval.errors import CheckpointError, SpecError
 from rayeval.io import hf
 
@@ -42,14 +40,7 @@ def has_processor(folder: str) -> bool:
 
 
 def processor_digest(folder: str) -> str:
-    h = hashlib.sha256(hf.tokenizer_digest(folder).encode())
-    for name in PROCESSOR_FILES:
-        p = os.path.join(folder, name)
-        if os.path.isfile(p):
-            h.update(name.encode())
-            with open(p, "rb") as f:
-                h.update(f.read())
-    return h.hexdigest()[:16]
+    return hf.files_digest(folder, PROCESSOR_FILES, seed=hf.tokenizer_digest(folder).encode())
 
 
 @dataclass
@@ -98,11 +89,7 @@ def load_processor(folder: str, *, what: str, model=None,
         raise error(f"{what}: {folder}: no processor files (processor_config.json or "
                     "preprocessor_config.json) beside this vision-language model; save the "
                     "processor with it (AutoProcessor...save_pretrained(folder))")
-    try:
-        processor = transformers.AutoProcessor.from_pretrained(folder)
-    except Exception as e:               # noqa: BLE001 - files transformers cannot read
-        raise errors.wrap(e, error, f"{what}: {folder}: transformers cannot load the processor",
-                          typed=True, location=folder) from None
+    processor = hf.from_folder(transformers.AutoProcessor, folder, what, error, "processor")
     tok = getattr(processor, "tokenizer", None)
     if tok is None or getattr(processor, "image_processor", None) is None:
         raise error(f"{what}: {folder}: its processor ({type(processor).__name__}) has no "
@@ -110,11 +97,8 @@ def load_processor(folder: str, *, what: str, model=None,
     if getattr(processor, "chat_template", None) is None:
         raise error(f"{what}: {folder}: the processor has no chat template; image items are "
                     "rendered with it (save one: processor.chat_template = ...)")
-    if tok.eos_token_id is None and tok.bos_token_id is None:
-        raise error(f"{what}: {folder}: the tokenizer has neither an end-of-sequence nor a "
-                    "beginning-of-sequence token")
-    length = hf.max_length(model, tok, configured_max)
-    tok.model_max_length = hf._HUGE
+    hf.check_prefix_token(tok, error, f"{what}: {folder}")
+    length = hf.context_length(tok, model, configured_max)
     return Processor(tok, length, f"{processor_digest(folder)}:{length}:vision", processor)
 
 
