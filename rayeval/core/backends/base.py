@@ -175,6 +175,19 @@ def texts_of(repeats: list[list[int]], ctx: Context) -> list[str]:
     return texts
 
 
+def batched_texts(items: list, tokens_of: Callable[[list, Context], list[list[int]]],
+                  ctx: Context) -> list[list[str]]:
+    """Each item's one (greedy) generation as ``texts_of`` cuts it, ``tokens_of`` run on
+    ``batch`` items at a time (the generated tokens of each), progress told after each."""
+    out: list[list[str]] = []
+    step = max(1, ctx.batch)
+    for start in range(0, len(items), step):
+        for tokens in tokens_of(items[start:start + step], ctx):
+            out.append(texts_of([tokens], ctx))
+        ctx.partly(len(out), len(items))
+    return out
+
+
 def cut(text: str, until) -> str:
     for stop in until:
         if stop:

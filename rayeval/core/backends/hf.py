@@ -15,7 +15,8 @@ import torch
 
 from rayeval.core import stats
 from rayeval.core.backends import prefix
-from rayeval.core.backends.base import BACKENDS, Context, ImageRequest, TokenPair, texts_of
+from rayeval.core.backends.base import (BACKENDS, Context, ImageRequest, TokenPair,
+                                        batched_texts)
 from rayeval.core.backends.torch import (TorchBackend, checked_logits, continuation_score,
                                          logits_of, move, stopped)
 from rayeval.errors import CheckpointError, ModelError
@@ -104,13 +105,7 @@ class HFBackend(TorchBackend):
         if not hasattr(self.model, "generate"):
             raise ModelError("model: image items need a Hugging Face vision-language model "
                              "(one with generate); this model has none")
-        out: list[list[str]] = []
-        step = max(1, ctx.batch)
-        for start in range(0, len(requests), step):
-            for tokens in self.image_tokens(requests[start:start + step], ctx):
-                out.append(texts_of([tokens], ctx))
-            ctx.partly(len(out), len(requests))
-        return out
+        return batched_texts(requests, self.image_tokens, ctx)
 
     def image_tokens(self, requests: list[ImageRequest], ctx: Context) -> list[list[int]]:
         import transformers

@@ -15,7 +15,7 @@ from typing import Any, Mapping
 import torch
 
 from rayeval.core import stats
-from rayeval.core.backends.base import (Backend, Context, Inputs, TokenPair, texts_of,
+from rayeval.core.backends.base import (Backend, Context, Inputs, TokenPair, batched_texts,
                                         wrong_output)
 from rayeval.errors import CheckpointError, DataError
 
@@ -94,13 +94,7 @@ class TorchBackend(Backend):
         """Each context's continuation (greedy: one per context), cut at the first stop
         string; at most ``max_new_tokens`` each, so a generation that never stops still
         ends. ``batch`` contexts at a time."""
-        out: list[list[str]] = []
-        step = max(1, ctx.batch)
-        for start in range(0, len(contexts), step):
-            for tokens in self.generate_tokens(contexts[start:start + step], ctx):
-                out.append(texts_of([tokens], ctx))
-            ctx.partly(len(out), len(contexts))
-        return out
+        return batched_texts(contexts, self.generate_tokens, ctx)
 
     def generate_tokens(self, contexts: list[list[int]], ctx: Context) -> list[list[int]]:
         return self.greedy(contexts, ctx)
