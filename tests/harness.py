@@ -26,17 +26,10 @@ import os
 import sys
 import tempfile
 
+from support import OFFLINE_ENV, go_offline, offline_env  # noqa: F401 - re-exported
+
 # Before anything imports huggingface_hub / datasets / transformers: they read these at import.
-OFFLINE_ENV = {
-    "HF_HUB_OFFLINE": "1",
-    "HF_DATASETS_OFFLINE": "1",
-    "TRANSFORMERS_OFFLINE": "1",
-    "HF_HUB_DISABLE_TELEMETRY": "1",
-    "HF_DATASETS_DISABLE_PROGRESS_BARS": "1",
-    "TOKENIZERS_PARALLELISM": "false",
-}
-for _key, _value in OFFLINE_ENV.items():
-    os.environ.setdefault(_key, _value)
+go_offline()
 
 TASKS = {"mc": "rayeval_mc", "docs": "rayeval_docs", "gen": "rayeval_gen"}
 # The filter whose output exact_match scores; its name is the suffix of the metric keys
@@ -207,11 +200,3 @@ def harness_cli_command(folder: str, task_dir: str, out_dir: str, *, tasks=("mc"
             "--batch_size", str(batch_size),
             "--output_path", os.path.abspath(out_dir),
             "--log_samples"]
-
-
-def offline_env(base: dict | None = None) -> dict:
-    """A copy of base (default os.environ) with the variables that keep the hub, datasets and
-    transformers libraries offline."""
-    env = dict(os.environ if base is None else base)
-    env.update(OFFLINE_ENV)
-    return env

@@ -31,14 +31,8 @@ import os
 import subprocess
 import sys
 
-OFFLINE_ENV = {
-    "HF_HUB_OFFLINE": "1",
-    "HF_DATASETS_OFFLINE": "1",
-    "TRANSFORMERS_OFFLINE": "1",
-    "HF_HUB_DISABLE_TELEMETRY": "1",
-    "HF_DATASETS_DISABLE_PROGRESS_BARS": "1",
-    "TOKENIZERS_PARALLELISM": "false",
-}
+from support import OFFLINE_ENV, go_offline, offline_env  # noqa: F401 - re-exported
+
 TASK = "rayeval_easyvqa"
 FILTERS = ("none", "lower")          # the task's filter_list, in order
 MAX_NEW_TOKENS = 6
@@ -128,8 +122,7 @@ def run_lmms_eval(model_dir: str, task_dir: str, *, task: str = TASK, batch_size
             "--output_path", output, "--verbosity", "WARNING"]
     if limit is not None:
         args += ["--limit", str(limit)]
-    env = {**os.environ, **OFFLINE_ENV}
-    done = subprocess.run(args, env=env, capture_output=True, text=True, timeout=timeout)
+    done = subprocess.run(args, env=offline_env(), capture_output=True, text=True, timeout=timeout)
     if done.returncode != 0:
         raise RuntimeError(f"lmms-eval failed ({done.returncode}):\n{done.stderr[-3000:]}")
     return read_output(output, task)
@@ -188,8 +181,7 @@ def _patch_reference_model() -> None:
 
 
 if __name__ == "__main__":
-    for _key, _value in OFFLINE_ENV.items():
-        os.environ.setdefault(_key, _value)
+    go_offline()
     _patch_reference_model()
     from lmms_eval.__main__ import cli_evaluate
 

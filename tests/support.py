@@ -17,6 +17,31 @@ import yaml
 
 FEATURES, CLASSES = 8, 4
 
+# What keeps the hub, datasets and transformers libraries offline (and tokenizer threading the
+# same) for the reference runs of lm-eval and lmms-eval and for rayeval beside them. They read
+# these at import: set them (go_offline) before anything imports those libraries.
+OFFLINE_ENV = {
+    "HF_HUB_OFFLINE": "1",
+    "HF_DATASETS_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+    "HF_HUB_DISABLE_TELEMETRY": "1",
+    "HF_DATASETS_DISABLE_PROGRESS_BARS": "1",
+    "TOKENIZERS_PARALLELISM": "false",
+}
+
+
+def go_offline() -> None:
+    """OFFLINE_ENV in this process's environment, where a variable is not set already."""
+    for key, value in OFFLINE_ENV.items():
+        os.environ.setdefault(key, value)
+
+
+def offline_env(base: dict | None = None) -> dict:
+    """A copy of base (default os.environ) with OFFLINE_ENV over it: a subprocess's."""
+    env = dict(os.environ if base is None else base)
+    env.update(OFFLINE_ENV)
+    return env
+
 MODEL_MODULE = textwrap.dedent('''
     import torch
 
