@@ -91,20 +91,37 @@ def render_rich(board: Board, console, title: str | None = None) -> None:
     vary (else in the title). The board's notes (too little data) follow it."""
     from rich.text import Text
 
-    shown, hidden = list(board.columns), []
+    table = None
     for intervals in (True, False):
-        table = _rich_table(board, shown, hidden, intervals, title)
-        if _fits(console, table):
+        candidate = _rich_table(board, list(board.columns), [], intervals, title)
+        if _fits(console, candidate):
+            table = candidate
             break
-    droppable = [c for c in reversed(board.columns) if c.name != board.rank_by]
-    while not _fits(console, table) and droppable:
-        gone = droppable.pop(0)
-        shown.remove(gone)
-        hidden.insert(0, gone)
-        table = _rich_table(board, shown, hidden, False, title)
-    console.print(table)
+    console.print(table if table is not None else _fewest_dropped(board, console, title))
     for note in board.notes:
         console.print(Text(note, style="yellow" if note.startswith("warning:") else "dim"))
+
+
+def _fewest_dropped(board: Board, console, title: str | None):
+    """The table without the fewest metric columns, dropped from the right (never the
+    ranking column), that fits; all of them dropped when none fits. A narrower set of columns
+    never measures wider, so a binary search finds it: a 100-checkpoint x 300-column board
+    measured one drop at a time took 295 measurements and 310 s."""
+    droppable = [c for c in reversed(board.columns) if c.name != board.rank_by]
+
+    def without(k: int):
+        gone = set(id(c) for c in droppable[:k])
+        shown = [c for c in board.columns if id(c) not in gone]
+        return _rich_table(board, shown, list(reversed(droppable[:k])), False, title)
+
+    low, high = 1, len(droppable)          # zero dropped did not fit
+    while low < high:
+        mid = (low + high) // 2
+        if _fits(console, without(mid)):
+            high = mid
+        else:
+            low = mid + 1
+    return without(low)
 
 
 def _fits(console, table) -> bool:

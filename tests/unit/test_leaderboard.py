@@ -420,6 +420,30 @@ def test_wide_tables_print_every_shown_number_whole(width, terminal):
         assert not hidden and "[low, high]" in note
 
 
+@pytest.mark.parametrize("width", [60, 80, 120, 160, 200])
+def test_a_table_drops_the_fewest_columns_that_make_it_fit(width):
+    """The columns dropped are the fewest (from the right, never the ranking column) that let
+    the table fit: what dropping them one at a time and measuring each time finds."""
+    from rayeval.reporting.render import _fits, _rich_table
+
+    board = build_board(suite(WIDE_CKPTS, WIDE))
+    console = Console(file=io.StringIO(), width=width)
+    shown, hidden = list(board.columns), []
+    droppable = [c for c in reversed(board.columns) if c.name != board.rank_by]
+    table = _rich_table(board, shown, hidden, False, None)
+    while not _fits(console, table) and droppable:          # one at a time
+        gone = droppable.pop(0)
+        shown.remove(gone)
+        hidden.insert(0, gone)
+        table = _rich_table(board, shown, hidden, False, None)
+    one_by_one = Console(file=io.StringIO(), width=width)
+    one_by_one.print(table)
+    render_rich(board, console)
+    assert console.file.getvalue().startswith(one_by_one.file.getvalue())
+    if width in (80, 120):                          # some dropped, not all
+        assert 0 < len(hidden) < len(board.columns) - 1
+
+
 # --- plots ---------------------------------------------------------------------------------
 
 def test_plot_keeps_one_colour_per_sweep_and_the_title_clear_of_the_panels():
