@@ -146,9 +146,11 @@ class ResultStore:
             raise StoreError(f"output: cannot read result store: "
                              f"{paths.explain(e, self.location)}") from None
         if parts:
-            table, _ = layout.read_files(self.fs, [i.path for i in parts], SCHEMA,
-                                         self.location, columns=["cell"],
-                                         where=pc.field("cell").isin(rest))
+            table, _ = layout.read_files(
+                self.fs, [i.path for i in parts], SCHEMA, self.location, columns=["cell"],
+                where=pc.field("cell").isin(rest),
+                relist=lambda: [i.path for i in layout.list_parts(self.fs, self.root, sweep,
+                                                                  figures=True)])
             found |= set(table["cell"].to_pylist())
         return found
 
@@ -222,21 +224,26 @@ class ResultStore:
         """The rows of published cells, from their own files or the parts of ``sweep``
         (every sweep's when None), each cell once (its newest write)."""
         cells = list(dict.fromkeys(cells))
-        try:
+        small = columns is not None and "replicates" not in columns
+
+        def files() -> list[str]:
             own = [self._file(c) for c in self._own_files(cells)]
-            rest = len(own) < len(cells)
-            small = columns is not None and "replicates" not in columns
             parts = [i.path for i in layout.list_parts(self.fs, self.root, sweep, small)] \
-                if rest else []
+                if len(own) < len(cells) else []
+            return own + parts
+
+        try:
+            found = files()
         except OSError as e:
             raise StoreError(f"cannot read result store: {paths.explain(e, self.location)}") \
                 from None
-        if not own + parts:
+        if not found:
             return SCHEMA.empty_table().select(columns or SCHEMA.names)
         wanted = list(columns or SCHEMA.names)
         extra = [c for c in ("cell", "created_at") if c not in wanted]
-        table, _ = layout.read_files(self.fs, own + parts, SCHEMA, self.location,
-                                     columns=wanted + extra, where=pc.field("cell").isin(cells))
+        table, _ = layout.read_files(self.fs, found, SCHEMA, self.location,
+                                     columns=wanted + extra, where=pc.field("cell").isin(cells),
+                                     relist=files)
         return layout.newest_writes(table).select(wanted)
 
     def consolidate(self, cells, wait_s: float = 10.0, summarize=None):
@@ -314,8 +321,9 @@ class ResultStore:
             where = term if where is None else where & term
         wanted = list(columns or SCHEMA.names)
         keys = [c for c in ("cell", "created_at", "metric", "dataset") if c not in wanted]
-        table = layout.read_files(self.fs, files, SCHEMA, self.location, wanted + keys,
-                                  where)[0]
+        table = layout.read_files(
+            self.fs, files, SCHEMA, self.location, wanted + keys, where,
+            relist=lambda: layout.list_files(self.fs, self.root, sweep, figures=small).all)[0]
         # a cell evaluated again (--force) or read both from its file and the part it moved
         # into while listed: its newest write once
         return layout.newest_writes(table).select(wanted)
@@ -352,9 +360,9 @@ class ResultStore:
         files = [f for f in layout.list_files(self.fs, self.root, sweep).all]
         if not files:
             return {}
-        table, _ = layout.read_files(self.fs, files, SCHEMA, self.location,
-                                     ["cell", "dataset", "metric", "replicates"], where,
-                                     ordered=False)
+        table, _ = layout.read_files(
+            self.fs, files, SCHEMA, self.location, ["cell", "dataset", "metric", "replicates"],
+            where, ordered=False, relist=lambda: layout.list_files(self.fs, self.root, sweep).all)
         out = {}
         keys = zip(*(table[c].to_pylist() for c in ("cell", "dataset", "metric")))
         for key, reps in zip(keys, replicate_arrays(table["replicates"])):

@@ -24,6 +24,7 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 import pyarrow as pa
@@ -174,13 +175,16 @@ def list_files(fs: pafs.FileSystem, root: str, sweep: str | None = None,
 
 def read_files(fs: pafs.FileSystem, files: list[str], schema: pa.Schema, location: str,
                columns: list[str] | None = None, where: pads.Expression | None = None,
-               skip_damaged: bool = False, ordered: bool = True) -> tuple[pa.Table, list[str]]:
+               skip_damaged: bool = False, ordered: bool = True,
+               relist: Callable[[], list[str]] | None = None) -> tuple[pa.Table, list[str]]:
     """The rows of ``files`` (cells and parts), ``columns`` only, filtered by ``where`` (pushed
     down: row groups whose statistics rule it out are not read), in the files' order, rows of a
     cell in their place in it. A damaged file is refused in one line that names it, or, with
-    ``skip_damaged``, left out and returned in the second item. ``ordered=False``: in the
-    scan's order (a sort and a copy less: 2.6 s of a 10,000-cell board's replicates on a
-    loaded machine)."""
+    ``skip_damaged``, left out and returned in the second item. A file gone since it was
+    listed (a mover published its rows in a part, then removed it) makes ``relist`` list the
+    files again, a few times at most (a reader polling a store that `watch` consolidated
+    failed on such a file). ``ordered=False``: in the scan's order (a sort and a copy less:
+    2.6 s of a 10,000-cell board's replicates on a loaded machine)."""
     full = part_schema(schema)
     wanted = list(columns or schema.names)
     if ORDINAL not in wanted:
@@ -188,23 +192,28 @@ def read_files(fs: pafs.FileSystem, files: list[str], schema: pa.Schema, locatio
     if "cell" not in wanted:
         wanted.append("cell")
     damaged: list[str] = []
+    relists = 3 if relist is not None else 0
     while True:
         try:
             ds = pads.dataset(files, filesystem=fs, format="parquet", schema=full)
             table = ds.to_table(columns=wanted, filter=where)
             break
         except (pa.ArrowInvalid, OSError) as e:
-            bad = damaged_files(fs, [f for f in files if f not in damaged])
-            if not bad:
+            bad, gone = unreadable(fs, [f for f in files if f not in damaged])
+            if gone and relists:
+                relists -= 1
+                files = [f for f in relist() if f not in damaged]
+                continue
+            if not bad and not (gone and skip_damaged):
                 raise StoreError(f"cannot read result store: "
                                  f"{paths.explain(e, location)}") from None
-            if not skip_damaged:
+            if bad and not skip_damaged:
                 raise StoreError(
                     f"damaged file in the result store: {paths.to_location(fs, bad[0], location)}"
                     f" ({paths.explain(e, location).split(': ', 1)[-1][:160]}); move it away "
                     "(its cell is evaluated again on the next run)") from None
             damaged += bad
-            files = [f for f in files if f not in bad]
+            files = [f for f in files if f not in bad and f not in gone]
     table = _in_cell_order(table) if ordered else table     # unordered: keyed reads
     return table.select([c for c in wanted if c in (columns or schema.names)]), \
         damaged
@@ -220,16 +229,18 @@ def _in_cell_order(table: pa.Table) -> pa.Table:
     return table.take(order)
 
 
-def damaged_files(fs: pafs.FileSystem, files: list[str]) -> list[str]:
-    """The files whose parquet footer cannot be read (only looked for after a read failed)."""
-    bad = []
+def unreadable(fs: pafs.FileSystem, files: list[str]) -> tuple[list[str], list[str]]:
+    """(damaged, gone): the files whose parquet footer cannot be read, and those no longer
+    there (only looked for after a read failed)."""
+    bad, gone = [], []
     for path in files:
         try:
             with fs.open_input_file(path) as f:
                 pq.read_metadata(f)
         except (pa.ArrowInvalid, OSError):
-            bad.append(path)
-    return bad
+            missing = fs.get_file_info(path).type == pafs.FileType.NotFound
+            (gone if missing else bad).append(path)
+    return bad, gone
 
 
 def newest_writes(table: pa.Table) -> pa.Table:

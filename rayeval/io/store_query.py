@@ -53,7 +53,10 @@ def query(store: str | os.PathLike, sql: str, *, damaged: str = "refuse") -> pa.
     try:
         return _run(duckdb, opened, location, names, sql)
     except duckdb.Error as e:
-        bad = layout.damaged_files(opened.fs, names)     # looked for only after a failure
+        bad, gone = layout.unreadable(opened.fs, names)   # looked for only after a failure
+        if gone and not bad:                 # moved into a part since listed: list again
+            return _run(duckdb, opened, location, layout.list_files(opened.fs,
+                                                                    opened.root).all, sql)
         if not bad:
             first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
             raise StoreError(f"SQL: {first}") from None

@@ -14,6 +14,7 @@ from rayeval.execution.driver import run_sweep
 from rayeval.reporting.boards import latest_rows
 from rayeval.plan.loader import load_sweep, with_overrides
 from rayeval.io.store import ResultStore
+from rayeval.io.store_layout import list_suites
 from s3server import CREDENTIALS, FlakyProxy, MotoServer
 from support import rayeval_cli, rayeval_main
 
@@ -88,6 +89,17 @@ def test_data_checkpoints_and_results_in_s3(s3, ray_cluster, tmp_path):
     lb = rayeval_main("leaderboard", "s3://rayeval-example/evals", "--format", "json")
     assert lb.returncode == 0, lb.stderr
     assert len(json.loads(lb.stdout)) == 12
+
+    # The suite's store, as its run left it (a part with its suite file), reads the same on S3.
+    fs = pafs.S3FileSystem(endpoint_override=s3.url)
+    pafs.copy_files(str(tmp_path / "local-out"), "rayeval-example/suite-copy",
+                    source_filesystem=pafs.LocalFileSystem(), destination_filesystem=fs)
+    copy = ResultStore("s3://rayeval-example/suite-copy")
+    assert len(list_suites(copy.fs, copy.root)) == 1
+    here = rayeval_main("leaderboard", str(tmp_path / "local-out"), "--format", "json")
+    there = rayeval_main("leaderboard", "s3://rayeval-example/suite-copy", "--format", "json")
+    assert there.returncode == 0, there.stderr
+    assert there.stdout == here.stdout and '"metric": "aggregate"' in there.stdout
 
 
 def test_transient_errors_are_retried(s3, tmp_path, monkeypatch):

@@ -194,3 +194,23 @@ def test_json_boards_are_the_text_json_dumps_writes():
     rows.insert(3, {"matrix": [[1, 2], [3, 4]], "names": ["val", 'o, "d']})
     assert dumps_indented(rows) == json.dumps(rows, indent=2)
     assert dumps_indented([]) == json.dumps([], indent=2)
+
+
+def test_a_file_moved_into_a_part_while_a_reader_lists_is_read_from_the_part(tmp_path):
+    """A reader lists the cell files; a mover publishes them in a part and removes them; the
+    reader's scan then finds them gone, lists again and reads every cell once (a test polling
+    a store while `watch` consolidated failed with 'damaged file')."""
+    from rayeval.io import store_layout as layout
+    from rayeval.io.store import SCHEMA
+
+    store = old_store(tmp_path)
+    stale = layout.list_files(store.fs, store.root).all
+    assert len(stale) == 12
+    store.consolidate([os.path.basename(f)[:-len(".parquet")] for f in stale])
+    table, damaged = layout.read_files(
+        store.fs, stale, SCHEMA, str(tmp_path), ["cell", "metric"],
+        relist=lambda: layout.list_files(store.fs, store.root).all)
+    assert damaged == [] and table.num_rows == 24 and len(set(table["cell"].to_pylist())) == 12
+    with pytest.raises(StoreError, match="cannot read result store"):
+        layout.read_files(store.fs, stale, SCHEMA, str(tmp_path), ["cell"])
+    assert len(store.read(["cell"])) == 24
