@@ -179,8 +179,13 @@ def start_local_ray(attempts: int = 3, **kwargs) -> None:
     """``ray.init`` for a new local node, tried again when the node times out during start-up:
     Ray gives its raylet a fixed 30 s to register, which a machine under heavy load overruns,
     and a second try on the same machine then starts in seconds. Its workers run at the calling
-    process's priority, not Ray's 15 steps below it (constants.RAY_WORKER_NICENESS_ENV)."""
+    process's priority, not Ray's 15 steps below it (constants.RAY_WORKER_NICENESS_ENV).
+    Always a new node (``address="local"``): without an address, ``ray.init`` joins the
+    cluster a ``ray start`` left on this machine (/tmp/ray/ray_current_cluster), where
+    ``num_cpus`` is refused and the run would share another cluster's workers."""
     import ray
+
+    kwargs.setdefault("address", "local")
 
     if constants.RAY_WORKER_NICENESS_ENV not in os.environ:
         system = dict(kwargs.get("_system_config") or {})

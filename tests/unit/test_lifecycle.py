@@ -38,7 +38,7 @@ def timeout():
 def test_a_node_that_times_out_during_start_up_is_started_again(monkeypatch):
     calls = install(monkeypatch, [timeout()])
     start_local_ray(num_cpus=3)
-    same = {"num_cpus": 3, "_system_config": {"worker_niceness": 0}}
+    same = {"num_cpus": 3, "_system_config": {"worker_niceness": 0}, "address": "local"}
     assert calls.inits == [same, same]
     assert calls.shutdowns == 1            # the half-started node's processes first
 
@@ -64,4 +64,4 @@ def test_workers_run_at_the_caller_s_priority_unless_the_user_chose(monkeypatch)
                                                  "worker_niceness": 0}
     monkeypatch.setenv("RAY_worker_niceness", "10")      # the user's choice is Ray's to read
     start_local_ray(num_cpus=3)
-    assert calls.inits[-1] == {"num_cpus": 3}
+    assert calls.inits[-1] == {"num_cpus": 3, "address": "local"}
