@@ -233,17 +233,23 @@ class Paired:
 def pairable(a: dict, b: dict) -> bool:
     """Whether two rows hold replicates of the same resamples: same data, seed, buckets and
     replicate count (an aggregate: every part pairable)."""
-    if not len(replicates_of(a)) or not len(replicates_of(b)):
+    if not len(replicates_of(a)) or not len(replicates_of(b)) or \
+            len(a["replicates"]) != len(b["replicates"]):
         return False
-    if "parts" in a or "parts" in b:
+    if "parts" in a or "parts" in b:     # an aggregate's replicates: its parts' count, each
         pa_, pb_ = a.get("parts") or [], b.get("parts") or []
-        return len(pa_) == len(pb_) and all(x is not None and y is not None and pairable(x, y)
-                                            for x, y in zip(pa_, pb_))
+        return len(pa_) == len(pb_) and all(x is not None and y is not None and
+                                            same_resamples(x, y) for x, y in zip(pa_, pb_))
+    return same_resamples(a, b)
+
+
+def same_resamples(a: dict, b: dict) -> bool:
+    """Whether two stored rows' replicate b resample the same rows: same data, seed and
+    buckets (their replicates need not be read to know)."""
     ka, kb = bootstrap_params(a.get("bootstrap")), bootstrap_params(b.get("bootstrap"))
     ka.pop("confidence", None)
     kb.pop("confidence", None)
-    return ka == kb and a["dataset"] == b["dataset"] and a["num_samples"] == b["num_samples"] \
-        and len(a["replicates"]) == len(b["replicates"])
+    return ka == kb and a["dataset"] == b["dataset"] and a["num_samples"] == b["num_samples"]
 
 
 def paired(a: dict, b: dict, confidence: float = 0.95) -> Paired | None:
@@ -290,6 +296,7 @@ class Board:
     evaluations: list[str]        # by name
     averaged: list[Column] = field(default_factory=list)   # what the aggregate averages
     notes: list[str] = field(default_factory=list)          # warnings shown with the board
+    marked: set[str] = field(default_factory=set)           # columns whose marks are set
 
     @property
     def metrics(self) -> list[str]:
@@ -299,10 +306,13 @@ class Board:
         return resolve_metric(name, self.columns)
 
 
-def build_board(rows: list[dict], metric: str | None = None) -> Board:
+def build_board(rows: list[dict], metric: str | None = None,
+                aggregate_rows: list[dict] | None = None, marked: bool = True) -> Board:
     """Rank one row per (sweep, checkpoint) by ``metric`` (a column name, see
     ``resolve_metric``); default: the aggregate when some checkpoint has one, else the first
-    metric."""
+    metric. ``aggregate_rows``: the aggregates, worked out already (default: from ``rows``).
+    ``marked``: each column's marks (from its rows' replicates) now; else ``mark`` sets
+    them for the columns shown."""
     if not rows:
         raise StoreError("the result store holds no results yet; run a sweep first")
     rows = ranked_rows(rows)
@@ -315,20 +325,30 @@ def build_board(rows: list[dict], metric: str | None = None) -> Board:
         e = entries.setdefault((r["sweep"], r["checkpoint"]),
                                Entry(r["sweep"], r["checkpoint"], r["step"]))
         e.rows[names[(r["dataset"], r["metric"])]] = r
-    for a in aggregates(rows):
+    for a in aggregates(rows) if aggregate_rows is None else aggregate_rows:
         entries[(a["sweep"], a["checkpoint"])].rows[AGGREGATE] = a
     rank_by = resolve_metric(metric, columns) if metric else _default_rank(columns, entries)
     ranked = _rank(list(entries.values()), rank_by)
-    for c in columns:
-        _mark(ranked, c.name, c.higher_is_better)
     evaluations = evaluations_of(rows)
     members = group_members(rows)
     firsts = first_metrics(rows)
     averaged = [c for c in columns if len(set(evaluations) - members) > 1
                 and c.evaluation not in members and firsts.get(c.evaluation) == c.metric]
-    return Board(columns=columns, rank_by=rank_by.name, higher_is_better=rank_by.higher_is_better,
-                 entries=ranked, evaluations=evaluations, averaged=averaged,
-                 notes=small_data_notes(rows) + token_notes(rows))
+    board = Board(columns=columns, rank_by=rank_by.name,
+                  higher_is_better=rank_by.higher_is_better, entries=ranked,
+                  evaluations=evaluations, averaged=averaged,
+                  notes=small_data_notes(rows) + token_notes(rows))
+    if marked:
+        mark(board, columns)
+    return board
+
+
+def mark(board: Board, columns: list[Column]) -> None:
+    """Set the marks of these columns (their rows hold their replicates by now)."""
+    for c in columns:
+        if c.name not in board.marked:
+            _mark(board.entries, c.name, c.higher_is_better)
+            board.marked.add(c.name)
 
 
 SMALL_DATA_ROWS = 30

@@ -44,14 +44,16 @@ def _short_names(entries: list[Entry]) -> dict[str, str]:
     return {loc: loc[cut:] for loc in locs}
 
 
-def _cell(e: Entry, column: str, intervals: bool = True) -> str:
+def _cell(e: Entry, column: str, intervals: bool = True, unmarked: str = "") -> str:
+    """A value, its interval and its mark; ``unmarked``: the mark of a column whose marks are
+    not set yet (a one-character stand-in measures as wide as any mark)."""
     row = e.rows.get(column)
     if row is None or _missing(row["value"]):
         return "-"
     text = format_value(row["value"])
     if intervals and row.get("ci_low") is not None:
         text += f" [{format_value(row['ci_low'])}, {format_value(row['ci_high'])}]"
-    return text + e.marks.get(column, "")
+    return text + e.marks.get(column, unmarked)
 
 
 def _arrow(board: Board) -> str:
@@ -64,8 +66,8 @@ def _aggregate_legend(board: Board) -> str:
     return f"aggregate: mean of {', '.join(terms)}" if terms else ""
 
 
-def table_rows(board: Board, intervals: bool = True, columns: list[Column] | None = None
-               ) -> tuple[list[str], list[list[str]]]:
+def table_rows(board: Board, intervals: bool = True, columns: list[Column] | None = None,
+               unmarked: str = "") -> tuple[list[str], list[list[str]]]:
     """Header and cells; a ``dataset`` column only when the board holds one evaluation (with
     several, the column names carry it)."""
     columns = board.columns if columns is None else columns
@@ -78,66 +80,88 @@ def table_rows(board: Board, intervals: bool = True, columns: list[Column] | Non
         rows.append([f"{e.rank}{' *' if e.best else ''}", e.sweep]
                     + ([board.evaluations[0]] if single else [])
                     + [names[e.checkpoint], "-" if e.step is None else str(e.step)]
-                    + [_cell(e, c.name, intervals) for c in columns])
+                    + [_cell(e, c.name, intervals,
+                             "" if c.name in board.marked else unmarked) for c in columns])
     return header, rows
 
 
 # --- rich ----------------------------------------------------------------------------------
 
-def render_rich(board: Board, console, title: str | None = None) -> None:
+def render_rich(board: Board, console, title: str | None = None, mark=None) -> None:
     """A rich table that fits ``console.width`` without cropping a number: with intervals if
     everything fits, else without, else without whole metric columns from the right (never
     the ranking column), which the caption names. Sweep and data set columns only when they
-    vary (else in the title). The board's notes (too little data) follow it."""
+    vary (else in the title). The board's notes (too little data) follow it. ``mark``: sets
+    the marks of the columns it is given (``boards.mark`` after reading their replicates),
+    called only for the columns a table may show; None: the board's marks are set."""
     from rich.text import Text
 
+    if mark is None:
+        mark = lambda columns: None                        # noqa: E731 - every one is set
     table = None
-    for intervals in (True, False):
-        candidate = _rich_table(board, list(board.columns), [], intervals, title)
-        if _fits(console, candidate):
-            table = candidate
-            break
-    console.print(table if table is not None else _fewest_dropped(board, console, title))
+    # without the marks not yet set, a table is at most as wide as with them: when even that
+    # does not fit, no column's marks are needed to know that
+    if any(_fits(console, _rich_table(board, list(board.columns), [], intervals, title))
+           for intervals in (True, False)):
+        mark(board.columns)
+        for intervals in (True, False):
+            candidate = _rich_table(board, list(board.columns), [], intervals, title)
+            if _fits(console, candidate):
+                table = candidate
+                break
+    console.print(table if table is not None else _fewest_dropped(board, console, title, mark))
     for note in board.notes:
         console.print(Text(note, style="yellow" if note.startswith("warning:") else "dim"))
 
 
-def _fewest_dropped(board: Board, console, title: str | None):
+def _fewest_dropped(board: Board, console, title: str | None, mark):
     """The table without the fewest metric columns, dropped from the right (never the
     ranking column), that fits; all of them dropped when none fits. A narrower set of columns
-    never measures wider, so a binary search finds it: a 100-checkpoint x 300-column board
-    measured one drop at a time took 295 measurements and 310 s."""
+    never measures wider, so a binary search finds it (a 100-checkpoint x 300-column board
+    measured one drop at a time took 295 measurements and 310 s), first with a stand-in for
+    the marks not set (as wide as a mark: what fits so fits with them), then setting the marks
+    of the columns shown and putting back dropped ones while the table still fits."""
     droppable = [c for c in reversed(board.columns) if c.name != board.rank_by]
 
-    def without(k: int):
+    def without(k: int, unmarked: str = ""):
         gone = set(id(c) for c in droppable[:k])
         shown = [c for c in board.columns if id(c) not in gone]
-        return _rich_table(board, shown, list(reversed(droppable[:k])), False, title)
+        return shown, _rich_table(board, shown, list(reversed(droppable[:k])), False, title,
+                                  unmarked)
 
     low, high = 1, len(droppable)          # zero dropped did not fit
     while low < high:
         mid = (low + high) // 2
-        if _fits(console, without(mid)):
+        if _fits(console, without(mid, "~")[1]):
             high = mid
         else:
             low = mid + 1
-    return without(low)
+    mark(without(low)[0])
+    while low > 1:
+        mark(without(low - 1)[0])
+        if not _fits(console, without(low - 1)[1]):
+            break
+        low -= 1
+    return without(low)[1]
 
 
 def _fits(console, table) -> bool:
     from rich.measure import Measurement
+
+    if getattr(table, "rayeval_floor", 0) > console.width:    # surely too wide: no measuring
+        return False
 
     unbounded = console.options.update(max_width=1 << 20)     # measure, do not clamp
     return Measurement.get(console, unbounded, table).maximum <= console.width
 
 
 def _rich_table(board: Board, columns: list[Column], hidden: list[Column], intervals: bool,
-                title: str | None):
+                title: str | None, unmarked: str = ""):
     from rich.cells import cell_len
     from rich.table import Table
     from rich.text import Text
 
-    header, rows = table_rows(board, intervals, columns)
+    header, rows = table_rows(board, intervals, columns, unmarked)
     keep = [i for i, h in enumerate(header)
             if h not in ("sweep", "dataset") or len({r[i] for r in rows}) > 1]
     if title is None:
@@ -149,14 +173,20 @@ def _rich_table(board: Board, columns: list[Column], hidden: list[Column], inter
     table = Table(title=None if title is None else Text(title, style="table.title"),
                   caption=Text(_caption(board, intervals, hidden), style="table.caption"))
     fixed = len(header) - len(columns)
+    # A floor under the width rich measures: each number column's widest cell, every
+    # column's padding (1 each side) and the rules between and around them. Measuring a
+    # 300-column table of 100 checkpoints took ~5 s; most tables a search tries are far wider.
+    table.rayeval_floor = len(keep) + 1
     for i in keep:
         h = header[i]
+        table.rayeval_floor += 2
         if i < fixed and h in _NAMES:
             # Names may fold (numbers may not): measured at most this wide, so a long path
             # never pushes a number column off the table.
             table.add_column(h, justify="left", overflow="fold", max_width=_NAME_WIDTH)
         else:   # a number: never shrunk below its widest cell, never wrapped
             width = max([cell_len(h)] + [cell_len(r[i]) for r in rows])
+            table.rayeval_floor += width
             table.add_column(h, justify="right", no_wrap=True, min_width=width,
                              style="bold" if h == board.rank_by else None)
     for e, row in zip(board.entries, rows):

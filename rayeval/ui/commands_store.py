@@ -41,29 +41,59 @@ def _board_rows(args) -> list[dict]:
     return _stored_rows(args)
 
 
+def _board_table(args, metric: str | None = None):
+    """The newest rows of a board (``metric``: only that stored metric's), every column but
+    the replicates, as an Arrow table; an lm-eval group's members left out unless --members."""
+    from rayeval.io.store import SCHEMA, newest
+    from rayeval.io.store_layout import figures
+    from rayeval.reporting import json_board as jb
+    from rayeval.reporting.stored import checkpoint_pattern
+
+    table = newest(args.store, sweep=args.sweep or None, evaluation=args.dataset or None,
+                   what="STORE", metric=metric, columns=figures(SCHEMA),
+                   checkpoint=checkpoint_pattern(args.checkpoint_glob))
+    return table if args.members else jb.without_members(table)
+
+
+def _table_board(args, out: Console) -> None:
+    """``leaderboard`` as a table, its marks worked out only for the columns it may show
+    (each column's replicates read alone) and the aggregate's from the suite files: the
+    table shows a few columns of a big store, the marks of all needed every replicate."""
+    from rayeval.io import paths
+    from rayeval.io.store import ResultStore
+    from rayeval.reporting import json_board as jb
+    from rayeval.reporting.boards import AGGREGATE, build_board, mark
+    from rayeval.reporting.stored import with_replicates
+
+    table = _board_table(args)
+    sweep = args.sweep or None
+    aggregates = jb.aggregates(table, ResultStore(paths.resolve(args.store, os.getcwd())), sweep)
+    board = build_board(table.to_pylist(), args.metric, aggregates, marked=False)
+
+    def with_marks(columns):
+        rows = [e.rows[c.name] for c in columns if c.name not in board.marked
+                and c.name != AGGREGATE for e in board.entries if c.name in e.rows]
+        if rows:
+            with_replicates(args.store, rows, sweep)
+        mark(board, columns)
+
+    render_rich(board, out, mark=with_marks)
+
+
 def _json_board(args):
     """``leaderboard --format json`` on columns (``reporting.json_board``): the text the
     row-by-row path below writes, for stores of any size."""
     import pyarrow.compute as pc
 
     from rayeval.io import paths
-    from rayeval.io.store import SCHEMA, ResultStore, newest
-    from rayeval.io.store_layout import figures
+    from rayeval.io.store import ResultStore
     from rayeval.reporting import json_board as jb
     from rayeval.reporting.boards import AGGREGATE, columns_of, resolve_metric
-    from rayeval.reporting.stored import checkpoint_pattern
-
-    def read(metric=None):
-        return newest(args.store, sweep=args.sweep or None, evaluation=args.dataset or None,
-                      what="STORE", metric=metric, columns=figures(SCHEMA),
-                      checkpoint=checkpoint_pattern(args.checkpoint_glob))
 
     one = args.metric.rsplit("/", 1)[-1] if args.metric else None
-    table = read(one) if one and one != AGGREGATE else None
+    table = _board_table(args, one) if one and one != AGGREGATE else None
     if table is None or table.num_rows == 0:      # else: the error names what is stored
-        table = read()
-    if not args.members:
-        table = jb.without_members(table)
+        table = _board_table(args)
     store = ResultStore(paths.resolve(args.store, os.getcwd()))
     if not args.metric or table.num_rows == 0:
         return jb.board_json(table, jb.aggregates(table, store, args.sweep or None))
@@ -102,8 +132,11 @@ def _leaderboard(args, out: Console) -> int:
 
     if args.samples_dir is not None and args.format != "html":
         raise SpecError("--samples-dir: only with --format html (the pages the board links to)")
-    if args.format == "json" and not (args.plot or args.to_mlflow or args.to_wandb
-                                      or args.replicates):
+    if args.format in ("json", "table") and not (args.plot or args.to_mlflow or args.to_wandb
+                                                 or args.replicates):
+        if args.format == "table":
+            _table_board(args, out)
+            return EXIT_OK
         for text in _json_board(args):
             sys.stdout.write(text)
         return EXIT_OK

@@ -135,3 +135,35 @@ def test_merging_parts_replaces_their_suite_files(tmp_path):
     assert len(leftovers) == 1
     columnar, row_by_row = texts(tmp_path, ())
     assert columnar == row_by_row
+
+
+@pytest.mark.parametrize("width", [50, 90, 400])
+def test_a_table_reads_the_replicates_of_the_columns_it_shows_only(tmp_path, monkeypatch,
+                                                                   width):
+    """A table board sets the marks of the columns it may show (their replicates read alone)
+    and prints what the board of every row's replicates prints."""
+    import io
+
+    from rich.console import Console
+
+    from rayeval.reporting.boards import build_board
+    from rayeval.reporting.render import render_rich
+
+    store = build(tmp_path)
+    store.compact(summarize=summaries)
+    asked = []
+    read_replicates = ResultStore.replicates
+    monkeypatch.setattr(ResultStore, "replicates",
+                        lambda self, wanted, sweep=None: asked.append(len(wanted))
+                        or read_replicates(self, wanted, sweep))
+    args = cli._parser().parse_args(["leaderboard", str(tmp_path)])
+    lazy, full = (Console(file=io.StringIO(), width=width) for _ in range(2))
+    commands_store._table_board(args, lazy)
+    read_lazy = sum(asked)
+    render_rich(build_board(without_members(commands_store._board_rows(args))), full)
+    assert lazy.file.getvalue() == full.file.getvalue()
+    assert "step_1" in lazy.file.getvalue()
+    ranked = sum(asked) - read_lazy                 # every ranked row's, for the full board
+    assert ranked >= 50
+    if width == 50:                                 # a few columns shown: their rows only
+        assert 0 < read_lazy < ranked / 2, read_lazy
