@@ -132,6 +132,7 @@ def _leaderboard(args, out: Console) -> int:
 
     if args.samples_dir is not None and args.format != "html":
         raise SpecError("--samples-dir: only with --format html (the pages the board links to)")
+    _check_push_flags(args)
     if args.format in ("json", "table") and not (args.plot or args.to_mlflow or args.to_wandb
                                                  or args.replicates):
         if args.format == "table":
@@ -190,15 +191,21 @@ def _samples_pages(store: str, rows: list[dict], folder: str) -> dict[tuple[str,
     return pages
 
 
-def _push(args, rows: list[dict]) -> bool:
-    """``--to-mlflow`` / ``--to-wandb``: the rows shown, to the trackers; whether all went."""
-    from rayeval.reporting.trackers import push
-
+def _check_push_flags(args) -> None:
+    """--experiment and --run-id only with the tracker they belong to (checked before any
+    board is read, whatever the format)."""
     if args.experiment is not None and args.to_mlflow is None:
         raise SpecError("--experiment: only with --to-mlflow URI")
     if args.run_id is not None and (args.to_mlflow is None) == (args.to_wandb is None):
         raise SpecError("--run-id: give it with one of --to-mlflow or --to-wandb (a run id "
                         "belongs to one tracker)")
+
+
+def _push(args, rows: list[dict]) -> bool:
+    """``--to-mlflow`` / ``--to-wandb``: the rows shown, to the trackers; whether all went."""
+    from rayeval.reporting.trackers import push
+
+    _check_push_flags(args)
     if args.to_mlflow is None and args.to_wandb is None:
         return True
     for flag, value in (("--to-mlflow", args.to_mlflow), ("--to-wandb", args.to_wandb),
