@@ -113,20 +113,13 @@ def aggregates(table: pa.Table, store: ResultStore, sweep: str | None = None) ->
                       value_set=pa.array([f"{e}\x1f{m}" for e, m in firsts.items()]))
     heads = ranked.filter(wanted)
     parts: list[dict[str, dict]] = [{} for _ in order]
-    for k, r in zip(_codes_in(heads, ranked, keys), heads.select(_PART_FIELDS).to_pylist()):
+    head_keys = keys[wanted.to_numpy(zero_copy_only=False)]      # the filter's own rows
+    for k, r in zip(head_keys, heads.select(_PART_FIELDS).to_pylist()):
         parts[k][r["dataset"]] = r
     rows = [boards.aggregate_row([own.get(e) for e in evaluations], evaluations, like[k])
             for k, own in enumerate(parts)]
     _intervals(rows, store, sweep)
     return rows
-
-
-def _codes_in(subset: pa.Table, table: pa.Table, codes: np.ndarray) -> np.ndarray:
-    """The (sweep, checkpoint) codes of ``table`` for the rows of ``subset`` (a filter of it)."""
-    index = {k: c for k, c in zip(zip(table["sweep"].to_pylist(),
-                                      table["checkpoint"].to_pylist()), codes.tolist())}
-    return np.array([index[k] for k in zip(subset["sweep"].to_pylist(),
-                                           subset["checkpoint"].to_pylist())], np.int64)
 
 
 def _intervals(rows: list[dict], store: ResultStore, sweep: str | None) -> None:
