@@ -1,13 +1,17 @@
 """Image+text items on a real local Ray, 1 and 3 workers, against transformers itself.
 
-An untrained tiny Idefics3 (tests/vlm_support.py) and 32 easy-vqa test items as parquet image
+An untrained tiny Idefics3 (tests/vlm_support.py) and 16 easy-vqa test items as parquet image
 bytes. The reference is transformers run by hand, one item at a time: ``AutoProcessor`` (chat
 template, images then text) and ``generate`` for generation, a forward pass for each choice's
 log-likelihood. An untrained model never gives easy-vqa's answers, so exact match would be 0
 everywhere and prove nothing: half of the targets are the model's own reference generation (the
 other half the real answer), and exact match is then right only if every item's generation
-equals transformers' item by item. Batch sizes 1 and 16 are two evaluations of the same items.
+equals transformers' item by item. Batch sizes 1 and 16 are two evaluations of the same items
+(16 items: one full batch; the 1-worker run's shard is that batch, the 3 workers' are ragged).
+The runs share the module's Ray (the command line's own Ray start is test_cli's business).
 """
+
+import dataclasses
 
 import os
 
@@ -20,13 +24,14 @@ import yaml
 pytest.importorskip("transformers")
 pytest.importorskip("easy_vqa")
 
-from support import rayeval_cli  # noqa: E402
+from rayeval.execution.driver import run_sweep  # noqa: E402
 from vlm_support import build_tiny_vlm, easy_vqa_answers, easy_vqa_items, item_texts  # noqa: E402
 
 from rayeval.io.store import ResultStore  # noqa: E402
+from rayeval.plan.loader import load_sweep  # noqa: E402
 from rayeval.reporting.boards import latest_rows  # noqa: E402
 
-N = 32
+N = 16
 NEW_TOKENS = 4
 CHOICES = 4
 
@@ -107,7 +112,8 @@ def example(tmp_path_factory):
 
 
 @pytest.mark.ray
-def test_1_and_3_workers_and_batch_sizes_1_and_16_equal_transformers_item_by_item(example):
+def test_1_and_3_workers_and_batch_sizes_1_and_16_equal_transformers_item_by_item(
+        example, ray_cluster):
     import rayeval
 
     out, ref = example
@@ -120,9 +126,9 @@ def test_1_and_3_workers_and_batch_sizes_1_and_16_equal_transformers_item_by_ite
     runs = {}
     for workers in (1, 3):
         store = out / f"store{workers}"
-        proc = rayeval_cli("run", str(out / "sweep.yaml"), "--workers", str(workers),
-                           "--output", str(store), timeout=600)
-        assert proc.returncode == 0, proc.stdout + proc.stderr
+        sweep = load_sweep(str(out / "sweep.yaml"))
+        report = run_sweep(dataclasses.replace(sweep, workers=workers, output=str(store)))
+        assert all(o.ok for o in report.outcomes), [o.error for o in report.outcomes]
         rows = latest_rows(ResultStore(str(store)).read())
         assert len(rows) == 4
         runs[workers] = {(r["dataset"], r["metric"]): r for r in rows}
