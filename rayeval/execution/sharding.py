@@ -3,8 +3,9 @@
 The workers form a 2-D mesh: ``workers / N`` replicas x ``N`` ranks, consecutive ranks making
 a replica. Each replica holds one copy of the model sharded over its N ranks with
 ``fully_shard``: each transformer block (or the classes ``parallelism.wrap`` names) is a unit,
-and the root holds the rest. The model is built on the meta device and every rank allocates
-and reads only its own rows of each parameter (FSDP2 shards dim 0):
+and the root holds the rest (a vision-language model's image encoder included: ``units``).
+The model is built on the meta device and every rank allocates and reads only its own rows
+of each parameter (FSDP2 shards dim 0):
 
     dcp                    ``dcp.load`` into the sharded state dict: DCP reshards from any
                            world size and layout that wrote it
@@ -42,7 +43,13 @@ from rayeval.io.loading import LeanLoader, aliases, check_fit, few, match, satis
 def units(model: nn.Module, wrap: tuple[str, ...] = ()) -> list[nn.Module]:
     """The submodules sharded as units (all-gathered one at a time in a forward pass): the
     classes ``wrap`` names, else a Hugging Face model's ``_no_split_modules`` (its decoder
-    layers), else the entries of the model's ModuleLists (blocks); the outermost only."""
+    layers), else the entries of the model's ModuleLists (blocks); the outermost only.
+
+    Never a module inside a vision-language model's image encoder (``towers``): it runs only
+    in the forward passes of items with images, not in decoding steps nor idle forwards, and
+    every forward pass of a replica's ranks must gather the same units in the same order
+    (else gloo aborts: "collective mismatch"). The encoder stays with the root, whole
+    during each forward pass, as the embeddings are."""
     names = set(wrap) or set(getattr(model, "_no_split_modules", None) or ())
     if names:
         found = [m for m in model.modules() if type(m).__name__ in names and m is not model]
@@ -56,7 +63,31 @@ def units(model: nn.Module, wrap: tuple[str, ...] = ()) -> list[nn.Module]:
     inner: set[int] = set()
     for m in found:
         inner.update(id(d) for d in m.modules() if d is not m)
-    return [m for m in found if id(m) not in inner]
+    for tower in towers(model):
+        inner.update(id(d) for d in tower.modules())
+    kept = [m for m in found if id(m) not in inner]
+    if wrap and not kept:
+        raise ModelError(f"parallelism.wrap: {few(sorted(names))} only name modules of the "
+                         f"model's image encoder, which runs only on items with images; name "
+                         f"the text model's layers (or drop parallelism.wrap)")
+    return kept
+
+
+def towers(model: nn.Module) -> list[nn.Module]:
+    """A Hugging Face multimodal model's encoders of other inputs than text (its vision
+    tower): the outermost submodules whose config is of one of the root config's sub-configs
+    other than ``text_config``. None for other models."""
+    config = getattr(model, "config", None)
+    keys = [k for k in (getattr(config, "sub_configs", None) or {}) if k != "text_config"]
+    kinds = {getattr(getattr(config, k, None), "model_type", None) for k in keys} - {None}
+    found: list[nn.Module] = []
+    inner: set[int] = set()
+    for m in model.modules() if kinds else ():          # outermost first
+        if m is not model and id(m) not in inner and \
+                getattr(getattr(m, "config", None), "model_type", None) in kinds:
+            found.append(m)
+            inner.update(id(d) for d in m.modules())
+    return found
 
 
 def shard(model: nn.Module, mesh, wrap: tuple[str, ...] = ()) -> nn.Module:
@@ -68,6 +99,19 @@ def shard(model: nn.Module, mesh, wrap: tuple[str, ...] = ()) -> nn.Module:
         fully_shard(unit, mesh=mesh, reshard_after_forward=True)
     fully_shard(model, mesh=mesh, reshard_after_forward=True)
     return model
+
+
+def encode_images_in_forward(model: nn.Module) -> None:
+    """Make Hugging Face's ``generate`` encode images inside the first forward pass.
+
+    transformers 5 encodes them before it (``get_image_features`` called from ``generate``,
+    when ``forward`` takes ``mm_encoder_outputs``): outside a forward pass FSDP has not
+    gathered the root's parameters (the encoder's: "mixed torch.Tensor and DTensor"), and a
+    collective there would be outside ``Lockstep``. Without that keyword ``generate`` hands
+    the pixels to the prefill forward, which encodes them itself (the same tokens:
+    tests/integration/test_vlm_sharded.py). Models without it are left as they are."""
+    if callable(getattr(model, "_supports_mm_encoder_outputs", None)):
+        model._supports_mm_encoder_outputs = lambda: False
 
 
 def rows_of(length: int, parts: int, index: int) -> tuple[int, int]:
@@ -208,6 +252,7 @@ class ShardedLoader:
             raise CheckpointError(f"{staged.path}: keys left unloaded: {few(sorted(missing))}")
         for name, value in self.base.extra_buffers.items():
             _set_buffer(model, name, value.to(device))
+        encode_images_in_forward(model)
         return model.eval(), raw
 
     def _copy(self, raw: layouts.Raw, key: str, target: torch.Tensor) -> None:
