@@ -64,8 +64,11 @@ def test_vllm_image_generations_equal_transformers_token_ids_through_swaps(folde
 def test_an_image_sweep_on_vllm_generates_what_transformers_does(folders, tmp_path):
     """The whole path (a Ray Data stage renders and decodes, the worker's engine generates):
     the records' responses are transformers' greedy generations, decoded by the checkpoint's
-    tokenizer; the records carry each item's thumbnail, and the page shows them."""
+    tokenizer; the records carry each item's thumbnail, and the page shows them. With
+    lmms-eval installed, an ``lmms_eval:`` entry on the same items and engine too: its
+    records equal lmms-eval's own run (``--model huggingface``) item by item."""
     items = easy_vqa_items("test", n=6, seed=5)
+    lmms = importlib.util.find_spec("lmms_eval") is not None
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -79,6 +82,12 @@ def test_an_image_sweep_on_vllm_generates_what_transformers_does(folders, tmp_pa
                         "dataset": {"path": "vqa.parquet", "prompt": "question",
                                     "images": "image", "target": "answer", "id": "id"},
                         "generation": {"max_new_tokens": 6}, "metrics": ["exact_match"]}]}
+    if lmms:
+        from lmms_reference import TASK, write_task
+
+        write_task(str(tmp_path / "tasks"), items)
+        sweep["evals"].append({"name": "lmms", "samples": True,
+                               "lmms_eval": {"task": TASK, "include_path": "tasks"}})
     (tmp_path / "vqa.yaml").write_text(yaml.safe_dump(sweep))
     proc = rayeval_cli("run", str(tmp_path / "vqa.yaml"), timeout=900,
                        env={**os.environ, "RAYEVAL_PROGRESS_INTERVAL_S": "0.5"})
@@ -92,9 +101,27 @@ def test_an_image_sweep_on_vllm_generates_what_transformers_does(folders, tmp_pa
         assert all(len(r["thumbnails"]) == 1 and r["thumbnails"][0][:4] == b"\x89PNG"
                    for r in records)
     assert "decoding the images of vqa" in proc.stderr, proc.stderr[-3000:]
+    if lmms:
+        _equal_lmms_eval(store, folders["A"], str(tmp_path / "tasks"), len(items))
     page = rayeval_cli("samples", store, "--checkpoint", "2", "--eval", "vqa", "--format",
                        "html")
     assert page.returncode == 0 and page.stdout.count('<img src="data:image/png') == 6
+
+
+def _equal_lmms_eval(store: str, folder: str, tasks: str, n: int) -> None:
+    """The ``lmms`` evaluation's records on vLLM equal lmms-eval's own run, document by
+    document: the generated text and each filter's metric values."""
+    from lmms_reference import FILTERS, run_lmms_eval
+
+    theirs = run_lmms_eval(folder, tasks, batch_size=1)["samples"]
+    records = rayeval.samples(store, checkpoint=os.path.basename(folder),
+                              evaluation="lmms").to_pylist()
+    assert sorted(r["id"] for r in records) == list(range(n))
+    for r in records:
+        assert r["response"] == theirs["none"][r["id"]]["filtered_resps"], r["id"]
+        for f in FILTERS:
+            for metric in ("exact_match", "answer_chars", "upper_chars"):
+                assert r[f"{metric},{f}"] == theirs[f][r["id"]][metric], (r["id"], metric, f)
 
 
 def _transformers_texts(folder: str, items: list[dict], new: int) -> dict:
