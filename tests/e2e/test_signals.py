@@ -17,14 +17,17 @@ from support import build_model, make_data, write_model_module, write_source, wr
 pytestmark = pytest.mark.ray
 
 
-def ray_processes() -> set[int]:
-    """Pids of Ray's own daemons and workers on this machine."""
-    out = subprocess.run(["ps", "-eo", "pid=,args="], capture_output=True, text=True).stdout
+def ray_processes(session: int) -> set[int]:
+    """Pids of Ray's own daemons and workers in the session ``session``: the run's, which it
+    starts in a session of its own that Ray's processes inherit (orphans keep it), not those
+    of another Ray on the machine (a second test run beside this one failed the check)."""
+    out = subprocess.run(["ps", "-eo", "pid=,sid=,args="], capture_output=True,
+                         text=True).stdout
     pids = set()
     for line in out.splitlines():
-        pid, _, args = line.strip().partition(" ")
-        if "gcs_server" in args or "/raylet" in args or args.startswith("ray::") \
-                or "default_worker.py" in args:
+        pid, sid, args = (line.strip().split(None, 2) + ["", ""])[:3]
+        if int(sid) == session and ("gcs_server" in args or "/raylet" in args or
+                                    args.startswith("ray::") or "default_worker.py" in args):
             pids.add(int(pid))
     return pids
 
@@ -55,7 +58,6 @@ def test_a_signal_stops_the_run_cleanly(tmp_path, source, signum, group):
     model = {"factory": "tiny_models:Trap",        # a slow model: the run is still going
              "kwargs": {"trap": str(tmp_path / "never"), "delay": 0.15}}
     sweep = write_sweep(str(tmp_path), model=model, workers=2, batch_size=100, dataset=dataset)
-    before = ray_processes()
     proc = subprocess.Popen([sys.executable, "-m", "rayeval", "run", sweep], cwd=str(tmp_path),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)
@@ -65,6 +67,7 @@ def test_a_signal_stops_the_run_cleanly(tmp_path, source, signum, group):
             assert proc.poll() is None, proc.communicate()
             assert time.monotonic() < deadline, "no cell was finished in time"
             time.sleep(0.2)
+        assert ray_processes(proc.pid), "the run's own Ray is seen (so its absence means one)"
         if group:
             os.killpg(proc.pid, signum)
         else:
@@ -86,6 +89,6 @@ def test_a_signal_stops_the_run_cleanly(tmp_path, source, signum, group):
     for n in kept:                                   # every kept cell is complete
         assert pq.read_table(tmp_path / "out" / "results" / n).num_rows == 3
     deadline = time.monotonic() + 30                 # Ray's daemons exit a moment after
-    while (ray_processes() - before) and time.monotonic() < deadline:
+    while ray_processes(proc.pid) and time.monotonic() < deadline:
         time.sleep(0.5)
-    assert not ray_processes() - before, "no Ray process of the run is left"
+    assert not ray_processes(proc.pid), "no Ray process of the run is left"
