@@ -110,10 +110,12 @@ def write_task(task_dir: str, items: list[dict], *, max_new_tokens: int = MAX_NE
 
 def run_lmms_eval(model_dir: str, task_dir: str, *, task: str = TASK, batch_size: int = 1,
                   output: str | None = None, limit: int | None = None,
-                  timeout: float = 600) -> dict:
+                  timeout: float = 600, members: tuple[str, ...] = ()) -> dict:
     """lmms-eval's own run (a subprocess: its command line, the reference model patched as the
     module says); {"results": {metric,filter: value}, "samples": {filter: [logged samples by
-    doc_id]}, "n": documents}."""
+    doc_id]}, "n": documents}. For a group (``task``) of the tasks ``members``: {"results":
+    the group's, "subtasks": its tasks, "members": {task: what read_output gives of that task}}
+    (``read_group``)."""
     output = output or os.path.join(task_dir, f"out-b{batch_size}")
     args = [sys.executable, os.path.abspath(__file__), "--model", "huggingface",
             "--model_args", f"pretrained={model_dir},device_map=cpu",
@@ -125,7 +127,22 @@ def run_lmms_eval(model_dir: str, task_dir: str, *, task: str = TASK, batch_size
     done = subprocess.run(args, env=offline_env(), capture_output=True, text=True, timeout=timeout)
     if done.returncode != 0:
         raise RuntimeError(f"lmms-eval failed ({done.returncode}):\n{done.stderr[-3000:]}")
+    if members:
+        return read_group(output, task, members)
     return read_output(output, task)
+
+
+def read_group(output: str, group: str, members: tuple[str, ...], filters=FILTERS) -> dict:
+    """lmms-eval's results of a group under ``output``: the group's own figures (its
+    aggregates), the tasks it lists (``subtasks``), and each member task's as ``read_output``
+    reads them (its samples are a file of its own)."""
+    results = sorted(glob.glob(os.path.join(output, "**", "*_results.json"), recursive=True))
+    if not results:
+        raise RuntimeError(f"lmms-eval wrote no results under {output}")
+    with open(results[-1], encoding="utf-8") as f:
+        found = json.load(f)
+    return {"results": found["results"][group], "subtasks": found["group_subtasks"][group],
+            "members": {t: read_output(output, t, filters) for t in members}}
 
 
 def read_output(output: str, task: str = TASK, filters=FILTERS) -> dict:

@@ -274,8 +274,9 @@ class LmmsEvalSpec:
     ``huggingface`` chat model would evaluate it: documents, images, prompts, filters and
     metrics come from lmms-eval; rayeval splits the documents over the workers, decodes the
     images on CPU stages and generates (greedy)."""
-    task: str = setting("A task lmms-eval knows (its registry or include_path's YAMLs).",
-                        numbers=True)
+    task: str = setting("A task, group or tag lmms-eval knows (its registry or include_path's "
+                        "YAMLs); a group is evaluated as its tasks, NAME/TASK, and its "
+                        "aggregate, NAME.", numbers=True)
     include_path: str | None = setting(
         "A folder of task YAMLs (relative to the sweep file); its tasks come first.",
         numbers=True, default=None, location=True)

@@ -2,7 +2,9 @@
 
 lm-eval's ``Group.aggregate`` decides, for each metric a group aggregates, the filters and the
 leaf tasks that take part; this module says the same of rendered tasks, as the pairs the plan's
-group cells (``plan.groups``) average from the members' stored rows.
+group cells (``plan.groups``) average from the members' stored rows. lmms-eval's groups use it
+too: ``lmms.render`` states what lmms-eval aggregates as a ``Group``'s aggregates, and its
+rendered tasks have the attributes read here (``lm_keys``, ``metrics``).
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from typing import TYPE_CHECKING
 from rayeval.config import names
 
 if TYPE_CHECKING:
-    from rayeval.harness.render import Rendered
+    from rayeval.harness.render import Rendered      # or lmms.render's: the same attributes
 
 
 @dataclass

@@ -11,9 +11,14 @@ prompt order (``requests.py``). The table goes to the result store under a diges
 content and the task's configuration (``harness.store``: written once, checked before a run
 reads it); the task object travels to the workers through Ray.
 
-What is refused, in one line naming the task: a group (name its tasks one by one), an output
-type other than ``generate_until`` (lmms-eval's chat models generate only), a video or audio
-in a document, a task judged by an API model, sampling, an aggregation that is not a mean.
+A group (or a tag) is rendered as its tasks, each its own request table, and its groups
+(``harness.groups.Group``): what each group's aggregate averages is what lmms-eval 0.7.3's
+``consolidate_group_results`` averages (``_aggregates``), and the plan stores it as an lm-eval
+group's aggregate is stored (``plan.groups``).
+
+What is refused, in one line naming the task: an output type other than ``generate_until``
+(lmms-eval's chat models generate only), a video or audio in a document, a task judged by an
+API model, sampling, an aggregation that is not a mean (a task's, or a group's).
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ import pyarrow as pa
 from rayeval.config.schema import LmmsEvalSpec
 from rayeval.errors import SpecError, reason
 from rayeval.config import names
+from rayeval.harness.groups import Group
 from rayeval.harness.render import check_known, config_value, pickle_task, quiet
 from rayeval.lmms.requests import (AGGREGATIONS, NotMergeable, context_of, encode_messages,
                                    filter_names, layout, table_schema)
@@ -104,8 +110,11 @@ def _silent():
             logger.enable("lmms_eval")
 
 
-def load_task(spec: LmmsEvalSpec, path: str):
-    """The task lmms-eval builds for a chat model, with the sweep's generation overrides."""
+def load_tasks(spec: LmmsEvalSpec, path: str) -> tuple[dict, list[tuple]]:
+    """{task name: the task lmms-eval builds for a chat model, with the sweep's generation
+    overrides}, and the groups, the one asked for first: [(name, leaf tasks in lmms-eval's
+    order, aggregate_metric_list as lmms-eval's group config has it, or None)]. A task alone
+    has no groups; a tag has tasks and no groups (lmms-eval aggregates no tag)."""
     manager = task_manager(spec, path)
     check_known(manager, spec.task, path, "lmms-eval", "task")
     try:
@@ -113,13 +122,30 @@ def load_task(spec: LmmsEvalSpec, path: str):
     except Exception as error:                        # lmms-eval's own message says what
         _fail(f"{path}.task", f"lmms-eval could not build {spec.task!r}: "
                               f"{reason(error, typed=True)}")
-    task = loaded.get(spec.task)
-    if len(loaded) != 1 or task is None or isinstance(task, dict):
-        _fail(f"{path}.task", f"{spec.task!r} is an lmms-eval group or tag; rayeval takes "
-                              "lmms-eval tasks one by one: give each as its own entry")
-    if spec.gen_kwargs:
-        task.set_config(key="generation_kwargs", value=dict(spec.gen_kwargs), update=True)
-    return task
+    tasks: dict = {}
+    groups: list[tuple] = []
+
+    def walk(tree: dict) -> list[str]:               # the leaves under ``tree``, in order
+        leaves = []
+        for key, value in tree.items():
+            if isinstance(value, dict):
+                under = walk(value)
+                leaves.extend(under)
+                name = getattr(key, "group_name", None)
+                if name is not None:                   # a ConfigurableGroup (a tag: no key)
+                    groups.append((str(name), list(dict.fromkeys(under)),
+                                   key.config.get("aggregate_metric_list")))
+            else:
+                tasks.setdefault(str(key), value)
+                leaves.append(str(key))
+        return leaves
+
+    walk(loaded)
+    groups.sort(key=lambda g: g[0] != spec.task)
+    for task in tasks.values():
+        if spec.gen_kwargs:
+            task.set_config(key="generation_kwargs", value=dict(spec.gen_kwargs), update=True)
+    return tasks, groups
 
 
 def check_task(task, name: str, path: str) -> None:
@@ -163,12 +189,40 @@ def _limit(task, limit: float | None) -> int | None:
     return int(math.ceil(n * limit)) if limit < 1.0 else int(limit)
 
 
-def render(spec: LmmsEvalSpec, path: str) -> Rendered:
-    """The task ``spec`` names, rendered as its request table."""
+def render(spec: LmmsEvalSpec, path: str) -> tuple[list[Rendered], list[Group]]:
+    """Every task ``spec`` names (a group or tag: each of its tasks), rendered as its request
+    table, and the groups that aggregate (the one asked for first; none for a task)."""
     with _silent():
-        task = load_task(spec, path)
-        check_task(task, spec.task, path)
-        return _render_task(spec, path, spec.task, task)
+        tasks, found = load_tasks(spec, path)
+        for name, task in tasks.items():
+            check_task(task, name, path)
+        out = [_render_task(spec, path, name, task) for name, task in tasks.items()]
+    by_task = {t.task: t for t in out}
+    return out, [Group(name, leaves, _aggregates(name, leaves, aggs, by_task, path))
+                 for name, leaves, aggs in found if aggs]
+
+
+def _aggregates(group: str, leaves: list[str], configs: list, by_task: dict,
+                path: str) -> list[tuple]:
+    """What lmms-eval 0.7.3's ``consolidate_group_results`` aggregates for a group, as
+    ``Group.aggregates`` ([(metric, filters, weight_by_size)], which ``group_metrics`` turns
+    into the pairs the plan averages). lmms-eval differs from lm-eval here: it takes every
+    ``metric,filter`` key of the leaf tasks that contains an aggregate_metric_list entry's
+    ``metric`` (a substring test; the entry's filter_list is not applied), the last such entry
+    saying whether to weight by size, and averages each key over the leaves that have it."""
+    for c in configs:
+        if c.get("aggregation", "mean") != "mean":
+            _fail(f"{path}.task", f"lmms-eval group {group!r} aggregates {c.get('metric')} with "
+                                  f"{c.get('aggregation')!r}; rayeval aggregates groups by mean")
+    chosen: dict[tuple, list[str]] = {}              # (metric, weight_by_size) -> its filters
+    for key in dict.fromkeys(k for t in leaves if t in by_task for k in by_task[t].lm_keys):
+        match = [c for c in configs
+                 if c.get("metric") and c["metric"] in key and c.get("filter_list")]
+        if match:
+            metric, filter_name = names.split_key(key)
+            chosen.setdefault((metric, bool(match[-1].get("weight_by_size"))),
+                              []).append(filter_name)
+    return [(metric, filters, weight) for (metric, weight), filters in chosen.items()]
 
 
 def _render_task(spec, path, name, task) -> Rendered:

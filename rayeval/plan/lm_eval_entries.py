@@ -32,6 +32,27 @@ def write_requests(sweep: Sweep) -> None:
             lm_store.write(*waiting)
 
 
+def group_specs(name: str, groups: list, tasks: list, path: str,
+                top: str | None = None) -> list[GroupSpec]:
+    """The aggregates of entry ``name``'s groups (``harness.groups.Group``, the one the entry
+    names first) over its rendered tasks (lm-eval's or lmms-eval's), whose evaluations are
+    ``NAME/TASK``: the aggregate of the group the entry names (``top``; when None, the first
+    group) is ``NAME``, a subgroup's ``NAME/SUB``; a group that aggregates nothing has none."""
+    by_task = {t.task: t for t in tasks}
+    out = []
+    for i, group in enumerate(groups):
+        metrics = tuple(GroupMetric(key, tuple((names.member(name, t), k) for t, k in parts),
+                                    weight, higher)
+                        for key, parts, weight, higher in lm_groups.group_metrics(group, by_task))
+        if metrics:
+            out.append(GroupSpec(
+                name=name if (group.name == top if top is not None else i == 0)
+                else names.member(name, group.name),
+                members=tuple(names.member(name, t) for t in group.leaves if t in by_task),
+                metrics=metrics, key_path=path))
+    return out
+
+
 class LmEvalEntries:
     """Renders the ``lm_eval:`` entries of one sweep file; collects their groups."""
 
@@ -84,19 +105,8 @@ class LmEvalEntries:
         if not groups:                                     # one task: the evaluation NAME
             return [self._one(tasks[0], name, path, common)]
         # A group: its tasks as NAME/TASK, its aggregate as NAME, a subgroup's as NAME/SUB.
-        evals = [self._one(t, names.member(name, t.task), path, common) for t in tasks]
-        by_task = {t.task: t for t in tasks}
-        for i, group in enumerate(groups):
-            metrics = tuple(GroupMetric(key, tuple((names.member(name, t), k) for t, k in parts),
-                                        weight, higher)
-                            for key, parts, weight, higher in
-                            lm_groups.group_metrics(group, by_task))
-            if metrics:
-                self.groups.append(GroupSpec(
-                    name=name if i == 0 else names.member(name, group.name),
-                    members=tuple(names.member(name, t) for t in group.leaves if t in by_task),
-                    metrics=metrics, key_path=path))
-        return evals
+        self.groups.extend(group_specs(name, groups, tasks, path))
+        return [self._one(t, names.member(name, t.task), path, common) for t in tasks]
 
     def _one(self, task, name: str, path: str, common: dict) -> EvalSpec:
         data = f"{lm_store.location(self.output, task.digest)}/{lm_store.DOCS_FILE}"

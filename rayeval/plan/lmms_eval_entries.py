@@ -3,27 +3,44 @@ table that the evaluation reads as its data set, with an image column.
 
 As for ``lm_eval:`` entries (``plan.lm_eval_entries``): rendering happens while the sweep file
 is read, writing the table into the result store when the run is planned
-(``lm_eval_entries.write_requests``, which writes every table rendered and not yet written).
+(``lm_eval_entries.write_requests``, which writes every table rendered and not yet written);
+a group is evaluated as its tasks (``NAME/TASK``) and its aggregate (``NAME``; a subgroup's
+``NAME/SUB``) is computed from their stored rows by the plan's group cells (``plan.groups``),
+averaging what lmms-eval's own run of the group averages.
 """
 
 from __future__ import annotations
 
+from rayeval.config import names
 from rayeval.config.reader import Reader
-from rayeval.config.schema import (Bootstrap, DatasetSpec, EvalSpec, Generation,
+from rayeval.config.schema import (Bootstrap, DatasetSpec, EvalSpec, Generation, GroupSpec,
                                    LmmsEvalSpec, MetricSpec)
 from rayeval.harness import store as lm_store
 from rayeval.plan import validation
-from rayeval.plan.lm_eval_entries import UNWRITTEN
+from rayeval.plan.lm_eval_entries import UNWRITTEN, group_specs
 
 
 def evaluation(r: Reader, output: str, m: dict, path: str, batch_size: int,
-               bootstrap: Bootstrap, samples: bool) -> EvalSpec:
-    """Entry ``m`` (at ``path``): one evaluation of an lmms-eval task."""
+               bootstrap: Bootstrap, samples: bool,
+               groups: list[GroupSpec] | None = None) -> list[EvalSpec]:
+    """Entry ``m`` (at ``path``): one evaluation for an lmms-eval task; for a group (or a
+    tag), one per task (``NAME/TASK``), the group's aggregates appended to ``groups``."""
     from rayeval.lmms import render as lmms_render     # pyarrow: only with lmms_eval entries
 
     validation.lm_eval_entry(r, m, path, "lmms_eval")
     spec = r.build(LmmsEvalSpec, m["lmms_eval"], f"{path}.lmms_eval")
-    task = lmms_render.render(spec, f"{r.source}: {path}.lmms_eval")
+    tasks, found = lmms_render.render(spec, f"{r.source}: {path}.lmms_eval")
+    common = dict(batch_size=batch_size, bootstrap=bootstrap, samples=samples,
+                  lmms_eval=spec, key_path=path)
+    name = m["name"]
+    if len(tasks) == 1 and tasks[0].task == spec.task:   # one task: the evaluation NAME
+        return [_one(output, tasks[0], name, path, common)]
+    if groups is not None:
+        groups.extend(group_specs(name, found, tasks, path, top=spec.task))
+    return [_one(output, t, names.member(name, t.task), path, common) for t in tasks]
+
+
+def _one(output: str, task, name: str, path: str, common: dict) -> EvalSpec:
     data = f"{lm_store.location(output, task.digest)}/{lm_store.DOCS_FILE}"
     UNWRITTEN[data] = (output, task)
     # The request table: the chat as JSON (the prompt column, templated by the checkpoint's
@@ -35,7 +52,6 @@ def evaluation(r: Reader, output: str, m: dict, path: str, batch_size: int,
                     for key, kind, column, higher in task.metrics)
     # lmms-eval's huggingface model stops at the end-of-sequence token or max_new_tokens
     # (it does not apply a task's ``until``): so does this evaluation.
-    return EvalSpec(name=m["name"], task="lmms_eval", dataset=dataset, metrics=metrics,
+    return EvalSpec(name=name, task="lmms_eval", dataset=dataset, metrics=metrics,
                     generation=Generation(until=(), max_new_tokens=max(1, task.max_new_tokens)),
-                    batch_size=batch_size, bootstrap=bootstrap, samples=samples,
-                    lmms_eval=spec, key_path=path)
+                    **common)

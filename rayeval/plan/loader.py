@@ -143,8 +143,8 @@ def _evals(r: Reader, raw: Any, base_dir: str, defaults: _Defaults,
             batch_size, bootstrap = _own_settings(r, m, path, defaults)
             samples = r.field(EvalSpec, "samples", m, f"{path}.samples",
                               default=defaults.samples)
-            evals.append(lmms_eval_entries.evaluation(r, entries.output, m, path, batch_size,
-                                                      bootstrap, samples))
+            evals.extend(lmms_eval_entries.evaluation(r, entries.output, m, path, batch_size,
+                                                      bootstrap, samples, entries.groups))
         else:
             evals.append(_evaluation(r, m, path, base_dir, defaults))
     return tuple(evals)
