@@ -182,3 +182,73 @@ def build_tiny_llava(folder, texts, seed: int = 0) -> str:
                    vision_feature_select_strategy="default", num_additional_image_tokens=1,
                    chat_template=CHAT_TEMPLATE).save_pretrained(folder)
     return folder
+
+
+def mc_choices(items, k: int) -> list[list[str]]:
+    """``k`` easy-vqa answers per item as its choices: the first k, or the first k - 1 and the
+    item's own answer when it is not among them."""
+    answers = easy_vqa_answers()
+    return [answers[:k] if it["answer"] in answers[:k] else answers[:k - 1] + [it["answer"]]
+            for it in items]
+
+
+def transformers_reference(folder, items, choices, new_tokens: int):
+    """transformers alone on the whole model, item by item: each greedy generation's text
+    (through EOS, first line), each item's acc and acc_norm over ``choices`` (each choice's
+    log-likelihood after the prompt, split as lm-eval splits prompt and " choice")."""
+    import torch
+    from PIL import Image
+    from transformers import AutoModelForImageTextToText, AutoProcessor
+
+    model = AutoModelForImageTextToText.from_pretrained(folder).eval()
+    proc = AutoProcessor.from_pretrained(folder)
+    tok = proc.tokenizer
+    texts, acc, acc_norm = {}, {}, {}
+    for it, options in zip(items, choices):
+        messages = [{"role": "user", "content": [{"type": "image"},
+                                                 {"type": "text", "text": it["question"]}]}]
+        prompt = proc.apply_chat_template(messages, add_generation_prompt=True)
+        inputs = proc(text=[prompt], images=[[Image.open(it["image"]).convert("RGB")]],
+                      return_tensors="pt")
+        with torch.no_grad():
+            out = model.generate(**inputs, do_sample=False, max_new_tokens=new_tokens,
+                                 pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
+        new = out[0, inputs["input_ids"].shape[1]:].tolist()
+        if tok.eos_token_id in new:
+            new = new[:new.index(tok.eos_token_id)]
+        texts[it["id"]] = tok.decode(new, skip_special_tokens=True).split("\n")[0]
+        n = inputs["input_ids"].shape[1]
+        lls = []
+        for c in options:
+            cont = tok.encode(prompt + " " + c)[len(tok.encode(prompt)):]
+            ids = torch.cat([inputs["input_ids"], torch.tensor([cont])], dim=1)[:, :-1]
+            with torch.no_grad():
+                logits = model(input_ids=ids, attention_mask=torch.ones_like(ids),
+                               pixel_values=inputs["pixel_values"],
+                               pixel_attention_mask=inputs["pixel_attention_mask"]).logits
+            logp = torch.log_softmax(logits[0, n - 1:].double(), dim=-1)
+            lls.append(float(logp.gather(1, torch.tensor(cont).view(-1, 1)).sum()))
+        best = max(range(len(lls)), key=lambda j: (lls[j], -j))
+        norm = max(range(len(lls)), key=lambda j: (lls[j] / len(options[j]), -j))
+        acc[it["id"]] = float(options[best] == it["answer"])
+        acc_norm[it["id"]] = float(options[norm] == it["answer"])
+    return texts, acc, acc_norm
+
+
+def write_vqa_parquet(path, items, choices, texts) -> list[str]:
+    """The items as parquet (id, question, image bytes, target, choices, label); every other
+    target is the reference's own generation (``texts``), so that an untrained model's exact
+    match is right only if its generations equal the reference's. Returns the targets."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    targets = [texts[it["id"]] if i % 2 == 0 else it["answer"] for i, it in enumerate(items)]
+    images = []
+    for it in items:
+        with open(it["image"], "rb") as f:
+            images.append(f.read())
+    pq.write_table(pa.table({
+        "id": [it["id"] for it in items], "question": [it["question"] for it in items],
+        "image": images, "target": targets, "choices": choices,
+        "label": [c.index(it["answer"]) for c, it in zip(choices, items)]}), path)
+    return targets

@@ -16,16 +16,14 @@ model never gives easy-vqa's answers).
 
 import dataclasses
 
-import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
-import torch
 import yaml
 
 pytest.importorskip("transformers")
 pytest.importorskip("easy_vqa")
 
-from vlm_support import build_tiny_vlm, easy_vqa_answers, easy_vqa_items, item_texts  # noqa: E402
+from vlm_support import (build_tiny_vlm, easy_vqa_items, item_texts, mc_choices,  # noqa: E402
+                         transformers_reference, write_vqa_parquet)
 
 from rayeval.errors import ModelError  # noqa: E402
 from rayeval.execution.driver import run_sweep  # noqa: E402
@@ -39,63 +37,15 @@ NEW_TOKENS = 4
 CHOICES = 3
 
 
-def _reference(folder, items, choices):
-    """transformers alone on the whole model, item by item: each generation's text, each
-    item's acc and acc_norm."""
-    from PIL import Image
-    from transformers import AutoModelForImageTextToText, AutoProcessor
-
-    model = AutoModelForImageTextToText.from_pretrained(folder).eval()
-    proc = AutoProcessor.from_pretrained(folder)
-    tok = proc.tokenizer
-    texts, acc, acc_norm = {}, {}, {}
-    for it, options in zip(items, choices):
-        messages = [{"role": "user", "content": [{"type": "image"},
-                                                 {"type": "text", "text": it["question"]}]}]
-        prompt = proc.apply_chat_template(messages, add_generation_prompt=True)
-        inputs = proc(text=[prompt], images=[[Image.open(it["image"]).convert("RGB")]],
-                      return_tensors="pt")
-        with torch.no_grad():
-            out = model.generate(**inputs, do_sample=False, max_new_tokens=NEW_TOKENS,
-                                 pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
-        new = out[0, inputs["input_ids"].shape[1]:].tolist()
-        if tok.eos_token_id in new:
-            new = new[:new.index(tok.eos_token_id)]
-        texts[it["id"]] = tok.decode(new, skip_special_tokens=True).split("\n")[0]
-        n = inputs["input_ids"].shape[1]
-        lls = []
-        for c in options:      # lm-eval's split: prompt and " choice" encoded together
-            cont = tok.encode(prompt + " " + c)[len(tok.encode(prompt)):]
-            ids = torch.cat([inputs["input_ids"], torch.tensor([cont])], dim=1)[:, :-1]
-            with torch.no_grad():
-                logits = model(input_ids=ids, attention_mask=torch.ones_like(ids),
-                               pixel_values=inputs["pixel_values"],
-                               pixel_attention_mask=inputs["pixel_attention_mask"]).logits
-            logp = torch.log_softmax(logits[0, n - 1:].double(), dim=-1)
-            lls.append(float(logp.gather(1, torch.tensor(cont).view(-1, 1)).sum()))
-        best = max(range(len(lls)), key=lambda j: (lls[j], -j))
-        norm = max(range(len(lls)), key=lambda j: (lls[j] / len(options[j]), -j))
-        acc[it["id"]] = float(options[best] == it["answer"])
-        acc_norm[it["id"]] = float(options[norm] == it["answer"])
-    return texts, acc, acc_norm
-
-
 @pytest.fixture(scope="module")
 def example(tmp_path_factory):
     out = tmp_path_factory.mktemp("vlm_sharded")
     folder = build_tiny_vlm(out / "ckpts" / "checkpoint-1",
                             item_texts(easy_vqa_items("train", n=300)))
     items = easy_vqa_items("test", n=N, seed=3)
-    answers = easy_vqa_answers()
-    choices = [answers[:CHOICES] if it["answer"] in answers[:CHOICES]
-               else answers[:CHOICES - 1] + [it["answer"]] for it in items]
-    texts, acc, acc_norm = _reference(folder, items, choices)
-    targets = [texts[it["id"]] if i % 2 == 0 else it["answer"] for i, it in enumerate(items)]
-    pq.write_table(pa.table({
-        "id": [it["id"] for it in items], "question": [it["question"] for it in items],
-        "image": [open(it["image"], "rb").read() for it in items], "target": targets,
-        "choices": choices, "label": [c.index(it["answer"]) for c, it in zip(choices, items)]}),
-        out / "items.parquet")
+    choices = mc_choices(items, CHOICES)
+    texts, acc, acc_norm = transformers_reference(folder, items, choices, NEW_TOKENS)
+    targets = write_vqa_parquet(out / "items.parquet", items, choices, texts)
     data = {"path": "items.parquet", "prompt": "question", "images": "image", "id": "id"}
     sweep = {"name": "vqa", "checkpoints": ["ckpts/checkpoint-*"], "output": "out",
              "workers": 2, "parallelism": {"shard": 2},
