@@ -141,7 +141,21 @@ def main(out: str) -> None:
                                     "forwards": step.forwards, "idle": step.idle_forwards})
     with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
         json.dump(report, f)
-    tdist.destroy_process_group()
+    _finish()
+
+
+def _finish() -> None:
+    """Leave the world cleanly. Without this a rank could tear its groups down (or simply exit)
+    while a peer was still in a collective of a replica's group or the mesh's, and gloo's
+    threads then met a closed pair at process exit: "terminate called without an active
+    exception", SIGABRT, once in CI. Every rank waits for all the others here, then the
+    default group and every sub-group (the meshes') are destroyed before the interpreter
+    exits, so no gloo thread is left joinable at exit."""
+    import gc
+
+    tdist.barrier()
+    gc.collect()                                   # the meshes' and loaders' last references
+    tdist.destroy_process_group()                  # None: the default group and all others
 
 
 if __name__ == "__main__":
