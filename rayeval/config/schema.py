@@ -417,6 +417,29 @@ class Parallelism:
 
 
 @dataclass(frozen=True)
+class Select:
+    """The sweep's ``select:`` section: race the checkpoints (docs/racing.md) and stop scoring
+    those that cannot be among the ``top`` best on ``metric``. Which cells are complete
+    changes, not a complete cell's numbers: none of it is in a cell's key."""
+    metric: str = setting(
+        "What is raced: EVALUATION (its first metric) or EVALUATION/METRIC, a mean of "
+        "per-item values in a known range (accuracy, acc, acc_norm, exact_match).",
+        numbers=False, expected="an evaluation's name, or EVALUATION/METRIC")
+    top: int = setting("How many best checkpoints to find.", numbers=False, default=1,
+                       minimum=1)
+    confidence: float = setting(
+        "The chance that no checkpoint of the true top is eliminated, over the whole race.",
+        numbers=False, default=0.95, above=0, below=1, expected="a number between 0 and 1")
+    min_items: int = setting(
+        "Items of the raced evaluation scored before the first decision (at least 32).",
+        numbers=False, default=32, minimum=1)
+
+    @property
+    def evaluation(self) -> str:
+        return self.metric.split("/", 1)[0]
+
+
+@dataclass(frozen=True)
 class GroupMetric:
     """One metric of an lm-eval group's aggregate (not a cell's numbers: the aggregate's own
     cell is keyed by these and its members' cells): the mean of its members' values, each
@@ -483,6 +506,9 @@ class Sweep:
     groups: tuple[GroupSpec, ...] = setting(
         "lm-eval groups: aggregates of their members' stored results.", numbers=False,
         default=(), yaml=None)
+    select: Select | None = setting(
+        "Race the checkpoints for the best few (docs/racing.md); none: score every item.",
+        numbers=False, default=None)
 
     def evaluation(self, name: str) -> EvalSpec:
         return next(e for e in self.evals if e.name == name)

@@ -81,6 +81,36 @@ def rounds(total_items: int, first: int, growth: float = 2.0) -> list[int]:
     return schedule
 
 
+def bucket_rounds(total_items: int, buckets: int, first: int, growth: float = 2.0
+                  ) -> list[int]:
+    """The engine's rounds as bucket boundaries: round r scores the rows whose bootstrap
+    bucket (a hash of (seed, row id) modulo ``buckets``, ``stats.buckets_of``) lies in
+    [b[r-1], b[r]) (b[-1] = 0), the last ending at ``buckets``. The item counts of
+    :func:`rounds` become shares of the buckets, rounded up, deduplicated.
+
+    A row's bucket is a uniform hash of its id, so the rows of buckets below b are an
+    independent-inclusion sample of the items; given its size, a uniformly random subset of
+    that size, nested from round to round: what the bound assumes, with n the number of items
+    actually scored (counted exactly in the states). The same rows on any number of workers."""
+    out: list[int] = []
+    for n in rounds(total_items, first, growth):
+        b = min(buckets, math.ceil(buckets * n / total_items))
+        if not out or b > out[-1]:
+            out.append(b)
+    return out
+
+
+def bucket_range(boundaries: list[int] | tuple[int, ...], round_index: int, buckets: int,
+                 of: int) -> tuple[int, int]:
+    """Round ``round_index``'s bucket range [lo, hi) for an evaluation with ``buckets``
+    buckets, where ``boundaries`` are the raced evaluation's (out of ``of`` buckets): the
+    same shares of the hash range. An evaluation with one bucket (no bootstrap) is scored
+    whole in the first round."""
+    def at(i: int) -> int:
+        return 0 if i < 0 else min(buckets, math.ceil(buckets * boundaries[i] / of))
+    return at(round_index - 1), at(round_index)
+
+
 def radius(n: int, total: int, width: float, delta: float) -> float:
     """One-sided deviation bound of the mean of the first n of ``total`` values (in an interval
     of ``width``) drawn without replacement: exceeded with probability at most ``delta``.
@@ -177,12 +207,15 @@ class Decision:
     over: bool                      # top k separated from the rest, or every item scored
 
 
-def decide(race: Race, sums, alive, round_index: int) -> Decision:
+def decide(race: Race, sums, alive, round_index: int, n: int | None = None) -> Decision:
     """Eliminate every survivor whose paired difference to the k-th best survivor has its upper
     bound below zero. ``sums[i]``: checkpoint i's sum of per-item values over the first
-    ``race.schedule[round_index]`` items (ignored for those not alive)."""
+    ``n`` items (default ``race.schedule[round_index]``; the engine passes the count its
+    hashed rounds actually scored); ignored for those not alive."""
     sums, alive = _checked(race, sums, alive, round_index)
-    n = race.schedule[round_index]
+    n = race.schedule[round_index] if n is None else int(n)
+    if not 0 < n <= race.total_items:
+        raise ValueError(f"n must lie in [1, {race.total_items}], got {n}")
     oriented = sums if race.higher_is_better else -sums
     reference = _kth_best(oriented, alive, race.top)
     upper = np.full(race.checkpoints, np.nan)

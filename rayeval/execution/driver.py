@@ -37,6 +37,7 @@ from rayeval.io.model import ModelSource
 from rayeval.plan.cells import CellOutcome, Evaluation, Plan, make_plan
 from rayeval.plan.lm_eval_entries import write_requests
 from rayeval.execution.profile import Timer
+from rayeval.execution.race import PARTIAL
 from rayeval.harness import store as lm_eval_store
 from rayeval.io.store import ResultStore
 
@@ -52,13 +53,23 @@ class RunReport:
     worker_times: dict = field(default_factory=dict)   # rank -> {phase: (seconds, count)}
 
     @property
+    def raced(self) -> tuple[int, int] | None:
+        """A race's (item evaluations scored, item evaluations a full run would score) over
+        its cells; None without a race."""
+        if self.plan.sweep.select is None:
+            return None
+        full = sum(self.plan.evaluation(c.evaluation).data.num_rows for c in self.plan.cells)
+        return sum(o.rows for o in self.outcomes if o.ok), full
+
+    @property
     def failures(self) -> list[CellOutcome]:
         return [o for o in self.outcomes if not o.ok]
 
     @property
     def cell_keys(self) -> set[str]:
         return {c.key for c in self.plan.cells + self.plan.cached} | \
-            {o.key for o in self.plan.failed}
+            {o.key for o in self.plan.failed} | \
+            {o.key + PARTIAL for o in self.outcomes if o.partial}
 
 
 @dataclass
@@ -194,7 +205,24 @@ def plan_cells(sweep: Sweep, evaluations, store: ResultStore, *, force: bool = F
         else:
             failed += [CellOutcome(key=c.key, checkpoint=ref.location, evaluation=c.evaluation,
                                    step=ref.step, error=why) for c in cells]
-    return dataclasses.replace(plan, cells=tuple(pending), failed=tuple(failed))
+    return _raced(dataclasses.replace(plan, cells=tuple(pending), failed=tuple(failed)))
+
+
+def _raced(plan: Plan) -> Plan:
+    """A race needs more checkpoints than it keeps: ``select.top`` at or above the sweep's
+    checkpoints fails here; a plan whose pending checkpoints are no more than ``top`` (the
+    others cached) has nothing to race and evaluates them whole."""
+    select = plan.sweep.select
+    if select is None:
+        return plan
+    every = {c.checkpoint.location for c in plan.cells + plan.cached} | \
+        {o.checkpoint for o in plan.failed}
+    if select.top >= len(every):
+        raise SpecError(f"{plan.sweep.source}: select.top: {select.top} keeps every one of the "
+                        f"{len(every)} checkpoints; race more checkpoints or lower top")
+    if len(plan.by_checkpoint()) <= select.top:
+        return dataclasses.replace(plan, sweep=plan.sweep.replace(select=None))
+    return plan
 
 
 def _local_problem(location: str, source: ModelSource, sweep: Sweep, text: bool) -> str | None:
@@ -253,6 +281,8 @@ def consolidate(plan: Plan, groups_written: list[str]) -> None:
     a store that a board reads in a few files. A failure leaves the cells where they are
     (complete: the next ``rayeval store compact`` moves them), with one line."""
     keys = [c.key for c in plan.cells] + groups_written
+    if plan.sweep.select is not None:       # a race's partial cells (execution.race)
+        keys += [c.key + PARTIAL for c in plan.cells]
     if not keys:
         return
     try:

@@ -19,6 +19,7 @@ from rayeval.core.evaluate import ROWS, Pass, finalize
 from rayeval.errors import CheckpointError, RayevalError, traceback_of
 from rayeval.execution import dist, recovery
 from rayeval.execution.pipeline import SplitRows
+from rayeval.execution.race import PARTIAL
 from rayeval.execution.shards import BadBatch
 from rayeval.io.store import cell_rows
 from rayeval.plan.cells import Cell, CellOutcome, Evaluation
@@ -84,6 +85,11 @@ class CellPasses:
             return self.failure(cell, step, error or (
                 f"{cell.checkpoint.location}: evaluating {ev.name} failed on another worker; "
                 "see the worker logs"))
+        if self.racing is not None:       # every rank adds the round's states (execution.race)
+            self.racing.add(cell, {k: v for k, v in merged.items()
+                                   if k not in (_FAILED, _CACHE_OVERFLOW, _STOP)},
+                            step, layout, time.perf_counter() - start)
+            return None
         if self.rank != 0:
             return None
         self.mark("publish", f"while publishing {cell.checkpoint.location} on {ev.name}")
@@ -97,10 +103,11 @@ class CellPasses:
         index = self.index_of[cell.key]
         skipped = 0                 # rows of batches that could not be decoded
         model_spec = self.backend.setup.model           # the sweep's model section
+        within = None if self.racing is None else self.racing.buckets(ev.name)
         p = Pass(self.backend, self.metrics[ev.name], ev.output_size, self.device,
                  ev.spec.task, ev.spec.bootstrap.k, ev.spec.dataset, text=self.tokenizer,
                  generation=ev.spec.generation, batch=ev.spec.batch_size,
-                 samples=ev.spec.samples and self.rank % self.tensor == 0,
+                 samples=ev.spec.samples and self.rank % self.tensor == 0 and within is None,
                  share=model_spec.share_prefixes, tokens=model_spec.batch_tokens,
                  # progress counts rows as they are scored, not as they are read
                  on_rows=lambda n: self.progress.rows(index, self.counted(skipped + n)))
@@ -126,6 +133,12 @@ class CellPasses:
             x, y, buckets = batch
             if error:
                 continue
+            if within is not None:        # a race's round: the rows of its buckets only
+                rows += len(buckets)
+                x, y, buckets = _within(ev, x, y, buckets, *within)
+                if not len(buckets):
+                    continue
+                rows -= len(buckets)
             error = self.scored(p.update, (x, y, buckets), cell, ev)
             rows += len(buckets)
         if not error and not stopped:
@@ -173,12 +186,16 @@ class CellPasses:
                     f"{errors.reason(e, typed=True)}")
         return None
 
-    def publish(self, cell: Cell, ev: Evaluation, merged, step, layout, start) -> CellOutcome:
+    def publish(self, cell: Cell, ev: Evaluation, merged, step, layout, start,
+                partial=None) -> CellOutcome:
+        """Write a cell's rows; ``partial`` (``race.Stopped``): a raced checkpoint's cell
+        with some of its items, under its own key."""
         counted = int(merged[ROWS])
-        if counted != ev.data.num_rows:
+        expected = ev.data.num_rows if partial is None else partial.items
+        if counted != expected:
             return self.failure(cell, step, f"{cell.checkpoint.location}: {ev.name}: counted "
                                             f"{counted} rows but the data set has "
-                                            f"{ev.data.num_rows}; not published (a sharding "
+                                            f"{expected}; not published (a sharding "
                                             "bug: please report it)")
         metrics = self.metrics[ev.name]
         try:
@@ -186,16 +203,21 @@ class CellPasses:
         except RayevalError as e:          # a custom metric's compute: this cell only
             self.details[cell.key] = e.detail
             return self.failure(cell, step, f"{ev.name}: {e.message}")
-        self.store.write_cell(cell.key, cell_rows(
+        key = cell.key if partial is None else cell.key + PARTIAL
+        self.store.write_cell(key, cell_rows(
             sweep=self.plan.sweep.name, checkpoint=cell.checkpoint.location, step=step,
             epoch=cell.checkpoint.epoch, evaluation=ev.name, results=results,
             higher_is_better={k: bool(getattr(m, "higher_is_better", True)) for k, m in metrics},
             num_samples=counted, num_tokens=tasks.get(ev.spec.task).scored_units(merged),
             world_size=self.world, bootstrap_key=ev.spec.bootstrap.key,
-            samples=self.samples_tag if ev.spec.samples else None))
+            samples=self.samples_tag if ev.spec.samples and self.racing is None else None,
+            items_total=None if partial is None else partial.total,
+            stopped=None if partial is None else str(partial)))
         return CellOutcome(
             key=cell.key, checkpoint=cell.checkpoint.location, evaluation=ev.name, step=step,
             values=tuple((k, r.value) for k, r in results.items()), rows=counted,
+            items_total=None if partial is None else partial.total,
+            stopped=None if partial is None else str(partial),
             seconds=time.perf_counter() - start, layout=layout, attempt=self.attempt,
             peak_rss_bytes=peak_rss(), baseline_rss_bytes=self.baseline,
             loaded_rss_bytes=self.loaded_rss)
@@ -209,6 +231,14 @@ class CellPasses:
         self.outcomes.append(outcome)
         if self.rank == 0:
             self.progress.finish(outcome.key, outcome)
+
+
+def _within(ev: Evaluation, x, y, buckets, lo: int, hi: int):
+    """The rows of a batch whose bootstrap bucket lies in [lo, hi)."""
+    index = ((buckets >= lo) & (buckets < hi)).nonzero().view(-1)
+    if len(index) == len(buckets):
+        return x, y, buckets
+    return tasks.take(x, index, len(buckets)), y[index], buckets[index]
 
 
 def first_rows(ev: Evaluation) -> str:

@@ -43,6 +43,7 @@ from rayeval.execution.coordinator import WorkerProgress
 from rayeval.execution.passes import CellPasses, Stop, peak_rss
 from rayeval.execution.pipeline import SplitRows
 from rayeval.execution.prefetch import Prefetch
+from rayeval.execution.race import run_race
 from rayeval.execution.profile import Timer
 from rayeval.execution.shards import Budget, Shard, cache_budget_bytes
 from rayeval.io import layouts
@@ -77,6 +78,8 @@ def train_loop(config: dict) -> list[CellOutcome]:
             worker = Worker(plan, progress, attempt, timer, config.get("ray_data", ()))
         if config.get("standing"):
             outcomes = worker.stand()
+        elif plan.sweep.select is not None:      # a race publishes only at its end
+            outcomes = worker.run(list(plan.cells))
         else:
             outcomes = worker.run([c for c in plan.cells if c.key not in done])
         progress.timing(entered, time.time(), timer.as_dict())
@@ -176,6 +179,7 @@ class Worker(CellPasses):
             cache_budget_bytes(), enabled=constants.prefetch_enabled())
         self.index_of = {c.key: i for i, c in enumerate(plan.cells)}
         self.tokenizer = None
+        self.racing = None             # execution.race.Rounds while a race runs
         self.outcomes: list[CellOutcome] = []
         self.details: dict[str, str | None] = {}     # cell key -> this rank's user traceback
 
@@ -191,7 +195,10 @@ class Worker(CellPasses):
             if isinstance(rows, SplitRows):
                 rows.start(self.plan.evaluation(name).spec.batch_size)
         try:
-            self.run_checkpoints(todo)
+            if self.racing is not None or self.plan.sweep.select is not None:
+                run_race(self)          # every pending cell: a restart races again
+            else:
+                self.run_checkpoints(todo)
         except Stop:
             pass
         finally:

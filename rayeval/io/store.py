@@ -44,13 +44,18 @@ SCHEMA = pa.schema([
     pa.field("samples", pa.string()),                    # the per-item records' file set
     pa.field("replicates", pa.list_(pa.float64())),      # the metric on each replicate
     pa.field("matrix", pa.list_(pa.list_(pa.int64()))),  # confusion matrices
+    # A raced checkpoint's partial cell (docs/racing.md): its data set's row count (null:
+    # complete; num_samples then says how many were scored) and why it stopped.
+    pa.field("items_total", pa.int64()),
+    pa.field("stopped", pa.string()),
 ])
 
 
 def cell_rows(*, sweep: str, checkpoint: str, step: int | None, evaluation: str, results: dict,
               higher_is_better: dict[str, bool], num_samples: int, world_size: int,
               bootstrap_key: str, epoch: int | None = None, num_tokens: int | None = None,
-              samples: str | None = None) -> list[dict]:
+              samples: str | None = None, items_total: int | None = None,
+              stopped: str | None = None) -> list[dict]:
     """A cell's stored rows, one per metric in the sweep's order (the leaderboard takes an
     evaluation's first row as its headline metric). ``results``: metric key -> an object with
     value, ci_low, ci_high, replicates and matrix (``evaluate.MetricResult``). ``num_tokens``:
@@ -62,7 +67,7 @@ def cell_rows(*, sweep: str, checkpoint: str, step: int | None, evaluation: str,
              "world_size": world_size,
              "higher_is_better": higher_is_better[key], "replicates": r.replicates,
              "matrix": r.matrix, "bootstrap": bootstrap_key if r.replicates is not None else None,
-             "samples": samples}
+             "samples": samples, "items_total": items_total, "stopped": stopped}
             for key, r in results.items()]
 
 

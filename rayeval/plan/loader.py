@@ -102,6 +102,7 @@ def parse_sweep(raw: Any, *, base_dir: str, source: str = "<sweep>") -> Sweep:
     sweep = Sweep(**given, model=model, evals=evals, base_dir=base_dir, source=source,
                   groups=tuple(entries.groups))
     validation.backend_fits(r, sweep)
+    validation.select(r, sweep)
     return sweep
 
 

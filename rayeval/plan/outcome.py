@@ -28,6 +28,12 @@ class CellOutcome:
     peak_rss_bytes: int = 0
     baseline_rss_bytes: int = 0
     loaded_rss_bytes: int = 0    # the peak right after the checkpoint was loaded (before passes)
+    items_total: int | None = None   # a raced checkpoint's partial cell: rows of its N items
+    stopped: str | None = None       # and why it stopped (execution.race.Stopped)
+
+    @property
+    def partial(self) -> bool:
+        return self.items_total is not None
 
     @property
     def ok(self) -> bool:

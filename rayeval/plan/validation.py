@@ -180,3 +180,39 @@ def backend_fits(r: Reader, sweep: Sweep) -> None:
         problem = engine.check_arguments(sweep.model.vllm)
         if problem:
             r.fail(*problem)
+
+
+RACE_BUCKETS = 64     # fewer bootstrap buckets than this leave too few rounds to race
+
+
+def select(r: Reader, sweep: Sweep) -> None:
+    """``select.metric`` names an evaluation of the suite and one of its metrics that is a
+    mean of bounded per-item values; rounds are taken over its bootstrap buckets."""
+    spec = sweep.select
+    if spec is None:
+        return
+    name, _, metric = spec.metric.partition("/")
+    names = [e.name for e in sweep.evals]
+    if name not in names:
+        r.fail("select.metric", f"{spec.metric!r} names no evaluation of the suite "
+                                f"({', '.join(names)}); write EVALUATION or EVALUATION/METRIC")
+    ev = sweep.evaluation(name)
+    if ev.lm_eval is not None or ev.lmms_eval is not None:
+        r.fail("select.metric", f"{name} is an lm-eval/lmms-eval entry, which cannot be raced "
+                                "yet; race a native evaluation (docs/racing.md)")
+    keys = [m.key or m.name for m in ev.metrics]
+    key = metric or keys[0]
+    if key not in keys:
+        r.fail("select.metric", f"{name} has no metric {key!r} ({', '.join(keys)})")
+    from rayeval.core.metrics import build
+
+    built = build(next(m for m in ev.metrics if (m.key or m.name) == key))
+    if getattr(built, "race_range", None) is None:
+        r.fail("select.metric", f"{name}/{key} is not a mean of bounded per-item values and "
+                                "cannot be raced (accuracy, acc, acc_norm and exact_match can)")
+    if ev.bootstrap.k < RACE_BUCKETS:
+        where = "bootstrap" if ev.key_path.startswith("(") else f"{ev.key_path}.bootstrap"
+        r.fail(where, f"racing takes its rounds from the bootstrap's row "
+                                           f"buckets, and {name} has {ev.bootstrap.k}: keep "
+                                           f"the bootstrap on with at least {RACE_BUCKETS} "
+                                           "buckets")

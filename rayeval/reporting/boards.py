@@ -282,6 +282,7 @@ class Entry:
     rank: int = 0
     best: bool = False
     marks: dict[str, str] = field(default_factory=dict)   # column name -> "*" best, "~" tied
+    stopped: str | None = None    # a raced checkpoint's partial cells: why it stopped
 
     def value(self, column: str) -> float | None:
         return value_of(self.rows.get(column))
@@ -325,6 +326,9 @@ def build_board(rows: list[dict], metric: str | None = None,
         e = entries.setdefault((r["sweep"], r["checkpoint"]),
                                Entry(r["sweep"], r["checkpoint"], r["step"]))
         e.rows[names[(r["dataset"], r["metric"])]] = r
+        if r.get("items_total") is not None and e.stopped is None:
+            e.stopped = r.get("stopped") or f"partial: {r['num_samples']} of " \
+                                             f"{r['items_total']} items"
     for a in aggregates(rows) if aggregate_rows is None else aggregate_rows:
         entries[(a["sweep"], a["checkpoint"])].rows[AGGREGATE] = a
     rank_by = resolve_metric(metric, columns) if metric else _default_rank(columns, entries)
@@ -337,7 +341,7 @@ def build_board(rows: list[dict], metric: str | None = None,
     board = Board(columns=columns, rank_by=rank_by.name,
                   higher_is_better=rank_by.higher_is_better, entries=ranked,
                   evaluations=evaluations, averaged=averaged,
-                  notes=small_data_notes(rows) + token_notes(rows))
+                  notes=small_data_notes(rows) + token_notes(rows) + stopped_notes(ranked))
     if marked:
         mark(board, columns)
     return board
@@ -376,6 +380,13 @@ def small_data_notes(rows: list[dict]) -> list[str]:
             if n < SMALL_DATA_ROWS]
 
 
+def stopped_notes(entries: list[Entry]) -> list[str]:
+    """A line per raced checkpoint that left the race (its cells partial: figures from the
+    items it scored, below every complete one whatever their values)."""
+    return [f"{os.path.basename(e.checkpoint.rstrip('/'))}: {e.stopped} (partial: its figures "
+            "are estimates from the items scored)" for e in entries if e.stopped]
+
+
 def _default_rank(columns: list[Column], entries: dict[tuple, Entry]) -> Column:
     if columns[0] is AGGREGATE_COLUMN and \
             not any(e.value(AGGREGATE) is not None for e in entries.values()):
@@ -388,11 +399,13 @@ def _rank(entries: list[Entry], column: Column) -> list[Entry]:
 
     def order(e: Entry):
         v = e.value(column.name)
-        return (v is None, 0.0 if v is None else sign * v, e.step or 0, e.checkpoint, e.sweep)
+        return (e.stopped is not None, v is None, 0.0 if v is None else sign * v, e.step or 0,
+                e.checkpoint, e.sweep)
 
     ranked = sorted(entries, key=order)
-    top = ranked[0].value(column.name) if ranked else None
-    tied = sum(1 for e in ranked if top is not None and e.value(column.name) == top)
+    top = ranked[0].value(column.name) if ranked and not ranked[0].stopped else None
+    tied = sum(1 for e in ranked if top is not None and e.value(column.name) == top
+               and not e.stopped)
     for i, e in enumerate(ranked, 1):
         e.rank = i
         e.best = i == 1 and top is not None and tied == 1    # a tie crowns nobody
@@ -403,7 +416,7 @@ def _mark(entries: list[Entry], column: str, higher: bool) -> None:
     """'*' on the best value of a column, '~' on those whose paired interval of the difference
     to the best contains zero (not distinguishable from it). When several share the best value
     exactly, none is marked best: all are '~'."""
-    group = [e for e in entries if e.value(column) is not None]
+    group = [e for e in entries if e.value(column) is not None and not e.stopped]
     if not group:
         return
     best = max(group, key=lambda e: e.value(column) if higher else -e.value(column))

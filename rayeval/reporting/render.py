@@ -77,7 +77,8 @@ def table_rows(board: Board, intervals: bool = True, columns: list[Column] | Non
         + [c.name for c in columns]
     rows = []
     for e in board.entries:
-        rows.append([f"{e.rank}{' *' if e.best else ''}", e.sweep]
+        rank = "-" if e.stopped else f"{e.rank}{' *' if e.best else ''}"   # partial: unranked
+        rows.append([rank, e.sweep]
                     + ([board.evaluations[0]] if single else [])
                     + [names[e.checkpoint], "-" if e.step is None else str(e.step)]
                     + [_cell(e, c.name, intervals,

@@ -53,6 +53,12 @@ def _run(args, out: Console, err: Console) -> int:
     out.print(f"{done} cell(s) evaluated, {len(plan.cached)} already in the store, "
               f"{len(report.failures)} failed; {ran}"
               + (f"; results in {sweep.output}" if rows else ""))
+    if report.raced is not None and report.outcomes:
+        scored, full = report.raced
+        partial = sum(1 for o in report.outcomes if o.ok and o.partial)
+        out.print(f"race on {sweep.select.metric}: {partial} cell(s) stopped early; "
+                  f"{scored:,} of {full:,} item evaluations scored, "
+                  f"{1 - scored / max(full, 1):.0%} saved")
     for f in report.failures:
         err.print(f"[bold red]failed:[/] {escape(f.error)}", soft_wrap=True)
         if args.debug and f.detail:

@@ -186,6 +186,13 @@ CACHED = [
     ("Parallelism.wrap", "tensor", ("parallelism.wrap", ["Linear"])),
     ("Parallelism.tensor", "gen", lambda s: s.replace(
         workers=2, parallelism=dataclasses.replace(s.parallelism, tensor=2))),
+    # racing changes which cells are complete, not a complete cell's numbers
+    ("Select.metric", "tensor", lambda s: s.replace(select=schema.Select(s.evals[0].name))),
+    ("Select.top", "tensor", lambda s: s.replace(select=schema.Select(s.evals[0].name, top=2))),
+    ("Select.confidence", "tensor", lambda s: s.replace(
+        select=schema.Select(s.evals[0].name, confidence=0.9))),
+    ("Select.min_items", "tensor", lambda s: s.replace(
+        select=schema.Select(s.evals[0].name, min_items=100))),
     ("WatchSpec.ready", "tensor", ("watch.ready", "COMPLETE")),
     ("WatchSpec.order", "tensor", ("watch.order", "newest")),
     ("Trackers.mlflow", "tensor", ("trackers.mlflow", {})),

@@ -32,6 +32,9 @@ class Metric:
     params: ClassVar[dict[str, tuple[type, Any]]] = {}   # name -> (type, default)
     scalar: ClassVar[bool] = True          # False: a matrix, stored but not ranked or resampled
     batched_compute: ClassVar[bool] = False  # compute() accepts a leading replicate dimension
+    # Racing (``select:``, core/racing.py) bounds a mean of per-item values in this range,
+    # from the states ``correct`` (their sum) and ``total`` (the items); None: cannot race.
+    race_range: ClassVar[tuple[float, float] | None] = None
 
     def __init__(self, **params: Any):
         for key, (_typ, default) in self.params.items():
@@ -71,6 +74,7 @@ def _ratio(num: torch.Tensor, den: torch.Tensor) -> torch.Tensor:
 class _Hits(Metric):
     """The share of rows that are right: ``hits(outputs, targets)`` says which, per row."""
     batched_compute = True
+    race_range = (0.0, 1.0)
 
     def init_state(self, c):
         return {"correct": torch.zeros((), dtype=torch.int64),

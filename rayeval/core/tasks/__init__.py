@@ -31,7 +31,7 @@ from rayeval.core import metrics as _metrics
 
 from rayeval.core.tasks.base import (TASKS, TOKENS, Classification, Inputs, LanguageModeling,
                                      Regression, Task, check_finite_inputs, nbytes, pin,
-                                     rows_of)
+                                     rows_of, take)
 # The plain torch helpers a task used to call itself now live with the backends; named here
 # too for the callers that move a batch or probe a model (the driver, a sharded replica).
 from rayeval.core.backends.torch import call_model, logits_of, move, repeat

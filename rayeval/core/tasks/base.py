@@ -15,6 +15,8 @@ to a backend (``core.backends``) and turns the responses into the metrics' outpu
 
 from __future__ import annotations
 
+import dataclasses
+
 from typing import ClassVar, Mapping
 
 import numpy as np
@@ -322,6 +324,29 @@ class LanguageModeling(Task):
 
 def rows_of(x: Inputs) -> int:
     return int(next(iter(x.values())).shape[0]) if isinstance(x, Mapping) else int(x.shape[0])
+
+
+def take(x: Inputs, index: torch.Tensor, rows: int) -> Inputs:
+    """The rows ``index`` of a decoded batch of ``rows`` rows (a race's round scores some of
+    them): tensors and mappings of tensors are indexed; a batch object (text, image items) has
+    each of its per-row lists (and its ``items`` mapping's) taken, its byte count scaled."""
+    if isinstance(x, torch.Tensor):
+        return x[index]
+    if isinstance(x, Mapping):
+        return {k: v[index] for k, v in x.items()}
+    keep = index.tolist()
+
+    def part(v):
+        if isinstance(v, list) and len(v) == rows:
+            return [v[i] for i in keep]
+        if isinstance(v, dict) and all(isinstance(w, list) and len(w) == rows
+                                       for w in v.values()):
+            return {k: [w[i] for i in keep] for k, w in v.items()}
+        return v
+    changes = {f.name: part(getattr(x, f.name)) for f in dataclasses.fields(x)}
+    if "nbytes" in changes:
+        changes["nbytes"] = x.nbytes * len(keep) // max(rows, 1)
+    return dataclasses.replace(x, **changes)
 
 
 def nbytes(x: Inputs) -> int:

@@ -1,0 +1,213 @@
+"""A race on the workers (``select:``, docs/racing.md; its statistics are ``core.racing``).
+
+Rounds are ranges of the bootstrap's row buckets (``racing.bucket_rounds``): round r scores,
+for every checkpoint still in, the rows whose bucket lies in its range, on every evaluation of
+the suite (each at the same share of its own buckets). The all-reduce of a round's cell gives
+every rank the cell's summed states, so every rank adds them to the cell's total and takes the
+same decision after the round: no round trip to the driver. A checkpoint is loaded once per
+round it survives (the schedule doubles, so about log2(items / first round) loads).
+
+When the top k are separated, the survivors score the buckets left in one more pass, so their
+states are the full run's, exactly (integer states, summed bucket by bucket), and they are
+published as complete cells. An eliminated checkpoint's cells are published as partial cells
+(``PARTIAL``), under their own key, so a complete cell is never taken for them nor they for it.
+
+A group restarted after a lost worker races again from the first round (it publishes nothing
+before the race ends): the same rows, the same states, the same decisions.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from rayeval.core import racing
+from rayeval.core.evaluate import ROWS
+from rayeval.core.metrics import build_all
+from rayeval.errors import RunError
+from rayeval.plan.cells import Cell, Plan
+
+PARTIAL = "-partial"      # a partial cell's store key: the complete cell's key and this
+
+
+@dataclass
+class Stopped:
+    """A partial cell: ``items`` of its ``total`` items scored when its checkpoint left the
+    race (its upper bound on the difference to the k-th best on ``metric`` below zero)."""
+    items: int
+    total: int
+    top: int
+    confidence: float
+    metric: str
+
+    def __str__(self) -> str:
+        return (f"stopped after {self.items} of {self.total} items: below #{self.top} on "
+                f"{self.metric} with {self.confidence:.0%} confidence")
+
+
+class Rounds:
+    """The race's state on one rank: the round, the bucket range each evaluation scores in
+    it, every cell's summed states, and who is still in."""
+
+    def __init__(self, plan: Plan):
+        sel = plan.sweep.select
+        self.plan = plan
+        raced = plan.evaluation(sel.evaluation)
+        self.raced = raced.name
+        metrics = dict(build_all(raced.spec.metrics))
+        self.key = sel.metric.partition("/")[2] or next(iter(metrics))
+        metric = metrics[self.key]
+        self.of = raced.spec.bootstrap.k
+        total = raced.data.num_rows
+        self.bounds = racing.bucket_rounds(total, self.of, sel.min_items)
+        self.groups = plan.by_checkpoint()
+        counts = []                 # the expected items after each round, for the budget split
+        for b in self.bounds[:-1]:
+            counts.append(max(counts[-1] + 1 if counts else 1, total * b // self.of))
+        counts.append(max(total, counts[-1] + 1 if counts else total))
+        lo, hi = metric.race_range
+        self.race = racing.Race(checkpoints=len(self.groups), schedule=tuple(counts),
+                                top=sel.top, confidence=sel.confidence,
+                                higher_is_better=bool(metric.higher_is_better), lo=lo, hi=hi)
+        self.total = total
+        self.min_items = min(sel.min_items, total)
+        self.round = 0
+        self.rest = False           # the survivors' last pass over the buckets left
+        self.alive = np.ones(len(self.groups), bool)
+        self.failed: set[int] = set()
+        self.stopped: dict[int, Stopped] = {}
+        self.states: dict[str, dict] = {}
+        self.added: set[str] = set()        # cells whose round's states came this round
+        self.meta: dict[str, tuple] = {}    # cell key -> (step, layout, seconds)
+
+    # --- what a round scores ---------------------------------------------------------------
+
+    def buckets(self, evaluation: str) -> tuple[int, int]:
+        """The bucket range [lo, hi) this round scores of ``evaluation``."""
+        k = self.plan.evaluation(evaluation).spec.bootstrap.k
+        if self.rest:
+            return racing.bucket_range(self.bounds, self.round, k, self.of)[1], k
+        return racing.bucket_range(self.bounds, self.round, k, self.of)
+
+    def todo(self) -> set[str]:
+        """The keys of the cells this round scores: the survivors', where the range holds
+        buckets."""
+        keys = set()
+        for i, (_, _, cells) in enumerate(self.groups):
+            if self.alive[i]:
+                keys |= {c.key for c in cells if _nonempty(self.buckets(c.evaluation))}
+        return keys
+
+    def add(self, cell: Cell, merged: dict, step, layout, seconds: float) -> None:
+        total = self.states.get(cell.key)
+        self.states[cell.key] = dict(merged) if total is None else \
+            {k: total[k] + v for k, v in merged.items()}
+        _, _, spent = self.meta.get(cell.key, (None, None, 0.0))
+        self.meta[cell.key] = (step, layout, spent + seconds)
+        self.added.add(cell.key)
+
+    # --- the decision --------------------------------------------------------------------
+
+    def decide(self, todo: set[str]) -> bool:
+        """After a round: drop the checkpoints whose cells failed in it, eliminate those that
+        cannot be in the top k. Whether the race is over."""
+        for i, (_, _, cells) in enumerate(self.groups):
+            if self.alive[i] and any(c.key in todo and c.key not in self.added for c in cells):
+                self.alive[i] = False        # failed this round: its outcome says why
+                self.failed.add(i)
+        self.added = set()
+        live = np.flatnonzero(self.alive)
+        if len(live) <= self.race.top:
+            return True
+        sums, n = np.zeros(len(self.groups)), None
+        for i in live:
+            correct, items = self.figure(i)
+            if n is not None and items != n:
+                raise RunError(f"racing: checkpoints scored {n} and {items} items of "
+                               f"{self.raced} in the same round; please report this bug")
+            sums[i], n = correct, items
+        if n < self.min_items:      # the hashed round came out below select.min_items
+            return False
+        decision = racing.decide(self.race, sums, self.alive, self.round, n)
+        if n < self.total:          # at the last round every item is scored: complete
+            for i in decision.eliminated:
+                self.stopped[int(i)] = Stopped(n, self.total, self.race.top,
+                                               self.race.confidence, f"{self.raced}/{self.key}")
+        self.alive = np.array(decision.alive)
+        return decision.over
+
+    def figure(self, i: int) -> tuple[float, int]:
+        """Checkpoint i's sum of per-item values and its item count on the raced evaluation."""
+        cell = next(c for c in self.groups[i][2] if c.evaluation == self.raced)
+        states = self.states[cell.key]
+        return (float(states[f"{self.key}/correct"].sum()),
+                int(states[f"{self.key}/total"].sum()))
+
+    def advance(self, over: bool) -> bool:
+        """To the next round (or, once over, to the survivors' last pass); whether anything
+        is left to score."""
+        last = self.round + 1 >= len(self.bounds)
+        if self.rest or (last and not over):
+            return False
+        if over:
+            if last:
+                return False
+            self.rest = True
+            return True
+        self.round += 1
+        return True
+
+    # --- what is published -------------------------------------------------------------------
+
+    def finished(self):
+        """(cell, states, step, layout, seconds, Stopped or None) of every cell that took
+        part to the end (survivors: complete; eliminated: partial), in plan order."""
+        for i, (_, _, cells) in enumerate(self.groups):
+            if i in self.failed:
+                continue
+            for cell in cells:
+                if cell.key in self.states:
+                    step, layout, seconds = self.meta[cell.key]
+                    stopped = self.stopped.get(i)
+                    if stopped is not None:       # this cell's own items, the raced one's why
+                        stopped = dataclasses.replace(
+                            stopped, items=int(self.states[cell.key][ROWS]),
+                            total=self.plan.evaluation(cell.evaluation).data.num_rows)
+                    yield cell, self.states[cell.key], step, layout, seconds, stopped
+
+    def saved(self) -> tuple[int, int]:
+        """(item evaluations scored, item evaluations a full run scores) on every evaluation."""
+        scored = full = 0
+        for i, (_, _, cells) in enumerate(self.groups):
+            for cell in cells:
+                full += self.plan.evaluation(cell.evaluation).data.num_rows
+                if cell.key in self.states:
+                    scored += int(self.states[cell.key][ROWS])
+        return scored, full
+
+
+def _nonempty(r: tuple[int, int]) -> bool:
+    return r[1] > r[0]
+
+
+def run_race(worker) -> None:
+    """Race the plan's checkpoints on ``worker`` (``worker.Worker``): rounds until the top k
+    are separated or every item is scored, then (rank 0) publish every cell."""
+    race = worker.racing = Rounds(worker.plan)
+    while True:
+        todo = race.todo()
+        worker.run_checkpoints(todo)
+        if race.rest:
+            break
+        over = race.decide(todo)
+        if not race.advance(over):
+            break
+    if worker.rank != 0:
+        return
+    for cell, states, step, layout, seconds, stopped in race.finished():
+        ev = worker.plan.evaluation(cell.evaluation)
+        start = time.perf_counter() - seconds
+        worker.finish(worker.publish(cell, ev, states, step, layout, start, partial=stopped))
