@@ -40,13 +40,38 @@ class Node:
                                      start_new_session=True)
 
     def stop(self):
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(timeout=30)
+        stop_nodes([self])
+
+
+GRACE_S = 3
+
+
+def stop_nodes(nodes: list[Node]) -> None:
+    """Stop the nodes together: SIGTERM to each node's whole process group, a short grace,
+    then SIGKILL to what is left of it. After SIGTERM Ray's GCS server took ~30 s and the
+    raylet ~10 s to exit (idle, 2 cores): two nodes stopped one after the other were 34 s of
+    teardown, and the unauthenticated head's stop half of its test. Nothing of a node is kept
+    (its temp folder is removed), so waiting out its graceful shutdown bought nothing."""
+    live = [n for n in nodes if n.proc.poll() is None]
+    for n in live:
+        _signal_group(n.proc.pid, signal.SIGTERM)
+    deadline = time.monotonic() + GRACE_S
+    for n in live:
+        try:
+            n.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            pass
+    for n in live:                  # the group, even when `ray start` itself has exited
+        _signal_group(n.proc.pid, signal.SIGKILL)
+    for n in live:
+        n.proc.wait(timeout=30)
+
+
+def _signal_group(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except ProcessLookupError:      # every process of the group has exited
+        pass
 
 
 def wait_for_nodes(gcs: str, count: int, env: dict, node: Node, timeout: float = 120) -> None:
@@ -103,8 +128,7 @@ def cluster():
         wait_for_nodes(gcs, 2, env, head)
         yield {"gcs": gcs, "dashboard": dashboard, "token": token}
     finally:
-        for node in reversed(nodes):
-            node.stop()
+        stop_nodes(nodes)
         shutil.rmtree(temp, ignore_errors=True)
 
 
@@ -126,6 +150,37 @@ def stored(store) -> dict:
     rows = json.loads(rayeval_cli("leaderboard", str(store), "--format", "json").stdout)
     return {(os.path.basename(r["checkpoint"]), r["dataset"], r["metric"]): r for r in rows
             if r["metric"] != "aggregate"}
+
+
+# The tests without the module's cluster come first: on 2 cores, the idle two-node cluster
+# beside the unauthenticated head would only slow it down.
+
+def test_unreachable_address_is_one_line_and_fast(tmp_path):
+    start = time.monotonic()
+    proc = rayeval_cli("run", os.path.join(REPO, "configs", "digits", "sweep.yaml"), "--address",
+                       f"127.0.0.1:{free_port()}", "--output", str(tmp_path / "o"))
+    assert proc.returncode == 2 and "nothing answers at" in proc.stderr
+    assert time.monotonic() - start < 60
+    assert not (tmp_path / "o").exists()
+
+
+def test_submit_to_a_cluster_without_authentication(tmp_path):
+    env = user_env(RAY_AUTH_MODE="disabled")
+    env.pop("RAY_AUTH_TOKEN", None)
+    temp = tempfile.mkdtemp(prefix="rt", dir="/tmp")
+    head, gcs, dashboard = start_head(env, temp, "{}")
+    try:
+        wait_for_nodes(gcs, 1, env, head)
+        sweep = digits(tmp_path, workers=1)
+        # The user's environment may hold a token for another cluster: it must not matter.
+        sub = rayeval_cli("submit", str(sweep), "--address", dashboard, "--output",
+                          str(tmp_path / "store"), env=user_env(RAY_AUTH_TOKEN=uuid.uuid4().hex),
+                          timeout=600)
+        assert sub.returncode == 0, (sub.stdout, sub.stderr)
+        assert len(stored(tmp_path / "store")) == 24
+    finally:
+        head.stop()
+        shutil.rmtree(temp, ignore_errors=True)
 
 
 def test_multi_node_submit_equals_a_one_node_run(cluster, tmp_path):
@@ -206,31 +261,3 @@ def test_submit_errors_are_one_line(cluster, tmp_path):
                          env=user_env(RAY_AUTH_TOKEN=cluster["token"],
                                       RAYEVAL_MAX_UPLOAD_MB="2")),
              "over the 2 MiB that may travel with a job")
-
-
-def test_unreachable_address_is_one_line_and_fast(tmp_path):
-    start = time.monotonic()
-    proc = rayeval_cli("run", os.path.join(REPO, "configs", "digits", "sweep.yaml"), "--address",
-                       f"127.0.0.1:{free_port()}", "--output", str(tmp_path / "o"))
-    assert proc.returncode == 2 and "nothing answers at" in proc.stderr
-    assert time.monotonic() - start < 60
-    assert not (tmp_path / "o").exists()
-
-
-def test_submit_to_a_cluster_without_authentication(tmp_path):
-    env = user_env(RAY_AUTH_MODE="disabled")
-    env.pop("RAY_AUTH_TOKEN", None)
-    temp = tempfile.mkdtemp(prefix="rt", dir="/tmp")
-    head, gcs, dashboard = start_head(env, temp, "{}")
-    try:
-        wait_for_nodes(gcs, 1, env, head)
-        sweep = digits(tmp_path, workers=1)
-        # The user's environment may hold a token for another cluster: it must not matter.
-        sub = rayeval_cli("submit", str(sweep), "--address", dashboard, "--output",
-                          str(tmp_path / "store"), env=user_env(RAY_AUTH_TOKEN=uuid.uuid4().hex),
-                          timeout=600)
-        assert sub.returncode == 0, (sub.stdout, sub.stderr)
-        assert len(stored(tmp_path / "store")) == 24
-    finally:
-        head.stop()
-        shutil.rmtree(temp, ignore_errors=True)
