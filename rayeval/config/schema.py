@@ -434,9 +434,17 @@ class Select:
         "Items of the raced evaluation scored before the first decision (at least 32).",
         numbers=False, default=32, minimum=1)
 
-    @property
-    def evaluation(self) -> str:
-        return self.metric.split("/", 1)[0]
+    def target(self, evaluations: list[str]) -> tuple[str, str | None] | None:
+        """(evaluation, metric key or None: its first) that ``metric`` names among these
+        evaluation names (the longest that fits: a group member's is GROUP/TASK); None when
+        it names none."""
+        if self.metric in evaluations:
+            return self.metric, None
+        fits = [e for e in evaluations if self.metric.startswith(e + "/")]
+        if not fits:
+            return None
+        name = max(fits, key=len)
+        return name, self.metric[len(name) + 1:]
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from rayeval.core import racing
-from rayeval.core.evaluate import ROWS
+from rayeval.core.evaluate import ROWS, finalize
 from rayeval.core.metrics import build_all
 from rayeval.errors import RunError
 from rayeval.plan.cells import Cell, Plan
@@ -55,11 +55,13 @@ class Rounds:
     def __init__(self, plan: Plan):
         sel = plan.sweep.select
         self.plan = plan
-        raced = plan.evaluation(sel.evaluation)
+        name, key = sel.target([e.name for e in plan.evaluations])
+        raced = plan.evaluation(name)
         self.raced = raced.name
         metrics = dict(build_all(raced.spec.metrics))
-        self.key = sel.metric.partition("/")[2] or next(iter(metrics))
-        metric = metrics[self.key]
+        self.key = key or next(iter(metrics))
+        metric = self.metric = metrics[self.key]
+        self.size = raced.output_size
         self.of = raced.spec.bootstrap.k
         total = raced.data.num_rows
         self.bounds = racing.bucket_rounds(total, self.of, sel.min_items)
@@ -68,7 +70,7 @@ class Rounds:
         for b in self.bounds[:-1]:
             counts.append(max(counts[-1] + 1 if counts else 1, total * b // self.of))
         counts.append(max(total, counts[-1] + 1 if counts else total))
-        lo, hi = metric.race_range
+        lo, hi = metric.race_bounds(self.key)
         self.race = racing.Race(checkpoints=len(self.groups), schedule=tuple(counts),
                                 top=sel.top, confidence=sel.confidence,
                                 higher_is_better=bool(metric.higher_is_better), lo=lo, hi=hi)
@@ -143,8 +145,9 @@ class Rounds:
         """Checkpoint i's sum of per-item values and its item count on the raced evaluation."""
         cell = next(c for c in self.groups[i][2] if c.evaluation == self.raced)
         states = self.states[cell.key]
-        return (float(states[f"{self.key}/correct"].sum()),
-                int(states[f"{self.key}/total"].sum()))
+        items = int(states[f"{self.key}/total"].sum())
+        mean = finalize([(self.key, self.metric)], states, self.size)[self.key].value
+        return mean * items, items
 
     def advance(self, over: bool) -> bool:
         """To the next round (or, once over, to the survivors' last pass); whether anything
@@ -203,8 +206,11 @@ def run_race(worker) -> None:
         if race.rest:
             break
         over = race.decide(todo)
+        worker.forget({ref.location for i, (ref, _, _) in enumerate(race.groups)
+                       if not race.alive[i]})
         if not race.advance(over):
             break
+    worker.forget(set(worker.kept))
     if worker.rank != 0:
         return
     for cell, states, step, layout, seconds, stopped in race.finished():

@@ -228,6 +228,9 @@ def _response(kind, instances, task) -> str:
 
 # --- metrics ----------------------------------------------------------------------------------
 
+BOUNDED = ("acc", "acc_norm", "exact_match")      # lm-eval metrics racing may bound (0/1)
+
+
 class _Columns(M.Metric):
     """Sums of a document's value columns, and the document count."""
     task = "lm_eval"
@@ -253,6 +256,11 @@ class _Columns(M.Metric):
 
 class LmMean(_Columns):
     name = "lm_mean"
+
+    def race_bounds(self, key):
+        """lm-eval's metrics whose per-document values are 0 or 1 (a mean over repeats
+        stays in [0, 1]); other means (f1, bleu, a task's own) are not known to be bounded."""
+        return (0.0, 1.0) if names.split_key(key)[0] in BOUNDED else None
 
     def compute(self, s):
         return M._ratio(s["a"], s["total"])

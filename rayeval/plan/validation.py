@@ -191,15 +191,13 @@ def select(r: Reader, sweep: Sweep) -> None:
     spec = sweep.select
     if spec is None:
         return
-    name, _, metric = spec.metric.partition("/")
     names = [e.name for e in sweep.evals]
-    if name not in names:
+    target = spec.target(names)
+    if target is None:
         r.fail("select.metric", f"{spec.metric!r} names no evaluation of the suite "
                                 f"({', '.join(names)}); write EVALUATION or EVALUATION/METRIC")
+    name, metric = target
     ev = sweep.evaluation(name)
-    if ev.lm_eval is not None or ev.lmms_eval is not None:
-        r.fail("select.metric", f"{name} is an lm-eval/lmms-eval entry, which cannot be raced "
-                                "yet; race a native evaluation (docs/racing.md)")
     keys = [m.key or m.name for m in ev.metrics]
     key = metric or keys[0]
     if key not in keys:
@@ -207,7 +205,7 @@ def select(r: Reader, sweep: Sweep) -> None:
     from rayeval.core.metrics import build
 
     built = build(next(m for m in ev.metrics if (m.key or m.name) == key))
-    if getattr(built, "race_range", None) is None:
+    if built.race_bounds(key) is None:
         r.fail("select.metric", f"{name}/{key} is not a mean of bounded per-item values and "
                                 "cannot be raced (accuracy, acc, acc_norm and exact_match can)")
     if ev.bootstrap.k < RACE_BUCKETS:

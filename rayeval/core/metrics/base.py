@@ -32,8 +32,8 @@ class Metric:
     params: ClassVar[dict[str, tuple[type, Any]]] = {}   # name -> (type, default)
     scalar: ClassVar[bool] = True          # False: a matrix, stored but not ranked or resampled
     batched_compute: ClassVar[bool] = False  # compute() accepts a leading replicate dimension
-    # Racing (``select:``, core/racing.py) bounds a mean of per-item values in this range,
-    # from the states ``correct`` (their sum) and ``total`` (the items); None: cannot race.
+    # Racing (``select:``, core/racing.py) bounds a mean of per-item values in this range
+    # (the states' ``total`` counts the items); None: cannot race.
     race_range: ClassVar[tuple[float, float] | None] = None
 
     def __init__(self, **params: Any):
@@ -43,6 +43,11 @@ class Metric:
     @property
     def key(self) -> str:
         return self.name
+
+    def race_bounds(self, key: str) -> tuple[float, float] | None:
+        """The range of this metric's per-item values when stored under ``key``, if it is
+        their mean (racing bounds it: core/racing.py); None: it cannot be raced."""
+        return self.race_range
 
     def init_state(self, num_classes: int) -> dict[str, torch.Tensor]:
         raise NotImplementedError
