@@ -21,6 +21,7 @@ from rayeval.execution import dist, recovery
 from rayeval.execution.pipeline import SplitRows
 from rayeval.execution.race import PARTIAL
 from rayeval.execution.shards import BadBatch
+from rayeval.io import store_states
 from rayeval.io.store import cell_rows
 from rayeval.plan.cells import Cell, CellOutcome, Evaluation
 
@@ -103,7 +104,8 @@ class CellPasses:
         index = self.index_of[cell.key]
         skipped = 0                 # rows of batches that could not be decoded
         model_spec = self.backend.setup.model           # the sweep's model section
-        within = None if self.racing is None else self.racing.buckets(ev.name)
+        within = self.racing.buckets(ev.name) if self.racing is not None else \
+            (cell.resume, ev.spec.bootstrap.k) if cell.resume else None
         p = Pass(self.backend, self.metrics[ev.name], ev.output_size, self.device,
                  ev.spec.task, ev.spec.bootstrap.k, ev.spec.dataset, text=self.tokenizer,
                  generation=ev.spec.generation, batch=ev.spec.batch_size,
@@ -190,6 +192,12 @@ class CellPasses:
                 partial=None) -> CellOutcome:
         """Write a cell's rows; ``partial`` (``race.Stopped``): a raced checkpoint's cell
         with some of its items, under its own key."""
+        resumed = 0
+        if cell.resume and self.racing is None:      # a partial cell's rows, kept
+            stored, _, _ = store_states.read(self.store, cell.key)
+            merged = {k: v + torch.from_numpy(stored[k]).to(v.dtype) if k in stored else v
+                      for k, v in merged.items()}
+            resumed = int(stored[ROWS])
         counted = int(merged[ROWS])
         expected = ev.data.num_rows if partial is None else partial.items
         if counted != expected:
@@ -204,20 +212,25 @@ class CellPasses:
             self.details[cell.key] = e.detail
             return self.failure(cell, step, f"{ev.name}: {e.message}")
         key = cell.key if partial is None else cell.key + PARTIAL
+        if partial is not None:           # so that a later run completes it (io.store_states)
+            store_states.write(self.store, cell.key,
+                               {k: v.numpy() for k, v in merged.items()}, partial.below,
+                               ev.spec.bootstrap.k)
         self.store.write_cell(key, cell_rows(
             sweep=self.plan.sweep.name, checkpoint=cell.checkpoint.location, step=step,
             epoch=cell.checkpoint.epoch, evaluation=ev.name, results=results,
             higher_is_better={k: bool(getattr(m, "higher_is_better", True)) for k, m in metrics},
             num_samples=counted, num_tokens=tasks.get(ev.spec.task).scored_units(merged),
             world_size=self.world, bootstrap_key=ev.spec.bootstrap.key,
-            samples=self.samples_tag if ev.spec.samples and self.racing is None else None,
+            samples=self.samples_tag if ev.spec.samples and self.racing is None
+            and not cell.resume else None,
             items_total=None if partial is None else partial.total,
             stopped=None if partial is None else str(partial)))
         return CellOutcome(
             key=cell.key, checkpoint=cell.checkpoint.location, evaluation=ev.name, step=step,
             values=tuple((k, r.value) for k, r in results.items()), rows=counted,
             items_total=None if partial is None else partial.total,
-            stopped=None if partial is None else str(partial),
+            stopped=None if partial is None else str(partial), resumed=resumed,
             seconds=time.perf_counter() - start, layout=layout, attempt=self.attempt,
             peak_rss_bytes=peak_rss(), baseline_rss_bytes=self.baseline,
             loaded_rss_bytes=self.loaded_rss)

@@ -42,6 +42,8 @@ class Stopped:
     top: int
     confidence: float
     metric: str
+    round: int = 0
+    below: int = 0          # the cell's evaluation: the buckets below this one were scored
 
     def __str__(self) -> str:
         return (f"stopped after {self.items} of {self.total} items: below #{self.top} on "
@@ -137,7 +139,8 @@ class Rounds:
         if n < self.total:          # at the last round every item is scored: complete
             for i in decision.eliminated:
                 self.stopped[int(i)] = Stopped(n, self.total, self.race.top,
-                                               self.race.confidence, f"{self.raced}/{self.key}")
+                                               self.race.confidence, f"{self.raced}/{self.key}",
+                                               round=self.round)
         self.alive = np.array(decision.alive)
         return decision.over
 
@@ -176,9 +179,11 @@ class Rounds:
                     step, layout, seconds = self.meta[cell.key]
                     stopped = self.stopped.get(i)
                     if stopped is not None:       # this cell's own items, the raced one's why
+                        ev = self.plan.evaluation(cell.evaluation)
                         stopped = dataclasses.replace(
                             stopped, items=int(self.states[cell.key][ROWS]),
-                            total=self.plan.evaluation(cell.evaluation).data.num_rows)
+                            total=ev.data.num_rows, below=racing.bucket_range(
+                                self.bounds, stopped.round, ev.spec.bootstrap.k, self.of)[1])
                     yield cell, self.states[cell.key], step, layout, seconds, stopped
 
     def saved(self) -> tuple[int, int]:

@@ -49,6 +49,9 @@ class Cell:
     evaluation: str              # its name
     key: str                     # content key: the store's file name for this cell
     fingerprint: str = ""        # the checkpoint's: a changed file is a new cell
+    # A partial cell a race left (io.store_states): its rows of the buckets below this one
+    # are kept, so the pass scores the rest. 0: every row.
+    resume: int = field(default=0, compare=False)
 
 
 @dataclass(frozen=True)
@@ -149,5 +152,25 @@ def make_plan(sweep: Sweep, evaluations: tuple[Evaluation, ...], store: ResultSt
         if not force and store is not None else set()
     pending = [c for c in cells if c.key not in stored]
     cached = [c for c in cells if c.key in stored]
+    if not force and store is not None and sweep.select is None:
+        pending = _resumed(store, pending, evaluations)
     return Plan(sweep=sweep, evaluations=tuple(evaluations), cells=tuple(pending),
                 cached=tuple(cached))
+
+
+def _resumed(store: ResultStore, pending: list[Cell], evaluations) -> list[Cell]:
+    """Pending cells a race left partial (their states kept): they score the rest only."""
+    from rayeval.io import store_states
+
+    kept = store_states.kept(store, [c.key for c in pending])
+    if not kept:
+        return pending
+    buckets = {e.name: e.spec.bootstrap.k for e in evaluations}
+    out = []
+    for c in pending:
+        if c.key in kept:
+            _, below, k = store_states.read(store, c.key)
+            if k == buckets[c.evaluation] and 0 < below < k:
+                c = dataclasses.replace(c, resume=below)
+        out.append(c)
+    return out

@@ -30,6 +30,7 @@ class CellOutcome:
     loaded_rss_bytes: int = 0    # the peak right after the checkpoint was loaded (before passes)
     items_total: int | None = None   # a raced checkpoint's partial cell: rows of its N items
     stopped: str | None = None       # and why it stopped (execution.race.Stopped)
+    resumed: int = 0                 # rows a race's partial cell had scored (not scored again)
 
     @property
     def partial(self) -> bool:

@@ -124,3 +124,26 @@ def test_the_race_is_the_same_on_1_and_3_workers(runs):
     for key, row in one.items():
         for field in FIELDS + ("items_total", "stopped", "cell"):
             assert _same(three[key][field], row[field]), (key, field)
+
+
+def test_a_later_run_without_select_completes_the_partial_cells(runs, sweep_dir):
+    """The race's partial cells keep their states (io.store_states): a run of the same sweep
+    without ``select:`` scores only their remaining rows, and the completed cells equal the
+    full run's bit for bit; the boards then take the complete cells."""
+    from rayeval.reporting.boards import latest_rows
+
+    full, raced = runs
+    partial = {c: r["num_samples"] for (c, m), r in raced[1][1].items()
+               if m == "accuracy" and r["items_total"] is not None}
+    sweep = _sweep(sweep_dir, "race1", 2, None)        # the race's output, no select
+    report = run_sweep(sweep)
+    resumed = {o.checkpoint: o.resumed for o in report.outcomes}
+    assert resumed == partial and all(o.ok and o.rows == ROWS for o in report.outcomes)
+    assert not report.plan.cached or len(report.plan.cached) == CHECKPOINTS - len(partial)
+    rows = {(r["checkpoint"], r["metric"]): r
+            for r in latest_rows(ResultStore(sweep.output).read())}
+    assert rows.keys() == full.keys()
+    for key, row in rows.items():
+        assert row["items_total"] is None, key
+        for field in FIELDS:
+            assert _same(row[field], full[key][field]), (key, field)

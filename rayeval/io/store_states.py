@@ -1,0 +1,76 @@
+"""A partial cell's summed states, so that a later run completes it instead of starting over.
+
+A race (``execution.race``) stops scoring a checkpoint after the rows of the bootstrap buckets
+below some boundary; its cell is published partial, and its states (integer sums, merged over
+the workers) are kept here, one file per partial cell::
+
+    {root}/states/{cell}.parquet    columns name (string), shape (list<int64>), values (list<int64>);
+                                    schema metadata: scored_below (the bucket boundary),
+                                    buckets (the evaluation's bucket count)
+
+Plain parquet (no pickle): states are int64 arrays. A later run without ``select:`` scores the
+buckets from the boundary on and adds these states before publishing the complete cell, which
+equals a full run's (states add bucket by bucket). ``torch`` is imported by the callers only.
+"""
+
+from __future__ import annotations
+
+import io
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+
+from rayeval.errors import StoreError
+from rayeval.io import paths
+
+FOLDER = "states"
+
+
+def write(store, cell: str, states: dict, scored_below: int, buckets: int) -> None:
+    """Keep ``states`` (name -> integer array) of partial cell ``cell`` (its complete key)."""
+    names = sorted(states)
+    arrays = [np.asarray(states[n]) for n in names]
+    table = pa.table({"name": names, "shape": [list(a.shape) for a in arrays],
+                      "values": [a.astype(np.int64).reshape(-1) for a in arrays]},
+                     schema=pa.schema([("name", pa.string()), ("shape", pa.list_(pa.int64())),
+                                       ("values", pa.list_(pa.int64()))]))
+    table = table.replace_schema_metadata({"scored_below": str(scored_below),
+                                           "buckets": str(buckets)})
+    buf = io.BytesIO()
+    pq.write_table(table, buf)
+    try:
+        paths.put(store.fs, f"{store.root}/{FOLDER}", f"{cell}.parquet", buf.getvalue())
+    except OSError as e:
+        raise StoreError(f"output: cannot write to result store: "
+                         f"{paths.explain(e, store.location)}") from None
+
+
+def kept(store, cells) -> set[str]:
+    """Which of ``cells`` (complete keys) have partial states kept: one listing."""
+    try:
+        infos = store.fs.get_file_info(pafs.FileSelector(f"{store.root}/{FOLDER}",
+                                                         allow_not_found=True))
+    except OSError as e:
+        raise StoreError(f"output: cannot read result store: "
+                         f"{paths.explain(e, store.location)}") from None
+    names = {i.base_name for i in infos}
+    return {c for c in cells if f"{c}.parquet" in names}
+
+
+def read(store, cell: str) -> tuple[dict, int, int]:
+    """(states as name -> int64 numpy array, scored_below, buckets) of partial cell ``cell``."""
+    path = f"{store.root}/{FOLDER}/{cell}.parquet"
+    try:
+        with store.fs.open_input_file(path) as f:
+            table = pq.read_table(f)
+    except (OSError, pa.ArrowInvalid) as e:
+        raise StoreError(f"the kept states of partial cell {cell} cannot be read ({path}: "
+                         f"{e}); evaluate it again with --force") from None
+    meta = table.schema.metadata or {}
+    states = {name: np.asarray(values, dtype=np.int64).reshape(shape)
+              for name, shape, values in zip(table["name"].to_pylist(),
+                                             table["shape"].to_pylist(),
+                                             table["values"].to_pylist())}
+    return states, int(meta[b"scored_below"]), int(meta[b"buckets"])
