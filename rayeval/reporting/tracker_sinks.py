@@ -73,12 +73,12 @@ def board_table(rows: list[dict]) -> tuple[list[str], list[list]] | None:
         board = build_board(rows)
     except RayevalError:
         return None
-    columns = ["rank", "best", "sweep", "checkpoint", "step"]
+    columns = ["rank", "best", "sweep", "checkpoint", "step", "stopped"]
     for c in board.metrics:
         columns += [c, f"{c}_ci_low", f"{c}_ci_high"]
     data = []
-    for e in board.entries:
-        line = [e.rank, e.best, e.sweep, e.checkpoint, e.step]
+    for e in board.entries:           # stopped: a race's partial cells, why (else None)
+        line = [e.rank, e.best, e.sweep, e.checkpoint, e.step, e.stopped]
         for c in board.metrics:
             got = e.rows.get(c) or {}
             line += [got.get(k) if _finite(got.get(k)) else None

@@ -89,8 +89,9 @@ class Publisher:
 
     def cell(self, outcome) -> None:
         """A finished cell (a ``CellOutcome``): its stored rows go to every live tracker. A cell
-        that failed has nothing to log."""
-        if not outcome.ok or not self.live:
+        that failed has nothing to log, nor a race's partial cell (an estimate over the
+        items scored, not the checkpoint's figure: the board's table shows it, marked)."""
+        if not outcome.ok or getattr(outcome, "partial", False) or not self.live:
             return
         try:
             rows = self.store.read_cell(outcome.key, COLUMNS, sweep=self.sweep.name)

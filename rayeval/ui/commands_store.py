@@ -233,10 +233,20 @@ def _compare(args, out: Console) -> int:
     b_rows = find_checkpoint(rows, args.b, "B")
     with_replicates(args.store, a_rows + b_rows, getattr(args, "sweep", None) or None)
     found = compare(a_rows, b_rows, args.metric)
+    partial = [(what, r) for what, rows_ in (("A", a_rows), ("B", b_rows)) for r in rows_
+               if r.get("items_total") is not None]
+    if all(c.paired is None for c in found) and partial:
+        what, r = partial[0]
+        raise StoreError(f"{what} ({r['checkpoint']}) has partial cells from a race "
+                         f"({r['stopped'] or 'stopped early'}), which pair only with cells of the "
+                         "same items: run the sweep again without select: to complete them")
     if all(c.paired is None for c in found):
         raise StoreError("no bootstrap replicates to pair for these checkpoints; evaluate them "
                          "with bootstrap replicates on, with the same seed and buckets")
     caption = "paired bootstrap over the same resampled rows"
+    if partial:
+        caption += ("; partial (a race's, stopped early): "
+                    + ", ".join(sorted({w for w, _ in partial})) + ", over the items scored")
     aggregate = next((c.a for c in found if c.name == AGGREGATE), None)
     if aggregate is not None:
         terms = [f"{e}/{m}" for e, m in zip(aggregate["evaluations"], aggregate["metrics"])]

@@ -516,3 +516,45 @@ def test_language_modeling_boards_say_how_many_tokens_were_scored():
            "higher_is_better": False, "cell": "k", "bootstrap": None, "replicates": None,
            "matrix": None}
     assert build_board([row]).notes == ["docs: 120 row(s), 3,456 scored token(s)"]
+
+
+# --- a race's partial cells ----------------------------------------------------------------
+
+def test_partial_cells_are_unranked_below_every_complete_one_with_why_they_stopped():
+    """A race's partial cell (items_total set) is shown below every complete checkpoint,
+    whatever its estimate, with '-' for its rank, never marked best or tied, and a note each;
+    the trackers' board table carries why it stopped."""
+    from rayeval.reporting.tracker_sinks import board_table
+
+    one = {"val": ["accuracy"]}
+    rows = suite({"/r/a.pt": (1, 0.60), "/r/b.pt": (2, 0.70), "/r/c.pt": (3, 0.20)}, one)
+    why = "stopped after 40 of 1000 items: below #1 on val/accuracy with 95% confidence"
+    # c's estimate over its 40 items beats everyone: still below the complete ones
+    rows = [dict(r, value=0.9, num_samples=40, items_total=1000, stopped=why)
+            if r["checkpoint"] == "/r/c.pt" else r for r in rows]
+    board = build_board(rows)
+    assert [e.checkpoint for e in board.entries] == ["/r/b.pt", "/r/a.pt", "/r/c.pt"]
+    assert board.entries[0].best and not board.entries[2].best
+    assert "accuracy" not in board.entries[2].marks
+    assert any(n.startswith(f"c.pt: {why}") for n in board.notes)
+    out = io.StringIO()
+    render_rich(board, Console(file=out, width=200), title="s")
+    line = next(t for t in out.getvalue().splitlines() if "c.pt" in t)
+    assert re.match(r"^│\s+-\s+│", line), line
+    columns, data = board_table(rows)
+    stopped = columns.index("stopped")
+    assert [d[stopped] for d in data] == [None, None, why]
+
+
+def test_compare_with_a_partial_cell_says_how_to_complete_it(tmp_path, capsys):
+    location = str(tmp_path / "out")
+    s = ResultStore(location)
+    rows = suite({"/r/a.pt": (1, 0.60), "/r/b.pt": (2, 0.70)}, {"val": ["accuracy"]})
+    s.write_cell("a", [r for r in rows if r["checkpoint"] == "/r/a.pt"])
+    s.write_cell("b-partial", [dict(r, num_samples=40, items_total=1000, stopped="stopped after "
+                                    "40 of 1000 items") for r in rows
+                               if r["checkpoint"] == "/r/b.pt"])
+    code, out, err = run_cli(capsys, "compare", location, "a.pt", "b.pt")
+    assert code != 0 and err.count("\n") == 1
+    assert "B (/r/b.pt) has partial cells from a race (stopped after 40 of 1000 items)" in err
+    assert "without select:" in err
