@@ -32,3 +32,69 @@ def ray_cluster():
 
     with local_ray():
         yield
+
+
+# --- what several modules build alike, built once per run ---------------------------------------
+# Each is made on first use (a module run alone still gets it) into the run's temporary folder;
+# the modules read them and write their own outputs elsewhere.
+
+@pytest.fixture(scope="session")
+def lm_example(tmp_path_factory):
+    """scripts/make_lm_example.py's ``build(checkpoints=2)`` (a tiny GPT-2 trained 300 steps,
+    ~11 s) made once: a function copying it into a module's folder and returning what
+    ``build`` returns, its paths there. The copy is the build's bytes; a module may change it."""
+    import shutil
+
+    made = {}
+
+    def copy(out) -> dict:
+        from support import script
+
+        if not made:
+            src = str(tmp_path_factory.mktemp("lm_example"))
+            made.update(script("make_lm_example").build(src, checkpoints=2), root=src)
+        src, out = made["root"], str(out)
+        for name in os.listdir(src):
+            path = os.path.join(src, name)
+            if os.path.isdir(path):
+                shutil.copytree(path, os.path.join(out, name))
+            else:
+                shutil.copy2(path, os.path.join(out, name))
+
+        def moved(p):
+            return os.path.join(out, os.path.relpath(p, src))
+
+        return {k: ([moved(p) for p in v] if k == "checkpoints" else moved(v) if
+                    isinstance(v, str) else v) for k, v in made.items() if k != "root"}
+
+    return copy
+
+
+@pytest.fixture(scope="session")
+def tiny_vlm(tmp_path_factory):
+    """The tiny untrained Idefics3 of tests/vlm_support.py whose tokenizer is trained on 500
+    easy-vqa train items (seed 0), made once: its folder, ``.../ckpts/checkpoint-1``. Read it,
+    never write into it."""
+    pytest.importorskip("transformers")
+    pytest.importorskip("easy_vqa")
+    from vlm_support import build_tiny_vlm, easy_vqa_items, item_texts
+
+    root = tmp_path_factory.mktemp("tiny_vlm")
+    return build_tiny_vlm(root / "ckpts" / "checkpoint-1",
+                          item_texts(easy_vqa_items("train", n=500)))
+
+
+@pytest.fixture(scope="session")
+def lmms_suite(tmp_path_factory, tiny_vlm):
+    """The lmms-eval references of test_lmms_eval_tasks and test_lmms_eval_groups from one
+    lmms-eval run on ``tiny_vlm`` (tests/lmms_reference.py, ``write_suite``): {"model": the
+    folder, "tasks": {"single": folder, "group": folder}, "reference": {"single": ...,
+    "group": ...}}. One lmms-eval start (~10 s) instead of one per module."""
+    pytest.importorskip("lmms_eval")
+    from lmms_reference import OFFLINE_ENV, run_suite, write_suite
+
+    for key, value in OFFLINE_ENV.items():
+        os.environ.setdefault(key, value)
+    root = str(tmp_path_factory.mktemp("lmms_suite"))
+    folders = write_suite(root)
+    return {"model": tiny_vlm, "tasks": folders, "reference": run_suite(tiny_vlm, root)}

@@ -117,9 +117,20 @@ def run_lmms_eval(model_dir: str, task_dir: str, *, task: str = TASK, batch_size
     the group's, "subtasks": its tasks, "members": {task: what read_output gives of that task}}
     (``read_group``)."""
     output = output or os.path.join(task_dir, f"out-b{batch_size}")
+    run_cli(model_dir, task_dir, [task], output, batch_size=batch_size, limit=limit,
+            timeout=timeout)
+    if members:
+        return read_group(output, task, members)
+    return read_output(output, task)
+
+
+def run_cli(model_dir: str, task_dir: str, tasks: list[str], output: str, *,
+            batch_size: int = 1, limit: int | None = None, timeout: float = 600) -> None:
+    """lmms-eval's command line on ``tasks`` (tasks or groups found under ``task_dir``, one
+    run: one results file, one samples file per task) into ``output``."""
     args = [sys.executable, os.path.abspath(__file__), "--model", "huggingface",
             "--model_args", f"pretrained={model_dir},device_map=cpu",
-            "--tasks", task, "--include_path", os.path.abspath(task_dir),
+            "--tasks", ",".join(tasks), "--include_path", os.path.abspath(task_dir),
             "--batch_size", str(batch_size), "--device", "cpu", "--log_samples",
             "--output_path", output, "--verbosity", "WARNING"]
     if limit is not None:
@@ -127,9 +138,47 @@ def run_lmms_eval(model_dir: str, task_dir: str, *, task: str = TASK, batch_size
     done = subprocess.run(args, env=offline_env(), capture_output=True, text=True, timeout=timeout)
     if done.returncode != 0:
         raise RuntimeError(f"lmms-eval failed ({done.returncode}):\n{done.stderr[-3000:]}")
-    if members:
-        return read_group(output, task, members)
-    return read_output(output, task)
+
+
+# The references of tests/integration/test_lmms_eval_tasks.py ("single": TASK over SINGLE_ITEMS
+# easy-vqa test items) and test_lmms_eval_groups.py ("group": GROUP over GROUP_TASKS, of
+# different sizes, aggregating GROUP_AGGREGATED), made by one lmms-eval run on one tiny
+# Idefics3 (the ``lmms_suite`` fixture of tests/conftest.py): one lmms-eval start instead of
+# two. Each side as a run of its own would give: lmms-eval evaluates each task on its own.
+SINGLE_ITEMS = 8
+GROUP = "rayeval_vqa_group"
+GROUP_TASKS = {"rayeval_vqa_a": 4, "rayeval_vqa_b": 6}        # task -> its items
+GROUP_AGGREGATED = {"answer_chars": True, "upper_chars": False}  # metric -> weight_by_size
+
+
+def write_suite(root: str) -> dict[str, str]:
+    """Both references' task folders under ``root`` (one include path for lmms-eval):
+    {"single": its folder, "group": its folder}. The group's tasks hold easy-vqa test items
+    of seeds 1, 2..., the single task's those of seed 0."""
+    import yaml
+
+    from vlm_support import easy_vqa_items
+
+    folders = {"single": os.path.join(root, "single"), "group": os.path.join(root, "group")}
+    write_task(folders["single"], easy_vqa_items(n=SINGLE_ITEMS, seed=0))
+    for seed, (task, n) in enumerate(GROUP_TASKS.items(), start=1):   # one include folder
+        write_task(os.path.join(folders["group"], task), easy_vqa_items(n=n, seed=seed),
+                   name=task)
+    with open(os.path.join(folders["group"], f"{GROUP}.yaml"), "w", encoding="utf-8") as f:
+        yaml.safe_dump({"group": GROUP, "task": list(GROUP_TASKS),
+                        "aggregate_metric_list": [
+                            {"metric": m, "aggregation": "mean", "weight_by_size": w}
+                            for m, w in GROUP_AGGREGATED.items()]}, f)
+    return folders
+
+
+def run_suite(model_dir: str, root: str) -> dict:
+    """lmms-eval's run of both references (``write_suite``'s folders under ``root``) at batch
+    size 1: {"single": as run_lmms_eval gives for TASK, "group": as it gives for GROUP}."""
+    output = os.path.join(root, "out-b1")
+    run_cli(model_dir, root, [TASK, GROUP], output)
+    return {"single": read_output(output, TASK),
+            "group": read_group(output, GROUP, tuple(GROUP_TASKS))}
 
 
 def read_group(output: str, group: str, members: tuple[str, ...], filters=FILTERS) -> dict:

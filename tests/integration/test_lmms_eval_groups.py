@@ -22,8 +22,8 @@ pytest.importorskip("transformers")
 pytest.importorskip("lmms_eval")
 pytest.importorskip("easy_vqa")
 
-from lmms_reference import FILTERS, OFFLINE_ENV, run_lmms_eval, write_task  # noqa: E402
-from vlm_support import build_tiny_vlm, easy_vqa_items, item_texts  # noqa: E402
+from lmms_reference import (FILTERS, GROUP, GROUP_AGGREGATED, GROUP_TASKS,  # noqa: E402
+                            OFFLINE_ENV)
 
 from rayeval.io.store import ResultStore  # noqa: E402
 from rayeval.plan.loader import load_sweep  # noqa: E402
@@ -32,36 +32,32 @@ from rayeval.reporting.boards import latest_rows  # noqa: E402
 for _key, _value in OFFLINE_ENV.items():
     os.environ.setdefault(_key, _value)
 
-GROUP = "rayeval_vqa_group"
-TASKS = {"rayeval_vqa_a": 4, "rayeval_vqa_b": 6}         # task -> its items
+TASKS = GROUP_TASKS                   # task -> its items (easy-vqa test items, seeds 1, 2)
 NAME = "vqa"
 METRICS = ("exact_match", "answer_chars", "upper_chars")
-AGGREGATED = {"answer_chars": True, "upper_chars": False}  # metric -> weight_by_size
+AGGREGATED = GROUP_AGGREGATED         # metric -> weight_by_size
 
 
 @pytest.fixture(scope="module")
-def example(tmp_path_factory):
+def example(tmp_path_factory, lmms_suite):
+    """The sweep over the model and the group's include folder of the run's lmms-eval
+    references (``lmms_suite``: made once, with test_lmms_eval_tasks' task); its store goes
+    here."""
     root = tmp_path_factory.mktemp("lmms_group")
-    build_tiny_vlm(str(root / "ckpts" / "checkpoint-1"),
-                   item_texts(easy_vqa_items("train", n=500)))
-    for seed, (task, n) in enumerate(TASKS.items(), start=1):   # one include folder
-        write_task(str(root / "tasks" / task), easy_vqa_items(n=n, seed=seed), name=task)
-    (root / "tasks" / f"{GROUP}.yaml").write_text(yaml.safe_dump({
-        "group": GROUP, "task": list(TASKS),
-        "aggregate_metric_list": [
-            {"metric": m, "aggregation": "mean", "weight_by_size": w}
-            for m, w in AGGREGATED.items()]}))
+    ckpts = os.path.join(os.path.dirname(lmms_suite["model"]), "checkpoint-*")
     (root / "sweep.yaml").write_text(yaml.safe_dump({
-        "name": "vqa", "checkpoints": ["ckpts/checkpoint-*"], "output": "results",
+        "name": "vqa", "checkpoints": [ckpts], "output": "results",
         "workers": 2, "evals": [{"name": NAME, "batch_size": 4,
-                                 "lmms_eval": {"task": GROUP, "include_path": "tasks"}}]}))
+                                 "lmms_eval": {"task": GROUP,
+                                               "include_path": lmms_suite["tasks"]["group"]}}]}))
     return root
 
 
 @pytest.fixture(scope="module")
-def reference(example):
-    return run_lmms_eval(str(example / "ckpts" / "checkpoint-1"), str(example / "tasks"),
-                         task=GROUP, members=tuple(TASKS), batch_size=1)
+def reference(lmms_suite):
+    """lmms-eval's own run of the group at batch size 1 (``python -m lmms_eval --tasks
+    GROUP``, tests/lmms_reference.py)."""
+    return lmms_suite["reference"]["group"]
 
 
 def _keys(metrics) -> list[str]:

@@ -22,9 +22,8 @@ pytest.importorskip("transformers")
 pytest.importorskip("lmms_eval")
 pytest.importorskip("easy_vqa")
 
-from lmms_reference import FILTERS, OFFLINE_ENV, TASK, run_lmms_eval, write_task  # noqa: E402
+from lmms_reference import FILTERS, OFFLINE_ENV, SINGLE_ITEMS, TASK  # noqa: E402
 from support import single_process_passes  # noqa: E402
-from vlm_support import build_tiny_vlm, easy_vqa_items, item_texts  # noqa: E402
 
 from rayeval.core.evaluate import finalize  # noqa: E402
 from rayeval.io.data import read_batches  # noqa: E402
@@ -35,28 +34,28 @@ from rayeval.reporting.boards import latest_rows  # noqa: E402
 for _key, _value in OFFLINE_ENV.items():
     os.environ.setdefault(_key, _value)
 
-N = 8
+N = SINGLE_ITEMS          # easy-vqa test items, seed 0
 METRICS = ("exact_match", "answer_chars", "upper_chars")
 
 
 @pytest.fixture(scope="module")
-def example(tmp_path_factory):
+def example(tmp_path_factory, lmms_suite):
+    """The sweep over the model and the task folder of the run's lmms-eval references
+    (``lmms_suite``: made once, with test_lmms_eval_groups' group); its stores go here."""
     root = tmp_path_factory.mktemp("lmms_example")
-    items = easy_vqa_items(n=N, seed=0)
-    build_tiny_vlm(str(root / "ckpts" / "checkpoint-1"),
-                   item_texts(easy_vqa_items("train", n=500)))
-    write_task(str(root / "tasks"), items)
+    ckpts = os.path.join(os.path.dirname(lmms_suite["model"]), "checkpoint-*")
     (root / "sweep.yaml").write_text(yaml.safe_dump({
-        "name": "vqa", "checkpoints": ["ckpts/checkpoint-*"], "output": "results",
+        "name": "vqa", "checkpoints": [ckpts], "output": "results",
         "workers": 1, "evals": [{"name": "vqa", "batch_size": 16,
-                                 "lmms_eval": {"task": TASK, "include_path": "tasks"}}]}))
+                                 "lmms_eval": {"task": TASK,
+                                               "include_path": lmms_suite["tasks"]["single"]}}]}))
     return root
 
 
 @pytest.fixture(scope="module")
-def reference(example):
-    return run_lmms_eval(str(example / "ckpts" / "checkpoint-1"), str(example / "tasks"),
-                         batch_size=1)
+def reference(lmms_suite):
+    """lmms-eval's own run at batch size 1 (``python -m lmms_eval``, tests/lmms_reference.py)."""
+    return lmms_suite["reference"]["single"]
 
 
 def _theirs(reference, key: str) -> float:

@@ -21,8 +21,8 @@ import yaml
 pytest.importorskip("transformers")
 pytest.importorskip("easy_vqa")
 
-from vlm_support import (build_tiny_vlm, easy_vqa_items, item_texts, mc_choices,  # noqa: E402
-                         transformers_reference, write_vqa_parquet)
+from vlm_support import (easy_vqa_items, mc_choices, transformers_reference,  # noqa: E402
+                         write_vqa_parquet)
 
 from rayeval.execution.driver import run_sweep  # noqa: E402
 from rayeval.io.store import ResultStore  # noqa: E402
@@ -35,10 +35,9 @@ CHOICES = 4
 
 
 @pytest.fixture(scope="module")
-def example(tmp_path_factory):
+def example(tmp_path_factory, tiny_vlm):
     out = tmp_path_factory.mktemp("vlm_ray")
-    folder = build_tiny_vlm(out / "ckpts" / "checkpoint-1",
-                            item_texts(easy_vqa_items("train", n=500)))
+    folder = tiny_vlm                     # the run's one build of it (tests/conftest.py)
     items = easy_vqa_items("test", n=N, seed=7)
     choices = mc_choices(items, CHOICES)
     texts, acc, acc_norm = transformers_reference(folder, items, choices, NEW_TOKENS)
@@ -47,7 +46,8 @@ def example(tmp_path_factory):
     gen = {"task": "generation", "metrics": ["exact_match"],
            "generation": {"max_new_tokens": NEW_TOKENS, "until": ["\n"]},
            "dataset": {**data, "target": "target"}}
-    sweep = {"name": "vqa", "checkpoints": ["ckpts/checkpoint-*"], "output": "out",
+    ckpts = os.path.join(os.path.dirname(folder), "checkpoint-*")
+    sweep = {"name": "vqa", "checkpoints": [ckpts], "output": "out",
              "recovery": {"max_restarts": 0}, "bootstrap": {"replicates": 200},
              "evals": [{"name": "gen_b1", "batch_size": 1, **gen},
                        {"name": "gen_b16", "batch_size": 16, **gen},
@@ -55,9 +55,10 @@ def example(tmp_path_factory):
                         "metrics": ["acc", "acc_norm"],
                         "dataset": {**data, "choices": "choices", "target": "label"}}]}
     (out / "sweep.yaml").write_text(yaml.safe_dump(sweep, sort_keys=False))
-    reference = {"texts": texts, "targets": dict(zip([it["id"] for it in items], targets)),
-                 "acc": acc, "acc_norm": acc_norm, "questions": {it["id"]: it["question"]
-                                                                 for it in items}}
+    reference = {"folder": folder, "texts": texts,
+                 "targets": dict(zip([it["id"] for it in items], targets)),
+                 "acc": acc, "acc_norm": acc_norm,
+                 "questions": {it["id"]: it["question"] for it in items}}
     return out, reference
 
 
@@ -67,7 +68,7 @@ def test_1_and_3_workers_and_batch_sizes_1_and_16_equal_transformers_item_by_ite
     import rayeval
 
     out, ref = example
-    ckpt = str(out / "ckpts" / "checkpoint-1")
+    ckpt = ref["folder"]
     em = sum(float(ref["texts"][i].strip() == ref["targets"][i].strip())
              for i in ref["texts"]) / N
     assert em >= 0.5                    # the half whose target is the reference generation
