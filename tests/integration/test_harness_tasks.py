@@ -28,7 +28,7 @@ pytest.importorskip("transformers")
 pytest.importorskip("lm_eval")
 
 from harness import offline_env  # noqa: E402
-from support import (local_ray, rayeval_cli, rayeval_main, script,  # noqa: E402
+from support import (local_ray, rayeval_cli, rayeval_main,  # noqa: E402
                      single_process_passes)
 
 from rayeval.core.evaluate import finalize  # noqa: E402
@@ -132,9 +132,9 @@ def write_tasks(folder, data):
 
 
 @pytest.fixture(scope="module")
-def example(tmp_path_factory):
+def example(tmp_path_factory, lm_example):
     out = tmp_path_factory.mktemp("lm_harness")
-    script("make_lm_example").build(str(out), checkpoints=2)
+    lm_example(out)           # the run's one training of the tiny GPT-2 (tests/conftest.py)
     from transformers import AutoTokenizer
 
     for folder in (out / "ckpts").iterdir():              # a chat template for arith_chat

@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from harness import write_tasks
-from support import local_ray, need_vllm, rayeval_cli, script
+from support import local_ray, need_vllm, rayeval_cli
 
 import rayeval
 from rayeval.errors import SpecError
@@ -26,11 +26,12 @@ need_vllm()
 
 
 @pytest.fixture(scope="module")
-def example(tmp_path_factory):
+def example(tmp_path_factory, lm_example):
     """Steps 30 and 300 of the tiny GPT-2, step 400 a copy of step 30 (evaluated after 300:
-    the engine goes A, B, then A again), and step 500 a model of one layer fewer."""
+    the engine goes A, B, then A again), and step 500 a model of one layer fewer. The GPT-2
+    is the run's one training of it (``lm_example``, tests/conftest.py), copied here."""
     out = tmp_path_factory.mktemp("vllm")
-    built = script("make_lm_example").build(str(out), checkpoints=2)
+    built = lm_example(out)
     ckpts = out / "ckpts"
     first, second = sorted(built["checkpoints"], key=lambda p: int(p.rsplit("-", 1)[1]))
     shutil.copytree(first, ckpts / "checkpoint-400")
