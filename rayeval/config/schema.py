@@ -422,8 +422,9 @@ class Select:
     those that cannot be among the ``top`` best on ``metric``. Which cells are complete
     changes, not a complete cell's numbers: none of it is in a cell's key."""
     metric: str = setting(
-        "What is raced: EVALUATION (its first metric) or EVALUATION/METRIC, a mean of "
-        "per-item values in a known range (accuracy, acc, acc_norm, exact_match).",
+        "What is raced: EVALUATION (its first metric), EVALUATION/METRIC, or aggregate (the "
+        "leaderboard's mean over the evaluations' first metrics); means of per-item values "
+        "in a known range (accuracy, acc, acc_norm, exact_match).",
         numbers=False, expected="an evaluation's name, or EVALUATION/METRIC")
     top: int = setting("How many best checkpoints to find.", numbers=False, default=1,
                        minimum=1)
@@ -433,6 +434,11 @@ class Select:
     min_items: int = setting(
         "Items of the raced evaluation scored before the first decision (at least 32).",
         numbers=False, default=32, minimum=1)
+
+    @property
+    def suite(self) -> bool:
+        """Racing the leaderboard's aggregate: the mean of every evaluation's first metric."""
+        return self.metric == "aggregate"
 
     def target(self, evaluations: list[str]) -> tuple[str, str | None] | None:
         """(evaluation, metric key or None: its first) that ``metric`` names among these
@@ -520,6 +526,12 @@ class Sweep:
 
     def evaluation(self, name: str) -> EvalSpec:
         return next(e for e in self.evals if e.name == name)
+
+    def suite_evaluations(self) -> list[str]:
+        """The evaluations the leaderboard's aggregate averages: all but lm-eval group
+        members (GROUP/TASK of a group of the sweep)."""
+        groups = tuple(g.name + "/" for g in self.groups)
+        return [e.name for e in self.evals if not e.name.startswith(groups)]
 
     def replace(self, **changes: Any) -> "Sweep":
         return dataclasses.replace(self, **changes)

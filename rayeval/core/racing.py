@@ -207,6 +207,20 @@ class Decision:
     over: bool                      # top k separated from the rest, or every item scored
 
 
+@dataclass(frozen=True)
+class Part:
+    """One evaluation's share of the raced figure: each checkpoint's sum of per-item values
+    (in [lo, hi]) over the first ``n`` of ``total`` items, entering the figure with
+    ``weight`` (negative: lower is better). One metric is one part of weight +-1; the suite's
+    aggregate, the mean over E evaluations, is E parts of weight +-1/E."""
+    sums: np.ndarray
+    n: int
+    total: int
+    lo: float = 0.0
+    hi: float = 1.0
+    weight: float = 1.0
+
+
 def decide(race: Race, sums, alive, round_index: int, n: int | None = None) -> Decision:
     """Eliminate every survivor whose paired difference to the k-th best survivor has its upper
     bound below zero. ``sums[i]``: checkpoint i's sum of per-item values over the first
@@ -214,18 +228,37 @@ def decide(race: Race, sums, alive, round_index: int, n: int | None = None) -> D
     hashed rounds actually scored); ignored for those not alive."""
     sums, alive = _checked(race, sums, alive, round_index)
     n = race.schedule[round_index] if n is None else int(n)
-    if not 0 < n <= race.total_items:
-        raise ValueError(f"n must lie in [1, {race.total_items}], got {n}")
-    oriented = sums if race.higher_is_better else -sums
-    reference = _kth_best(oriented, alive, race.top)
+    return decide_parts(race, [Part(np.asarray(sums, dtype=np.float64), n, race.total_items,
+                                    race.lo, race.hi, 1.0 if race.higher_is_better else -1.0)],
+                        alive, round_index)
+
+
+def decide_parts(race: Race, parts: list[Part], alive, round_index: int) -> Decision:
+    """``decide`` over a weighted sum of parts (the suite's aggregate). The figure's paired
+    difference is sum_p w_p d_p, so its upper bound is sum_p |w_p| times each part's oriented
+    bound, each at delta / P: if every part's bound holds, the weighted sum's does (a union
+    bound over the P parts; the module doc's argument then goes through unchanged with the
+    figure's estimate ranking the survivors)."""
+    if not parts:
+        raise ValueError("parts must hold at least one part")
+    for p in parts:
+        _checked(race, p.sums, alive, round_index)
+        if not 0 < p.n <= p.total:
+            raise ValueError(f"n must lie in [1, {p.total}], got {p.n}")
+    alive = _checked(race, parts[0].sums, alive, round_index)[1]
+    oriented = [np.sign(p.weight) * np.asarray(p.sums, dtype=np.float64) for p in parts]
+    estimate = sum(abs(p.weight) * o / p.n for p, o in zip(parts, oriented))
+    reference = _kth_best(estimate, alive, race.top)
+    delta = race.pair_delta / len(parts)
     upper = np.full(race.checkpoints, np.nan)
     for i in np.flatnonzero(alive):
-        upper[i] = difference_upper(oriented[i] - oriented[reference], n, race.total_items,
-                                    race.hi - race.lo, race.pair_delta)
+        upper[i] = sum(abs(p.weight) * difference_upper(o[i] - o[reference], p.n, p.total,
+                                                        p.hi - p.lo, delta)
+                       for p, o in zip(parts, oriented))
     out = alive & (upper < 0)
     still = alive & ~out
-    over = int(still.sum()) <= race.top or n == race.total_items
-    return Decision(round_index, n, tuple(bool(a) for a in still),
+    over = int(still.sum()) <= race.top or all(p.n == p.total for p in parts)
+    return Decision(round_index, parts[0].n, tuple(bool(a) for a in still),
                     tuple(int(i) for i in np.flatnonzero(out)), reference,
                     tuple(float(u) for u in upper), over)
 

@@ -57,27 +57,24 @@ class Rounds:
     def __init__(self, plan: Plan):
         sel = plan.sweep.select
         self.plan = plan
-        name, key = sel.target([e.name for e in plan.evaluations])
-        raced = plan.evaluation(name)
-        self.raced = raced.name
-        metrics = dict(build_all(raced.spec.metrics))
-        self.key = key or next(iter(metrics))
-        metric = self.metric = metrics[self.key]
-        self.size = raced.output_size
-        self.of = raced.spec.bootstrap.k
-        total = raced.data.num_rows
+        self.targets = targets(plan)           # [(evaluation, metric key, metric, weight)]
+        self.figure_name = AGGREGATE_NAME if sel.suite else \
+            f"{self.targets[0][0]}/{self.targets[0][1]}"
+        # The rounds' shares of the buckets come from the smallest evaluation raced: each
+        # evaluation then has at least min_items items (expected) in the first round.
+        smallest = min((plan.evaluation(t[0]) for t in self.targets),
+                       key=lambda e: e.data.num_rows)
+        self.of = smallest.spec.bootstrap.k
+        total = smallest.data.num_rows
         self.bounds = racing.bucket_rounds(total, self.of, sel.min_items)
         self.groups = plan.by_checkpoint()
         counts = []                 # the expected items after each round, for the budget split
         for b in self.bounds[:-1]:
             counts.append(max(counts[-1] + 1 if counts else 1, total * b // self.of))
         counts.append(max(total, counts[-1] + 1 if counts else total))
-        lo, hi = metric.race_bounds(self.key)
         self.race = racing.Race(checkpoints=len(self.groups), schedule=tuple(counts),
-                                top=sel.top, confidence=sel.confidence,
-                                higher_is_better=bool(metric.higher_is_better), lo=lo, hi=hi)
-        self.total = total
-        self.min_items = min(sel.min_items, total)
+                                top=sel.top, confidence=sel.confidence)
+        self.min_items = sel.min_items
         self.round = 0
         self.rest = False           # the survivors' last pass over the buckets left
         self.alive = np.ones(len(self.groups), bool)
@@ -126,31 +123,36 @@ class Rounds:
         live = np.flatnonzero(self.alive)
         if len(live) <= self.race.top:
             return True
-        sums, n = np.zeros(len(self.groups)), None
-        for i in live:
-            correct, items = self.figure(i)
-            if n is not None and items != n:
-                raise RunError(f"racing: checkpoints scored {n} and {items} items of "
-                               f"{self.raced} in the same round; please report this bug")
-            sums[i], n = correct, items
-        if n < self.min_items:      # the hashed round came out below select.min_items
-            return False
-        decision = racing.decide(self.race, sums, self.alive, self.round, n)
-        if n < self.total:          # at the last round every item is scored: complete
+        parts = [self.part(t, live) for t in self.targets]
+        if any(p.n < min(self.min_items, p.total) for p in parts):
+            return False            # a hashed round came out below select.min_items
+        decision = racing.decide_parts(self.race, parts, self.alive, self.round)
+        if any(p.n < p.total for p in parts):   # at the last round every item is scored
+            first = parts[0]
             for i in decision.eliminated:
-                self.stopped[int(i)] = Stopped(n, self.total, self.race.top,
-                                               self.race.confidence, f"{self.raced}/{self.key}",
+                self.stopped[int(i)] = Stopped(first.n, first.total, self.race.top,
+                                               self.race.confidence, self.figure_name,
                                                round=self.round)
         self.alive = np.array(decision.alive)
         return decision.over
 
-    def figure(self, i: int) -> tuple[float, int]:
-        """Checkpoint i's sum of per-item values and its item count on the raced evaluation."""
-        cell = next(c for c in self.groups[i][2] if c.evaluation == self.raced)
-        states = self.states[cell.key]
-        items = int(states[f"{self.key}/total"].sum())
-        mean = finalize([(self.key, self.metric)], states, self.size)[self.key].value
-        return mean * items, items
+    def part(self, target, live) -> racing.Part:
+        """One evaluation's share of the figure: each live checkpoint's sum of per-item
+        values (its metric's mean times its items) over the items of this round."""
+        name, key, metric, weight = target
+        ev = self.plan.evaluation(name)
+        sums, n = np.zeros(len(self.groups)), None
+        for i in live:
+            cell = next(c for c in self.groups[i][2] if c.evaluation == name)
+            states = self.states[cell.key]
+            items = int(states[f"{key}/total"].sum())
+            if n is not None and items != n:
+                raise RunError(f"racing: checkpoints scored {n} and {items} items of {name} "
+                               "in the same round; please report this bug")
+            mean = finalize([(key, metric)], states, ev.output_size)[key].value
+            sums[i], n = mean * items, items
+        lo, hi = metric.race_bounds(key)
+        return racing.Part(sums, n, ev.data.num_rows, lo, hi, weight)
 
     def advance(self, over: bool) -> bool:
         """To the next round (or, once over, to the survivors' last pass); whether anything
@@ -195,6 +197,28 @@ class Rounds:
                 if cell.key in self.states:
                     scored += int(self.states[cell.key][ROWS])
         return scored, full
+
+
+AGGREGATE_NAME = "the suite's aggregate"
+
+
+def targets(plan: Plan) -> list[tuple[str, str, object, float]]:
+    """What is raced, as (evaluation, metric key, metric, weight): the one metric
+    ``select.metric`` names (weight +-1 as higher or lower is better), or for ``aggregate``
+    every evaluation's first metric (weight +-1/E), as the leaderboard's aggregate."""
+    sel = plan.sweep.select
+    if sel.suite:
+        chosen = [(e, None) for e in plan.sweep.suite_evaluations()]
+    else:
+        chosen = [sel.target([e.name for e in plan.evaluations])]
+    out = []
+    for name, key in chosen:
+        metrics = dict(build_all(plan.evaluation(name).spec.metrics))
+        key = key or next(iter(metrics))
+        m = metrics[key]
+        sign = 1.0 if m.higher_is_better else -1.0
+        out.append((name, key, m, sign / len(chosen)))
+    return out
 
 
 def _nonempty(r: tuple[int, int]) -> bool:

@@ -192,12 +192,27 @@ def select(r: Reader, sweep: Sweep) -> None:
     if spec is None:
         return
     names = [e.name for e in sweep.evals]
-    target = spec.target(names)
-    if target is None:
-        r.fail("select.metric", f"{spec.metric!r} names no evaluation of the suite "
-                                f"({', '.join(names)}); write EVALUATION or EVALUATION/METRIC")
-    name, metric = target
-    ev = sweep.evaluation(name)
+    if spec.suite:
+        chosen = [(e, None) for e in sweep.suite_evaluations()]
+        if len(chosen) < 2:
+            r.fail("select.metric", "aggregate averages two evaluations or more, and the suite "
+                                    "has one: name the evaluation instead")
+        if sweep.groups:
+            r.fail("select.metric", "racing the aggregate of a suite with lm-eval groups is "
+                                    "not supported: race one evaluation (GROUP/TASK)")
+    else:
+        target = spec.target(names)
+        if target is None:
+            r.fail("select.metric", f"{spec.metric!r} names no evaluation of the suite "
+                                    f"({', '.join(names)}); write EVALUATION, "
+                                    "EVALUATION/METRIC or aggregate")
+        chosen = [target]
+    for name, metric in chosen:
+        _raceable(r, sweep.evaluation(name), metric)
+
+
+def _raceable(r: Reader, ev, metric: str | None) -> None:
+    name = ev.name
     keys = [m.key or m.name for m in ev.metrics]
     key = metric or keys[0]
     if key not in keys:
@@ -206,11 +221,12 @@ def select(r: Reader, sweep: Sweep) -> None:
 
     built = build(next(m for m in ev.metrics if (m.key or m.name) == key))
     if built.race_bounds(key) is None:
-        r.fail("select.metric", f"{name}/{key} is not a mean of bounded per-item values and "
+        what = f"{name}/{key}" + (" (its first metric, which the aggregate averages)"
+                                  if metric is None else "")
+        r.fail("select.metric", f"{what} is not a mean of bounded per-item values and "
                                 "cannot be raced (accuracy, acc, acc_norm and exact_match can)")
     if ev.bootstrap.k < RACE_BUCKETS:
         where = "bootstrap" if ev.key_path.startswith("(") else f"{ev.key_path}.bootstrap"
-        r.fail(where, f"racing takes its rounds from the bootstrap's row "
-                                           f"buckets, and {name} has {ev.bootstrap.k}: keep "
-                                           f"the bootstrap on with at least {RACE_BUCKETS} "
-                                           "buckets")
+        r.fail(where, f"racing takes its rounds from the bootstrap's row buckets, and {name} "
+                      f"has {ev.bootstrap.k}: keep the bootstrap on with at least "
+                      f"{RACE_BUCKETS} buckets")

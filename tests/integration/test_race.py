@@ -5,7 +5,8 @@ Integer-valued inputs and weights make the model's own arithmetic exact (as in t
 world-size test), so a row's outputs do not depend on which rows share its batch: every
 difference from the full run would be rayeval's (which rows a round takes, how states add up).
 The checkpoints are the teacher that labels the data with a shrinking share of its weights
-replaced: accuracy from near chance to 1.
+replaced: accuracy from near chance to 1. The suite has two evaluations (3,000 and 1,000
+items): races on one's accuracy score both in rounds; a third race takes the aggregate.
 """
 
 import numpy as np
@@ -20,6 +21,7 @@ from support import write_model_module, write_parquet, write_sweep
 pytestmark = pytest.mark.ray
 
 ROWS = 3000
+MORE = 1000                     # the second evaluation's items
 CHECKPOINTS = 16
 FIELDS = ("value", "ci_low", "ci_high", "replicates", "num_samples", "matrix")
 
@@ -29,14 +31,15 @@ def sweep_dir(tmp_path_factory):
     folder = tmp_path_factory.mktemp("race")
     write_model_module(str(folder))
     rng = np.random.default_rng(7)
-    x = rng.integers(-3, 4, size=(ROWS, 8)).astype(np.float32)
+    x = rng.integers(-3, 4, size=(ROWS + MORE, 8)).astype(np.float32)
     torch.manual_seed(0)
     shape = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
     teacher = {k: torch.randint(-2, 3, v.shape).float() for k, v in shape.state_dict().items()}
     shape.load_state_dict(teacher)
     with torch.no_grad():
         y = shape(torch.from_numpy(x)).argmax(1).numpy()
-    write_parquet(str(folder / "data.parquet"), x, y, row_group_size=500)
+    write_parquet(str(folder / "data.parquet"), x[:ROWS], y[:ROWS], row_group_size=500)
+    write_parquet(str(folder / "more.parquet"), x[ROWS:], y[ROWS:])
     (folder / "ckpts").mkdir()
     for i in range(CHECKPOINTS):
         # replaced weights, shrinking; the last checkpoint is the teacher (accuracy 1)
@@ -51,9 +54,12 @@ def sweep_dir(tmp_path_factory):
 
 
 def _sweep(folder, name, workers, select):
-    common = dict(workers=workers, metrics=["accuracy", "nll", "confusion_matrix"],
-                  model={"factory": "tiny_models:build_relu"}, batch_size=64,
-                  dataset={"path": "data.parquet", "inputs": "x", "target": "y", "id": "row"},
+    evals = [{"name": name_, "task": "classification",
+              "metrics": ["accuracy", "nll", "confusion_matrix"],
+              "dataset": {"path": f"{name_}.parquet", "inputs": "x", "target": "y", "id": "row"}}
+             for name_ in ("data", "more")]
+    common = dict(workers=workers, model={"factory": "tiny_models:build_relu"}, batch_size=64,
+                  evals=evals, dataset=None, task=None, metrics=None,
                   bootstrap={"replicates": 200, "buckets": 512})
     return load_sweep(write_sweep(str(folder), f"{name}.yaml", output=f"out_{name}",
                                   select=select, **common))
@@ -67,7 +73,11 @@ def _same(a, b) -> bool:
 
 def _cells(sweep) -> dict:
     rows = ResultStore(sweep.output).read().to_pylist()
-    return {(r["checkpoint"], r["metric"]): r for r in rows}
+    return {(r["checkpoint"], r["dataset"], r["metric"]): r for r in rows}
+
+
+def _accuracy(cells, evaluation="data") -> dict:
+    return {c: r for (c, e, m), r in cells.items() if (e, m) == (evaluation, "accuracy")}
 
 
 @pytest.fixture(scope="module")
@@ -79,42 +89,48 @@ def runs(ray_cluster, sweep_dir):
     for workers in (1, 3):
         sweep = _sweep(sweep_dir, f"race{workers}", workers, {"metric": "data/accuracy"})
         raced[workers] = (run_sweep(sweep), _cells(sweep))
+    sweep = _sweep(sweep_dir, "aggregate", 2, {"metric": "aggregate"})
+    raced["aggregate"] = (run_sweep(sweep), _cells(sweep))
     return _cells(full), raced
 
 
 def test_race_finds_the_full_runs_best_with_its_exact_cells(runs):
     full, raced = runs
-    accuracy = {c: r["value"] for (c, m), r in full.items() if m == "accuracy"}
-    best = max(accuracy, key=accuracy.get)
-    assert sorted(accuracy.values())[-2] < accuracy[best], sorted(accuracy.values())
-    for workers, (report, cells) in raced.items():
-        complete = {c for (c, m), r in cells.items() if r["items_total"] is None}
-        assert best in complete, workers
-        survivors = [c for c in complete if (c, "accuracy") in cells]
-        assert max(survivors, key=lambda c: cells[(c, "accuracy")]["value"]) == best
-        for (c, metric), row in cells.items():
+    for race, figure in ((1, lambda c: full[(c, "data", "accuracy")]["value"]),
+                         (3, lambda c: full[(c, "data", "accuracy")]["value"]),
+                         ("aggregate", lambda c: (full[(c, "data", "accuracy")]["value"]
+                                                  + full[(c, "more", "accuracy")]["value"]) / 2)):
+        report, cells = raced[race]
+        every = sorted({c for c, _, _ in full}, key=figure)
+        best = every[-1]
+        assert figure(every[-2]) < figure(best), [figure(c) for c in every]
+        complete = {c for (c, e, m), r in cells.items() if r["items_total"] is None}
+        assert best in complete and max(complete, key=figure) == best, race
+        for key, row in cells.items():
             if row["items_total"] is None:        # survivors: the full run's cell, bit for bit
                 for field in FIELDS:
-                    assert _same(row[field], full[(c, metric)][field]), (workers, c, metric,
-                                                                          field)
-                assert row["num_samples"] == ROWS and row["cell"] == full[(c, metric)]["cell"]
+                    assert _same(row[field], full[key][field]), (race, key, field)
+                assert row["cell"] == full[key]["cell"]
 
 
 def test_eliminated_checkpoints_are_stored_partial_and_items_are_saved(runs):
     full, raced = runs
-    for workers, (report, cells) in raced.items():
-        partial = {c: r for (c, m), r in cells.items()
+    for race, (report, cells) in raced.items():
+        partial = {(c, e): r for (c, e, m), r in cells.items()
                    if m == "accuracy" and r["items_total"] is not None}
-        assert len(partial) >= CHECKPOINTS // 2, (workers, len(partial))
-        for c, r in partial.items():
-            assert r["items_total"] == ROWS and 0 < r["num_samples"] < ROWS
-            assert r["cell"].endswith("-partial") and r["cell"] != full[(c, "accuracy")]["cell"]
-            assert f"stopped after {r['num_samples']} of {ROWS} items: below #1" in r["stopped"]
+        assert len({c for c, _ in partial}) >= CHECKPOINTS // 2, (race, len(partial))
+        for (c, e), r in partial.items():
+            items = ROWS if e == "data" else MORE
+            assert r["items_total"] == items and 0 < r["num_samples"] < items
+            assert r["cell"].endswith("-partial") and \
+                r["cell"] != full[(c, e, "accuracy")]["cell"]
+            figure = "data/accuracy" if race != "aggregate" else "the suite's aggregate"
+            assert f"below #1 on {figure} with 95% confidence" in r["stopped"]
             assert r["ci_low"] <= r["value"] <= r["ci_high"]
-            assert r["value"] < max(v["value"] for (_, m), v in full.items() if m == "accuracy")
         scored, every = report.raced
-        assert every == CHECKPOINTS * ROWS and scored < every * 0.6, (workers, scored)
-        assert scored == sum(r["num_samples"] for (_, m), r in cells.items() if m == "accuracy")
+        assert every == CHECKPOINTS * (ROWS + MORE) and scored < every * 0.6, (race, scored)
+        assert scored == sum(r["num_samples"] for (_, e, m), r in cells.items()
+                             if m == "accuracy")
 
 
 def test_the_race_is_the_same_on_1_and_3_workers(runs):
@@ -133,14 +149,16 @@ def test_a_later_run_without_select_completes_the_partial_cells(runs, sweep_dir)
     from rayeval.reporting.boards import latest_rows
 
     full, raced = runs
-    partial = {c: r["num_samples"] for (c, m), r in raced[1][1].items()
+    partial = {(c, e): r["num_samples"] for (c, e, m), r in raced[1][1].items()
                if m == "accuracy" and r["items_total"] is not None}
     sweep = _sweep(sweep_dir, "race1", 2, None)        # the race's output, no select
     report = run_sweep(sweep)
-    resumed = {o.checkpoint: o.resumed for o in report.outcomes}
-    assert resumed == partial and all(o.ok and o.rows == ROWS for o in report.outcomes)
-    assert not report.plan.cached or len(report.plan.cached) == CHECKPOINTS - len(partial)
-    rows = {(r["checkpoint"], r["metric"]): r
+    resumed = {(o.checkpoint, o.evaluation): o.resumed for o in report.outcomes}
+    assert resumed == partial
+    assert all(o.ok and o.rows == (ROWS if o.evaluation == "data" else MORE)
+               for o in report.outcomes)
+    assert len(report.plan.cached) == 2 * CHECKPOINTS - len(partial)
+    rows = {(r["checkpoint"], r["dataset"], r["metric"]): r
             for r in latest_rows(ResultStore(sweep.output).read())}
     assert rows.keys() == full.keys()
     for key, row in rows.items():

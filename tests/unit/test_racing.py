@@ -337,3 +337,36 @@ def test_hashed_rounds_keep_the_guarantee_and_save_items(capsys):
               f"(limit {limit:.4f}); training-run spread: {saved:.1%} saved")
     assert rate <= limit
     assert saved > 0.2
+
+
+def test_a_suite_aggregate_race_keeps_the_guarantee(capsys):
+    """The suite's aggregate (``decide_parts``): two evaluations of 400 items, one higher- and
+    one lower-is-better, each a max-variance near tie (opposed items), checkpoint 0 truly best
+    on the mean of the two (0.02 and 0.01 ahead). Each evaluation's items in its own random
+    order; the wrong-race rate stays within 1 - confidence."""
+    first = opposed(204, 1, 400, seed=31)            # higher is better: 0 ahead by 0.02
+    rng = np.random.default_rng(32)
+    second = np.zeros((2, 400))
+    second[0, rng.permutation(400)[:198]] = 1.0       # lower is better: 0 ahead by 0.01
+    second[1] = 1.0 - second[0]                       # opposed: 202, behind by 0.01
+    assert second[0].sum() == 198 and second[1].sum() == 202
+    schedule = tuple(racing.rounds(400, 32))
+    race = racing.Race(2, schedule, confidence=CONFIDENCE)
+    races, wrong = 2000, 0
+    orders = np.random.default_rng(33)
+    for _ in range(races):
+        o1, o2 = orders.permutation(400), orders.permutation(400)
+        alive = np.ones(2, bool)
+        for j, n in enumerate(schedule):
+            parts = [racing.Part(first[:, o1[:n]].sum(axis=1), n, 400, weight=0.5),
+                     racing.Part(second[:, o2[:n]].sum(axis=1), n, 400, weight=-0.5)]
+            decision = racing.decide_parts(race, parts, alive, j)
+            alive = np.array(decision.alive)
+            if decision.over:
+                break
+        wrong += not alive[0]
+    rate, limit = wrong / races, threshold(1 - CONFIDENCE, races)
+    with capsys.disabled():
+        print(f"\n[racing] suite aggregate of two near ties: wrong-race rate {rate:.4f} over "
+              f"{races} races (limit {limit:.4f})")
+    assert rate <= limit
