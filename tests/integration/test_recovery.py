@@ -245,3 +245,31 @@ def test_a_bug_in_a_worker_ends_the_run_at_once_in_one_line(ray_cluster, tmp_pat
     assert "recovery.py" in e.value.detail and "fault_point" in e.value.detail
     assert "restarting" not in lines.getvalue(), lines.getvalue()
     assert not stored(sweep), "nothing was published"
+
+
+def test_a_worker_lost_mid_round_of_a_race_races_again_with_exact_numbers(
+        ray_cluster, tmp_path, monkeypatch):
+    """A race (``select:``) publishes only at its end: a worker lost in its second round
+    (rank 1's 5th pass: 3 checkpoints a round) restarts the group, which races again from the
+    first round; every complete cell then holds the undisturbed numbers, every row counted
+    once, and every cell comes from the restarted group."""
+    monkeypatch.setenv("RAYEVAL_TEST_KILL", "pass:1:1:5")
+    sweep, x, y = setup_sweep(tmp_path, 600, seeds=LOST_SEEDS, workers=2,
+                              select={"metric": "data/accuracy"},
+                              recovery={"max_restarts": 2, "stall_timeout_s": 30})
+    report, lines = run_watched(sweep)
+    assert re.search(r"worker failure: worker rank 1 was lost during the pass over "
+                     r"\S+/step_2\.pt", lines), lines
+    assert [o.ok for o in report.outcomes] == [True] * 3, report.outcomes
+    assert [o.attempt for o in report.outcomes] == [2, 2, 2]
+    got = stored(sweep)
+    complete = {s for s in LOST_SEEDS if got[(f"step_{s}.pt", "accuracy")]["items_total"] is None}
+    assert complete, "the race keeps at least its best"
+    for s in LOST_SEEDS:
+        for metric, value in reference_metrics(build_model(seed=s), x, y).items():
+            row = got[(f"step_{s}.pt", metric)]
+            if s in complete:
+                assert row["num_samples"] == len(y), "every row counted exactly once"
+                assert row["value"] == pytest.approx(value, rel=1e-9), (s, metric)
+            else:
+                assert 0 < row["num_samples"] < len(y) and row["items_total"] == len(y)

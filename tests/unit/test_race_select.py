@@ -93,6 +93,14 @@ def folder(tmp_path):
     ({"metric": "data"}, {"bootstrap": {"replicates": 0}},
      "bootstrap: racing takes its rounds from the bootstrap's row buckets, and data has 1"),
     ({"metric": "data", "top": 3}, {}, "select.top: 3 keeps every one of the 3 checkpoints"),
+    ({"metric": "aggregate"}, {}, "select.metric: aggregate averages two evaluations or more, "
+                                  "and the suite has one"),
+    ({"metric": "aggregate"}, {"evals": [
+        {"name": n, "task": "classification", "metrics": m,
+         "dataset": {"path": "data.parquet", "inputs": "x", "target": "y"}}
+        for n, m in (("a", ["accuracy"]), ("b", ["nll", "accuracy"]))],
+        "dataset": None, "task": None, "metrics": None},
+     "select.metric: b/nll (its first metric, which the aggregate averages) is not a mean"),
 ])
 def test_bad_select_fails_in_one_line_before_ray(folder, select, extra, message):
     path = write_sweep(str(folder), select=select, **extra)
