@@ -4,9 +4,10 @@ in slices, the same numbers as one whole model.
 Two tiers. ``torchrun`` with 4 gloo ranks on loopback (tests/sharded_ranks.py, ~20 s): every
 layout, including a DCP checkpoint written by 4 FSDP ranks, loaded into replicas of 2 and of 4
 ranks; each rank holds only its rows, outputs equal the unsharded model's exactly, uneven work
-stays in step. Then real Ray runs through the CLI: the text tasks on a Hugging Face folder with
-2 replicas of 2 and 1 replica of 4 against rayeval's single-process scoring, and a factory
-model from that DCP checkpoint on language modeling. Spec errors come before Ray starts.
+stays in step. Spec errors come before Ray starts (those tests run first). Then real Ray runs
+on one local Ray (``rayeval.run``, what the CLI's ``run`` calls): the text tasks on a Hugging
+Face folder with 2 replicas of 2 and 1 replica of 4 against rayeval's single-process scoring,
+and a factory model from that DCP checkpoint on language modeling.
 """
 
 import json
@@ -24,7 +25,7 @@ import pytest
 import torch
 import yaml
 
-from support import local_ray, rayeval_cli, rayeval_main, script, single_process_passes
+from support import local_ray, rayeval_main, script, single_process_passes
 
 import rayeval
 from rayeval.reporting.boards import latest_rows
@@ -86,66 +87,6 @@ def test_every_layout_loads_only_each_ranks_rows_and_computes_exactly(ranks):
                 assert c["forwards"] + c["idle"] == most
 
 
-# --- real Ray runs ---------------------------------------------------------------------------
-
-def single_process(sweep_path: str) -> dict:
-    """rayeval's scoring of every cell in one process, the model whole: {(checkpoint,
-    evaluation, metric): MetricResult}."""
-    sweep = load_sweep(sweep_path).replace(parallelism=Parallelism())
-    out = {}
-    for ref, ev, _, decode, p, metrics in single_process_passes(sweep):
-        for table in read_batches(ev.data, ev.spec.dataset, ev.spec.batch_size):
-            p.update(*decode(table))
-        p.finish()
-        for metric, r in finalize(metrics, p.states, ev.output_size, ev.spec.bootstrap).items():
-            out[(ref.location, ev.name, metric)] = r
-    return out
-
-
-def _stored(out) -> dict:
-    return {(r["checkpoint"], r["dataset"], r["metric"]): r
-            for r in latest_rows(ResultStore(str(out)).read())}
-
-
-def _same(stored: dict, expected: dict, world: int) -> None:
-    assert set(stored) == set(expected)
-    for key, r in stored.items():
-        e = expected[key]
-        assert r["world_size"] == world
-        for got, want in ((r["value"], e.value), (r["ci_low"], e.ci_low),
-                          (r["ci_high"], e.ci_high)):
-            if key[2] in EXACT:
-                assert got == want, key
-            else:
-                assert got == pytest.approx(want, rel=1e-6), key
-
-
-def _set(sweep_path, **changes) -> None:
-    with open(sweep_path) as f:
-        raw = yaml.safe_load(f)
-    raw.update(changes)
-    with open(sweep_path, "w") as f:
-        yaml.safe_dump(raw, f)
-
-
-@pytest.mark.ray
-def test_text_tasks_sharded_over_2_and_4_ranks_equal_the_whole_model(tmp_path):
-    pytest.importorskip("transformers")
-    script("make_lm_example").build(str(tmp_path), checkpoints=1, steps=40)
-    for name in ("mc", "docs", "gen"):          # 12 items each: enough for uneven shards
-        data = tmp_path / "data" / f"{name}.parquet"
-        pq.write_table(pq.read_table(data).slice(0, 12), data)
-    sweep = tmp_path / "sweep.yaml"
-    expected = single_process(str(sweep))
-    with local_ray(num_cpus=6):     # one Ray start for both runs (rayeval.run: what `run` calls)
-        for shard in (2, 4):
-            _set(sweep, workers=4, parallelism={"shard": shard})
-            out = tmp_path / f"store{shard}"
-            report = rayeval.run(str(sweep), output=str(out))
-            assert report.outcomes and not report.failures, report.failures
-            _same(_stored(out), expected, world=4)
-
-
 LM_MODULE = """
 import torch
 from sharded_ranks import TinyLM
@@ -153,31 +94,6 @@ from sharded_ranks import TinyLM
 def build():
     return TinyLM()
 """
-
-
-@pytest.mark.ray
-def test_a_dcp_checkpoint_from_4_fsdp_ranks_evaluates_on_2_sharded_workers(ranks, tmp_path):
-    """A factory model (tied head, non-persistent buffer) from the DCP folder that 4 FSDP
-    ranks wrote, on 2 workers sharing one copy: the numbers of the whole model."""
-    folder, _ = ranks
-    shutil.copy(os.path.join(HERE, "sharded_ranks.py"), tmp_path / "sharded_ranks.py")
-    (tmp_path / "lm_model.py").write_text(LM_MODULE)
-    shutil.copytree(folder / "checkpoints" / "dcp", tmp_path / "step_100")
-    rng = np.random.default_rng(3)
-    seqs = [rng.integers(0, 37, size=int(rng.integers(2, 12))).tolist() for _ in range(61)]
-    pq.write_table(pa.table({"tokens": seqs, "id": list(range(61))}), tmp_path / "tokens.parquet")
-    sweep = tmp_path / "sweep.yaml"
-    sweep.write_text(yaml.safe_dump({
-        "name": "sharded-lm", "model": {"factory": "lm_model:build"},
-        "checkpoints": [str(tmp_path / "step_100")], "workers": 2, "output": "results",
-        "parallelism": {"shard": 2}, "batch_size": 8, "bootstrap": {"replicates": 50},
-        "evals": [{"name": "tokens", "task": "language_modeling",
-                   "dataset": {"path": "tokens.parquet", "inputs": "tokens", "id": "id"},
-                   "metrics": ["nll", "perplexity", "token_accuracy"]}]}))
-    expected = single_process(str(sweep))
-    proc = rayeval_cli("run", str(sweep), timeout=600)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    _same(_stored(tmp_path / "results"), expected, world=2)
 
 
 # --- bad input, before Ray --------------------------------------------------------------------
@@ -273,3 +189,99 @@ def test_units_and_the_memory_inspect_reports(tmp_path):
     table = rayeval_main("inspect", str(tmp_path / "step_1.pt"), "--sweep",
                          str(tmp_path / "sweep.yaml"), "--shard", "4")
     assert "sharded over 4 workers" in table.stdout and "of 3 units" in table.stdout
+
+
+# --- real Ray runs ---------------------------------------------------------------------------
+
+def single_process(sweep_path: str) -> dict:
+    """rayeval's scoring of every cell in one process, the model whole: {(checkpoint,
+    evaluation, metric): MetricResult}."""
+    sweep = load_sweep(sweep_path).replace(parallelism=Parallelism())
+    out = {}
+    for ref, ev, _, decode, p, metrics in single_process_passes(sweep):
+        for table in read_batches(ev.data, ev.spec.dataset, ev.spec.batch_size):
+            p.update(*decode(table))
+        p.finish()
+        for metric, r in finalize(metrics, p.states, ev.output_size, ev.spec.bootstrap).items():
+            out[(ref.location, ev.name, metric)] = r
+    return out
+
+
+def _stored(out) -> dict:
+    return {(r["checkpoint"], r["dataset"], r["metric"]): r
+            for r in latest_rows(ResultStore(str(out)).read())}
+
+
+def _same(stored: dict, expected: dict, world: int) -> None:
+    assert set(stored) == set(expected)
+    for key, r in stored.items():
+        e = expected[key]
+        assert r["world_size"] == world
+        for got, want in ((r["value"], e.value), (r["ci_low"], e.ci_low),
+                          (r["ci_high"], e.ci_high)):
+            if key[2] in EXACT:
+                assert got == want, key
+            else:
+                assert got == pytest.approx(want, rel=1e-6), key
+
+
+def _set(sweep_path, **changes) -> None:
+    with open(sweep_path) as f:
+        raw = yaml.safe_load(f)
+    raw.update(changes)
+    with open(sweep_path, "w") as f:
+        yaml.safe_dump(raw, f)
+
+
+@pytest.fixture(scope="module")
+def ray_for_runs():
+    """One local Ray for the module's Ray runs (rayeval.run: what `rayeval run` calls), 6
+    logical CPUs for 4 workers: the DCP test's run through the command line started a Ray of
+    its own, ~10 s more. The tests that check nothing started Ray come before these."""
+    with local_ray(num_cpus=6):
+        yield
+
+
+@pytest.mark.ray
+def test_text_tasks_sharded_over_2_and_4_ranks_equal_the_whole_model(tmp_path, ray_for_runs):
+    pytest.importorskip("transformers")
+    script("make_lm_example").build(str(tmp_path), checkpoints=1, steps=40)
+    for name in ("mc", "docs", "gen"):          # 12 items each: enough for uneven shards
+        data = tmp_path / "data" / f"{name}.parquet"
+        pq.write_table(pq.read_table(data).slice(0, 12), data)
+    sweep = tmp_path / "sweep.yaml"
+    expected = single_process(str(sweep))
+    for shard in (2, 4):
+        _set(sweep, workers=4, parallelism={"shard": shard})
+        out = tmp_path / f"store{shard}"
+        report = rayeval.run(str(sweep), output=str(out))
+        assert report.outcomes and not report.failures, report.failures
+        _same(_stored(out), expected, world=4)
+
+
+
+
+@pytest.mark.ray
+def test_a_dcp_checkpoint_from_4_fsdp_ranks_evaluates_on_2_sharded_workers(ranks, tmp_path,
+                                                                         ray_for_runs):
+    """A factory model (tied head, non-persistent buffer) from the DCP folder that 4 FSDP
+    ranks wrote, on 2 workers sharing one copy: the numbers of the whole model."""
+    folder, _ = ranks
+    shutil.copy(os.path.join(HERE, "sharded_ranks.py"), tmp_path / "sharded_ranks.py")
+    (tmp_path / "lm_model.py").write_text(LM_MODULE)
+    shutil.copytree(folder / "checkpoints" / "dcp", tmp_path / "step_100")
+    rng = np.random.default_rng(3)
+    seqs = [rng.integers(0, 37, size=int(rng.integers(2, 12))).tolist() for _ in range(61)]
+    pq.write_table(pa.table({"tokens": seqs, "id": list(range(61))}), tmp_path / "tokens.parquet")
+    sweep = tmp_path / "sweep.yaml"
+    sweep.write_text(yaml.safe_dump({
+        "name": "sharded-lm", "model": {"factory": "lm_model:build"},
+        "checkpoints": [str(tmp_path / "step_100")], "workers": 2, "output": "results",
+        "parallelism": {"shard": 2}, "batch_size": 8, "bootstrap": {"replicates": 50},
+        "evals": [{"name": "tokens", "task": "language_modeling",
+                   "dataset": {"path": "tokens.parquet", "inputs": "tokens", "id": "id"},
+                   "metrics": ["nll", "perplexity", "token_accuracy"]}]}))
+    expected = single_process(str(sweep))
+    report = rayeval.run(str(sweep))
+    assert report.outcomes and not report.failures, report.failures
+    _same(_stored(tmp_path / "results"), expected, world=2)
