@@ -187,10 +187,11 @@ def prepare(sweep: Sweep, force: bool = False, ready=None) -> Plan:
 
 
 def plan_cells(sweep: Sweep, evaluations, store: ResultStore, *, force: bool = False,
-               ready=None, skip: set[str] = frozenset()) -> Plan:
+               ready=None, skip: set[str] = frozenset(), strict: bool = True) -> Plan:
     """The plan, with the cells of local checkpoints that do not fit the model (keys and
     shapes read from their headers, against the model on the meta device) failed here, before
-    any worker would load them."""
+    any worker would load them. ``strict``: ``select.top`` at or above the checkpoints is an
+    error (`run`); else (a `watch` poll) they are evaluated whole."""
     plan = make_plan(sweep, evaluations, store, force=force, ready=ready, skip=skip)
     if not plan.cells:
         return plan
@@ -205,10 +206,11 @@ def plan_cells(sweep: Sweep, evaluations, store: ResultStore, *, force: bool = F
         else:
             failed += [CellOutcome(key=c.key, checkpoint=ref.location, evaluation=c.evaluation,
                                    step=ref.step, error=why) for c in cells]
-    return _raced(dataclasses.replace(plan, cells=tuple(pending), failed=tuple(failed)))
+    return _raced(dataclasses.replace(plan, cells=tuple(pending), failed=tuple(failed)),
+                  strict)
 
 
-def _raced(plan: Plan) -> Plan:
+def _raced(plan: Plan, strict: bool = True) -> Plan:
     """A race needs more checkpoints than it keeps: ``select.top`` at or above the sweep's
     checkpoints fails here; a plan whose pending checkpoints are no more than ``top`` (the
     others cached) has nothing to race and evaluates them whole."""
@@ -217,7 +219,7 @@ def _raced(plan: Plan) -> Plan:
         return plan
     every = {c.checkpoint.location for c in plan.cells + plan.cached} | \
         {o.checkpoint for o in plan.failed}
-    if select.top >= len(every):
+    if select.top >= len(every) and strict:
         raise SpecError(f"{plan.sweep.source}: select.top: {select.top} keeps every one of the "
                         f"{len(every)} checkpoints; race more checkpoints or lower top")
     if len(plan.by_checkpoint()) <= select.top:

@@ -244,8 +244,12 @@ class Worker(CellPasses):
             cells = [(i, pickle.loads(blob)) for i, blob in batch]
             self.plan = dataclasses.replace(base, cells=tuple(c for _, c in cells))
             self.index_of = {c.key: i for i, c in cells}
+            select = base.sweep.select       # a poll's new checkpoints race among themselves
             try:
-                self.run_checkpoints({c.key for _, c in cells})
+                if select is not None and len(self.plan.by_checkpoint()) > select.top:
+                    run_race(self)
+                else:
+                    self.run_checkpoints({c.key for _, c in cells})
             except Stop:
                 return self.outcomes
 

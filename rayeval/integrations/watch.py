@@ -198,7 +198,7 @@ def watch(sweep: Sweep, *, interval_s: float, settle_s: float, address: str | No
                 ready = settling.ready(refs, time.monotonic())
             ready = ordered(ready, spec.order)
             plan = driver.plan_cells(sweep, evaluations, store, ready=ready,
-                                     skip=state.failed | state.known)
+                                     skip=state.failed | state.known, strict=False)
             state.known.update(c.key for c in plan.cached)
             state.failed.update(o.key for o in plan.failed)
             run.on_plan(plan)

@@ -9,6 +9,8 @@ replaced: accuracy from near chance to 1. The suite has two evaluations (3,000 a
 items): races on one's accuracy score both in rounds; a third race takes the aggregate.
 """
 
+import time
+
 import numpy as np
 import pytest
 import torch
@@ -165,3 +167,39 @@ def test_a_later_run_without_select_completes_the_partial_cells(runs, sweep_dir)
         assert row["items_total"] is None, key
         for field in FIELDS:
             assert _same(row[field], full[key][field]), (key, field)
+
+
+def test_watch_races_the_checkpoints_of_a_poll(runs, sweep_dir):
+    """``rayeval watch`` with ``select:``: the checkpoints a poll finds ready race among
+    themselves on the standing group (here all 16 at once, on 2 workers), storing the same
+    cells as the 1-worker race, bit for bit."""
+    import threading
+
+    from rayeval.integrations.watch import watch
+
+    _, raced = runs
+    sweep = _sweep(sweep_dir, "watched", 2, {"metric": "data/accuracy"})
+    stop = threading.Event()
+    want = len(raced[1][1])
+
+    def stop_when_stored():
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline and not stop.is_set():
+            try:
+                if ResultStore(sweep.output).read(["cell"]).num_rows >= want:
+                    break
+            except Exception:      # noqa: BLE001 - the store is not there yet
+                pass
+            time.sleep(0.5)
+        stop.set()
+
+    thread = threading.Thread(target=stop_when_stored, daemon=True)
+    thread.start()
+    state = watch(sweep, interval_s=0.5, settle_s=0.0, say=lambda line: None, stop=stop)
+    thread.join(5)
+    assert state.evaluated == 2 * CHECKPOINTS
+    cells = _cells(sweep)
+    assert cells.keys() == raced[1][1].keys()
+    for key, row in raced[1][1].items():
+        for field in FIELDS + ("items_total", "stopped", "cell"):
+            assert _same(cells[key][field], row[field]), (key, field)
