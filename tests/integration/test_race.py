@@ -1,5 +1,6 @@
 """Racing on a real Ray cluster (``select:``, docs/racing.md): 16 checkpoints spread as a
-training run's, raced for the best on 1 and 3 workers, against the full run of the same sweep.
+training run's, raced for the best on 1 and 3 workers (the latter with its rows from Ray Data),
+and on the suite's aggregate with the model sharded (FSDP2), against the full run of the sweep.
 
 Integer-valued inputs and weights make the model's own arithmetic exact (as in test_ray_run's
 world-size test), so a row's outputs do not depend on which rows share its batch: every
@@ -55,7 +56,7 @@ def sweep_dir(tmp_path_factory):
     return folder
 
 
-def _sweep(folder, name, workers, select):
+def _sweep(folder, name, workers, select, **extra):
     evals = [{"name": name_, "task": "classification",
               "metrics": ["accuracy", "nll", "confusion_matrix"],
               "dataset": {"path": f"{name_}.parquet", "inputs": "x", "target": "y", "id": "row"}}
@@ -64,7 +65,7 @@ def _sweep(folder, name, workers, select):
                   evals=evals, dataset=None, task=None, metrics=None,
                   bootstrap={"replicates": 200, "buckets": 512})
     return load_sweep(write_sweep(str(folder), f"{name}.yaml", output=f"out_{name}",
-                                  select=select, **common))
+                                  select=select, **common, **extra))
 
 
 def _same(a, b) -> bool:
@@ -84,14 +85,22 @@ def _accuracy(cells, evaluation="data") -> dict:
 
 @pytest.fixture(scope="module")
 def runs(ray_cluster, sweep_dir):
+    """The full run; the race on 1 worker, and on 3 with the rows streamed by Ray Data
+    (RAYEVAL_DATA_PLANE=ray: SplitRows, not the local reader); the aggregate race with the
+    model sharded over 2 workers (FSDP2, parallelism.shard)."""
     full = _sweep(sweep_dir, "full", 2, None)
     report = run_sweep(full)
     assert all(o.ok and not o.partial for o in report.outcomes)
     raced = {}
     for workers in (1, 3):
         sweep = _sweep(sweep_dir, f"race{workers}", workers, {"metric": "data/accuracy"})
-        raced[workers] = (run_sweep(sweep), _cells(sweep))
-    sweep = _sweep(sweep_dir, "aggregate", 2, {"metric": "aggregate"})
+        with pytest.MonkeyPatch.context() as mp:
+            if workers == 3:
+                mp.setenv("RAYEVAL_DATA_PLANE", "ray")
+            raced[workers] = (run_sweep(sweep), _cells(sweep))
+    sweep = _sweep(sweep_dir, "aggregate", 2, {"metric": "aggregate"},
+                   parallelism={"shard": 2})
+    assert sweep.parallelism.sharded
     raced["aggregate"] = (run_sweep(sweep), _cells(sweep))
     return _cells(full), raced
 
