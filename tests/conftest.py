@@ -86,10 +86,11 @@ def tiny_vlm(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def lmms_suite(tmp_path_factory, tiny_vlm):
-    """The lmms-eval references of test_lmms_eval_tasks and test_lmms_eval_groups from one
-    lmms-eval run on ``tiny_vlm`` (tests/lmms_reference.py, ``write_suite``): {"model": the
-    folder, "tasks": {"single": folder, "group": folder}, "reference": {"single": ...,
-    "group": ...}}. One lmms-eval start (~10 s) instead of one per module."""
+    """The lmms-eval references of test_lmms_eval_tasks, test_lmms_eval_groups and
+    test_vllm_images from one lmms-eval run on ``tiny_vlm`` (tests/lmms_reference.py,
+    ``write_suite``): {"model": the folder, "tasks": {"single", "group", "images": folder},
+    "reference": {the same keys: lmms-eval's results}}. One lmms-eval start (~10 s) instead
+    of one per module."""
     pytest.importorskip("lmms_eval")
     from lmms_reference import OFFLINE_ENV, run_suite, write_suite
 

@@ -141,26 +141,30 @@ def run_cli(model_dir: str, task_dir: str, tasks: list[str], output: str, *,
 
 
 # The references of tests/integration/test_lmms_eval_tasks.py ("single": TASK over SINGLE_ITEMS
-# easy-vqa test items) and test_lmms_eval_groups.py ("group": GROUP over GROUP_TASKS, of
-# different sizes, aggregating GROUP_AGGREGATED), made by one lmms-eval run on one tiny
-# Idefics3 (the ``lmms_suite`` fixture of tests/conftest.py): one lmms-eval start instead of
-# two. Each side as a run of its own would give: lmms-eval evaluates each task on its own.
+# easy-vqa test items), test_lmms_eval_groups.py ("group": GROUP over GROUP_TASKS, of
+# different sizes, aggregating GROUP_AGGREGATED) and test_vllm_images.py ("images":
+# IMAGES_TASK over the items of IMAGES_ITEMS), made by one lmms-eval run on one tiny Idefics3
+# (the ``lmms_suite`` fixture of tests/conftest.py): one lmms-eval start instead of three.
+# Each is what a run of its own would give: lmms-eval evaluates each task on its own.
 SINGLE_ITEMS = 8
 GROUP = "rayeval_vqa_group"
 GROUP_TASKS = {"rayeval_vqa_a": 4, "rayeval_vqa_b": 6}        # task -> its items
 GROUP_AGGREGATED = {"answer_chars": True, "upper_chars": False}  # metric -> weight_by_size
+IMAGES_TASK = "rayeval_vqa_images"
+IMAGES_ITEMS = {"split": "test", "n": 6, "seed": 5}           # easy_vqa_items' arguments
 
 
 def write_suite(root: str) -> dict[str, str]:
-    """Both references' task folders under ``root`` (one include path for lmms-eval):
-    {"single": its folder, "group": its folder}. The group's tasks hold easy-vqa test items
-    of seeds 1, 2..., the single task's those of seed 0."""
+    """The references' task folders under ``root`` (one include path for lmms-eval):
+    {"single", "group", "images": its folder}. The group's tasks hold easy-vqa test items of
+    seeds 1, 2..., the single task's those of seed 0."""
     import yaml
 
     from vlm_support import easy_vqa_items
 
-    folders = {"single": os.path.join(root, "single"), "group": os.path.join(root, "group")}
+    folders = {k: os.path.join(root, k) for k in ("single", "group", "images")}
     write_task(folders["single"], easy_vqa_items(n=SINGLE_ITEMS, seed=0))
+    write_task(folders["images"], easy_vqa_items(**IMAGES_ITEMS), name=IMAGES_TASK)
     for seed, (task, n) in enumerate(GROUP_TASKS.items(), start=1):   # one include folder
         write_task(os.path.join(folders["group"], task), easy_vqa_items(n=n, seed=seed),
                    name=task)
@@ -173,12 +177,14 @@ def write_suite(root: str) -> dict[str, str]:
 
 
 def run_suite(model_dir: str, root: str) -> dict:
-    """lmms-eval's run of both references (``write_suite``'s folders under ``root``) at batch
-    size 1: {"single": as run_lmms_eval gives for TASK, "group": as it gives for GROUP}."""
+    """lmms-eval's run of the references (``write_suite``'s folders under ``root``) at batch
+    size 1: {"single": as run_lmms_eval gives for TASK, "group": as it gives for GROUP,
+    "images": as it gives for IMAGES_TASK}."""
     output = os.path.join(root, "out-b1")
-    run_cli(model_dir, root, [TASK, GROUP], output)
+    run_cli(model_dir, root, [TASK, GROUP, IMAGES_TASK], output)
     return {"single": read_output(output, TASK),
-            "group": read_group(output, GROUP, tuple(GROUP_TASKS))}
+            "group": read_group(output, GROUP, tuple(GROUP_TASKS)),
+            "images": read_output(output, IMAGES_TASK)}
 
 
 def read_group(output: str, group: str, members: tuple[str, ...], filters=FILTERS) -> dict:

@@ -30,12 +30,14 @@ ROOT = os.path.dirname(os.path.dirname(HERE))
 
 
 @pytest.fixture(scope="module")
-def folders(tmp_path_factory):
-    """Two untrained tiny Idefics3 checkpoints (seeds 0 and 1) sharing one tokenizer."""
+def folders(tmp_path_factory, tiny_vlm):
+    """Two untrained tiny Idefics3 checkpoints (seeds 0 and 1) sharing one tokenizer: A is the
+    run's one build of it (``tiny_vlm``, tests/conftest.py; the model lmms-eval's references
+    ran on), B the same recipe with seed 1."""
     out = tmp_path_factory.mktemp("vlm")
-    texts = item_texts(easy_vqa_items("test", n=200, seed=0))
-    return {name: build_tiny_vlm(out / "ckpts" / f"checkpoint-{step}", texts, seed=seed)
-            for name, step, seed in (("A", 1, 0), ("B", 2, 1))}
+    texts = item_texts(easy_vqa_items("train", n=500))          # tiny_vlm's tokenizer texts
+    return {"A": tiny_vlm,
+            "B": build_tiny_vlm(out / "ckpts" / "checkpoint-2", texts, seed=1)}
 
 
 def test_vllm_image_generations_equal_transformers_token_ids_through_swaps(folders, tmp_path):
@@ -61,13 +63,16 @@ def test_vllm_image_generations_equal_transformers_token_ids_through_swaps(folde
 
 
 @pytest.mark.ray
-def test_an_image_sweep_on_vllm_generates_what_transformers_does(folders, tmp_path):
+def test_an_image_sweep_on_vllm_generates_what_transformers_does(folders, tmp_path, request):
     """The whole path (a Ray Data stage renders and decodes, the worker's engine generates):
     the records' responses are transformers' greedy generations, decoded by the checkpoint's
     tokenizer; the records carry each item's thumbnail, and the page shows them. With
     lmms-eval installed, an ``lmms_eval:`` entry on the same items and engine too: its
-    records equal lmms-eval's own run (``--model huggingface``) item by item."""
-    items = easy_vqa_items("test", n=6, seed=5)
+    records equal lmms-eval's own run (``--model huggingface``) item by item (the run's
+    lmms-eval references, ``lmms_suite``: the task over these items, on A)."""
+    from lmms_reference import IMAGES_ITEMS
+
+    items = easy_vqa_items(**IMAGES_ITEMS)
     lmms = importlib.util.find_spec("lmms_eval") is not None
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -83,11 +88,13 @@ def test_an_image_sweep_on_vllm_generates_what_transformers_does(folders, tmp_pa
                                     "images": "image", "target": "answer", "id": "id"},
                         "generation": {"max_new_tokens": 6}, "metrics": ["exact_match"]}]}
     if lmms:
-        from lmms_reference import TASK, write_task
+        from lmms_reference import IMAGES_TASK
 
-        write_task(str(tmp_path / "tasks"), items)
+        suite = request.getfixturevalue("lmms_suite")
+        assert suite["model"] == folders["A"]
         sweep["evals"].append({"name": "lmms", "samples": True,
-                               "lmms_eval": {"task": TASK, "include_path": "tasks"}})
+                               "lmms_eval": {"task": IMAGES_TASK,
+                                             "include_path": suite["tasks"]["images"]}})
     (tmp_path / "vqa.yaml").write_text(yaml.safe_dump(sweep))
     proc = rayeval_cli("run", str(tmp_path / "vqa.yaml"), timeout=900,
                        env={**os.environ, "RAYEVAL_PROGRESS_INTERVAL_S": "0.5"})
@@ -102,18 +109,19 @@ def test_an_image_sweep_on_vllm_generates_what_transformers_does(folders, tmp_pa
                    for r in records)
     assert "decoding the images of vqa" in proc.stderr, proc.stderr[-3000:]
     if lmms:
-        _equal_lmms_eval(store, folders["A"], str(tmp_path / "tasks"), len(items))
+        _equal_lmms_eval(store, folders["A"], suite["reference"]["images"]["samples"],
+                         len(items))
     page = rayeval_cli("samples", store, "--checkpoint", "2", "--eval", "vqa", "--format",
                        "html")
     assert page.returncode == 0 and page.stdout.count('<img src="data:image/png') == 6
 
 
-def _equal_lmms_eval(store: str, folder: str, tasks: str, n: int) -> None:
-    """The ``lmms`` evaluation's records on vLLM equal lmms-eval's own run, document by
-    document: the generated text and each filter's metric values."""
-    from lmms_reference import FILTERS, run_lmms_eval
+def _equal_lmms_eval(store: str, folder: str, theirs: dict, n: int) -> None:
+    """The ``lmms`` evaluation's records on vLLM equal lmms-eval's own run (``theirs``: its
+    logged samples by filter, on ``folder``), document by document: the generated text and
+    each filter's metric values."""
+    from lmms_reference import FILTERS
 
-    theirs = run_lmms_eval(folder, tasks, batch_size=1)["samples"]
     records = rayeval.samples(store, checkpoint=os.path.basename(folder),
                               evaluation="lmms").to_pylist()
     assert sorted(r["id"] for r in records) == list(range(n))
