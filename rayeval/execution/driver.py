@@ -55,11 +55,12 @@ class RunReport:
     @property
     def raced(self) -> tuple[int, int] | None:
         """A race's (item evaluations scored, item evaluations a full run would score) over
-        its cells; None without a race."""
+        its published cells; None without a race."""
         if self.plan.sweep.select is None:
             return None
-        full = sum(self.plan.evaluation(c.evaluation).data.num_rows for c in self.plan.cells)
-        return sum(o.rows for o in self.outcomes if o.ok), full
+        done = [o for o in self.outcomes if o.ok]
+        full = sum(self.plan.evaluation(o.evaluation).data.num_rows for o in done)
+        return sum(o.rows - o.resumed for o in done), full
 
     @property
     def failures(self) -> list[CellOutcome]:

@@ -188,17 +188,6 @@ class Rounds:
                                 self.bounds, stopped.round, ev.spec.bootstrap.k, self.of)[1])
                     yield cell, self.states[cell.key], step, layout, seconds, stopped
 
-    def saved(self) -> tuple[int, int]:
-        """(item evaluations scored, item evaluations a full run scores) on every evaluation."""
-        scored = full = 0
-        for i, (_, _, cells) in enumerate(self.groups):
-            for cell in cells:
-                full += self.plan.evaluation(cell.evaluation).data.num_rows
-                if cell.key in self.states:
-                    scored += int(self.states[cell.key][ROWS])
-        return scored, full
-
-
 AGGREGATE_NAME = "the suite's aggregate"
 
 
@@ -229,19 +218,30 @@ def run_race(worker) -> None:
     """Race the plan's checkpoints on ``worker`` (``worker.Worker``): rounds until the top k
     are separated or every item is scored, then (rank 0) publish every cell."""
     race = worker.racing = Rounds(worker.plan)
-    while True:
-        todo = race.todo()
-        worker.run_checkpoints(todo)
-        if race.rest:
-            break
-        over = race.decide(todo)
-        worker.forget({ref.location for i, (ref, _, _) in enumerate(race.groups)
-                       if not race.alive[i]})
-        if not race.advance(over):
-            break
-    worker.forget(set(worker.kept))
+    try:
+        while True:
+            todo = race.todo()
+            worker.run_checkpoints(todo)
+            if race.rest:
+                break
+            over = race.decide(todo)
+            worker.forget({ref.location for i, (ref, _, _) in enumerate(race.groups)
+                           if not race.alive[i]})
+            if not race.advance(over):
+                break
+    finally:
+        worker.racing = None            # a standing group's next poll may not race
+        worker.forget(set(worker.kept))
     if worker.rank != 0:
         return
+    failed = {o.key for o in worker.outcomes}
+    for i in sorted(race.failed):       # a checkpoint whose cell failed: its others too
+        ref, _, cells = race.groups[i]
+        for cell in cells:
+            if cell.key not in failed:
+                worker.finish(worker.failure(cell, ref.step, (
+                    f"{ref.location}: {cell.evaluation}: not published: the checkpoint "
+                    "left the race when another of its evaluations failed")))
     for cell, states, step, layout, seconds, stopped in race.finished():
         ev = worker.plan.evaluation(cell.evaluation)
         start = time.perf_counter() - seconds

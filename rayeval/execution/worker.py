@@ -197,7 +197,7 @@ class Worker(CellPasses):
             if isinstance(rows, SplitRows):
                 rows.start(self.plan.evaluation(name).spec.batch_size)
         try:
-            if self.racing is not None or self.plan.sweep.select is not None:
+            if self.plan.sweep.select is not None:
                 run_race(self)          # every pending cell: a restart races again
             else:
                 self.run_checkpoints(todo)
