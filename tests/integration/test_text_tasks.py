@@ -28,7 +28,7 @@ pytest.importorskip("transformers")
 pytest.importorskip("lm_eval")
 
 from harness import run_harness  # noqa: E402
-from support import (local_ray, rayeval_cli, rayeval_main, script,  # noqa: E402
+from support import (local_ray, rayeval_cli, rayeval_main,  # noqa: E402
                      single_process_passes)
 
 from rayeval.execution import driver  # noqa: E402
@@ -46,9 +46,9 @@ EVALS = {"facts_mc": "mc", "docs": "docs", "sums": "gen"}
 
 
 @pytest.fixture(scope="module")
-def example(tmp_path_factory):
+def example(tmp_path_factory, lm_example):
     out = tmp_path_factory.mktemp("lm")
-    script("make_lm_example").build(str(out), checkpoints=2)
+    lm_example(out)           # the run's one training of the tiny GPT-2 (tests/conftest.py)
     return out
 
 
