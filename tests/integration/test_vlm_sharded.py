@@ -22,7 +22,7 @@ import yaml
 pytest.importorskip("transformers")
 pytest.importorskip("easy_vqa")
 
-from vlm_support import (build_tiny_vlm, easy_vqa_items, item_texts, mc_choices,  # noqa: E402
+from vlm_support import (easy_vqa_items, mc_choices,  # noqa: E402
                          transformers_reference, write_vqa_parquet)
 
 from rayeval.errors import ModelError  # noqa: E402
@@ -38,10 +38,12 @@ CHOICES = 3
 
 
 @pytest.fixture(scope="module")
-def example(tmp_path_factory):
+def example(tmp_path_factory, tiny_vlm):
+    import shutil
+
     out = tmp_path_factory.mktemp("vlm_sharded")
-    folder = build_tiny_vlm(out / "ckpts" / "checkpoint-1",
-                            item_texts(easy_vqa_items("train", n=300)))
+    folder = str(out / "ckpts" / "checkpoint-1")     # the run's one tiny Idefics3 (conftest)
+    shutil.copytree(tiny_vlm, folder)
     items = easy_vqa_items("test", n=N, seed=3)
     choices = mc_choices(items, CHOICES)
     texts, acc, acc_norm = transformers_reference(folder, items, choices, NEW_TOKENS)

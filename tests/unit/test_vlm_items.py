@@ -28,17 +28,18 @@ from rayeval.io import images as image_io, vision  # noqa: E402
 from rayeval.io.data import inspect_dataset, read_batches  # noqa: E402
 from rayeval.plan.loader import load_sweep  # noqa: E402
 
-from tests.vlm_support import (build_tiny_vlm, easy_vqa_answers, easy_vqa_items,  # noqa: E402
-                               item_texts)
+from tests.vlm_support import easy_vqa_answers, easy_vqa_items  # noqa: E402
 
 N = 6
 
 
 @pytest.fixture(scope="module")
-def base(tmp_path_factory):
+def base(tmp_path_factory, tiny_vlm):
+    import shutil
+
     out = tmp_path_factory.mktemp("vlm_items")
-    folder = build_tiny_vlm(out / "ckpts" / "checkpoint-1",
-                            item_texts(easy_vqa_items("train", n=300)))
+    folder = str(out / "ckpts" / "checkpoint-1")     # the run's one tiny Idefics3 (conftest)
+    shutil.copytree(tiny_vlm, folder)
     items = easy_vqa_items("test", n=N, seed=3)
     return out, folder, items
 

@@ -25,7 +25,7 @@ from rayeval.io.checkpoints import expand_checkpoints, fetch  # noqa: E402
 from rayeval.io.loading import fit_error  # noqa: E402
 from rayeval.io.model import ModelSource  # noqa: E402
 
-from tests.vlm_support import build_tiny_vlm, easy_vqa_items, item_texts  # noqa: E402
+from tests.vlm_support import easy_vqa_items  # noqa: E402
 
 NEW_TOKENS = 6
 ITEMS = 6
@@ -76,7 +76,7 @@ def _trainer_files(folder):
 
 
 @pytest.fixture(scope="module")
-def folders(tmp_path_factory):
+def folders(tmp_path_factory, tiny_vlm):
     """{"safetensors": the built folder, "dcp": DCP of its state dict with config.json and
     the processor beside it, "dcp-model-optim": the same with the state dict under "model"
     beside an optimizer's, "dcp-in-folder": a folder with config.json and the processor
@@ -86,7 +86,7 @@ def folders(tmp_path_factory):
     from transformers import AutoProcessor
 
     root = tmp_path_factory.mktemp("vlm")
-    st = build_tiny_vlm(root / "safetensors", item_texts(easy_vqa_items("train", n=500)))
+    st = tiny_vlm               # the run's one tiny Idefics3 (tests/conftest.py): read only
     out = {"safetensors": st, "dcp": str(root / "dcp"), "dcp-model-optim": str(root / "fsdp"),
            "dcp-in-folder": str(root / "ray")}
     dcp.save(_auto(st).state_dict(), checkpoint_id=out["dcp"], no_dist=True)
