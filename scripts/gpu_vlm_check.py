@@ -3,8 +3,8 @@ one GPU, greedy token ids item by item against transformers' own ``generate`` on
 alone on the same GPU, for batch sizes 1 and 16 (lmms-eval's users report scores that change
 with the batch size: lmms-eval issue #236); and the same ids on CPU.
 
-The models are the tiny untrained Idefics3 and LLaVA of tests/vlm_support.py (float32, built
-from configs), loaded as rayeval loads a checkpoint (``ModelSource.loader`` onto the device);
+The models are the tiny untrained Idefics3, LLaVA and Qwen2-VL of tests/vlm_support.py (float32,
+built from configs; Qwen2-VL only where torchvision is installed, which its processor needs), loaded as rayeval loads a checkpoint (``ModelSource.loader`` onto the device);
 the items are easy-vqa test questions (real 64x64 images). No Ray: the backend in one process,
 as a worker runs it. Prints one JSON object; exit status 1 when an item's ids differ.
 
@@ -96,7 +96,8 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     import torch
 
-    from vlm_support import build_tiny_llava, build_tiny_vlm, easy_vqa_items, item_texts
+    from vlm_support import (build_tiny_llava, build_tiny_qwen2vl, build_tiny_vlm,
+                             easy_vqa_items, item_texts)
 
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         print("no GPU found", file=sys.stderr)
@@ -108,10 +109,20 @@ def main(argv=None) -> int:
                      args.device),
                check("llava", build_tiny_llava(os.path.join(root, "llava"), texts), items,
                      args.device)]
+    try:
+        qwen = build_tiny_qwen2vl(os.path.join(root, "qwen2_vl"), texts)
+    except ImportError as e:            # no torchvision: its video processor cannot be built
+        results.append({"family": "qwen2_vl", "skipped": str(e).splitlines()[0]})
+    else:
+        try:
+            results.append(check("qwen2_vl", qwen, items, args.device))
+        except Exception as e:          # noqa: BLE001 - reported, the other families stand
+            results.append({"family": "qwen2_vl", "error": f"{type(e).__name__}: {e}"})
     name = torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu"
     print(json.dumps({"device": name, "torch": torch.__version__, "results": results}, indent=1))
-    bad = any(r["items_differing"][k] for r in results
-              for k in ("batch1_vs_alone", "batch16_vs_alone"))
+    bad = any("error" in r for r in results) or any(
+        r["items_differing"][k] for r in results if "items_differing" in r
+        for k in ("batch1_vs_alone", "batch16_vs_alone"))
     return 1 if bad else 0
 
 

@@ -68,23 +68,23 @@ def easy_vqa_items(split: str = "test", n: int | None = None, seed: int = 0) -> 
              "question": questions[i][0], "answer": questions[i][1]} for i in index]
 
 
-def train_tokenizer(texts):
+def train_tokenizer(texts, special=SPECIAL, eos=EOS, image="<image>", video=None):
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=VOCAB_SIZE, special_tokens=SPECIAL,
+    trainer = trainers.BpeTrainer(vocab_size=VOCAB_SIZE, special_tokens=special,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
                                   show_progress=False)
     # The chat template's own words are in every prompt: train on them too.
     tok.train_from_iterator(list(texts) + ["User:", "Assistant:", "User: Assistant:"],
                             trainer=trainer)
+    named = {"image_token": image, **({"video_token": video} if video else {})}
     return PreTrainedTokenizerFast(
-        tokenizer_object=tok, eos_token=EOS, pad_token=PAD, model_max_length=512,
-        extra_special_tokens={"image_token": "<image>"},
-        additional_special_tokens=SPECIAL[2:])
+        tokenizer_object=tok, eos_token=eos, pad_token=PAD, model_max_length=512,
+        extra_special_tokens=named, additional_special_tokens=special[2:])
 
 
 def tiny_config(tokenizer):
@@ -181,6 +181,57 @@ def build_tiny_llava(folder, texts, seed: int = 0) -> str:
     LlavaProcessor(image_processor=images, tokenizer=tokenizer, patch_size=LLAVA_PATCH,
                    vision_feature_select_strategy="default", num_additional_image_tokens=1,
                    chat_template=CHAT_TEMPLATE).save_pretrained(folder)
+    return folder
+
+
+QWEN_SPECIAL = [PAD, EOS, "<|image_pad|>", "<|video_pad|>", "<|vision_start|>", "<|vision_end|>"]
+QWEN_TEMPLATE = CHAT_TEMPLATE.replace("<image>", "<|vision_start|><|image_pad|><|vision_end|>")
+
+
+def build_tiny_qwen2vl(folder, texts, seed: int = 0) -> str:
+    """An untrained float32 tiny Qwen2-VL (a vision tower of patch 8 whose 2x2 merge gives 16
+    tokens for a 64x64 image; a Qwen2 text model with multimodal rotary positions) with its
+    Qwen2VLProcessor, saved into ``folder``. The processor always holds a video processor,
+    which transformers builds only with torchvision installed: without it this raises
+    ImportError (docs/vision-language.md, "Models")."""
+    import torch
+    from transformers import (Qwen2VLConfig, Qwen2VLForConditionalGeneration,
+                              Qwen2VLProcessor)
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import (
+        Qwen2VLImageProcessorPil)
+
+    folder = str(folder)
+    tokenizer = train_tokenizer(texts, QWEN_SPECIAL, image="<|image_pad|>", video="<|video_pad|>")
+    ids = tokenizer.convert_tokens_to_ids
+    eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
+    vision = dict(depth=2, embed_dim=32, hidden_size=64, num_heads=2, patch_size=PATCH,
+                  spatial_merge_size=2, temporal_patch_size=2, initializer_range=INIT)
+    text = dict(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128,
+                num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=2,
+                max_position_embeddings=512, bos_token_id=eos, eos_token_id=eos,
+                pad_token_id=pad, initializer_range=INIT,
+                rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
+                                 "mrope_section": [4, 6, 6]})   # sums to head_dim / 2 = 16
+    config = Qwen2VLConfig(text_config=text, vision_config=vision,
+                           image_token_id=ids("<|image_pad|>"),
+                           video_token_id=ids("<|video_pad|>"),
+                           vision_start_token_id=ids("<|vision_start|>"),
+                           vision_end_token_id=ids("<|vision_end|>"))
+    config.pad_token_id = pad
+    torch.manual_seed(seed)
+    model = Qwen2VLForConditionalGeneration(config).float().eval()
+    model.generation_config.eos_token_id = eos
+    model.generation_config.pad_token_id = pad
+    pixels = IMAGE_SIZE * IMAGE_SIZE        # 64x64 stays 64x64: an 8x8 grid of patches
+    sizes = dict(patch_size=PATCH, merge_size=2, temporal_patch_size=2,
+                 min_pixels=pixels, max_pixels=pixels)
+    images = Qwen2VLImageProcessorPil(**sizes)
+    from transformers.models.qwen2_vl.video_processing_qwen2_vl import Qwen2VLVideoProcessor
+
+    video = Qwen2VLVideoProcessor(**sizes)   # ImportError without torchvision
+    model.save_pretrained(folder)
+    Qwen2VLProcessor(image_processor=images, tokenizer=tokenizer, video_processor=video,
+                     chat_template=QWEN_TEMPLATE).save_pretrained(folder)
     return folder
 
 
