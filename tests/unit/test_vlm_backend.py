@@ -17,8 +17,8 @@ from rayeval.core.backends import ImageRequest, Setup, create  # noqa: E402
 from rayeval.core.backends.base import Context  # noqa: E402
 from rayeval.io import images as image_io, vision  # noqa: E402
 
-from tests.vlm_support import (build_tiny_llava, build_tiny_vlm, easy_vqa_items,  # noqa: E402
-                               item_texts)
+from tests.vlm_support import (build_tiny_llava, build_tiny_qwen2vl,  # noqa: E402
+                               build_tiny_vlm, easy_vqa_items, item_texts)
 
 NEW_TOKENS = 6
 
@@ -33,14 +33,21 @@ def _requests(proc, items, images=lambda i: 1):
     return out
 
 
-@pytest.fixture(scope="module", params=["idefics3", "llava"])
+BUILDERS = {"idefics3": build_tiny_vlm, "llava": build_tiny_llava,
+            "qwen2_vl": build_tiny_qwen2vl}
+
+
+@pytest.fixture(scope="module", params=list(BUILDERS))
 def tiny(request, tmp_path_factory):
     """The model as rayeval loads it (built from config.json on the meta device, the
-    safetensors loaded lean: ``ModelSource.loader``), its processor, 16 items."""
+    safetensors loaded lean: ``ModelSource.loader``), its processor, 16 items. Qwen2-VL's
+    processor needs torchvision (not on the CI machine; run where it is installed)."""
     from rayeval.config.schema import CheckpointSpec, ModelSpec
     from rayeval.io.model import ModelSource
 
-    build = build_tiny_vlm if request.param == "idefics3" else build_tiny_llava
+    if request.param == "qwen2_vl":
+        pytest.importorskip("torchvision", reason="Qwen2-VL's processor needs torchvision")
+    build = BUILDERS[request.param]
     folder = build(tmp_path_factory.mktemp(request.param) / "checkpoint-3",
                    item_texts(easy_vqa_items("train", n=500)))
     source = ModelSource(ModelSpec(), "")
@@ -55,7 +62,8 @@ def test_rayeval_loads_the_weights_transformers_loads(tiny):
 
     model, proc, _, folder = tiny
     assert type(model).__name__ in ("Idefics3ForConditionalGeneration",
-                                    "LlavaForConditionalGeneration")
+                                    "LlavaForConditionalGeneration",
+                                    "Qwen2VLForConditionalGeneration")
     theirs = AutoModelForImageTextToText.from_pretrained(folder)
     mine = model.state_dict()
     for k, v in theirs.state_dict().items():
@@ -82,11 +90,14 @@ def test_the_prompt_is_the_chat_template_with_the_image_before_the_question(tiny
         [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": question}]}],
         add_generation_prompt=True)
     assert requests[0].prompt == theirs == vision.chat_prompt(proc.processor, question, 1)
-    assert requests[0].prompt.startswith("User:<image>")
+    qwen = proc.processor.image_token == "<|image_pad|>"
+    opening = "<|vision_start|><|image_pad|><|vision_end|>" if qwen else "<image>"
+    assert requests[0].prompt.startswith("User:" + opening)
     assert requests[0].prompt.endswith("<end_of_utterance>\nAssistant:")
     ids = requests[0].inputs["input_ids"][0].tolist()
-    image = proc.tokenizer.convert_tokens_to_ids("<image>")
-    assert ids.count(image) == 16     # Idefics3: 64/8 squared over 2x2; LLaVA: 32/8 squared
+    image = proc.tokenizer.convert_tokens_to_ids(proc.processor.image_token)
+    # Idefics3: 64/8 squared over 2x2; LLaVA: 32/8 squared; Qwen2-VL: 64/8 squared over 2x2
+    assert ids.count(image) == 16
     assert requests[0].images[0].shape == (64, 64, 3)
     assert requests[0].images[0].dtype == np.uint8
 
@@ -133,7 +144,11 @@ def test_choice_loglikelihoods_equal_a_forward_pass_of_the_item_alone(tiny):
     for (ll, _), cont in zip(got, conts):
         ids = torch.cat([requests[0].inputs["input_ids"], torch.tensor([cont])], dim=1)
         rest = {k: v for k, v in requests[0].inputs.items()
-                if k not in ("input_ids", "attention_mask")}
+                if k not in ("input_ids", "attention_mask", "mm_token_type_ids")}
+        if "mm_token_type_ids" in requests[0].inputs:      # Qwen2-VL: continuations are text
+            types = requests[0].inputs["mm_token_type_ids"]
+            rest["mm_token_type_ids"] = torch.cat(
+                [types, torch.zeros((1, len(cont)), dtype=types.dtype)], dim=1)
         with torch.no_grad():
             logits = model(input_ids=ids, attention_mask=torch.ones_like(ids), **rest).logits
         n = requests[0].inputs["input_ids"].shape[1]
@@ -143,10 +158,11 @@ def test_choice_loglikelihoods_equal_a_forward_pass_of_the_item_alone(tiny):
 
 
 def test_items_with_one_and_two_images_in_one_batch(tiny):
-    """Idefics3 pads an item's missing images with zeros (masked out); each item's tokens are
-    still those of ``generate`` on it alone."""
+    """Idefics3 pads an item's missing images with zeros (masked out); Qwen2-VL's patches
+    and grids are concatenated. Each item's tokens are still those of ``generate`` on it
+    alone."""
     model, proc, _, _ = tiny
-    if type(model).__name__ != "Idefics3ForConditionalGeneration":
+    if type(model).__name__ == "LlavaForConditionalGeneration":
         pytest.skip("LLaVA takes one image per item here")
     requests = _requests(proc, easy_vqa_items("test", n=4, seed=2), images=lambda i: 1 + i % 2)
     got = _backend(model).image_tokens(requests, _context(proc, 4))

@@ -144,7 +144,8 @@ class HFBackend(TorchBackend):
                 mask[j, :len(s)] = 1
             rest = {k: torch.cat([v] * len(seqs)) for k, v in request.inputs.items()
                     if k not in TEXT_KEYS and not is_text_like(k, v, request.inputs)}
-            batch = {"input_ids": ids, "attention_mask": mask, **rest}
+            batch = {"input_ids": ids, "attention_mask": mask, **rest,
+                     **token_types(request.inputs, len(seqs), width)}
             logits = logits_of(self.model(**move(batch, self.device, self.dtype)))
             if not stats.all_finite(logits):
                 raise CheckpointError("the model produced NaN or infinite logits with this "
@@ -160,6 +161,19 @@ class HFBackend(TorchBackend):
 
 
 TEXT_KEYS = ("input_ids", "attention_mask", "token_type_ids", "mm_token_type_ids")
+
+
+def token_types(inputs: dict, rows: int, width: int) -> dict:
+    """The prompt's per-token type inputs (``mm_token_type_ids``: Qwen2-VL's multimodal
+    positions need them) widened over continuations: their tokens are text, type 0."""
+    out = {}
+    for key in ("token_type_ids", "mm_token_type_ids"):
+        if key in inputs:
+            prompt = inputs[key].reshape(-1)
+            wide = torch.zeros((rows, width), dtype=prompt.dtype)
+            wide[:, :min(width, len(prompt))] = prompt[:width]
+            out[key] = wide
+    return out
 
 
 def pad_id(tok) -> int:
