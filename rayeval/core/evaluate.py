@@ -290,6 +290,7 @@ class Pass:
         self.acc = Accumulator(metrics, size, buckets, device, self.task.counts_tokens)
         self.pending: list = []            # batches a task that batches by length holds back
         self.pending_rows = 0
+        self.held = self.task.held_rows(self.context.spec)
         self.scored_rows = 0               # rows scored and added (not only read)
         self.on_rows = on_rows             # called with the rows scored so far
         self.scoring = 0                   # rows in the scoring under way
@@ -312,12 +313,12 @@ class Pass:
             return
         if buckets is None:
             buckets = torch.zeros(y.shape[0], dtype=torch.int64)
-        if self.task.group_rows:
+        if self.held:
             # Text tasks score many batches' requests together, sorted by length: fewer
             # forward passes padded to a common length.
             self.pending.append((x, y, buckets))
             self.pending_rows += y.shape[0]
-            if self.pending_rows >= self.task.group_rows:
+            if self.pending_rows >= self.held:
                 self.finish()
             return
         self._score(x, y, buckets)

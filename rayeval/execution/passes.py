@@ -114,14 +114,7 @@ class CellPasses:
                  # progress counts rows as they are scored, not as they are read
                  on_rows=lambda n: self.progress.rows(index, self.counted(skipped + n)))
         rows, error, stopped = 0, None, False
-        waited = time.perf_counter()
-        for batch in self.shards[ev.name]:
-            if waited is not None:
-                self.timer.doing(f"scoring {ev.name}")
-                self.timer.add("first batch", time.perf_counter() - waited)
-                if isinstance(self.shards[ev.name].rows, SplitRows):
-                    self.timer.add("ray data", time.perf_counter() - waited)
-                waited = None
+        for batch in self.waited(self.shards[ev.name], ev):
             if self.progress.stopping():
                 stopped = True
                 break
@@ -135,14 +128,12 @@ class CellPasses:
             x, y, buckets = batch
             if error:
                 continue
+            rows += len(buckets)
             if within is not None:        # a race's round: the rows of its buckets only
-                rows += len(buckets)
-                x, y, buckets = _within(ev, x, y, buckets, *within)
+                x, y, buckets = _within(x, y, buckets, *within)
                 if not len(buckets):
                     continue
-                rows -= len(buckets)
             error = self.scored(p.update, (x, y, buckets), cell, ev)
-            rows += len(buckets)
         if not error and not stopped:
             error = self.scored(p.finish, (), cell, ev)
         self.progress.rows(index, self.counted(rows), force=True)
@@ -155,6 +146,26 @@ class CellPasses:
         if self.rank % self.tensor:       # its engine's first rank counts these rows
             states = {k: torch.zeros_like(v) for k, v in states.items()}
         return states, error, stopped, samples
+
+    def waited(self, shard, ev: Evaluation):
+        """The shard's batches, timing how long each took to arrive: the first batch apart
+        (a pipeline's start, the first decoding), then every later one ("later batches": data
+        that was not ready when the scorer asked, the decoding or reading not hidden behind
+        scoring)."""
+        batches, phase = iter(shard), "first batch"
+        while True:
+            began = time.perf_counter()
+            batch = next(batches, _END)
+            if batch is _END:
+                return
+            waited = time.perf_counter() - began
+            self.timer.add(phase, waited)
+            if phase == "first batch":
+                self.timer.doing(f"scoring {ev.name}")
+                if isinstance(shard.rows, SplitRows):
+                    self.timer.add("ray data", waited)
+                phase = "later batches"
+            yield batch
 
     def counted(self, rows: int) -> int:
         """Rows this rank reports: an engine's other ranks see its first rank's rows."""
@@ -246,7 +257,10 @@ class CellPasses:
             self.progress.finish(outcome.key, outcome)
 
 
-def _within(ev: Evaluation, x, y, buckets, lo: int, hi: int):
+_END = object()
+
+
+def _within(x, y, buckets, lo: int, hi: int):
     """The rows of a batch whose bootstrap bucket lies in [lo, hi)."""
     index = ((buckets >= lo) & (buckets < hi)).nonzero().view(-1)
     if len(index) == len(buckets):

@@ -76,6 +76,7 @@ WORKER_PHASES = (
     ("suffixes", "  of which forward passes from them over the rest of each request"),
     ("first batch", "  of which waiting for a pass's first batch"),
     ("ray data", "    of which from a Ray Data pipeline (read, preprocessed, split)"),
+    ("later batches", "  of which waiting for later batches (reading/decoding not hidden)"),
     ("streamed", "  of which passes that read and decoded their rows (not kept)"),
     ("reduce", "sync and all-reduce of the states"),
     ("publish", "rank 0 writes the cell to the store"),

@@ -195,7 +195,8 @@ class ResultStore:
         except (pa.ArrowInvalid, OSError) as e:
             raise StoreError(f"cannot read per-item records: "
                              f"{paths.explain(e, self.location)}") from None
-        return pa.concat_tables(tables)
+        # a worker that was given no rows wrote a table without columns
+        return pa.concat_tables([t for t in tables if t.num_columns] or tables[:1])
 
     def _put(self, folder: str, name: str, table: pa.Table) -> str:
         """Write a parquet file atomically (local: a hidden temporary renamed into place;

@@ -241,3 +241,19 @@ def test_plot_labels_an_epoch_axis(tmp_path):
     finally:
         plt.close(fig)
     assert plot(board, board.columns, str(tmp_path / "p.png")) == 2
+
+
+def test_per_item_records_of_a_worker_given_no_rows_are_read_with_the_others(tmp_path):
+    """A worker the split gave no rows writes a table without columns; reading the cell's
+    records takes the other workers' rows (pyarrow cannot concatenate the two schemas)."""
+    import pyarrow as pa
+
+    from rayeval.core.samples import records_table
+
+    store = ResultStore(str(tmp_path / "out"))
+    rows_of = records_table([{"id": [1, 2], "response": ["a", "b"], "exact_match": [1.0, 0.0]}])
+    store.write_samples("cell", "tag", 0, 3, rows_of)
+    store.write_samples("cell", "tag", 1, 3, records_table([]))
+    store.write_samples("cell", "tag", 2, 3, records_table([]))
+    got = store.read_samples("cell", "tag")
+    assert got.equals(rows_of) and isinstance(got, pa.Table)

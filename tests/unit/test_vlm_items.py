@@ -153,6 +153,46 @@ def test_the_stage_carries_typed_columns_equal_to_the_workers_own_processing(bas
         assert all(np.array_equal(p, q) and q.dtype == np.uint8 for p, q in zip(a, b))
 
 
+def test_for_the_hf_backend_the_stage_keeps_the_pixels_and_ships_thumbnails(base):
+    """The Hugging Face backend scores from the processor's outputs: the stage ships them
+    and, for per-item records, the thumbnails the worker would have made; vLLM (which
+    processes images itself) still gets the decoded pixels."""
+    from rayeval.execution import pipeline
+
+    out, folder, items = base
+    paths = _write_forms(out, items)
+    proc = vision.load_processor(folder, what="checkpoint")
+    sweep = _sweep(out, paths["parquet"])
+    ev = sweep.evals[0]
+    info = inspect_dataset(ev.dataset, tasks.get(ev.task))
+    table = next(iter(read_batches(info, ev.dataset, 4)))
+    full, lean = Tokenize(ev, proc)(table), Tokenize(ev, proc, raw_images=False)(table)
+    assert lean.nbytes < full.nbytes
+    decode = Decoder(ev, info, sweep.base_dir)
+    decode.samples = True
+    decode.use(proc)
+    (mine, _, _), (theirs, _, _) = decode(full), decode(lean)
+    assert [list(i) for i in theirs.images] == [[]] * 4 and theirs.thumbnails is not None
+    assert theirs.items["thumbnails"] == mine.items["thumbnails"]
+    assert all(len(t) == 1 and t[0].startswith(b"\x89PNG") for t in theirs.items["thumbnails"])
+    for a, b in zip(mine.inputs, theirs.inputs):
+        assert set(a) == set(b) and all(torch.equal(a[k], b[k]) for k in a)
+    plan_ev = type("Ev", (), {"spec": ev})()
+    assert not pipeline.raw_images("hf", plan_ev) and pipeline.raw_images("vllm", plan_ev)
+
+
+def test_image_items_are_scored_batch_by_batch_text_items_together(base):
+    """A pass holds text items back to batch them by length; image items are scored as they
+    come, so the stage decodes the next ones behind the scoring."""
+    out, _, _ = base
+    paths = _write_forms(out, base[2])
+    ev = _sweep(out, paths["parquet"]).evals[0]
+    task = tasks.get(ev.task)
+    assert task.held_rows(ev.dataset) == 0
+    text = _sweep(out, paths["parquet"], name="text.yaml", images=None).evals[0]
+    assert text.dataset.images is None and task.held_rows(text.dataset) == 1024
+
+
 def test_several_images_per_item(base):
     out, folder, items = base
     pq.write_table(pa.table({

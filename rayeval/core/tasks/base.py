@@ -53,6 +53,10 @@ class Task:
     generates: ClassVar[bool] = False    # the evaluation's generation: key applies
     group_rows: ClassVar[int] = 0        # >0: a pass scores up to this many rows at once
 
+    def held_rows(self, spec) -> int:
+        """Rows a pass holds back to score together (0: each batch as it comes)."""
+        return self.group_rows
+
     @property
     def metrics(self) -> dict:
         """The built-in metrics this task allows, by name."""

@@ -22,8 +22,10 @@ target and the response.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
+import numpy as np
 import pyarrow as pa
 import torch
 
@@ -51,6 +53,7 @@ class ImageBatch:
     items: dict | None = None
     responses: list | None = None
     repeats: list | None = None
+    thumbnails: list | None = None    # made on the stage when the pixels stay there
 
     @property
     def rows(self) -> list:
@@ -66,9 +69,11 @@ def join(xs: list[ImageBatch]) -> ImageBatch:
     if all(x.items is not None for x in xs):
         items = {k: [v for x in xs for v in x.items[k]] for k in xs[0].items}
     ids = [i for x in xs for i in x.ids] if all(x.ids is not None for x in xs) else None
+    thumbs = [t for x in xs for t in x.thumbnails] \
+        if all(x.thumbnails is not None for x in xs) else None
     return ImageBatch([p for x in xs for p in x.prompts], [i for x in xs for i in x.images],
                       [i for x in xs for i in x.inputs], [e for x in xs for e in x.extra],
-                      sum(x.nbytes for x in xs), ids, items)
+                      sum(x.nbytes for x in xs), ids, items, thumbnails=thumbs)
 
 
 class ImageItems:
@@ -115,6 +120,12 @@ class ImageItems:
 
     # --- a batch -------------------------------------------------------------------------
 
+    def held_rows(self, spec) -> int:
+        # Image items are scored batch by batch as they come, so the decoding of the next
+        # ones goes on behind the scoring. Holding a text task's 1,024 rows made the scorer
+        # wait for every row of a small shard to be decoded first (scripts/bench_vlm.py).
+        return 0 if spec.images is not None else super().held_rows(spec)
+
     def decode(self, table, spec, shapes, transform=None, decoder=None):
         if spec.images is None:
             return super().decode(table, spec, shapes, transform, decoder)
@@ -130,7 +141,8 @@ class ImageItems:
             self.tokenize(table, spec, proc, decoder)
         if getattr(decoder, "samples", False):
             x.items = self.item_fields(table, spec)
-            x.items["thumbnails"] = samples.thumbnails(x.images)    # 0.3 ms a 64 px image
+            x.items["thumbnails"] = x.thumbnails if x.thumbnails is not None else \
+                samples.thumbnails(x.images)                   # 0.3 ms a 64 px image
             x.nbytes += sum(len(str(v)) for column in x.items.values() for v in column)
         return x, self.targets(table, spec)
 
@@ -160,18 +172,29 @@ class ImageItems:
             return super().prepared_table(table, x, key)
         rows = [{"image": list(ims), **{f"input.{k}": [v] for k, v in inp.items()}}
                 for ims, inp in zip(x.images, x.inputs)]
+        if x.thumbnails is not None:          # PNG bytes, as uint8 arrays
+            for row, thumbs in zip(rows, x.thumbnails):
+                row["thumbnail"] = [np.frombuffer(t, np.uint8) for t in thumbs]
         return prepared.attach_arrays(table, rows, {PROMPT: x.prompts}, key)
+
+    def without_pixels(self, x, records: bool):
+        """A stage's batch without the decoded images (the worker scores from the
+        processor's outputs), with their thumbnails when per-item records are kept."""
+        thumbs = samples.thumbnails(x.images) if records else None
+        return dataclasses.replace(x, images=[() for _ in x.images], thumbnails=thumbs)
 
     def from_arrays(self, table, spec, proc, rows, texts) -> ImageBatch:
         prompts = texts[PROMPT]
         pictures = [row["image"] for row in rows]
+        thumbs = [[a.tobytes() for a in row["thumbnail"]] for row in rows] \
+            if rows and "thumbnail" in rows[0] else None
         inputs = [{k[len("input."):]: torch.from_numpy(v[0]) for k, v in row.items()
                    if k.startswith("input.")} for row in rows]
         extra = self.item_extra(table, spec, proc, prompts)
         n = sum(int(t.nbytes) for row in inputs for t in row.values()) + sum(
             int(a.nbytes) for row in pictures for a in row)
         return ImageBatch(prompts, pictures, inputs, extra, n,
-                          ids=self.row_ids(table, spec, None, None).tolist())
+                          ids=self.row_ids(table, spec, None, None).tolist(), thumbnails=thumbs)
 
     def row_ids(self, table, spec, x, y):
         if spec.images is None or spec.id is not None:
