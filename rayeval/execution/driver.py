@@ -376,7 +376,7 @@ def _trainer(plan: Plan, tracker, standing: bool = False):
                            "ray_data": sorted(data), "lm_eval": lm_eval_store.shipment(
                                _lm_eval_tables(e.spec for e in plan.evaluations))},
         datasets=data or None,
-        dataset_config=pipeline.exact_split() if data else None,
+        dataset_config=pipeline.exact_split(data, sweep.workers) if data else None,
         torch_config=TorchConfig(timeout_s=sweep.recovery.stall_timeout_s),
         scaling_config=ray.train.ScalingConfig(
             num_workers=sweep.workers, use_gpu=sweep.use_gpu,
