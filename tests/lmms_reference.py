@@ -110,7 +110,8 @@ def write_task(task_dir: str, items: list[dict], *, max_new_tokens: int = MAX_NE
 
 def run_lmms_eval(model_dir: str, task_dir: str, *, task: str = TASK, batch_size: int = 1,
                   output: str | None = None, limit: int | None = None,
-                  timeout: float = 600, members: tuple[str, ...] = ()) -> dict:
+                  timeout: float = 600, members: tuple[str, ...] = (),
+                  model: str = "huggingface") -> dict:
     """lmms-eval's own run (a subprocess: its command line, the reference model patched as the
     module says); {"results": {metric,filter: value}, "samples": {filter: [logged samples by
     doc_id]}, "n": documents}. For a group (``task``) of the tasks ``members``: {"results":
@@ -118,18 +119,23 @@ def run_lmms_eval(model_dir: str, task_dir: str, *, task: str = TASK, batch_size
     (``read_group``)."""
     output = output or os.path.join(task_dir, f"out-b{batch_size}")
     run_cli(model_dir, task_dir, [task], output, batch_size=batch_size, limit=limit,
-            timeout=timeout)
+            timeout=timeout, model=model)
     if members:
         return read_group(output, task, members)
     return read_output(output, task)
 
 
 def run_cli(model_dir: str, task_dir: str, tasks: list[str], output: str, *,
-            batch_size: int = 1, limit: int | None = None, timeout: float = 600) -> None:
+            batch_size: int = 1, limit: int | None = None, timeout: float = 600,
+            model: str = "huggingface") -> None:
     """lmms-eval's command line on ``tasks`` (tasks or groups found under ``task_dir``, one
-    run: one results file, one samples file per task) into ``output``."""
-    args = [sys.executable, os.path.abspath(__file__), "--model", "huggingface",
-            "--model_args", f"pretrained={model_dir},device_map=cpu",
+    run: one results file, one samples file per task) into ``output``. ``model``: its generic
+    ``huggingface`` chat model, or ``llava_hf`` (LLaVA's own, in float32)."""
+    model_args = f"pretrained={model_dir},device_map=cpu"
+    if model == "llava_hf":
+        model_args += ",dtype=float32"
+    args = [sys.executable, os.path.abspath(__file__), "--model", model,
+            "--model_args", model_args,
             "--tasks", ",".join(tasks), "--include_path", os.path.abspath(task_dir),
             "--batch_size", str(batch_size), "--device", "cpu", "--log_samples",
             "--output_path", output, "--verbosity", "WARNING"]
@@ -252,9 +258,28 @@ def _patch_reference_model() -> None:
     hf_chat.AutoProcessor = _Processor
 
 
+def _without_decord() -> None:
+    """lmms-eval's ``llava_hf`` imports the video decoder decord at its module's import (not
+    installed here); image tasks never call it. In the reference's process only: a stand-in
+    that fails if a video is ever read."""
+    import importlib.util
+    import types
+
+    if importlib.util.find_spec("decord") is not None:
+        return
+    stand_in = types.ModuleType("decord")
+
+    def unavailable(*args, **kwargs):
+        raise RuntimeError("decord is not installed: no video in these reference runs")
+
+    stand_in.VideoReader = stand_in.cpu = unavailable
+    sys.modules["decord"] = stand_in
+
+
 if __name__ == "__main__":
     go_offline()
     _patch_reference_model()
+    _without_decord()
     from lmms_eval.__main__ import cli_evaluate
 
     cli_evaluate()

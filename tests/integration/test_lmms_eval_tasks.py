@@ -84,6 +84,45 @@ def test_one_process_equals_lmms_eval(example, reference, batch_size):
 
 
 @pytest.fixture(scope="module")
+def llava(tmp_path_factory):
+    """A tiny untrained LLaVA, the task over the same items, and lmms-eval's own LLaVA model
+    (``--model llava_hf``, float32, batch 1) run on them."""
+    import lmms_reference as ref
+    from vlm_support import build_tiny_llava, easy_vqa_items, item_texts
+
+    root = tmp_path_factory.mktemp("lmms_llava")
+    folder = build_tiny_llava(root / "ckpts" / "checkpoint-1",
+                              item_texts(easy_vqa_items("train", n=500)))
+    tasks_dir = str(root / "tasks")
+    ref.write_task(tasks_dir, easy_vqa_items("test", n=N, seed=0))
+    theirs = ref.run_lmms_eval(folder, tasks_dir, model="llava_hf",
+                               output=str(root / "reference"))
+    (root / "sweep.yaml").write_text(yaml.safe_dump({
+        "name": "vqa-llava", "checkpoints": ["ckpts/checkpoint-*"], "output": "results",
+        "workers": 1, "evals": [{"name": "vqa", "batch_size": 16, "lmms_eval": {
+            "task": TASK, "include_path": tasks_dir, "model_name": "llava_hf"}}]}))
+    return root, theirs
+
+
+@pytest.mark.parametrize("batch_size", [1, 16])
+def test_llava_in_one_process_equals_lmms_evals_llava_hf(llava, batch_size):
+    """LLaVA against lmms-eval's own LLaVA model (``llava_hf``), not its generic one."""
+    root, theirs = llava
+    texts = [s["filtered_resps"] for s in theirs["samples"]["none"]]
+    assert theirs["n"] == N and len(set(texts)) > N // 2          # the texts differ
+    sweep = load_sweep(str(root / "sweep.yaml"))
+    for _, ev, model, decode, p, metrics in single_process_passes(sweep):
+        assert type(model).__name__ == "LlavaForConditionalGeneration"
+        for table in read_batches(ev.data, ev.spec.dataset, batch_size):
+            p.update(*decode(table))
+        p.finish()
+        results = finalize(metrics, p.states, ev.output_size, ev.spec.bootstrap)
+        assert sorted(results) == sorted(f"{m},{f}" for m in METRICS for f in FILTERS)
+        for key, r in results.items():
+            assert float(r.value) == pytest.approx(theirs["results"][key], abs=1e-12), key
+
+
+@pytest.fixture(scope="module")
 def ray_stores(example, ray_cluster):
     from rayeval.execution.driver import run_sweep
 
