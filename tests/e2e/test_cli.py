@@ -240,7 +240,8 @@ def test_quickstart_example_end_to_end(tmp_path):
         assert name in proc.stdout
     # --profile: the driver's phases, then each worker phase with its count (4 checkpoints
     # loaded, 8 cells passed, reduced and, on rank 0, published; each evaluation's rows read
-    # and decoded once, on the first checkpoint, then kept), in seconds.
+    # and decoded once, on the first checkpoint, then kept; each pass's batches after its
+    # first: 2 a pass on rank 0), in seconds.
     profile = proc.stderr[proc.stderr.index("profile: "):].splitlines()
     total = float(profile[0].split()[1])
     phases = {ln.split(" s  ")[1].split()[0]: float(ln.split()[0]) for ln in profile[1:]
@@ -249,7 +250,7 @@ def test_quickstart_example_end_to_end(tmp_path):
     assert 0 < sum(phases.values()) <= total + 0.5
     counts = {ln.split()[5]: next(w for w in ln.split()[6:] if w.startswith("x"))
               for ln in profile if " s | " in ln}
-    assert counts == {"setup": "x1", "load": "x4", "pass": "x8", "first": "x8",
+    assert counts == {"setup": "x1", "load": "x4", "pass": "x8", "first": "x8", "later": "x16",
                       "streamed": "x2", "reduce": "x8", "publish": "x8"}, profile
     assert "8 cell(s) evaluated, 0 already in the store, 0 failed" in proc.stdout
     assert "aggregate" in proc.stdout
