@@ -191,6 +191,13 @@ def test_image_items_are_scored_batch_by_batch_text_items_together(base):
     assert task.held_rows(ev.dataset) == 0
     text = _sweep(out, paths["parquet"], name="text.yaml", images=None).evals[0]
     assert text.dataset.images is None and task.held_rows(text.dataset) == 1024
+    from types import SimpleNamespace
+
+    from rayeval.execution.passes import first_rows
+
+    # what the progress line says while a pass waits for its first batch
+    assert first_rows(SimpleNamespace(name="vqa", spec=ev)) == "decoding the images of vqa"
+    assert first_rows(SimpleNamespace(name="t", spec=text)) == "reading the rows of t"
 
 
 def test_several_images_per_item(base):
