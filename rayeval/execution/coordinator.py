@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from rayeval.plan.cells import Cell, CellOutcome, Plan
 
+SETTING_UP = "setting up the workers"     # what the workers do from the attempt's opening
 
 class Tracker:
     """Plain Python state; the driver runs it as a Ray actor with ``ray.remote``."""
@@ -46,7 +47,9 @@ class Tracker:
         self.attempts += 1
         self.in_flight.clear()      # the nodes are not cleared: another rank may have said hello
         self.phases.clear()
-        self.activities.clear()
+        # Rank 0 opens the attempt as its loop begins: the workers are setting up from here (a
+        # snapshot before any rank says so would show "? rows/s" with nothing moving)
+        self.activities = {0: (SETTING_UP, time.monotonic())}
         # A standing group (watch) that restarts takes again the cells it had not finished.
         self.queue = [c for c in self.taken if c[1] not in self.outcomes] + self.queue
         self.taken = []

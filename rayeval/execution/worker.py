@@ -39,7 +39,7 @@ from rayeval.harness.task import lm_task
 from rayeval.errors import (CheckpointError, GroupError, ModelError, RayevalError, RunError,
                             SpecError)
 from rayeval.execution import dist
-from rayeval.execution.coordinator import WorkerProgress
+from rayeval.execution.coordinator import SETTING_UP, WorkerProgress
 from rayeval.execution.passes import CellPasses, Stop, peak_rss
 from rayeval.execution.pipeline import SplitRows
 from rayeval.execution.prefetch import Prefetch
@@ -74,7 +74,7 @@ def train_loop(config: dict) -> list[CellOutcome]:
     try:
         load_plugins()         # this process resolves the plan's names too; a failure is fatal
         timer = Timer(on_doing=progress.doing)
-        with timer.span("setup", doing="setting up the workers"):
+        with timer.span("setup", doing=SETTING_UP):
             worker = Worker(plan, progress, attempt, timer, config.get("ray_data", ()))
         if config.get("standing"):
             outcomes = worker.stand()

@@ -113,8 +113,10 @@ def test_nodes_are_counted_whichever_rank_says_hello_first():
 
 def test_the_tracker_says_the_longest_activity_and_forgets_it_on_a_restart():
     t = Tracker(cells(1))
+    assert t.snapshot()["activity"] is None, "no attempt yet: the line says the group starts"
     t.start_attempt()
-    assert t.snapshot()["activity"] is None
+    assert t.snapshot()["activity"][0] == "setting up the workers", \
+        "from the attempt's opening, before any rank has said a word"
     t.doing(0, "starting the vLLM engine")
     t.doing(1, "loading step_0.pt")
     t.doing(0, "starting the vLLM engine")        # said again: still timed from the first
@@ -123,7 +125,7 @@ def test_the_tracker_says_the_longest_activity_and_forgets_it_on_a_restart():
     t.doing(0, "scoring e")                        # rank 0 moved on: rank 1 is the oldest now
     assert t.snapshot()["activity"][0] == "loading step_0.pt"
     t.start_attempt()
-    assert t.snapshot()["activity"] is None
+    assert t.snapshot()["activity"][0] == "setting up the workers", "the old activities forgotten"
 
 
 def test_the_line_says_what_the_workers_do_while_no_row_moves():
