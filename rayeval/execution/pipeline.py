@@ -29,7 +29,6 @@ from ray.data.datasource import Datasource    # loaded with ray.train anyway
 
 from rayeval.config.plugins import load_plugins
 from rayeval.core import prepared
-from rayeval.core.tasks.vision import ImageBatch
 from rayeval.errors import DataError
 from rayeval.io import sources
 
@@ -46,11 +45,11 @@ MAX_BLOCK_BYTES = 64 << 20
 def datasets(plan: Plan) -> dict:
     """The Ray Data pipeline of each evaluation that uses one, by evaluation name."""
     return {ev.name: pipeline(ev, plan.sweep.workers, plan.sweep.base_dir,
-                              raw_images=raw_images(plan.sweep.model.backend, ev))
+                              pixels=ships_pixels(plan.sweep.model.backend))
             for ev in plan.evaluations if ev.data.via_ray_data(ev.spec.dataset)}
 
 
-def raw_images(backend: str, ev: Evaluation) -> bool:
+def ships_pixels(backend: str) -> bool:
     """Whether the workers need an image item's decoded pixels beside the processor's
     outputs: a backend that processes images itself (vLLM, a plugin's). The Hugging Face
     backend scores from the processor's outputs alone (per-item records get thumbnails made
@@ -59,7 +58,7 @@ def raw_images(backend: str, ev: Evaluation) -> bool:
     return backend != "hf"
 
 
-def pipeline(ev: Evaluation, workers: int, base_dir: str, raw_images: bool = True):
+def pipeline(ev: Evaluation, workers: int, base_dir: str, pixels: bool = True):
     import ray.data
 
     spec = ev.spec.dataset
@@ -70,7 +69,7 @@ def pipeline(ev: Evaluation, workers: int, base_dir: str, raw_images: bool = Tru
     if spec.transform:
         stage = Prepare(spec, base_dir, [c for c in (spec.target, spec.id) if c])
     elif ev.tokenizer is not None:
-        stage = Tokenize(ev.spec, ev.tokenizer, raw_images)
+        stage = Tokenize(ev.spec, ev.tokenizer, pixels)
     if stage is not None:
         ds = ds.map_batches(stage, batch_format="pyarrow", batch_size=None, num_cpus=cpus,
                             concurrency=spec.concurrency, zero_copy_batch=True)
@@ -190,13 +189,13 @@ class Tokenize:
     worker gets each row's tokens (``prepared.attach_text``); for image items, the decoded
     images and the processor's outputs (``prepared.attach_arrays``). A batch it cannot tokenize
     (bad text) goes on as it came: the worker checks it, meets the same error and fails
-    the cells. Without ``raw_images`` an image item's decoded pixels stay here: only the
-    processor's outputs go on."""
+    the cells. Without ``pixels`` an image item's decoded pixels stay here: only the
+    processor's outputs go on (``ships_pixels``)."""
 
-    def __init__(self, evaluation, tokenizer, raw_images: bool = True):
+    def __init__(self, evaluation, tokenizer, pixels: bool = True):
         self.evaluation = evaluation
         self.tokenizer = tokenizer
-        self.raw_images = raw_images
+        self.pixels = pixels
 
     def __call__(self, table: pa.Table) -> pa.Table:
         from types import SimpleNamespace
@@ -211,9 +210,8 @@ class Tokenize:
             x = task.tokenize(table, spec, self.tokenizer, decoder)
         except Exception:        # noqa: BLE001 - the worker checks the rows and says why
             return table
-        if not self.raw_images and isinstance(x, ImageBatch):
-            x = task.without_pixels(x, bool(self.evaluation.samples))
-        return task.prepared_table(table, x, self.tokenizer.key)
+        return task.prepared_table(table, x, self.tokenizer.key, pixels=self.pixels,
+                                   records=bool(self.evaluation.samples))
 
 
 def exact_split(data: dict | None = None, world: int = 0):

@@ -166,7 +166,7 @@ def test_for_the_hf_backend_the_stage_keeps_the_pixels_and_ships_thumbnails(base
     ev = sweep.evals[0]
     info = inspect_dataset(ev.dataset, tasks.get(ev.task))
     table = next(iter(read_batches(info, ev.dataset, 4)))
-    full, lean = Tokenize(ev, proc)(table), Tokenize(ev, proc, raw_images=False)(table)
+    full, lean = Tokenize(ev, proc)(table), Tokenize(ev, proc, pixels=False)(table)
     assert lean.nbytes < full.nbytes
     decode = Decoder(ev, info, sweep.base_dir)
     decode.samples = True
@@ -177,8 +177,7 @@ def test_for_the_hf_backend_the_stage_keeps_the_pixels_and_ships_thumbnails(base
     assert all(len(t) == 1 and t[0].startswith(b"\x89PNG") for t in theirs.items["thumbnails"])
     for a, b in zip(mine.inputs, theirs.inputs):
         assert set(a) == set(b) and all(torch.equal(a[k], b[k]) for k in a)
-    plan_ev = type("Ev", (), {"spec": ev})()
-    assert not pipeline.raw_images("hf", plan_ev) and pipeline.raw_images("vllm", plan_ev)
+    assert not pipeline.ships_pixels("hf") and pipeline.ships_pixels("vllm")
 
 
 def test_image_items_are_scored_batch_by_batch_text_items_together(base):

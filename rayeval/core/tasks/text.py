@@ -185,8 +185,10 @@ class TextTask(Task):
     def tokenize(self, table, spec, tok, decoder) -> TextBatch:
         raise NotImplementedError
 
-    def prepared_table(self, table, x: TextBatch, key: str):
-        """What a Ray Data stage hands the worker: the table with the tokenized rows."""
+    def prepared_table(self, table, x: TextBatch, key: str, pixels: bool = True,
+                       records: bool = False):
+        """What a Ray Data stage hands the worker: the table with the tokenized rows
+        (``pixels`` and ``records`` are for image items: ``ImageItems.prepared_table``)."""
         return prepared.attach_text(table, x.rows, x.extra, key)
 
 

@@ -166,10 +166,13 @@ class ImageItems:
         return ImageBatch(prompts, pictures, inputs, extra, n,
                           ids=self.row_ids(table, spec, None, None).tolist())
 
-    def prepared_table(self, table, x, key: str):
-        """A stage's output: the table with what ``tokenize`` made of it."""
+    def prepared_table(self, table, x, key: str, pixels: bool = True, records: bool = False):
+        """A stage's output: the table with what ``tokenize`` made of it; without ``pixels``
+        an image item's decoded images stay behind (thumbnails go instead, for ``records``)."""
         if not isinstance(x, ImageBatch):
             return super().prepared_table(table, x, key)
+        if not pixels:
+            x = self.without_pixels(x, records)
         rows = [{"image": list(ims), **{f"input.{k}": [v] for k, v in inp.items()}}
                 for ims, inp in zip(x.images, x.inputs)]
         if x.thumbnails is not None:          # PNG bytes, as uint8 arrays
