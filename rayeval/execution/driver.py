@@ -23,8 +23,8 @@ from rayeval.execution import recovery
 from rayeval.plan import groups
 from rayeval.execution.callbacks import Callbacks, RunCallback
 from rayeval.execution.coordinator import Tracker, TrackerClient
-# follow and quick_health_checks: evaluate()'s and Standing's, from the one lifecycle
-from rayeval.execution.lifecycle import RayLifecycle, follow, quick_health_checks
+# follow, quick_health_checks and trainer: evaluate()'s and Standing's, from the one lifecycle
+from rayeval.execution.lifecycle import RayLifecycle, follow, quick_health_checks, trainer
 from rayeval.core import suite, tasks
 from rayeval.config.plugins import load_plugins
 from rayeval.config.schema import EvalSpec, Sweep
@@ -363,15 +363,15 @@ class Fit:
 def _trainer(plan: Plan, tracker, standing: bool = False):
     """The evaluation TorchTrainer: the sweep's workers running ``worker.train_loop``."""
     import ray.train
-    from ray.train.torch import TorchConfig, TorchTrainer
+    from ray.train.torch import TorchConfig
 
     from rayeval.execution import pipeline
     from rayeval.execution.worker import train_loop
 
     sweep = plan.sweep
     data = pipeline.datasets(plan)          # the evaluations that Ray Data feeds
-    return TorchTrainer(
-        train_loop,
+    return trainer(
+        train_loop_per_worker=train_loop,
         train_loop_config={"plan": plan, "tracker": tracker, "standing": standing,
                            "ray_data": sorted(data), "lm_eval": lm_eval_store.shipment(
                                _lm_eval_tables(e.spec for e in plan.evaluations))},
