@@ -20,6 +20,7 @@ if TYPE_CHECKING:
 
 SETTING_UP = "setting up the workers"     # what the workers do from the attempt's opening
 
+
 class Tracker:
     """Plain Python state; the driver runs it as a Ray actor with ``ray.remote``."""
 
