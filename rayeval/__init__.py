@@ -33,7 +33,7 @@ __all__ = [
 # name -> the module holding it, imported on first use (torch or Ray come with those modules).
 _LAZY = {
     "RunReport": "rayeval.execution.driver",
-    "Board": "rayeval.reporting.boards",
+    "Board": "rayeval.results.board",
     "validation_config": "rayeval.integrations.ray_train",
     "RayevalValidation": "rayeval.integrations.ray_train",
 }

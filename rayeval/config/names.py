@@ -55,6 +55,15 @@ def group_of(evaluation: str) -> str | None:
     return split_member(evaluation)[0] if MEMBER_SEP in evaluation else None
 
 
+def members(evaluations) -> set[str]:
+    """The group-member rule, written once: the evaluations that are a member (``NAME/TASK``)
+    of a group whose own name (``NAME``, where the group's aggregate is stored) is among
+    ``evaluations`` too. A suite's aggregate counts the group, not its members again; a board
+    shows the group, its members on request."""
+    found = set(evaluations)
+    return {e for e in found if group_of(e) in found}
+
+
 def is_member(evaluation: str, group: str) -> bool:
     """Whether ``evaluation`` is a member of the group evaluated as ``group``."""
     return evaluation.startswith(group + MEMBER_SEP)

@@ -19,6 +19,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
+from rayeval.config import names
 # The declarations (setting, CHECKS) and their walks (keys, numbers_of, ...), read through this
 # module by the loader, the cache key and the README test.
 from rayeval.config.declarations import (CHECKS, TEXT, keys, numbers_of, section,  # noqa: F401
@@ -530,8 +531,8 @@ class Sweep:
     def suite_evaluations(self) -> list[str]:
         """The evaluations the leaderboard's aggregate averages: all but lm-eval group
         members (GROUP/TASK of a group of the sweep)."""
-        groups = tuple(g.name + "/" for g in self.groups)
-        return [e.name for e in self.evals if not e.name.startswith(groups)]
+        left_out = names.members([e.name for e in self.evals] + [g.name for g in self.groups])
+        return [e.name for e in self.evals if e.name not in left_out]
 
     def replace(self, **changes: Any) -> "Sweep":
         return dataclasses.replace(self, **changes)

@@ -29,6 +29,7 @@ from rayeval.core.evaluate import ROWS, finalize
 from rayeval.core.metrics import build_all
 from rayeval.errors import RunError
 from rayeval.plan.cells import Cell, Plan
+from rayeval.results.rules import direction, sweep_headline
 
 PARTIAL = "-partial"      # a partial cell's store key: the complete cell's key and this
 
@@ -194,7 +195,8 @@ AGGREGATE_NAME = "the suite's aggregate"
 def targets(plan: Plan) -> list[tuple[str, str, object, float]]:
     """What is raced, as (evaluation, metric key, metric, weight): the one metric
     ``select.metric`` names (weight +-1 as higher or lower is better), or for ``aggregate``
-    every evaluation's first metric (weight +-1/E), as the leaderboard's aggregate."""
+    every evaluation's headline metric (weight +-1/E), as the leaderboard's aggregate
+    (``results.rules``)."""
     sel = plan.sweep.select
     if sel.suite:
         chosen = [(e, None) for e in plan.sweep.suite_evaluations()]
@@ -203,10 +205,9 @@ def targets(plan: Plan) -> list[tuple[str, str, object, float]]:
     out = []
     for name, key in chosen:
         metrics = dict(build_all(plan.evaluation(name).spec.metrics))
-        key = key or next(iter(metrics))
+        key = key or sweep_headline(list(metrics))
         m = metrics[key]
-        sign = 1.0 if m.higher_is_better else -1.0
-        out.append((name, key, m, sign / len(chosen)))
+        out.append((name, key, m, direction(m.higher_is_better) / len(chosen)))
     return out
 
 

@@ -335,7 +335,7 @@ class ResultStore:
         return layout.newest_writes(table).select(wanted)
 
     def suites(self, sweep: str | None = None) -> pa.Table:
-        """The rows of the parts' suite files (``core.suite``: the suite aggregate's
+        """The rows of the parts' suite files (``results.suite``: the suite aggregate's
         replicates per checkpoint), of one sweep or every sweep; a damaged one is left out
         (a board then combines those replicates itself)."""
         try:

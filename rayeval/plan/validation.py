@@ -12,6 +12,7 @@ from rayeval.config.reader import Reader, field_of, show
 from rayeval.config.schema import EvalSpec, Generation, ModelSpec, Sweep, WatchSpec
 from rayeval.core.backends import BACKENDS
 from rayeval.core.tasks import TASKS
+from rayeval.results.rules import sweep_headline
 
 
 def evaluation_name(r: Reader, name: str, path: str) -> None:
@@ -214,7 +215,7 @@ def select(r: Reader, sweep: Sweep) -> None:
 def _raceable(r: Reader, ev, metric: str | None) -> None:
     name = ev.name
     keys = [m.key or m.name for m in ev.metrics]
-    key = metric or keys[0]
+    key = metric or sweep_headline(keys)
     if key not in keys:
         r.fail("select.metric", f"{name} has no metric {key!r} ({', '.join(keys)})")
     from rayeval.core.metrics import build

@@ -20,7 +20,7 @@ def _stored_rows(args, replicates: str = "all", metric: str | None = None) -> li
     """The newest stored rows of a STORE argument, filtered by --sweep / --dataset /
     --checkpoint in the files' scan (``rayeval.results``, as dicts), with the replicates
     ``replicates`` asks for (``reporting.stored``)."""
-    from rayeval.reporting.stored import stored_rows
+    from rayeval.results.stored import stored_rows
 
     return stored_rows(args.store, sweep=getattr(args, "sweep", None) or None,
                        evaluation=getattr(args, "dataset", None) or None, metric=metric,
@@ -28,140 +28,74 @@ def _stored_rows(args, replicates: str = "all", metric: str | None = None) -> li
                        replicates=replicates)
 
 
-def _board_rows(args) -> list[dict]:
-    """A board's rows; a JSON board ranked by one stored metric (``_json_rows``), only that
-    metric's rows (read alone when the store has it)."""
-    plain = args.format == "json" and not args.plot and not args.to_mlflow \
-        and not args.to_wandb
-    metric = args.metric.rsplit("/", 1)[-1] if args.metric else None
-    if plain and metric and metric != "aggregate":
-        rows = _stored_rows(args, "all", metric)
-        if rows:
-            return rows                  # else: the error names the metrics the store has
-    return _stored_rows(args)
+def _board(args, **options):
+    """The board of the command's STORE and filters (``rayeval.leaderboard``: every format
+    is the one board the API makes)."""
+    from rayeval.api import leaderboard
 
-
-def _board_table(args, metric: str | None = None):
-    """The newest rows of a board (``metric``: only that stored metric's), every column but
-    the replicates, as an Arrow table; an lm-eval group's members left out unless --members."""
-    from rayeval.io.store import SCHEMA, newest
-    from rayeval.io.store_layout import figures
-    from rayeval.reporting import json_board as jb
-    from rayeval.reporting.stored import checkpoint_pattern
-
-    table = newest(args.store, sweep=args.sweep or None, evaluation=args.dataset or None,
-                   what="STORE", metric=metric, columns=figures(SCHEMA),
-                   checkpoint=checkpoint_pattern(args.checkpoint_glob))
-    return table if args.members else jb.without_members(table)
-
-
-def _table_board(args, out: Console) -> None:
-    """``leaderboard`` as a table, its marks worked out only for the columns it may show
-    (each column's replicates read alone) and the aggregate's from the suite files: the
-    table shows a few columns of a big store, the marks of all needed every replicate."""
-    from rayeval.io import paths
-    from rayeval.io.store import ResultStore
-    from rayeval.reporting import json_board as jb
-    from rayeval.reporting.boards import AGGREGATE, build_board, mark
-    from rayeval.reporting.stored import with_replicates
-
-    table = _board_table(args)
-    sweep = args.sweep or None
-    aggregates = jb.aggregates(table, ResultStore(paths.resolve(args.store, os.getcwd())), sweep)
-    board = build_board(table.to_pylist(), args.metric, aggregates, marked=False)
-
-    def with_marks(columns):
-        rows = [e.rows[c.name] for c in columns if c.name not in board.marked
-                and c.name != AGGREGATE for e in board.entries if c.name in e.rows]
-        if rows:
-            with_replicates(args.store, rows, sweep)
-        mark(board, columns)
-
-    render_rich(board, out, mark=with_marks)
+    return leaderboard(args.store, sweep=args.sweep or None, evaluation=args.dataset or None,
+                       checkpoint=args.checkpoint_glob, members=args.members, _what="STORE",
+                       **options)
 
 
 def _json_board(args):
-    """``leaderboard --format json`` on columns (``reporting.json_board``): the text the
-    row-by-row path below writes, for stores of any size."""
+    """``leaderboard --format json``: the rows the board shows as stored (all but their
+    replicates, unless --replicates) and its aggregate rows, or with --metric that column's
+    rows alone (``confusion_matrix``: the matrices)."""
     import pyarrow.compute as pc
 
-    from rayeval.io import paths
-    from rayeval.io.store import ResultStore
     from rayeval.reporting import json_board as jb
-    from rayeval.reporting.boards import AGGREGATE, columns_of, resolve_metric
+    from rayeval.results.board import AGGREGATE, resolve_metric
 
-    one = args.metric.rsplit("/", 1)[-1] if args.metric else None
-    table = _board_table(args, one) if one and one != AGGREGATE else None
-    if table is None or table.num_rows == 0:      # else: the error names what is stored
-        table = _board_table(args)
-    store = ResultStore(paths.resolve(args.store, os.getcwd()))
-    if not args.metric or table.num_rows == 0:
-        return jb.board_json(table, jb.aggregates(table, store, args.sweep or None))
-    matrices = table.filter(pc.and_(pc.equal(table["metric"], args.metric),
-                                    pc.invert(jb.ranked_mask(table))))
-    if matrices.num_rows:                          # --metric confusion_matrix
-        return jb.board_json(matrices, [])
-    column = resolve_metric(args.metric, columns_of(jb.column_rows(table)))
-    if column.name == AGGREGATE:
-        return jb.board_json(table.slice(0, 0), jb.aggregates(table, store,
-                                                              args.sweep or None))
-    shown = pc.and_(pc.equal(table["dataset"], column.evaluation),
-                    pc.equal(table["metric"], column.metric))
-    return jb.board_json(table.filter(shown), [])
+    board = _board(args, rank=False)
+    table, summary = board.table, board.aggregate_rows
+    if args.metric and table.num_rows:
+        matrices = table.filter(pc.and_(pc.equal(table["metric"], args.metric), pc.greater(
+            pc.fill_null(pc.list_value_length(table["matrix"]), 0), 0)))
+        if matrices.num_rows:                      # --metric confusion_matrix
+            table, summary = matrices, []
+        else:
+            column = resolve_metric(args.metric, board.columns)
+            table = table.filter(pc.and_(pc.equal(table["dataset"], column.evaluation),
+                                         pc.equal(table["metric"], column.metric)))
+            summary = summary if column.name == AGGREGATE else []
+    if not args.replicates:
+        return jb.board_json(table, summary)
+    from rayeval.results.stored import with_replicates
 
-
-def _json_rows(args, rows: list[dict]) -> str:
-    """``leaderboard --format json`` row by row, from the rows as dicts (with --replicates,
-    which prints every row's; ``_json_board`` writes the same text on columns otherwise)."""
-    from rayeval.reporting.boards import AGGREGATE, aggregates, columns_of, resolve_metric
-
-    summary = aggregates(rows)
-    matrices = [r for r in rows if r["metric"] == args.metric and r["matrix"]]
-    if matrices:                                  # --metric confusion_matrix
-        rows, summary = matrices, []
-    elif args.metric and rows:
-        column = resolve_metric(args.metric, columns_of(rows))
-        rows = [r for r in rows
-                if (r["dataset"], r["metric"]) == (column.evaluation, column.metric)]
-        summary = summary if column.name == AGGREGATE else []
-    return to_json(rows, replicates=args.replicates, aggregates=summary)
+    rows = with_replicates(args.store, table.to_pylist(), args.sweep or None,
+                           {(r["cell"], r["dataset"], r["metric"]) for r in
+                            table.select(["cell", "dataset", "metric"]).to_pylist()})
+    return [to_json(rows, replicates=True, aggregates=summary)]
 
 
 def _leaderboard(args, out: Console) -> int:
-    from rayeval.reporting.boards import build_board, without_members
-
     if args.samples_dir is not None and args.format != "html":
         raise SpecError("--samples-dir: only with --format html (the pages the board links to)")
     _check_push_flags(args)
-    if args.format in ("json", "table") and not (args.plot or args.to_mlflow or args.to_wandb
-                                                 or args.replicates):
-        if args.format == "table":
-            _table_board(args, out)
-            return EXIT_OK
-        for text in _json_board(args):
-            sys.stdout.write(text)
-        return EXIT_OK
-    rows = _board_rows(args)
-    code = EXIT_OK if _push(args, rows) else EXIT_CELLS_FAILED
-    if not args.members:
-        rows = without_members(rows)
-    # json lists what is stored, even nothing; every other output needs a board.
-    board = None if args.format == "json" and not args.plot else build_board(rows, args.metric)
+    code = EXIT_OK if _push(args) else EXIT_CELLS_FAILED
     if args.plot:
         from rayeval.reporting.plot import plot
 
+        board = _board(args, metric=args.metric)
         columns = [board.column(args.metric)] if args.metric else board.columns
         plot(board, columns, args.plot, title=f"rayeval: {args.store}")
         print(f"plot written to {args.plot}", file=sys.stderr, flush=True)
     if args.format == "json":
-        sys.stdout.write(_json_rows(args, rows))
+        for text in _json_board(args):
+            sys.stdout.write(text)
         return code
+    board = _board(args, metric=args.metric, marks=args.format != "table")
     if args.format == "table":
-        render_rich(board, out)
+        from rayeval.results.board import mark
+
+        render_rich(board, out, mark=lambda columns: mark(board, columns))
     elif args.format == "markdown":
         sys.stdout.write(to_markdown(board))
     elif args.format == "html":
-        pages = _samples_pages(args.store, rows, args.samples_dir) if args.samples_dir else None
+        pages = _samples_pages(args.store, [r for e in board.entries for r in e.rows.values()
+                                            if r.get("cell")], args.samples_dir) \
+            if args.samples_dir else None
         sys.stdout.write(to_html(board, samples=pages))
     else:
         sys.stdout.write(to_csv(board))
@@ -201,8 +135,8 @@ def _check_push_flags(args) -> None:
                         "belongs to one tracker)")
 
 
-def _push(args, rows: list[dict]) -> bool:
-    """``--to-mlflow`` / ``--to-wandb``: the rows shown, to the trackers; whether all went."""
+def _push(args) -> bool:
+    """``--to-mlflow`` / ``--to-wandb``: the stored rows, to the trackers; whether all went."""
     from rayeval.reporting.trackers import push
 
     _check_push_flags(args)
@@ -218,15 +152,15 @@ def _push(args, rows: list[dict]) -> bool:
             key_path="--to-mlflow"),
         wandb=None if args.to_wandb is None else WandbTracker(
             project=args.to_wandb, run_id=args.run_id, key_path="--to-wandb"))
-    return push(rows, trackers)
+    return push(_stored_rows(args), trackers)
 
 
 def _compare(args, out: Console) -> int:
     from rich.table import Table
     from rich.text import Text
 
-    from rayeval.reporting.boards import AGGREGATE, compare, find_checkpoint
-    from rayeval.reporting.stored import with_replicates
+    from rayeval.results.compare import AGGREGATE, compare, find_checkpoint
+    from rayeval.results.stored import with_replicates
 
     rows = _stored_rows(args, "none")
     a_rows = find_checkpoint(rows, args.a, "A")
@@ -389,7 +323,7 @@ def _confusion(args, out: Console) -> int:
     from rich.table import Table
     from rich.text import Text
 
-    from rayeval.reporting.boards import find_checkpoint
+    from rayeval.results.compare import find_checkpoint
 
     rows = [r for r in find_checkpoint(_stored_rows(args), args.checkpoint, "CHECKPOINT")
             if r["matrix"]]
@@ -411,7 +345,7 @@ def _confusion(args, out: Console) -> int:
 
 
 def _compact(args, out: Console) -> int:
-    from rayeval.core.suite import summaries
+    from rayeval.results.suite import summaries
     from rayeval.io import paths
     from rayeval.io.store import ResultStore
 

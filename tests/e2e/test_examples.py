@@ -21,7 +21,7 @@ from PIL import Image
 
 from rayeval.execution.driver import prepare, run_sweep
 from rayeval.errors import RayevalError
-from rayeval.reporting.boards import latest_rows
+from rayeval.results import latest_rows
 from rayeval.plan.loader import load_sweep
 from rayeval.io.store import ResultStore
 from support import rayeval_cli

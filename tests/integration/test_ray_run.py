@@ -12,7 +12,7 @@ from safetensors.torch import save_file
 
 from rayeval.execution.driver import evaluate, prepare, run_sweep
 from rayeval.errors import DataError
-from rayeval.reporting.boards import latest_rows
+from rayeval.results import latest_rows
 from rayeval.plan.loader import load_sweep
 from rayeval.io.store import ResultStore
 from support import (build_model, make_data, reference_metrics, write_model_module,

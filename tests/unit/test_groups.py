@@ -7,7 +7,7 @@ import pytest
 
 from rayeval.config.schema import GroupMetric, GroupSpec
 from rayeval.plan.cells import Cell
-from rayeval.reporting.boards import aggregates, group_members, without_members
+from rayeval.results import aggregates, members, without_members
 from rayeval.plan.groups import cell_key, group_rows, publish
 from rayeval.io.store import ResultStore
 
@@ -56,7 +56,7 @@ def test_a_board_shows_the_group_and_counts_it_once():
     rows = [_row("g", "acc", 0.8, 40), _row("g/a", "acc", 0.5, 10),
             _row("g/b", "acc", 0.9, 30), _row("other", "acc", 0.2, 5),
             _row("lone/x", "acc", 0.3, 5)]                 # no group row: shown as it is
-    assert group_members(rows) == {"g/a", "g/b"}
+    assert members(r["dataset"] for r in rows) == {"g/a", "g/b"}
     assert sorted(r["dataset"] for r in without_members(rows)) == ["g", "lone/x", "other"]
     (agg,) = aggregates(rows)
     assert sorted(agg["evaluations"]) == ["g", "lone/x", "other"]

@@ -1,7 +1,8 @@
-"""Tier 1: ``leaderboard --format json`` on columns writes the text the row-by-row path
-writes, whether the suite aggregate's replicates come from the parts' suite files or from the
-rows' own replicates — on stores with lm-eval groups, confusion matrices, missing numbers,
-checkpoints lacking an evaluation, replicate counts that differ, cells written again."""
+"""Tier 1: ``leaderboard --format json`` (the one board, on columns, the aggregate's intervals
+from the parts' suite files) writes the text that the rows in hand give row by row (every
+row's own replicates, ``results.aggregates``, ``render.to_json``) — on stores with lm-eval
+groups, confusion matrices, missing numbers, checkpoints lacking an evaluation, replicate
+counts that differ, cells written again."""
 
 import math
 import os
@@ -10,11 +11,15 @@ from datetime import datetime, timedelta, timezone
 import numpy as np
 import pytest
 
-from rayeval.core.suite import summaries
 from rayeval.io.store import ResultStore
 from rayeval.io.store_layout import SUITE, list_suites
-from rayeval.reporting import json_board
-from rayeval.reporting.boards import without_members
+from rayeval.reporting.render import to_json
+from rayeval.results import (AGGREGATE, aggregates, columns_of, resolve_metric,
+                             stored_aggregates, without_members)
+from rayeval.results.aggregate import _suites
+from rayeval.results.board import without_members_table
+from rayeval.results.stored import stored_rows
+from rayeval.results.suite import summaries
 from rayeval.ui import cli, commands_store
 
 T0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
@@ -69,13 +74,32 @@ FLAGS = [(), ("--members",), ("--sweep", "b"), ("--dataset", "ood"), ("--metric"
          ("--checkpoint", "*/step_[12]")]
 
 
+def rows_in_hand(args) -> list[dict]:
+    """The newest rows of the command's filters, with every row's replicates, as dicts."""
+    rows = stored_rows(args.store, sweep=args.sweep or None, evaluation=args.dataset or None,
+                       checkpoint=args.checkpoint_glob)
+    return rows if args.members else without_members(rows)
+
+
+def json_rows(args, rows: list[dict]) -> str:
+    """``--format json`` of rows in hand, row by row (the reference the board is held to)."""
+    summary = aggregates(rows)
+    matrices = [r for r in rows if r["metric"] == args.metric and r["matrix"]]
+    if matrices:                                  # --metric confusion_matrix
+        rows, summary = matrices, []
+    elif args.metric and rows:
+        column = resolve_metric(args.metric, columns_of(rows))
+        rows = [r for r in rows
+                if (r["dataset"], r["metric"]) == (column.evaluation, column.metric)]
+        summary = summary if column.name == AGGREGATE else []
+    return to_json(rows, aggregates=summary)
+
+
 def texts(root, flags):
     """(columnar, row by row) text of one board."""
     args = cli._parser().parse_args(["leaderboard", str(root), "--format", "json", *flags])
     columnar = "".join(commands_store._json_board(args))
-    rows = commands_store._board_rows(args)
-    return columnar, commands_store._json_rows(args, rows if args.members
-                                               else without_members(rows))
+    return columnar, json_rows(args, rows_in_hand(args))
 
 
 @pytest.mark.parametrize("state", ["cell files", "parts with suite files",
@@ -98,19 +122,19 @@ def test_the_columnar_board_is_the_row_by_row_text(tmp_path, state):
 def test_suite_files_hold_the_bits_the_replicates_give(tmp_path, monkeypatch):
     store = build(tmp_path)
     store.compact(summarize=summaries)
-    table = json_board.without_members(store.read([c for c in store.read().column_names
-                                                   if c != "replicates"]))
-    kept = json_board._suites(store, None)
+    table = without_members_table(store.read([c for c in store.read().column_names
+                                              if c != "replicates"]))
+    kept = _suites(store, None)
     asked = []
     read_replicates = ResultStore.replicates
     monkeypatch.setattr(ResultStore, "replicates",
                         lambda self, wanted, sweep=None: asked.append(wanted)
                         or read_replicates(self, wanted, sweep))
-    from_files = json_board.aggregates(table, store)
+    from_files = stored_aggregates(table, store)
     assert asked == []                   # every complete aggregate came from a suite file
     for path in list_suites(store.fs, store.root):
         os.unlink(path)
-    from_replicates = json_board.aggregates(table, store)
+    from_replicates = stored_aggregates(table, store)
     assert len(asked) == 1 and len(asked[0]) == 5 * 3          # 5 complete x 3 evaluations
     with_interval = [r for r in from_files if r["ci_low"] is not None]
     assert len(kept) == 6 and len(with_interval) == 4     # b/2 lacks val; a/3: 8 vs 16
@@ -146,7 +170,7 @@ def test_a_table_reads_the_replicates_of_the_columns_it_shows_only(tmp_path, mon
 
     from rich.console import Console
 
-    from rayeval.reporting.boards import build_board
+    from rayeval.results import build_board
     from rayeval.reporting.render import render_rich
 
     store = build(tmp_path)
@@ -158,9 +182,9 @@ def test_a_table_reads_the_replicates_of_the_columns_it_shows_only(tmp_path, mon
                         or read_replicates(self, wanted, sweep))
     args = cli._parser().parse_args(["leaderboard", str(tmp_path)])
     lazy, full = (Console(file=io.StringIO(), width=width) for _ in range(2))
-    commands_store._table_board(args, lazy)
+    commands_store._leaderboard(args, lazy)
     read_lazy = sum(asked)
-    render_rich(build_board(without_members(commands_store._board_rows(args))), full)
+    render_rich(build_board(rows_in_hand(args)), full)
     assert lazy.file.getvalue() == full.file.getvalue()
     assert "step_1" in lazy.file.getvalue()
     ranked = sum(asked) - read_lazy                 # every ranked row's, for the full board

@@ -16,7 +16,8 @@ from rayeval.errors import StoreError
 from rayeval.io import paths
 from rayeval.io.store import SCHEMA, ResultStore, newest
 from rayeval.io.store_layout import figures
-from rayeval.reporting.boards import first_metrics, group_members, ranked_rows
+from rayeval.results.aggregate import averaged
+from rayeval.results.columns import ranked_rows
 
 NONE, HEADLINE, ALL = "none", "headline", "all"
 
@@ -55,14 +56,10 @@ def with_replicates(store: str | os.PathLike, rows: list[dict], sweep: str | Non
 
 
 def _headline(rows: list[dict]) -> set[tuple[str, str, str]]:
-    """The rows a suite aggregate averages: each evaluation's first metric (not a group's
-    members), where there are two or more evaluations."""
-    members = group_members(rows)
-    firsts = first_metrics(rows)
-    if len(set(firsts) - members) < 2:
-        return set()
+    """The rows a suite aggregate averages (``aggregate.averaged``)."""
+    heads = averaged(rows)
     return {(r["cell"], r["dataset"], r["metric"]) for r in ranked_rows(rows)
-            if r["dataset"] not in members and firsts.get(r["dataset"]) == r["metric"]}
+            if heads.get(r["dataset"]) == r["metric"]}
 
 
 def checkpoint_pattern(pattern: str | None) -> str | None:

@@ -1,0 +1,29 @@
+"""Results: what a board ranks, owned once, below reporting and execution.
+
+    rules      the headline rule (an evaluation's headline metric: a sweep's front door and
+               stored rows'), the group-member rule, a metric's direction
+    aggregate  the suite aggregate over evaluations and its interval, from rows in hand or a
+               store's rows (with the suite files beside its parts)
+    suite      those suite files, computed when a part is written
+    columns    a board's columns and the one a user names
+    board      the board: ``board(store, ...)``, the one entry that the API and every format
+               of ``rayeval leaderboard`` call; ``build_board`` of rows in hand
+    compare    paired bootstrap differences; finding the checkpoint a user named
+    stored     the rows a board or a comparison reads, with only the replicates it needs
+
+Importing this package imports neither torch nor Ray (intervals import torch when computed).
+"""
+
+from rayeval.results.aggregate import AGGREGATE, aggregate_row, aggregates, stored_aggregates
+from rayeval.results.board import (Board, Entry, board, build_board, latest_rows, mark,
+                                   without_members)
+from rayeval.results.columns import (AGGREGATE_COLUMN, Column, columns_of, ranked_rows,
+                                     resolve_metric)
+from rayeval.results.compare import Comparison, Paired, compare, find_checkpoint, paired
+from rayeval.results.rules import direction, members, stored_headlines, sweep_headline
+
+__all__ = ["AGGREGATE", "AGGREGATE_COLUMN", "Board", "Column", "Comparison", "Entry", "Paired",
+           "aggregate_row", "aggregates", "board", "build_board", "columns_of", "compare",
+           "direction", "find_checkpoint", "latest_rows", "mark", "members", "paired",
+           "ranked_rows", "resolve_metric", "stored_aggregates", "stored_headlines",
+           "sweep_headline", "without_members"]

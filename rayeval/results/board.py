@@ -1,0 +1,271 @@
+"""Leaderboards from stored results.
+
+A sweep evaluates its checkpoints on one or more *evaluations* (the store's ``dataset`` column:
+``val``, ``ood``, ...), each with its metrics. A board has one row per (sweep, checkpoint) and one
+column per (evaluation, metric), named ``EVAL/METRIC`` — or just ``METRIC`` when the rows shown
+hold a single evaluation — and, with two or more evaluations, an ``aggregate`` column first
+(``results.aggregate``). Every column marks its best value ``*`` and the values not
+distinguishable from it ``~``, from paired bootstrap replicates (``results.compare``).
+
+``board(store, ...)`` is the one way a board is made from a store, for the API and every
+format of ``rayeval leaderboard``; ``build_board`` makes one of rows already in hand.
+:mod:`rayeval.reporting.render` prints boards.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+from rayeval.errors import StoreError
+from rayeval.io.store import confidence_of, latest_rows  # noqa: F401 - the row's format
+from rayeval.results.aggregate import AGGREGATE, aggregates, averaged
+from rayeval.results.columns import (AGGREGATE_COLUMN, Column, columns_of,  # noqa: F401
+                                     evaluations_of, ranked_rows, resolve_metric, value_of)
+from rayeval.results.compare import paired
+from rayeval.results.rules import direction, shown
+
+
+def without_members(rows: list[dict]) -> list[dict]:
+    """The rows without an lm-eval group's members (``NAME/TASK``) where the group's aggregate
+    (``NAME``) is stored for the same checkpoint (``rules.shown``): a board shows the group,
+    its members on request."""
+    keep = shown([r["sweep"] for r in rows], [r["checkpoint"] for r in rows],
+                 [r["dataset"] for r in rows])
+    return [r for r, k in zip(rows, keep) if k]
+
+
+# --- the board -----------------------------------------------------------------------------
+
+@dataclass
+class Entry:
+    sweep: str
+    checkpoint: str
+    step: int | None
+    rows: dict[str, dict] = field(default_factory=dict)   # column name -> stored/aggregate row
+    rank: int = 0
+    best: bool = False
+    marks: dict[str, str] = field(default_factory=dict)   # column name -> "*" best, "~" tied
+    stopped: str | None = None    # a raced checkpoint's partial cells: why it stopped
+
+    def value(self, column: str) -> float | None:
+        return value_of(self.rows.get(column))
+
+
+@dataclass
+class Board:
+    columns: list[Column]         # the aggregate (several evaluations), then EVAL/METRIC
+    rank_by: str                  # a column name
+    higher_is_better: bool        # of rank_by
+    entries: list[Entry]          # in rank order
+    evaluations: list[str]        # by name
+    averaged: list[Column] = field(default_factory=list)   # what the aggregate averages
+    notes: list[str] = field(default_factory=list)          # warnings shown with the board
+    marked: set[str] = field(default_factory=set)           # columns whose marks are set
+    # Made by ``board``: the rows shown as read (every column but the replicates, confusion
+    # matrices included), the aggregate rows, and how to read rows' replicates for marks.
+    table: object = None
+    aggregate_rows: list[dict] = field(default_factory=list)
+    read_replicates: object = None
+
+    @property
+    def metrics(self) -> list[str]:
+        return [c.name for c in self.columns]
+
+    def column(self, name: str) -> Column:
+        return resolve_metric(name, self.columns)
+
+
+def build_board(rows: list[dict], metric: str | None = None,
+                aggregate_rows: list[dict] | None = None, marked: bool = True) -> Board:
+    """Rank one row per (sweep, checkpoint) by ``metric`` (a column name, see
+    ``resolve_metric``); default: the aggregate when some checkpoint has one, else the first
+    metric. ``aggregate_rows``: the aggregates, worked out already (default: from ``rows``).
+    ``marked``: each column's marks (from its rows' replicates) now; else ``mark`` sets
+    them for the columns shown."""
+    if not rows:
+        raise StoreError("the result store holds no results yet; run a sweep first")
+    rows = ranked_rows(rows)
+    if not rows:
+        raise StoreError("the result store holds no ranked metrics yet; run a sweep first")
+    columns = columns_of(rows)
+    names = {(c.evaluation, c.metric): c.name for c in columns}
+    entries: dict[tuple, Entry] = {}
+    for r in rows:
+        e = entries.setdefault((r["sweep"], r["checkpoint"]),
+                               Entry(r["sweep"], r["checkpoint"], r["step"]))
+        e.rows[names[(r["dataset"], r["metric"])]] = r
+        if r.get("items_total") is not None and e.stopped is None:
+            e.stopped = r.get("stopped") or f"partial: {r['num_samples']} of " \
+                                             f"{r['items_total']} items"
+    for a in aggregates(rows) if aggregate_rows is None else aggregate_rows:
+        entries[(a["sweep"], a["checkpoint"])].rows[AGGREGATE] = a
+    rank_by = resolve_metric(metric, columns) if metric else _default_rank(columns, entries)
+    ranked = _rank(list(entries.values()), rank_by)
+    heads = averaged(rows)
+    board = Board(columns=columns, rank_by=rank_by.name,
+                  higher_is_better=rank_by.higher_is_better, entries=ranked,
+                  evaluations=evaluations_of(rows),
+                  averaged=[c for c in columns if heads.get(c.evaluation) == c.metric],
+                  notes=small_data_notes(rows) + token_notes(rows) + stopped_notes(ranked))
+    if marked:
+        mark(board, columns)
+    return board
+
+
+def board(store, *, metric: str | None = None, sweep: str | None = None,
+          evaluation: str | None = None, checkpoint: str | None = None, members: bool = False,
+          marks: bool = True, rank: bool = True, what: str = "store") -> Board:
+    """The board of a store's newest rows: the one way every format of ``rayeval leaderboard``
+    and ``rayeval.leaderboard`` make one. The rows are read without their replicates; the
+    aggregate's intervals come from the suite files beside the store's parts where they cover
+    a checkpoint, else from the replicates of the rows averaged (``aggregate.
+    stored_aggregates``); a column's marks read its rows' replicates, for every column now
+    (``marks``) or for the columns shown when ``mark`` is called (a table of a big store).
+
+    Filters: ``sweep``, ``evaluation``, ``checkpoint`` (a glob on the location); ``members``:
+    also an lm-eval group's members. ``rank``: False gives the rows and columns only (no
+    entries, nothing ranked, no row as a dict: JSON of a store of any size)."""
+    from rayeval.io import paths
+    from rayeval.io.store import SCHEMA, ResultStore, newest
+    from rayeval.io.store_layout import figures
+    from rayeval.results.aggregate import stored_aggregates
+    from rayeval.results.stored import checkpoint_pattern, with_replicates
+
+    table = newest(store, sweep=sweep, evaluation=evaluation, what=what, columns=figures(SCHEMA),
+                   checkpoint=checkpoint_pattern(checkpoint))
+    if not members:
+        table = without_members_table(table)
+    opened = ResultStore(paths.resolve(os.fspath(store), os.getcwd()))
+    found = stored_aggregates(table, opened, sweep)
+    if not rank:
+        return Board(columns=columns_of(_column_rows(table)), rank_by="", higher_is_better=True,
+                     entries=[], evaluations=[], table=table, aggregate_rows=found)
+    made = build_board(table.to_pylist(), metric, found, marked=False)
+    made.table, made.aggregate_rows = table, found
+    made.read_replicates = lambda wanted: with_replicates(store, wanted, sweep)
+    if marks:
+        mark(made, made.columns)
+    return made
+
+
+def _column_rows(table) -> list[dict]:
+    """The first ranked row of each (evaluation, metric), as much of it as ``columns_of``
+    reads: a board's columns without a dict per row."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    from rayeval.results.rules import codes
+
+    table = table.filter(pc.equal(pc.fill_null(pc.list_value_length(table["matrix"]), 0), 0))
+    if table.num_rows == 0:
+        return []
+    _, first = np.unique(codes(table["dataset"], table["metric"]), return_index=True)
+    return table.take(pa.array(first)).select(
+        ["sweep", "checkpoint", "dataset", "metric", "higher_is_better", "matrix"]).to_pylist()
+
+
+def without_members_table(table):
+    """``without_members`` of a table."""
+    import pyarrow as pa
+
+    keep = shown(table["sweep"], table["checkpoint"], table["dataset"])
+    return table if all(keep) else table.filter(pa.array(keep))
+
+
+def mark(board: Board, columns: list[Column]) -> None:
+    """Set the marks of these columns, reading their rows' replicates first where the board
+    was made without them."""
+    columns = [c for c in columns if c.name not in board.marked]
+    if board.read_replicates is not None:
+        wanted = [e.rows[c.name] for c in columns if c.name != AGGREGATE
+                  for e in board.entries if c.name in e.rows
+                  and "replicates" not in e.rows[c.name]]
+        if wanted:
+            board.read_replicates(wanted)
+    for c in columns:
+        if c.name not in board.marked:
+            _mark(board.entries, c.name, c.higher_is_better)
+            board.marked.add(c.name)
+
+
+SMALL_DATA_ROWS = 30
+
+
+def token_notes(rows: list[dict]) -> list[str]:
+    """For language modeling and text perplexity, what was scored: rows (sequences or
+    documents) and tokens."""
+    seen: dict[str, tuple[int, int]] = {}
+    for r in rows:
+        if r.get("num_tokens") is not None:
+            seen.setdefault(r["dataset"], (r["num_samples"], r["num_tokens"]))
+    return [f"{name}: {n:,} row(s), {t:,} scored token(s)"
+            for name, (n, t) in sorted(seen.items())]
+
+
+def small_data_notes(rows: list[dict]) -> list[str]:
+    """A warning per evaluation with fewer than SMALL_DATA_ROWS rows: its intervals (and any
+    ranking on it) say little."""
+    sizes: dict[str, int] = {}
+    for r in rows:
+        sizes[r["dataset"]] = min(sizes.get(r["dataset"], r["num_samples"]), r["num_samples"])
+    return [f"warning: {name} has only {n} row(s); with fewer than {SMALL_DATA_ROWS} the "
+            "intervals and the ranking on it mean little" for name, n in sorted(sizes.items())
+            if n < SMALL_DATA_ROWS]
+
+
+def stopped_notes(entries: list[Entry]) -> list[str]:
+    """A line per raced checkpoint that left the race (its cells partial: figures from the
+    items it scored, below every complete one whatever their values)."""
+    return [f"{os.path.basename(e.checkpoint.rstrip('/'))}: {e.stopped} (partial: its figures "
+            "are estimates from the items scored)" for e in entries if e.stopped]
+
+
+def _default_rank(columns: list[Column], entries: dict[tuple, Entry]) -> Column:
+    if columns[0] is AGGREGATE_COLUMN and \
+            not any(e.value(AGGREGATE) is not None for e in entries.values()):
+        return columns[1]             # no checkpoint has every evaluation
+    return columns[0]
+
+
+def _rank(entries: list[Entry], column: Column) -> list[Entry]:
+    sign = -direction(column.higher_is_better)
+
+    def order(e: Entry):
+        v = e.value(column.name)
+        return (e.stopped is not None, v is None, 0.0 if v is None else sign * v, e.step or 0,
+                e.checkpoint, e.sweep)
+
+    ranked = sorted(entries, key=order)
+    top = ranked[0].value(column.name) if ranked and not ranked[0].stopped else None
+    tied = sum(1 for e in ranked if top is not None and e.value(column.name) == top
+               and not e.stopped)
+    for i, e in enumerate(ranked, 1):
+        e.rank = i
+        e.best = i == 1 and top is not None and tied == 1    # a tie crowns nobody
+    return ranked
+
+
+def _mark(entries: list[Entry], column: str, higher: bool) -> None:
+    """'*' on the best value of a column, '~' on those whose paired interval of the difference
+    to the best contains zero (not distinguishable from it). When several share the best value
+    exactly, none is marked best: all are '~'."""
+    group = [e for e in entries if e.value(column) is not None and not e.stopped]
+    if not group:
+        return
+    best = max(group, key=lambda e: direction(higher) * e.value(column))
+    ties = [e for e in group if e.value(column) == best.value(column)]
+    if len(ties) > 1:             # equal values: none is the best, none is distinguishable
+        for e in ties:
+            e.marks[column] = "~"
+    else:
+        best.marks[column] = "*"
+    for e in group:
+        if e in ties:
+            continue
+        p = paired(best.rows[column], e.rows[column], confidence_of(best.rows[column]))
+        if p is not None and p.ci_low <= 0 <= p.ci_high:
+            e.marks[column] = "~"
+
+

@@ -1,0 +1,152 @@
+"""Two checkpoints side by side: paired bootstrap differences of one metric (or of two
+aggregates) on the same replicates, and finding the checkpoint a user named.
+
+Replicate b of an evaluation is the same resample for every checkpoint (the Poisson weights
+come from a hash of the seed, the row id and b), so A - B on replicate b is a draw from the
+bootstrap distribution of the difference: no item-level data is read to pair two rows.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from rayeval.errors import StoreError
+from rayeval.io.store import bootstrap_params, confidence_of
+from rayeval.results.aggregate import AGGREGATE, aggregate_row, replicates_of
+from rayeval.results.columns import (AGGREGATE_COLUMN, columns_of, evaluations_of, ranked_rows,
+                                     resolve_metric)
+from rayeval.results.rules import direction, stored_headlines
+
+
+# --- paired differences --------------------------------------------------------------------
+
+@dataclass
+class Paired:
+    """A - B on the same bootstrap replicates."""
+    difference: float
+    ci_low: float
+    ci_high: float
+    a_better: float          # share of replicates in which A is better (ties count half)
+
+
+def pairable(a: dict, b: dict) -> bool:
+    """Whether two rows hold replicates of the same resamples: same data, seed, buckets and
+    replicate count (an aggregate: every part pairable)."""
+    if not len(replicates_of(a)) or not len(replicates_of(b)) or \
+            len(a["replicates"]) != len(b["replicates"]):
+        return False
+    if "parts" in a or "parts" in b:     # an aggregate's replicates: its parts' count, each
+        pa_, pb_ = a.get("parts") or [], b.get("parts") or []
+        return len(pa_) == len(pb_) and all(x is not None and y is not None and
+                                            same_resamples(x, y) for x, y in zip(pa_, pb_))
+    return same_resamples(a, b)
+
+
+def same_resamples(a: dict, b: dict) -> bool:
+    """Whether two stored rows' replicate b resample the same rows: same data, seed and
+    buckets (their replicates need not be read to know)."""
+    ka, kb = bootstrap_params(a.get("bootstrap")), bootstrap_params(b.get("bootstrap"))
+    ka.pop("confidence", None)
+    kb.pop("confidence", None)
+    return ka == kb and a["dataset"] == b["dataset"] and a["num_samples"] == b["num_samples"]
+
+
+def paired(a: dict, b: dict, confidence: float = 0.95) -> Paired | None:
+    """The paired bootstrap difference of two rows of one metric (or two aggregates), or None
+    when they do not share replicates (bootstrap off, other data, other seed or bucket count)."""
+    if not pairable(a, b):
+        return None
+    import torch
+
+    from rayeval.core.stats import percentile_interval
+
+    d = torch.tensor(a["replicates"], dtype=torch.float64) - \
+        torch.tensor(b["replicates"], dtype=torch.float64)
+    lo, hi = percentile_interval(d, confidence)
+    d = d[~torch.isnan(d)]
+    sign = direction(a["higher_is_better"])
+    better = float(((sign * d > 0).double() + 0.5 * (d == 0).double()).mean()) if d.numel() \
+        else float("nan")
+    return Paired(a["value"] - b["value"], lo, hi, better)
+
+
+# --- comparing two checkpoints -------------------------------------------------------------
+
+@dataclass
+class Comparison:
+    name: str                     # a column name: METRIC, EVAL/METRIC or aggregate
+    a: dict
+    b: dict
+    paired: Paired | None         # None: no shared replicates
+
+
+def compare(a_rows: list[dict], b_rows: list[dict], metric: str | None = None
+            ) -> list[Comparison]:
+    """A - B for every (evaluation, metric) both checkpoints hold, plus the aggregate when they
+    share several evaluations; ``metric`` restricts to one column (``resolve_metric``)."""
+    a_rows, b_rows = ranked_rows(a_rows), ranked_rows(b_rows)
+    common = [e for e in evaluations_of(a_rows) if e in set(evaluations_of(b_rows))]
+    if not common:
+        raise StoreError("A and B were not evaluated on a common data set; `rayeval "
+                         "leaderboard STORE --format csv` lists what each holds")
+    a_rows = [r for r in a_rows if r["dataset"] in common]
+    a_by = {(r["dataset"], r["metric"]): r for r in a_rows}
+    b_by = {(r["dataset"], r["metric"]): r for r in b_rows if r["dataset"] in common}
+    columns = [c for c in columns_of(a_rows) if (c.evaluation, c.metric) in b_by]
+    firsts = stored_headlines(*([r[k] for r in a_rows] for k in
+                                ("sweep", "checkpoint", "dataset", "metric")))
+    headline = [(e, firsts[e]) for e in common]       # what the aggregate averages
+    lacking = [f"{e}/{m}" for e, m in headline if (e, m) not in b_by]
+    if len(common) > 1 and not lacking:
+        columns.append(AGGREGATE_COLUMN)              # a summary, after the metrics
+    elif len(common) > 1 and metric == AGGREGATE:
+        raise StoreError(f"--metric: no aggregate to compare: B lacks {', '.join(lacking)}")
+    if metric:
+        columns = [resolve_metric(metric, columns)]
+    found = []
+    for c in columns:
+        if c.name == AGGREGATE:
+            a = aggregate_row([a_by[k] for k in headline], common)
+            b = aggregate_row([b_by[k] for k in headline], common)
+        else:
+            a, b = a_by[(c.evaluation, c.metric)], b_by[(c.evaluation, c.metric)]
+        found.append(Comparison(c.name, a, b, paired(a, b, confidence_of(a))))
+    return found
+
+
+def find_checkpoint(rows: list[dict], name: str, what: str) -> list[dict]:
+    """The rows of the one checkpoint a user named: its location, path, file name, a unique
+    path suffix, its file stem (``step_000600`` for ``.../step_000600.pt``) or its step
+    (``600``); tried in that order. The same checkpoint in two sweeps is two checkpoints."""
+    steps = {(r["sweep"], r["checkpoint"]): r["step"] for r in rows}
+    found: list[tuple[str, str]] = []
+    for matches in _checkpoint_matchers(name):
+        found = [k for k, step in steps.items() if matches(k[1], step)]
+        if found:
+            break
+    if not found:
+        raise StoreError(f"{what}: no checkpoint {name!r} in the store; `rayeval leaderboard "
+                         "STORE` lists them")
+    if len(found) > 1:
+        several_sweeps = len({s for s, _ in found}) > 1
+        shown = [f"{c} (sweep {s})" if several_sweeps else c for s, c in found[:6]]
+        more = f" and {len(found) - 6} more" if len(found) > 6 else ""
+        raise StoreError(f"{what}: {name!r} matches {len(found)} checkpoints: "
+                         f"{', '.join(shown)}{more}; give more of the path"
+                         + (" or pick a sweep with --sweep" if several_sweeps else ""))
+    return [r for r in rows if (r["sweep"], r["checkpoint"]) == found[0]]
+
+
+def _checkpoint_matchers(name: str):
+    """Ways a name can match a (location, step), most specific first."""
+    full, tail = os.path.abspath(name), name.strip("/")
+
+    def base(loc: str) -> str:
+        return loc.rstrip("/").rsplit("/", 1)[-1]
+
+    yield lambda loc, step: loc in (name, full)
+    yield lambda loc, step: loc.rstrip("/").endswith("/" + tail) or base(loc) == tail
+    yield lambda loc, step: os.path.splitext(base(loc))[0] == tail
+    if name.isdigit():
+        yield lambda loc, step: step == int(name)
