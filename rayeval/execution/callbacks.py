@@ -35,7 +35,7 @@ class RunCallback:
     @property
     def wants_cells(self) -> bool:
         """Whether ``on_cell`` is wanted: the driver reads the finished cells from the
-        coordinator only for those who want them."""
+        run ledger only for those who want them."""
         return False
 
     def on_plan(self, plan: Plan) -> None:
@@ -48,7 +48,7 @@ class RunCallback:
         pass
 
     def on_progress(self, snapshot: dict, elapsed: float, final: bool) -> None:
-        """``snapshot``: the coordinator's (``Tracker.snapshot``); ``elapsed``: seconds since
+        """``snapshot``: the run ledger's (``RunLedger.snapshot``); ``elapsed``: seconds since
         this fit began to be followed."""
 
     def on_cell(self, outcome: CellOutcome) -> None:

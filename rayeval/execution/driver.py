@@ -22,10 +22,11 @@ from rayeval.io import paths, vision
 from rayeval.execution import recovery
 from rayeval.plan import groups
 from rayeval.execution.callbacks import Callbacks, RunCallback
-from rayeval.execution.coordinator import Tracker, TrackerClient
+from rayeval.execution.ledger import DriverLedger
 # follow, quick_health_checks and trainer: evaluate()'s and Standing's, from the one lifecycle
 from rayeval.execution.lifecycle import RayLifecycle, follow, quick_health_checks, trainer
-from rayeval.core import suite, tasks
+from rayeval.core import tasks
+from rayeval.results import suite
 from rayeval.config.plugins import load_plugins
 from rayeval.config.schema import EvalSpec, Sweep
 from rayeval.io.data import inspect_dataset, probe_dataset
@@ -301,21 +302,17 @@ def evaluate(plan: Plan, display=None, on_cell=None, timer: Timer | None = None)
     when the run fails as a whole (restart budget spent) and the worker's own error for bad
     input. ``on_cell`` gets each cell's outcome once, soon after it finishes (its rows are
     in the store by then), also when the run fails later."""
-    import ray
-
     sweep = plan.sweep
     with quick_health_checks():
         fit_began = time.time()        # --profile's "group start" counts the trainer's making
-        tracker = ray.remote(Tracker).options(num_cpus=0).remote(
-            [(c.key, c.checkpoint.location, plan.evaluation(c.evaluation).data.num_rows)
-             for c in plan.cells])
+        ledger = DriverLedger.start(DriverLedger.cells_of(plan))
         try:
-            fit = Fit(recovery.Restarting(lambda: _trainer(plan, tracker), tracker,
+            fit = Fit(recovery.Restarting(lambda: _trainer(plan, ledger.handle), ledger,
                                           sweep.recovery.max_restarts), "rayeval-fit")
-            follow(tracker, fit, display, on_cell)
-            _raise_failure(fit.error, tracker, sweep)
-            finished = ray.get(tracker.results.remote())
-            times = ray.get(tracker.timings.remote())
+            follow(ledger, fit, display, on_cell)
+            _raise_failure(fit.error, ledger, sweep)
+            finished = ledger.results()
+            times = ledger.timings()
             if timer is not None and times:
                 entered = min(t["entered"] for t in times.values())
                 left = max(t["left"] for t in times.values())
@@ -324,12 +321,12 @@ def evaluate(plan: Plan, display=None, on_cell=None, timer: Timer | None = None)
                 timer.add("fit end", fit.ended - left)
             return Evaluated(
                 outcomes=[finished[c.key] for c in plan.cells if c.key in finished],
-                nodes=ray.get(tracker.node_count.remote()),
-                loads=ray.get(tracker.load_counts.remote()),
+                nodes=ledger.node_count(),
+                loads=ledger.load_counts(),
                 worker_times={r: t["phases"] for r, t in times.items()})
         finally:
             try:
-                ray.kill(tracker)     # also after a failure: `watch` keeps Ray up between polls
+                ledger.kill()         # also after a failure: `watch` keeps Ray up between polls
             except Exception:         # noqa: BLE001 - Ray may be going down (a signal)
                 pass
 
@@ -360,7 +357,7 @@ class Fit:
         return self.thread.is_alive()
 
 
-def _trainer(plan: Plan, tracker, standing: bool = False):
+def _trainer(plan: Plan, ledger, standing: bool = False):
     """The evaluation TorchTrainer: the sweep's workers running ``worker.train_loop``."""
     import ray.train
     from ray.train.torch import TorchConfig
@@ -372,7 +369,7 @@ def _trainer(plan: Plan, tracker, standing: bool = False):
     data = pipeline.datasets(plan)          # the evaluations that Ray Data feeds
     return trainer(
         train_loop_per_worker=train_loop,
-        train_loop_config={"plan": plan, "tracker": tracker, "standing": standing,
+        train_loop_config={"plan": plan, "ledger": ledger, "standing": standing,
                            "ray_data": sorted(data), "lm_eval": lm_eval_store.shipment(
                                _lm_eval_tables(e.spec for e in plan.evaluations))},
         datasets=data or None,
@@ -388,14 +385,13 @@ def _trainer(plan: Plan, tracker, standing: bool = False):
     )
 
 
-def _raise_failure(error, tracker, sweep: Sweep) -> None:
+def _raise_failure(error, ledger: DriverLedger, sweep: Sweep) -> None:
     """Raise what ended a fit badly: bad input a worker met, the worker group's failure
     (restarts spent: ``recovery.Restarting`` says what was lost and when), or any other
     error; nothing when it ended well."""
-    import ray
     import ray.train
 
-    fatal = ray.get(tracker.get_fatal.remote())
+    fatal = ledger.get_fatal()
     if fatal is not None:
         raise fatal
     if isinstance(error, ray.train.WorkerGroupError):
@@ -411,20 +407,20 @@ def _raise_failure(error, tracker, sweep: Sweep) -> None:
 
 class Standing:
     """One worker group kept up across ``rayeval watch``'s polls: each poll's cells are fed to
-    it through the progress tracker (``worker.Worker.stand``), so a new checkpoint costs its
+    it through the run ledger (``worker.Worker.stand``), so a new checkpoint costs its
     load and passes, not a new worker group. After a failure the caller starts another
     (``lifecycle.RayLifecycle.standing_group``)."""
 
     def __init__(self, sweep: Sweep, evaluations):
         self.sweep = sweep
-        self.tracker = TrackerClient.start([])
+        self.ledger = DriverLedger.start([])
         plan = Plan(sweep=sweep, evaluations=tuple(evaluations), cells=(), cached=(),
                     failed=())
         self.env = contextlib.ExitStack()                 # until close: see evaluate()
         self.env.enter_context(quick_health_checks())
-        handle = self.tracker.handle
+        handle = self.ledger.handle
         self.fit = Fit(recovery.Restarting(lambda: _trainer(plan, handle, standing=True),
-                                           handle, sweep.recovery.max_restarts),
+                                           self.ledger, sweep.recovery.max_restarts),
                        "rayeval-standing")
 
     @property
@@ -435,21 +431,21 @@ class Standing:
         """Evaluate the plan's cells on the standing group; their outcomes in plan order.
         Raises as ``evaluate`` does when the group fails (then it is gone)."""
         keys = [c.key for c in plan.cells]
-        self.tracker.add_cells(plan)
-        follow(self.tracker, self.fit, callbacks, keys=set(keys),
-               done=lambda: self.tracker.finished(keys))
-        finished = self.tracker.results()
+        self.ledger.add_cells(plan)
+        follow(self.ledger, self.fit, callbacks, keys=set(keys),
+               done=lambda: self.ledger.finished(keys))
+        finished = self.ledger.results()
         if not all(k in finished for k in keys):
-            _raise_failure(self.fit.error, self.tracker.handle, self.sweep)
+            _raise_failure(self.fit.error, self.ledger, self.sweep)
             raise RunError("the worker group ended before evaluating every cell")
         return [finished[k] for k in keys]
 
     def close(self, timeout_s: float = 60.0) -> None:
-        """No more cells: the group ends (bounded wait), and its tracker with it."""
+        """No more cells: the group ends (bounded wait), and its ledger with it."""
         try:
-            self.tracker.close(timeout=5)
+            self.ledger.close(timeout=5)
             self.fit.thread.join(timeout_s)
-            self.tracker.kill()
+            self.ledger.kill()
         except Exception:         # noqa: BLE001 - Ray may be going down (a signal)
             pass
         finally:

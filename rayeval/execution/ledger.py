@@ -1,13 +1,17 @@
-"""The run's coordinator: where a run stands, between the workers and the driver.
+"""The run's ledger: where a run stands, written by the workers and read by the driver.
 
-One small ``Tracker`` actor, owned by the driver, outlives worker-group restarts. The workers
-tell it how many rows they have done in the checkpoint in flight (throttled, fire-and-forget)
-and rank 0 tells it each finished cell with its outcome. The driver reads it to follow the run
-(the display is ``rayeval.reporting.display``), and a restarted group reads it to go on from the first
-unfinished checkpoint.
+One small ``RunLedger`` actor, owned by the driver, outlives worker-group restarts. (A ledger,
+not a "tracker" or "coordinator": it records and answers, it decides nothing, and the experiment
+trackers of ``rayeval.reporting.trackers`` and Ray Data's split coordinator keep their words.)
+The workers tell it how many rows they have done in the checkpoint in flight (throttled,
+fire-and-forget) and rank 0 tells it each finished cell with its outcome. The driver reads it
+to follow the run (the display is ``rayeval.reporting.display``), and a restarted group reads it
+to go on from the first unfinished checkpoint. It holds the run's one ``run_state.RunState``:
+attempts, restarts, the last loss, bad input, a stop.
 
-Each side has a typed client, so that no caller names the actor's methods as strings of
-``.remote`` calls: ``WorkerProgress`` for the workers, ``TrackerClient`` for the driver.
+Each side has a typed client, and no other module calls the actor's ``.remote`` methods:
+``WorkerLedger`` for the workers, ``DriverLedger`` for the driver (its follow loop and
+``recovery.Restarting``).
 """
 
 from __future__ import annotations
@@ -15,13 +19,15 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING
 
+from rayeval.execution.run_state import RunState, Verdict
+
 if TYPE_CHECKING:
     from rayeval.plan.cells import Cell, CellOutcome, Plan
 
 SETTING_UP = "setting up the workers"     # what the workers do from the attempt's opening
 
 
-class Tracker:
+class RunLedger:
     """Plain Python state; the driver runs it as a Ray actor with ``ray.remote``."""
 
     def __init__(self, cells: list[tuple[str, str, int]]):
@@ -30,10 +36,8 @@ class Tracker:
         self.errors: dict[str, tuple] = {}        # key -> the first rank's (error, traceback)
         self.loads: dict[tuple[int, str], int] = {}   # (rank, checkpoint) -> loads
         self.in_flight: dict[int, tuple[int, int]] = {}   # rank -> (cell index, rows done)
-        self.attempts = 0
-        self.stop_requested = False               # the driver was interrupted: wind down
+        self.state = RunState()                   # attempts, restarts, bad input, a stop
         self.problems: list[str] = []             # what failed the earlier attempts
-        self.fatal_error: Exception | None = None  # bad input: a restart would fail again
         self.nodes: dict[int, str] = {}           # rank -> node id, the latest attempt's
         self.times: dict[int, dict] = {}          # rank -> its loop's timing (--profile)
         self.queue: list = []                     # standing group: (index, Cell) to evaluate
@@ -45,7 +49,7 @@ class Tracker:
                                                   # words; since when, on this actor's clock)
 
     def start_attempt(self) -> int:
-        self.attempts += 1
+        attempt = self.state.open_attempt()
         self.in_flight.clear()      # the nodes are not cleared: another rank may have said hello
         self.phases.clear()
         # Rank 0 opens the attempt as its loop begins: the workers are setting up from here (a
@@ -54,7 +58,7 @@ class Tracker:
         # A standing group (watch) that restarts takes again the cells it had not finished.
         self.queue = [c for c in self.taken if c[1] not in self.outcomes] + self.queue
         self.taken = []
-        return self.attempts
+        return attempt
 
     # --- a standing worker group (``rayeval watch``): cells are fed while it runs ----------
 
@@ -70,7 +74,7 @@ class Tracker:
         """The queued cells as (index, pickled Cell) pairs (rank 0 of the standing group
         asks), [] when none is queued, or None when the group is to stop (the feed closed, or
         a signal)."""
-        if self.stop_requested or (self.closed and not self.queue):
+        if self.state.stopping or (self.closed and not self.queue):
             return None
         batch, self.queue = self.queue, []
         self.taken += batch
@@ -90,7 +94,7 @@ class Tracker:
         return len(set(self.nodes.values()))
 
     def get_attempts(self) -> int:
-        return self.attempts
+        return self.state.attempts
 
     def done_keys(self) -> list[str]:
         return list(self.outcomes)
@@ -98,13 +102,13 @@ class Tracker:
     def rows(self, rank: int, index: int, rows: int) -> bool:
         """Rows done by a rank in the cell in flight; answers whether to stop."""
         self.in_flight[rank] = (index, rows)
-        return self.stop_requested
+        return self.state.stopping
 
     def stop(self) -> None:
-        self.stop_requested = True
+        self.state.stop()
 
     def stopping(self) -> bool:
-        return self.stop_requested
+        return self.state.stopping
 
     def phase(self, rank: int, where: str) -> None:
         self.phases[rank] = where
@@ -150,11 +154,18 @@ class Tracker:
             self.problems.append(message)
 
     def fatal(self, error: Exception) -> None:
-        if self.fatal_error is None:
-            self.fatal_error = error
+        self.state.fail(error)
 
     def get_fatal(self) -> Exception | None:
-        return self.fatal_error
+        return self.state.fatal
+
+    def lost(self, loss: str | None, budget: int) -> tuple[Verdict, int]:
+        """The driver lost a group (``RunState.lost``): the verdict and the restarts so far;
+        a restart is said among the problems."""
+        verdict = self.state.lost(loss, budget)
+        if verdict is Verdict.RESTART:
+            self.problem(self.state.restarting(budget))
+        return verdict, self.state.restarts
 
     def results(self) -> dict:
         return dict(self.outcomes)
@@ -178,22 +189,22 @@ class Tracker:
                                   if self.cells[i][0] not in self.outcomes),
             "rows_total": sum(rows for _, _, rows in self.cells),
             "current": self.cells[min(current)][1] if current else None,
-            "attempts": self.attempts,
+            "attempts": self.state.attempts,
             "problems": list(self.problems),
             "activity": self.activity(),
         }
 
 
-class WorkerProgress:
-    """A worker's side of the tracker; every call is a no-op without one."""
+class WorkerLedger:
+    """A worker's side of the ledger; every call is a no-op without one."""
 
     INTERVAL_S = 0.5
 
-    def __init__(self, tracker, rank: int):
-        self.tracker = tracker
+    def __init__(self, ledger, rank: int):
+        self.ledger = ledger
         self.rank = rank
         self._last = 0.0
-        self._answer = None          # the tracker's reply to the last rows report
+        self._answer = None          # the ledger's reply to the last rows report
         self._stop = False
         self._doing: str | None = None   # the activity last said (``doing``)
 
@@ -205,27 +216,27 @@ class WorkerProgress:
     def start(self) -> tuple[int, set[str], Exception | None]:
         """(this attempt's number, keys of cells already finished, an earlier attempt's fatal
         error). Rank 0 opens the attempt; the others only read."""
-        if self.tracker is None:
+        if self.ledger is None:
             return 1, set(), None
         if self.rank == 0:
-            attempt = self._get(self.tracker.start_attempt.remote())
+            attempt = self._get(self.ledger.start_attempt.remote())
         else:
-            attempt = self._get(self.tracker.get_attempts.remote())
+            attempt = self._get(self.ledger.get_attempts.remote())
         import ray
 
-        self._get(self.tracker.hello.remote(self.rank, ray.get_runtime_context().get_node_id()))
-        return (attempt, set(self._get(self.tracker.done_keys.remote())),
-                self._get(self.tracker.get_fatal.remote()))
+        self._get(self.ledger.hello.remote(self.rank, ray.get_runtime_context().get_node_id()))
+        return (attempt, set(self._get(self.ledger.done_keys.remote())),
+                self._get(self.ledger.get_fatal.remote()))
 
     def rows(self, index: int, rows: int, force: bool = False) -> None:
         """Report rows done (throttled); the answer of the previous report says whether the
         driver asked the group to stop (read by ``stopping``)."""
         now = time.monotonic()
-        if self.tracker is not None and (force or now - self._last >= self.INTERVAL_S):
+        if self.ledger is not None and (force or now - self._last >= self.INTERVAL_S):
             self._last = now
             if self._answer is not None:
                 self._take_answer()
-            self._answer = self.tracker.rows.remote(self.rank, index, rows)
+            self._answer = self.ledger.rows.remote(self.rank, index, rows)
 
     def _take_answer(self) -> None:
         import ray
@@ -237,95 +248,95 @@ class WorkerProgress:
 
     def stopping(self) -> bool:
         """Whether the driver asked the group to stop (SIGINT/SIGTERM): never blocks."""
-        if self.tracker is not None and self._answer is not None:
+        if self.ledger is not None and self._answer is not None:
             self._take_answer()
         return self._stop
 
     def finish(self, key: str, outcome) -> None:
-        if self.tracker is not None:
-            self._get(self.tracker.finish.remote(key, outcome))
+        if self.ledger is not None:
+            self._get(self.ledger.finish.remote(key, outcome))
 
     def attempt(self) -> int:
-        """The attempt the tracker has open now (1 without one)."""
-        return self._get(self.tracker.get_attempts.remote()) if self.tracker is not None else 1
+        """The attempt the ledger has open now (1 without one)."""
+        return self._get(self.ledger.get_attempts.remote()) if self.ledger is not None else 1
 
     def phase(self, where: str):
         """Where this rank is (``during the pass over ...``), for the error if it is lost:
         fire-and-forget; the reference is returned for the one caller that must wait."""
-        if self.tracker is not None:
-            return self.tracker.phase.remote(self.rank, where)
+        if self.ledger is not None:
+            return self.ledger.phase.remote(self.rank, where)
         return None
 
     def doing(self, what: str) -> None:
         """What this rank is doing now, in words, for the driver's progress line while no row
         moves: fire-and-forget, and only when it changes."""
-        if self.tracker is not None and what != self._doing:
+        if self.ledger is not None and what != self._doing:
             self._doing = what
-            self.tracker.doing.remote(self.rank, what)
+            self.ledger.doing.remote(self.rank, what)
 
     def take(self):
-        """Rank 0 of a standing group: the next cells (see ``Tracker.take``)."""
-        return self._get(self.tracker.take.remote())
+        """Rank 0 of a standing group: the next cells (see ``RunLedger.take``)."""
+        return self._get(self.ledger.take.remote())
 
     def timing(self, entered: float, left: float, phases: dict) -> None:
-        if self.tracker is not None:
-            self._get(self.tracker.timing.remote(self.rank, entered, left, phases), 5.0)
+        if self.ledger is not None:
+            self._get(self.ledger.timing.remote(self.rank, entered, left, phases), 5.0)
 
     def loaded(self, location: str) -> None:
-        if self.tracker is not None:
-            self.tracker.loaded.remote(self.rank, location)
+        if self.ledger is not None:
+            self.ledger.loaded.remote(self.rank, location)
 
     def cell_error(self, key: str, message: str, detail: str | None = None) -> None:
         """This rank's error in a cell (and the user's traceback behind it, for --debug), for
         rank 0 to publish (before the cell's reduce)."""
-        if self.tracker is not None:
-            self._get(self.tracker.cell_error.remote(key, message, detail))
+        if self.ledger is not None:
+            self._get(self.ledger.cell_error.remote(key, message, detail))
 
     def error_of(self, key: str) -> tuple[str, str | None]:
         """The (message, traceback) another rank recorded for a cell; (None, None) if none."""
-        found = self._get(self.tracker.error_of.remote(key)) if self.tracker is not None \
+        found = self._get(self.ledger.error_of.remote(key)) if self.ledger is not None \
             else None
         return found or (None, None)
 
     def problem(self, message: str) -> None:
         """Say why this attempt is failing, before the error takes the group down."""
-        if self.tracker is not None:
+        if self.ledger is not None:
             try:
-                self._get(self.tracker.problem.remote(f"rank {self.rank}: {message}"), 5.0)
+                self._get(self.ledger.problem.remote(f"rank {self.rank}: {message}"), 5.0)
             except Exception:   # noqa: BLE001 - the original error matters more
                 pass
 
     def fatal(self, error: Exception) -> None:
-        if self.tracker is not None:
+        if self.ledger is not None:
             try:
-                self._get(self.tracker.fatal.remote(error), 5.0)
+                self._get(self.ledger.fatal.remote(error), 5.0)
             except Exception:   # noqa: BLE001
                 pass
 
 
-class TrackerClient:
-    """The driver's side of the tracker: one method per call the driver makes, each waiting
+class DriverLedger:
+    """The driver's side of the ledger: one method per call the driver makes, each waiting
     for the answer (``timeout`` in seconds where a call must not hang on a Ray going down)."""
 
     def __init__(self, handle):
         self.handle = handle          # the actor; the workers get it in their loop's config
 
     @classmethod
-    def start(cls, cells: list[tuple[str, str, int]]) -> TrackerClient:
-        """A new tracker actor for these cells ((key, location, rows), plan order). It holds
+    def start(cls, cells: list[tuple[str, str, int]]) -> DriverLedger:
+        """A new ledger actor for these cells ((key, location, rows), plan order). It holds
         no CPU: it must never wait for the workers' resources."""
         import ray
 
-        return cls(ray.remote(Tracker).options(num_cpus=0).remote(cells))
+        return cls(ray.remote(RunLedger).options(num_cpus=0).remote(cells))
 
     @classmethod
-    def of(cls, tracker) -> TrackerClient:
-        """A client for a tracker actor, or the client itself."""
-        return tracker if isinstance(tracker, TrackerClient) else cls(tracker)
+    def of(cls, ledger) -> DriverLedger:
+        """A client for a ledger actor, or the client itself."""
+        return ledger if isinstance(ledger, DriverLedger) else cls(ledger)
 
     @staticmethod
     def cells_of(plan: Plan, cells: tuple[Cell, ...] | None = None) -> list[tuple[str, str, int]]:
-        """What the tracker holds of each cell: (key, checkpoint location, rows)."""
+        """What the ledger holds of each cell: (key, checkpoint location, rows)."""
         return [(c.key, c.checkpoint.location, plan.evaluation(c.evaluation).data.num_rows)
                 for c in (plan.cells if cells is None else cells)]
 
@@ -352,8 +363,21 @@ class TrackerClient:
     def get_fatal(self) -> Exception | None:
         return self._get(self.handle.get_fatal.remote())
 
+    def attempts(self) -> int:
+        """The attempts opened so far (rank 0 of each group opens one)."""
+        return self._get(self.handle.get_attempts.remote())
+
+    def phase_of(self, rank: int) -> str | None:
+        """Where a rank last said it was (``WorkerLedger.phase``), for a loss's error."""
+        return self._get(self.handle.phase_of.remote(rank))
+
+    def lost(self, loss: str | None, budget: int) -> tuple[Verdict, int]:
+        """A failed fit's loss in words (None: no loss a restart helps): whether to restart
+        (``RunState.lost``), and the restarts so far."""
+        return self._get(self.handle.lost.remote(loss, budget))
+
     def add_cells(self, plan: Plan) -> None:
-        """The plan's cells for the standing group, pickled here (see ``Tracker.add_cells``)."""
+        """The plan's cells for the standing group, pickled here (see ``RunLedger.add_cells``)."""
         import pickle
 
         self._get(self.handle.add_cells.remote(self.cells_of(plan),

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Callable, Iterable
 from rayeval.config import constants
 from rayeval.execution import signals
 from rayeval.execution.callbacks import Callbacks, OnCell, RunCallback
-from rayeval.execution.coordinator import TrackerClient
+from rayeval.execution.ledger import DriverLedger
 from rayeval import errors
 from rayeval.errors import RunError
 
@@ -138,7 +138,7 @@ class RayLifecycle:
 
 def start_ray(sweep: Sweep, address: str | None, verbose: bool) -> bool:
     """Connect to a cluster (``address``), reuse the current one, or start one in-process with
-    more logical CPUs than workers (Train's controller and the progress tracker run beside
+    more logical CPUs than workers (Train's controller and the run ledger run beside
     them). Returns whether this call started Ray."""
     if address:
         _use_token_if_available()       # before Ray is imported: it reads the mode then
@@ -267,14 +267,14 @@ def trainer(**kwargs):
     return Trainer(**kwargs)
 
 
-def follow(tracker, fit, callbacks=None, on_cell=None, done=None, keys=None) -> None:
+def follow(ledger, fit, callbacks=None, on_cell=None, done=None, keys=None) -> None:
     """Follow a fit (``driver.Fit``) every 0.5 s until it ends or ``done()`` says so: the
-    tracker's progress to ``callbacks.on_progress``, each finished cell (of ``keys``, else
+    ledger's progress to ``callbacks.on_progress``, each finished cell (of ``keys``, else
     any) once to ``callbacks.on_cell`` (and to ``on_cell``, a plain function), between
     ``on_fit_start`` and ``on_fit_end``. ``callbacks``: a ``RunCallback`` or several (the
     parameter ``driver.evaluate`` calls ``display``). SIGINT or SIGTERM winds the worker group
     down (``_wind_down``) and is raised again."""
-    tracker = TrackerClient.of(tracker)
+    ledger = DriverLedger.of(ledger)
     callbacks = Callbacks.of(callbacks)
     if on_cell is not None:
         callbacks = Callbacks([*callbacks.callbacks, OnCell(on_cell)])
@@ -286,28 +286,28 @@ def follow(tracker, fit, callbacks=None, on_cell=None, done=None, keys=None) -> 
             while not finished:
                 fit.thread.join(0.5)
                 finished = not fit.alive or (done is not None and done())
-                snap = tracker.snapshot()
+                snap = ledger.snapshot()
                 callbacks.on_progress(snap, time.monotonic() - began, finished)
                 if not callbacks.wants_cells or snap["done"] <= len(handed):
                     continue
-                for key, o in tracker.results().items():
+                for key, o in ledger.results().items():
                     if key not in handed and (keys is None or key in keys):
                         handed.add(key)
                         callbacks.on_cell(o)
         finally:
             callbacks.on_fit_end()
     except KeyboardInterrupt as e:
-        raise _wind_down(e, tracker, fit.thread) from None
+        raise _wind_down(e, ledger, fit.thread) from None
 
 
-def _wind_down(interrupt: KeyboardInterrupt, tracker, thread) -> KeyboardInterrupt:
+def _wind_down(interrupt: KeyboardInterrupt, ledger, thread) -> KeyboardInterrupt:
     """After SIGINT/SIGTERM: ask the workers to stop (they agree at their next sync point,
     publishing nothing half-done) and wait for the fit to return, so Ray is shut down with no
     thread inside it. ``group_stopped`` says whether that happened in time; a second signal
     while waiting gives up at once."""
     stopped = not thread.is_alive()
     try:
-        TrackerClient.of(tracker).stop(timeout=5)
+        DriverLedger.of(ledger).stop(timeout=5)
         thread.join(STOP_GRACE_S)
         stopped = not thread.is_alive()
     except KeyboardInterrupt:

@@ -36,13 +36,13 @@ class Stop(Exception):
 
 class CellPasses:
     """Pass, reduce and publish one cell (mixed into ``worker.Worker``: it reads the worker's
-    plan, shards, metrics, backend, progress, store and timer)."""
+    plan, shards, metrics, backend, ledger, store and timer)."""
 
     def mark(self, phase: str, where: str) -> None:
-        """Tell the tracker where this rank is (an error after its loss says it), then the
+        """Tell the ledger where this rank is (an error after its loss says it), then the
         test hook's fault point (``recovery.fault_point``), which waits for that word."""
-        said = self.progress.phase(where)
-        recovery.fault_point(phase, self.rank, self.progress.attempt,
+        said = self.ledger.phase(where)
+        recovery.fault_point(phase, self.rank, self.ledger.attempt,
                              before=lambda: said is not None and ray.get(said, timeout=10))
 
     def evaluate_cell(self, model, cell: Cell, step, layout, start: float
@@ -63,10 +63,10 @@ class CellPasses:
                 error = self.write_samples(cell, ev, samples)
         if error:
             # before the reduce: rank 0 reads it
-            self.progress.cell_error(cell.key, error, self.details.get(cell.key))
+            self.ledger.cell_error(cell.key, error, self.details.get(cell.key))
         states[_FAILED] = torch.tensor(1 if error else 0, dtype=torch.int64)
         states[_CACHE_OVERFLOW] = torch.tensor(int(shard.overflowed), dtype=torch.int64)
-        states[_STOP] = torch.tensor(int(stopped or self.progress.stopping()), dtype=torch.int64)
+        states[_STOP] = torch.tensor(int(stopped or self.ledger.stopping()), dtype=torch.int64)
         where = f"the end of the pass over {cell.checkpoint.location} on {ev.name}"
         self.mark("reduce", f"during the all-reduce of the states of "
                             f"{cell.checkpoint.location} on {ev.name}")
@@ -80,7 +80,7 @@ class CellPasses:
             if self.rank != 0:
                 return None
             if not error:      # another rank's: its message, and its traceback for --debug
-                error, detail = self.progress.error_of(cell.key)
+                error, detail = self.ledger.error_of(cell.key)
                 if detail and cell.key not in self.details:
                     self.details[cell.key] = detail
             return self.failure(cell, step, error or (
@@ -112,10 +112,10 @@ class CellPasses:
                  samples=ev.spec.samples and self.rank % self.tensor == 0 and within is None,
                  share=model_spec.share_prefixes, tokens=model_spec.batch_tokens,
                  # progress counts rows as they are scored, not as they are read
-                 on_rows=lambda n: self.progress.rows(index, self.counted(skipped + n)))
+                 on_rows=lambda n: self.ledger.rows(index, self.counted(skipped + n)))
         rows, error, stopped = 0, None, False
         for batch in self.waited(self.shards[ev.name], ev):
-            if self.progress.stopping():
+            if self.ledger.stopping():
                 stopped = True
                 break
             if isinstance(batch, BadBatch):
@@ -136,7 +136,7 @@ class CellPasses:
             error = self.scored(p.update, (x, y, buckets), cell, ev)
         if not error and not stopped:
             error = self.scored(p.finish, (), cell, ev)
-        self.progress.rows(index, self.counted(rows), force=True)
+        self.ledger.rows(index, self.counted(rows), force=True)
         if self.lockstep is not None:        # peers of this replica may still have rows
             idle = tasks.get(ev.spec.task).idle_input(ev.spec.dataset, ev.data.shapes)
             self.lockstep.drain(model, None if idle is None else
@@ -254,7 +254,7 @@ class CellPasses:
     def finish(self, outcome: CellOutcome) -> None:
         self.outcomes.append(outcome)
         if self.rank == 0:
-            self.progress.finish(outcome.key, outcome)
+            self.ledger.finish(outcome.key, outcome)
 
 
 _END = object()

@@ -2,8 +2,8 @@
 
 The driver times its own phases (inputs checked, Ray started, the worker group and process
 group started, the fit, Ray shut down); each worker times its own (set-up, checkpoint loads,
-passes, the wait for a pass's first batch, reduces, publishes) and hands them to the progress
-tracker when it is done. ``render`` lays both out, rank 0's figures beside the slowest rank's.
+passes, the wait for a pass's first batch, reduces, publishes) and hands them to the run
+ledger when it is done. ``render`` lays both out, rank 0's figures beside the slowest rank's.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typing import Callable
 @dataclass
 class Timer:
     """Named wall-time totals, with how many times each was added to; ``on_doing`` (a
-    worker's progress, ``WorkerProgress.doing``) is told what a span is doing, in words, as
+    worker's ledger, ``WorkerLedger.doing``) is told what a span is doing, in words, as
     it begins, so that the driver's progress line can say it while no row moves."""
     seconds: dict[str, float] = field(default_factory=dict)
     counts: dict[str, int] = field(default_factory=dict)

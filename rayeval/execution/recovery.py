@@ -6,12 +6,13 @@ a limit by default); a worker killed while the group starts often surfaces as an
 ``RayActorError`` or ``RayTaskError`` from the process group's set-up, raised through the
 controller), which Ray gives up on at once. So rayeval counts every restart itself: Ray Train
 is told to retry nothing (``failure_config``), and ``Restarting.fit`` runs a new fit on the same
-progress tracker after each loss, up to ``recovery.max_restarts`` restarts in all, whatever the
-moment of the loss. The new group asks the tracker which cells are finished and goes on from
-the first unfinished one. A restart costs a new Train controller beside the new worker group
-(a second or two here); in exchange the budget is exact.
+run ledger after each loss, up to ``recovery.max_restarts`` restarts in all, whatever the
+moment of the loss (the count and the verdict: ``run_state.RunState``). The new group asks the
+ledger which cells are finished and goes on from the first unfinished one. A restart costs a
+new Train controller beside the new worker group (a second or two here); in exchange the
+budget is exact.
 
-Not retried: bad input a worker met (the tracker's fatal error: it would fail again), a bug (an
+Not retried: bad input a worker met (the ledger's fatal error: it would fail again), a bug (an
 exception of a type only wrong code raises, ``BUGS``: a new group would meet it again), a run the
 driver was told to stop, and controller errors that are no loss (a resource request the cluster
 can never meet, a runtime environment that cannot be set up, a bug).
@@ -44,7 +45,7 @@ def fault_point(phase: str, rank: int, attempt, before=None) -> None:
     """The test hook (see the module's docstring): SIGKILL this process here if asked.
     ``attempt()``: this attempt's number (asked only when armed: a rank other than 0 may have
     read it before rank 0 opened the attempt). ``before`` runs first (the worker sends the
-    tracker its phase, so the error can say it)."""
+    ledger its phase, so the error can say it)."""
     if _KILL is None:
         return
     want = _KILL.split(":")
@@ -137,7 +138,7 @@ def _ours(error: BaseException) -> RayevalError | None:
 def classify(error: BaseException, phase_of, started: bool, workers: int = 0
              ) -> Loss | None:
     """The loss a failed fit came to, or None when a restart would not help (see the
-    module's docstring). ``phase_of(rank)``: where that rank was (the tracker's last word);
+    module's docstring). ``phase_of(rank)``: where that rank was (the ledger's last word);
     ``started``: whether this attempt's workers reached their loop; ``workers``: the group's
     size (a survivor that lost an unnamed peer names it when only one rank is unaccounted)."""
     import ray.train
@@ -176,7 +177,7 @@ def classify(error: BaseException, phase_of, started: bool, workers: int = 0
                 return Loss(f"a peer of worker rank {rank}", when(rank), ours.message)
             return Loss(f"worker rank {peer}", when(peer), f"rank {rank}: {ours.message}")
         if ours is not None:
-            return None        # bad input: the tracker has it, a restart would meet it again
+            return None        # bad input: the ledger has it, a restart would meet it again
     for rank in sorted(failures):
         return Loss(f"worker rank {rank}", when(rank), reason(failures[rank], typed=True))
     return None
@@ -197,7 +198,7 @@ def final_error(loss: Loss, restarts: int, budget: int) -> RunError:
 
 
 def worker_group_error(error, budget: int) -> RayevalError:
-    """A worker group's failure as rayeval says it, where no tracker knows the phases."""
+    """A worker group's failure as rayeval says it, where no ledger knows the phases."""
     loss = classify(error, lambda rank: None, started=True)
     if loss is not None:
         return final_error(loss, budget, budget)
@@ -218,39 +219,36 @@ def worker_group_error(error, budget: int) -> RayevalError:
 
 
 class Restarting:
-    """What ``driver.Fit`` runs: fits of ``make_trainer()`` on one progress ``tracker``, a new
-    one after each loss, at most ``budget`` restarts. The last loss's error is rayeval's own
-    one-line error (what was lost, when, the restarts); an error that is no loss is raised as
-    it came."""
+    """What ``driver.Fit`` runs: fits of ``make_trainer()`` on one run ``ledger``
+    (``ledger.DriverLedger``), a new one after each loss, at most ``budget`` restarts. Whether
+    to restart is the run's state's to say (``run_state.RunState.lost``: it counts the
+    restarts, and refuses one after a stop or bad input). The last loss's error is rayeval's
+    own one-line error (what was lost, when, the restarts); an error that is no loss is raised
+    as it came."""
 
-    def __init__(self, make_trainer, tracker, budget: int):
+    def __init__(self, make_trainer, ledger, budget: int):
         self.make_trainer = make_trainer
-        self.tracker = tracker
+        self.ledger = ledger
         self.budget = budget
-        self.restarts = 0
-        self.losses: list[Loss] = []
 
     def fit(self):
-        import ray
         import ray.train
 
+        from rayeval.execution.run_state import Verdict
+
         while True:
-            attempts = ray.get(self.tracker.get_attempts.remote())
+            attempts = self.ledger.attempts()
             trainer = self.make_trainer()
             try:
                 return trainer.fit()
             except ray.train.TrainingFailedError as e:
                 error = e
-            started = ray.get(self.tracker.get_attempts.remote()) > attempts
-            loss = classify(error, lambda r: ray.get(self.tracker.phase_of.remote(r)),
-                            started, trainer.scaling_config.num_workers)
-            if loss is None or ray.get(self.tracker.get_fatal.remote()) is not None \
-                    or ray.get(self.tracker.stopping.remote()):
+            started = self.ledger.attempts() > attempts
+            loss = classify(error, self.ledger.phase_of, started,
+                            trainer.scaling_config.num_workers)
+            verdict, restarts = self.ledger.lost(None if loss is None else loss.text(),
+                                                 self.budget)
+            if verdict is Verdict.GIVE_UP:
                 raise error
-            self.losses.append(loss)
-            if self.restarts >= self.budget:
-                raise final_error(loss, self.restarts, self.budget) from None
-            self.restarts += 1
-            ray.get(self.tracker.problem.remote(
-                f"{loss.text()}; restarting the worker group ({self.restarts} of "
-                f"{self.budget}, recovery.max_restarts)"))
+            if verdict is Verdict.SPENT:
+                raise final_error(loss, restarts, self.budget) from None

@@ -39,7 +39,7 @@ from rayeval.harness.task import lm_task
 from rayeval.errors import (CheckpointError, GroupError, ModelError, RayevalError, RunError,
                             SpecError)
 from rayeval.execution import dist
-from rayeval.execution.coordinator import SETTING_UP, WorkerProgress
+from rayeval.execution.ledger import SETTING_UP, WorkerLedger
 from rayeval.execution.passes import CellPasses, Stop, peak_rss
 from rayeval.execution.pipeline import SplitRows
 from rayeval.execution.prefetch import Prefetch
@@ -60,38 +60,38 @@ STANDING_POLL_S = 2.0      # a standing group's rank 0 asks for cells this long 
 def train_loop(config: dict) -> list[CellOutcome]:
     """The train_loop_per_worker of the evaluation TorchTrainer; rank 0 returns the outcomes.
 
-    A restarted group (a worker died or stalled) asks the tracker which cells are finished and
+    A restarted group (a worker died or stalled) asks the ledger which cells are finished and
     goes on from the first unfinished one; a cell's rows are counted only in the pass that
     publishes it, so nothing is counted twice."""
     entered = time.time()
     plan: Plan = config["plan"]
     lm_eval_store.receive(config.get("lm_eval"))     # the driver's lm-eval tasks, through Ray
     rank = ray.train.get_context().get_world_rank()
-    progress = WorkerProgress(config.get("tracker"), rank)
-    attempt, done, fatal = progress.start()
+    ledger = WorkerLedger(config.get("ledger"), rank)
+    attempt, done, fatal = ledger.start()
     if fatal is not None:
         return []          # an earlier attempt met bad input: a restart would meet it again
     try:
         load_plugins()         # this process resolves the plan's names too; a failure is fatal
-        timer = Timer(on_doing=progress.doing)
+        timer = Timer(on_doing=ledger.doing)
         with timer.span("setup", doing=SETTING_UP):
-            worker = Worker(plan, progress, attempt, timer, config.get("ray_data", ()))
+            worker = Worker(plan, ledger, attempt, timer, config.get("ray_data", ()))
         if config.get("standing"):
             outcomes = worker.stand()
         elif plan.sweep.select is not None:      # a race publishes only at its end
             outcomes = worker.run(list(plan.cells))
         else:
             outcomes = worker.run([c for c in plan.cells if c.key not in done])
-        progress.timing(entered, time.time(), timer.as_dict())
+        ledger.timing(entered, time.time(), timer.as_dict())
         return outcomes
     except GroupError as e:
-        progress.problem(e.message)
+        ledger.problem(e.message)
         raise
     except RayevalError as e:
-        progress.fatal(e)
+        ledger.fatal(e)
         raise
     except Exception as e:
-        progress.problem(errors.reason(e, typed=True))
+        ledger.problem(errors.reason(e, typed=True))
         raise
 
 
@@ -111,13 +111,13 @@ class Worker(CellPasses):
     """One rank's state for a run: the model loader, the backend that answers the tasks'
     requests, the shards, the store (rank 0). Each cell's pass is ``CellPasses``'."""
 
-    def __init__(self, plan: Plan, progress: WorkerProgress, attempt: int,
+    def __init__(self, plan: Plan, ledger: WorkerLedger, attempt: int,
                  timer: Timer | None = None, ray_data=()):
         sweep = plan.sweep
         self.timer = timer or Timer()
         ctx = ray.train.get_context()
         self.plan = plan
-        self.progress = progress
+        self.ledger = ledger
         self.attempt = attempt
         self.rank = ctx.get_world_rank()
         self.world = ctx.get_world_size()
@@ -212,7 +212,7 @@ class Worker(CellPasses):
 
     def stand(self) -> list[CellOutcome]:
         """A standing group (``rayeval watch``): evaluate the cells the driver feeds through
-        the tracker as they come, until it closes the feed or asks to stop. Rank 0 takes
+        the ledger as they come, until it closes the feed or asks to stop. Rank 0 takes
         them and every rank gets the same batch; while none comes, rank 0 says so every few
         seconds, so a long wait is never taken for a stall."""
         try:
@@ -231,7 +231,7 @@ class Worker(CellPasses):
             if self.rank == 0:
                 deadline = time.monotonic() + wait
                 while True:
-                    batch = self.progress.take()
+                    batch = self.ledger.take()
                     if batch is None or batch or time.monotonic() >= deadline:
                         break
                     time.sleep(0.1)
@@ -259,7 +259,7 @@ class Worker(CellPasses):
         pending = [p for p in pending if p[2]]
         for i, (ref, fingerprint, group) in enumerate(pending):
             start = time.perf_counter()
-            self.progress.rows(self.index_of[group[0].key], 0, force=True)
+            self.ledger.rows(self.index_of[group[0].key], 0, force=True)
             self.mark("load", f"while loading {ref.location}")
             with self.timer.span("load", doing=f"loading {_name(ref.location)}"):
                 model, raw, error = self.load_and_agree(ref, fingerprint)
@@ -345,7 +345,7 @@ class Worker(CellPasses):
             serve()
         if why is not None:
             return None, None, why
-        self.progress.loaded(ref.location)
+        self.ledger.loaded(ref.location)
         self.loaded_rss = peak_rss()
         self.folders[ref.location] = folder
         return loaded[0], loaded[1], None
@@ -357,15 +357,15 @@ class Worker(CellPasses):
             step()
         except (CheckpointError, SpecError, ModelError) as e:
             error = e.message
-            self.progress.cell_error(location, error)   # before the reduce: rank 0 reads it
+            self.ledger.cell_error(location, error)   # before the reduce: rank 0 reads it
         dist.sync(where, self.timeout)
         any_failed, stop = dist.all_reduce_max([1.0 if error else 0.0,
-                                                1.0 if self.progress.stopping() else 0.0],
+                                                1.0 if self.ledger.stopping() else 0.0],
                                                where, self.timeout)
         if stop:
             raise Stop
         if any_failed:
-            return error or self.progress.error_of(location)[0] or (
+            return error or self.ledger.error_of(location)[0] or (
                 f"{location}: could not be loaded on another worker; see the worker logs")
         return None
 

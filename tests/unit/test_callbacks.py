@@ -1,5 +1,5 @@
 """Tier 1: the run callbacks' order and contract, and the Ray lifecycle's teardown, without Ray
-(a fake coordinator and a fake fit stand in for the actor and the trainer's thread)."""
+(a fake run ledger and a fake fit stand in for the actor and the trainer's thread)."""
 
 import io
 import signal
@@ -11,7 +11,7 @@ import pytest
 from rayeval.execution import lifecycle
 from rayeval.execution.callbacks import Callbacks, RunCallback
 from rayeval.reporting.trackers import PublishToTrackers
-from rayeval.execution.coordinator import TrackerClient
+from rayeval.execution.ledger import DriverLedger
 from rayeval.execution.lifecycle import RayLifecycle, follow
 from rayeval.plan.cells import CellOutcome
 from rayeval.reporting.display import DisplayCallback, LineDisplay
@@ -52,8 +52,8 @@ class Recorder(RunCallback):
         self.log.append((self.name, "end", type(error).__name__ if error else None))
 
 
-class FakeTracker(TrackerClient):
-    """The coordinator as the driver sees it: one more cell done at each snapshot."""
+class FakeLedger(DriverLedger):
+    """The run ledger as the driver sees it: one more cell done at each snapshot."""
 
     def __init__(self, keys, fit=None):
         super().__init__(handle=None)
@@ -95,8 +95,8 @@ class FakeFit:
 def test_follow_calls_the_hooks_in_order_and_hands_each_cell_once():
     log = []
     fit = FakeFit()
-    tracker = FakeTracker(["a", "b", "c"], fit)
-    follow(tracker, fit, Callbacks([Recorder(log), Recorder(log, "quiet", cells=False)]))
+    ledger = FakeLedger(["a", "b", "c"], fit)
+    follow(ledger, fit, Callbacks([Recorder(log), Recorder(log, "quiet", cells=False)]))
     mine = [e for e in log if e[0] == "rec"]
     assert mine[0] == ("rec", "fit_start") and mine[-1] == ("rec", "fit_end")
     assert [e[2] for e in mine if e[1] == "cell"] == ["a", "b", "c"], "each cell once, in order"
@@ -110,7 +110,7 @@ def test_follow_calls_the_hooks_in_order_and_hands_each_cell_once():
 def test_follow_takes_a_plain_on_cell_function_and_filters_by_keys():
     fit = FakeFit()
     got = []
-    follow(FakeTracker(["a", "b", "c"], fit), fit, None, on_cell=lambda o: got.append(o.key),
+    follow(FakeLedger(["a", "b", "c"], fit), fit, None, on_cell=lambda o: got.append(o.key),
            keys={"a", "c"})
     assert got == ["a", "c"]
 
@@ -124,10 +124,10 @@ def test_a_signal_while_following_ends_the_display_and_winds_the_group_down():
             raise KeyboardInterrupt
 
     fit = FakeFit()
-    tracker = FakeTracker(["a", "b"], fit)
+    ledger = FakeLedger(["a", "b"], fit)
     with pytest.raises(KeyboardInterrupt) as caught:
-        follow(tracker, fit, Interrupting(log))
-    assert tracker.stopped, "the workers are asked to stop"
+        follow(ledger, fit, Interrupting(log))
+    assert ledger.stopped, "the workers are asked to stop"
     assert caught.value.group_stopped is True, "and the fit ended within the grace period"
     assert log[-1] == ("rec", "fit_end"), "on_fit_end comes even after an interrupt"
 
@@ -154,7 +154,7 @@ def test_the_display_callback_makes_a_display_per_fit_and_ends_with_a_final_line
 
     for _ in range(2):
         fit = FakeFit()
-        follow(FakeTracker(["a", "b"], fit), fit, DisplayCallback(make))
+        follow(FakeLedger(["a", "b"], fit), fit, DisplayCallback(make))
     assert len(made) == 2, "a display for each fit"
     lines = stream.getvalue().splitlines()
     assert len([ln for ln in lines if ln.startswith("[rayeval] 2/2 cells")]) == 2, \

@@ -1,9 +1,9 @@
-"""Tier 1: the progress tracker and what the displays make of it, without Ray."""
+"""Tier 1: the run ledger and what the displays make of it, without Ray."""
 
 import io
 
 from rayeval.plan.cells import CellOutcome
-from rayeval.execution.coordinator import Tracker
+from rayeval.execution.ledger import RunLedger
 from rayeval.reporting.display import LineDisplay, Rate, fmt_duration, line, make_display
 
 
@@ -17,14 +17,14 @@ def outcome(key, error=None):
 
 
 def status(total, done=0, rows_in_flight=0, rows_per_cell=1000, **kw):
-    """A snapshot as the tracker gives one, for cells of equal size."""
+    """A snapshot as the ledger gives one, for cells of equal size."""
     return {"total": total, "done": done, "failed": 0, "rows_in_flight": rows_in_flight,
             "rows_done": done * rows_per_cell, "rows_total": total * rows_per_cell,
             "current": None, "attempts": 1, "problems": [], **kw}
 
 
-def test_tracker_counts_finished_cells_and_rows_in_flight():
-    t = Tracker(cells(3))
+def test_ledger_counts_finished_cells_and_rows_in_flight():
+    t = RunLedger(cells(3))
     assert t.start_attempt() == 1
     t.rows(0, 0, 30)
     t.rows(1, 0, 20)
@@ -39,7 +39,7 @@ def test_tracker_counts_finished_cells_and_rows_in_flight():
 
 
 def test_a_restart_keeps_finished_cells_and_forgets_rows_in_flight():
-    t = Tracker(cells(2))
+    t = RunLedger(cells(2))
     t.start_attempt()
     t.finish("k0", outcome("k0"))
     t.rows(0, 1, 70)
@@ -100,8 +100,8 @@ def test_display_choice():
 
 
 def test_nodes_are_counted_whichever_rank_says_hello_first():
-    t = Tracker(cells(1, rows=10))
-    t.hello(1, "node-b")             # rank 1 may reach the tracker before rank 0 opens the attempt
+    t = RunLedger(cells(1, rows=10))
+    t.hello(1, "node-b")             # rank 1 may reach the ledger before rank 0 opens the attempt
     t.start_attempt()
     t.hello(0, "node-a")
     assert t.node_count() == 2
@@ -111,8 +111,8 @@ def test_nodes_are_counted_whichever_rank_says_hello_first():
     assert t.node_count() == 1
 
 
-def test_the_tracker_says_the_longest_activity_and_forgets_it_on_a_restart():
-    t = Tracker(cells(1))
+def test_the_ledger_says_the_longest_activity_and_forgets_it_on_a_restart():
+    t = RunLedger(cells(1))
     assert t.snapshot()["activity"] is None, "no attempt yet: the line says the group starts"
     t.start_attempt()
     assert t.snapshot()["activity"][0] == "setting up the workers", \
