@@ -56,6 +56,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from rayeval.io.store import direction
+
 # Each look spends a share of the error budget. Before ~32 items a look can only eliminate a
 # checkpoint trailing by most of the range (radius of a [0, 1] difference at 32 items and
 # delta = 1e-3: 0.66), so earlier looks cost budget and rarely save items.
@@ -229,7 +231,7 @@ def decide(race: Race, sums, alive, round_index: int, n: int | None = None) -> D
     sums, alive = _checked(race, sums, alive, round_index)
     n = race.schedule[round_index] if n is None else int(n)
     return decide_parts(race, [Part(np.asarray(sums, dtype=np.float64), n, race.total_items,
-                                    race.lo, race.hi, 1.0 if race.higher_is_better else -1.0)],
+                                    race.lo, race.hi, direction(race.higher_is_better))],
                         alive, round_index)
 
 

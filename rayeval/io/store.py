@@ -446,6 +446,13 @@ def replicate_arrays(column: pa.ChunkedArray) -> list[np.ndarray | None]:
     return out
 
 
+def direction(higher_is_better: bool) -> float:
+    """+1.0 for a metric where higher is better (a row's ``higher_is_better``), -1.0 where
+    lower is: a lower-is-better metric enters an aggregate, a race and a ranking negated. The
+    one place this sign is computed (``results.rules`` and ``core.racing`` use it)."""
+    return 1.0 if higher_is_better else -1.0
+
+
 def bootstrap_params(key: str | None) -> dict[str, str]:
     return dict(part.split("=", 1) for part in key.split(";")) if key else {}
 

@@ -203,7 +203,7 @@ def _caption(board: Board, intervals: bool, hidden: list[Column]) -> str:
     if board.averaged:
         lines.append(_aggregate_legend(board))
     if hidden:
-        where = "" if len(board.evaluations) == 1 else ", one evaluation with --dataset NAME"
+        where = "" if len(board.evaluations) == 1 else ", one evaluation with --eval NAME"
         lines.append(f"{len(hidden)} more column(s) not shown (too wide): "
                      f"{', '.join(c.name for c in hidden)}; see them with --metric NAME"
                      f"{where} or --format csv")

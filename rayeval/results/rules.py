@@ -15,7 +15,8 @@ has one front door (``sweep_headline``), stored rows another (``stored_headlines
 the same of one sweep's cells.
 
 The group-member rule is ``config.names.members`` (the sweep's schema needs it below this
-floor); the sign of a lower-is-better metric is ``direction``.
+floor); the sign of a lower-is-better metric is ``io.store.direction`` (racing's statistics
+need it below this floor); both are named here too.
 """
 
 from __future__ import annotations
@@ -27,15 +28,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from rayeval.config.names import group_of, members
+from rayeval.io.store import direction
 
 __all__ = ["direction", "members", "sweep_headline", "stored_headlines", "shown",
            "codes"]
-
-
-def direction(higher_is_better: bool) -> float:
-    """+1.0 for a metric where higher is better, -1.0 where lower is: a lower-is-better metric
-    enters an aggregate, a race and a ranking negated."""
-    return 1.0 if higher_is_better else -1.0
 
 
 def sweep_headline(metrics: Sequence[str]) -> str:

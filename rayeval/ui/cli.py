@@ -121,7 +121,8 @@ def _parser() -> argparse.ArgumentParser:
                          "or aggregate (default: the aggregate with several evaluations, else "
                          "the first metric)")
     lb.add_argument("--sweep", metavar="NAME", help="only this sweep")
-    lb.add_argument("--dataset", metavar="NAME", help="only this evaluation (data set)")
+    lb.add_argument("--eval", "--dataset", dest="dataset", metavar="NAME",
+                    help="only this evaluation (--dataset: the same, its older name)")
     lb.add_argument("--checkpoint", metavar="GLOB", dest="checkpoint_glob",
                     help="only checkpoints whose location matches this pattern ('*' crosses "
                          "'/'): e.g. '*/run-3/*'")
@@ -167,7 +168,8 @@ def _parser() -> argparse.ArgumentParser:
     cmp.add_argument("b", metavar="B")
     cmp.add_argument("--metric", metavar="NAME",
                      help="only this: EVAL/METRIC, METRIC or aggregate (default: all)")
-    cmp.add_argument("--dataset", metavar="NAME", help="only this evaluation (data set)")
+    cmp.add_argument("--eval", "--dataset", dest="dataset", metavar="NAME",
+                     help="only this evaluation (--dataset: the same, its older name)")
     cmp.add_argument("--sweep", metavar="NAME", help="only this sweep")
     cmp.add_argument("--items", action="store_true",
                      help="list the items one gets right and the other wrong (text tasks' "
@@ -199,7 +201,8 @@ def _parser() -> argparse.ArgumentParser:
     cm.add_argument("store", metavar="STORE")
     cm.add_argument("checkpoint", metavar="CHECKPOINT",
                     help="its path, file name, unique suffix, file stem or step")
-    cm.add_argument("--dataset", metavar="NAME", help="only this evaluation (data set)")
+    cm.add_argument("--eval", "--dataset", dest="dataset", metavar="NAME",
+                    help="only this evaluation (--dataset: the same, its older name)")
     cm.add_argument("--sweep", metavar="NAME", help="only this sweep")
     for command in sub.choices.values():
         command.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,

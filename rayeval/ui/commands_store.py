@@ -17,7 +17,7 @@ from rayeval.ui.exit_codes import EXIT_CELLS_FAILED, EXIT_OK
 
 
 def _stored_rows(args, replicates: str = "all", metric: str | None = None) -> list[dict]:
-    """The newest stored rows of a STORE argument, filtered by --sweep / --dataset /
+    """The newest stored rows of a STORE argument, filtered by --sweep / --eval /
     --checkpoint in the files' scan (``rayeval.results``, as dicts), with the replicates
     ``replicates`` asks for (``reporting.stored``)."""
     from rayeval.results.stored import stored_rows
@@ -306,8 +306,8 @@ def _compare_items(args, out: Console) -> int:
                          "(text tasks keep them; samples: true)")
     metric = args.metric
     for evaluation in evaluations:
-        _, a = read_cell_samples(args.store, a_rows, evaluation, what="--dataset")
-        _, b = read_cell_samples(args.store, b_rows, evaluation, what="--dataset")
+        _, a = read_cell_samples(args.store, a_rows, evaluation, what="--eval")
+        _, b = read_cell_samples(args.store, b_rows, evaluation, what="--eval")
         if metric and "/" in metric and not metric.startswith(f"{evaluation}/"):
             continue
         d = item_differences(a, b, evaluation, metric)
