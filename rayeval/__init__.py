@@ -16,6 +16,15 @@ loaded on first use (``RunReport`` lives with the driver, which imports torch).
 
 __version__ = "0.1.0"
 
+# The built-in slices, each registering its task, metrics and sweep-entry kind by reference as a
+# plugin does (``config.plugins.builtin``); their functions run when the task registry is first
+# imported, not now. Named here, in the root that every import of a rayeval module runs first
+# and that stands above every floor, so that no floor names a floor above it.
+from rayeval.config import plugins as _plugins
+
+_plugins.builtin("lm_eval", "rayeval.harness:register")
+_plugins.builtin("lmms_eval", "rayeval.lmms:register")
+
 from rayeval.api import leaderboard, load_sweep, query, results, run, samples
 from rayeval.config.schema import Sweep
 from rayeval.errors import (CheckpointError, DataError, EngineError, GroupError, MetricError,

@@ -80,6 +80,70 @@ def loaded() -> tuple[Plugin, ...]:
     return _loaded or ()
 
 
+# The slices rayeval ships (lm-evaluation-harness, lmms-eval), registered as a plugin registers:
+# one function per slice that names its task, metrics and sweep-entry kind by reference, called
+# once per process. The table is filled by the package's root (``rayeval/__init__.py``, which
+# every import of a rayeval module runs first and which stands above every floor of the
+# ladder), so that this floor holds the mechanism and names no slice; the functions run when the
+# task registry is first imported (``core.tasks``), so the registries keep their order (built-in
+# tasks, then lm_eval, then lmms_eval) and ``import rayeval`` imports no slice, torch or Ray.
+# Not the ``rayeval.plugins`` entry points: a source checkout (PYTHONPATH, a Ray job's
+# working_dir, a folder carried to another machine) has no installed metadata, and a built-in
+# name must resolve there; ``loaded()`` stays the installed plugins.
+_BUILTIN: dict[str, str] = {}       # slice name -> its register function, "module:function"
+_builtin_done: set[str] = set()
+_builtin_failure: RayevalError | None = None
+_builtin_running = False
+
+
+def builtin(name: str, ref: str) -> None:
+    """Name a built-in slice's register function ("module:function"), called by
+    ``load_builtins``; a name given twice is refused."""
+    if name in _BUILTIN:
+        raise RegistryError(f"built-in slice {name!r} is named twice: {_BUILTIN[name]} and "
+                            f"{ref}", kind="slice", name=name)
+    _BUILTIN[name] = ref
+
+
+def load_builtins() -> None:
+    """Call every built-in slice's register function not called yet in this process, in the
+    table's order. A call made while they run (a slice's function imports the task registry,
+    whose import asks for the slices) returns at once: the outer call goes on in order."""
+    global _builtin_failure, _builtin_running
+    with _LOCK:
+        if _builtin_failure is not None:
+            raise _builtin_failure
+        if _builtin_running:
+            return
+        _builtin_running = True
+        try:
+            for name, ref in list(_BUILTIN.items()):
+                if name not in _builtin_done:
+                    _builtin_done.add(name)
+                    _call_builtin(name, ref)
+        except RayevalError as e:
+            _builtin_failure = e
+            raise
+        finally:
+            _builtin_running = False
+
+
+def _call_builtin(name: str, ref: str) -> None:
+    import importlib
+
+    module, _, attr = ref.partition(":")
+    try:
+        getattr(importlib.import_module(module), attr)()
+    except RegistryError as e:
+        raise RegistryError(f"built-in slice {name!r} ({ref}): {e.message}",
+                            errors.traceback_of(e), **e.fields()) from None
+    except Exception as e:
+        raise RegistryError(f"built-in slice {name!r} ({ref}) cannot be registered "
+                            f"({errors.reason(e, typed=True)}); reinstall rayeval",
+                            errors.traceback_of(e), kind="slice", name=name,
+                            cause=type(e).__name__, reason=errors.reason(e)) from None
+
+
 def _entry_points() -> list:
     from importlib.metadata import entry_points
 

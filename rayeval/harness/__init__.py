@@ -8,8 +8,30 @@
     store     request tables in the result store, checked against the driver's bytes before a
               run reads them, and the task objects sent to the workers through Ray
     task      the worker's half: the ``lm_eval`` task and its four sum-state metrics
+    entries   the sweep file's ``lm_eval:`` entries rendered into evaluations (an entry kind)
 
-``core``'s task registry names the ``lm_eval`` task lazily (``"rayeval.harness.task:Harness"``),
-so ``core`` never imports this package and any process finds the task by name. Importing this
+The slice registers itself as a plugin registers (``register``, named in the package root's
+table of built-in slices, ``config.plugins.builtin``, and called once per process when the task
+registry is first imported): its task, metrics and entry kind by reference, imported in
+whichever process first asks for them; no floor below this one names the package. Importing this
 package imports neither lm-eval nor torch.
 """
+
+from rayeval.config.entries import ENTRIES
+
+# The worker's half, by name: imported (with torch and lm-eval) when a process first asks.
+METRICS = (("lm_mean", "LmMean"), ("lm_perplexity", "LmPerplexity"),
+           ("lm_weighted_perplexity", "LmWeightedPerplexity"),
+           ("lm_bits_per_byte", "LmBitsPerByte"))
+
+
+def register() -> None:
+    """The ``lm_eval`` task, its metrics and the ``lm_eval:`` entry kind, registered by
+    reference (the task registry's import calls this, through ``config.plugins``)."""
+    from rayeval.core import metrics
+    from rayeval.core.tasks import TASKS
+
+    TASKS.add_lazy("lm_eval", "rayeval.harness.task:Harness", instance=True)
+    for name, cls in METRICS:
+        metrics._registry("lm_eval").add_lazy(name, f"rayeval.harness.task:{cls}")
+    ENTRIES.add_lazy("lm_eval", "rayeval.harness.entries:LmEvalEntry", instance=True)

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from rayeval.config import names
+from rayeval.config.schema import GroupMetric, GroupSpec
 
 if TYPE_CHECKING:
     from rayeval.harness.render import Rendered      # or lmms.render's: the same attributes
@@ -50,4 +51,25 @@ def group_metrics(group: Group, members: dict[str, "Rendered"]) -> list[tuple]:
                       if k == members[t].lm_keys[lm_key]}
             key = metric if len(filters) == 1 and f == names.NO_FILTER else lm_key
             out.append((key, parts, weight, higher != {False}))
+    return out
+
+
+def group_specs(name: str, groups: list[Group], tasks: list, path: str,
+                top: str | None = None) -> list[GroupSpec]:
+    """The aggregates of entry ``name``'s groups (the one the entry names first) over its
+    rendered tasks (lm-eval's or lmms-eval's), whose evaluations are ``NAME/TASK``: the
+    aggregate of the group the entry names (``top``; when None, the first group) is ``NAME``, a
+    subgroup's ``NAME/SUB``; a group that aggregates nothing has none."""
+    by_task = {t.task: t for t in tasks}
+    out = []
+    for i, group in enumerate(groups):
+        metrics = tuple(GroupMetric(key, tuple((names.member(name, t), k) for t, k in parts),
+                                    weight, higher)
+                        for key, parts, weight, higher in group_metrics(group, by_task))
+        if metrics:
+            out.append(GroupSpec(
+                name=name if (group.name == top if top is not None else i == 0)
+                else names.member(name, group.name),
+                members=tuple(names.member(name, t) for t in group.leaves if t in by_task),
+                metrics=metrics, key_path=path))
     return out

@@ -32,11 +32,25 @@ DOCS_FILE = "docs.parquet"
 # on a worker, the tasks the driver sent (``receive``).
 _RENDERED: dict[str, "Rendered"] = {}
 _TASKS: dict[str, object] = {}
+# docs-table location -> (result store, rendered task): rendered while a sweep file was read
+# (lm-eval's tasks, ``harness.entries``, and lmms-eval's, ``lmms.entries``), not yet written.
+UNWRITTEN: dict[str, tuple[str, object]] = {}
 
 
 def location(output: str, digest: str) -> str:
     """Where a rendered task's files live in the result store."""
     return f"{output.rstrip('/')}/{REQUESTS_DIR}/{digest}"
+
+
+def write_requests(sweep) -> None:
+    """Write the request tables of the sweep's lm-eval and lmms-eval evaluations that this
+    process rendered and has not written yet (a table already in the store is kept): the
+    parser writes nothing, the run writes them when it is planned."""
+    for ev in sweep.evals:
+        rendered = ev.lm_eval is not None or ev.lmms_eval is not None
+        waiting = UNWRITTEN.pop(ev.dataset.path, None) if rendered else None
+        if waiting is not None:
+            write(*waiting)
 
 
 def table_bytes(rendered: "Rendered") -> bytes:

@@ -7,6 +7,7 @@
               float rows (the worker's half of the numbers)
     task      the worker's half: the ``lmms_eval`` task, generating through the backend's
               ``generate_images``
+    entries   the sweep file's ``lmms_eval:`` entries rendered into evaluations (an entry kind)
 
 Why its own package and not inside ``harness``: lmms-eval is a fork of lm-eval whose task API
 differs where it matters here (chat messages instead of contexts, ``doc_to_visual``, images,
@@ -15,6 +16,21 @@ generation only, its own module tree ``lmms_eval.*``); what the two share is tak
 tables in the store and the task objects sent through Ray (``harness.store``), and the
 task pickling and config digest helpers (``harness.render``). It stands on harness's floor.
 
-``core``'s task registry names the ``lmms_eval`` task lazily, so ``core`` never imports this
-package. Importing this package imports neither lmms-eval nor torch.
+The slice registers itself as a plugin registers (``register``, named in the package root's
+table of built-in slices, ``config.plugins.builtin``): its task, its metric and its entry kind
+by reference, so no floor below this one names the package. Importing this package imports
+neither lmms-eval nor torch.
 """
+
+from rayeval.config.entries import ENTRIES
+
+def register() -> None:
+    """The ``lmms_eval`` task, its ``lm_mean`` (lm-eval's, over lmms-eval's rows) and the
+    ``lmms_eval:`` entry kind, registered by reference (the task registry's import calls this,
+    through ``config.plugins``)."""
+    from rayeval.core import metrics
+    from rayeval.core.tasks import TASKS
+
+    TASKS.add_lazy("lmms_eval", "rayeval.lmms.task:LmmsEval", instance=True)
+    metrics._registry("lmms_eval").add_lazy("lm_mean", "rayeval.lmms.task:LmmsMean")
+    ENTRIES.add_lazy("lmms_eval", "rayeval.lmms.entries:LmmsEvalEntry", instance=True)

@@ -2,8 +2,9 @@
 
 Raw dicts go no further than ``load_sweep``. The values are read by ``config.reader``, which
 walks the schema's declarations (type, bounds, choices, default, key path); the rules between
-fields are ``plan.validation``'s; the ``lm_eval:`` entries are rendered by
-``plan.lm_eval_entries``. What is left here is the file, its shape (one evaluation or a suite)
+fields are ``plan.validation``'s; the ``lm_eval:`` and ``lmms_eval:`` entries are rendered by
+the entry kinds their slices register (``config.entries``: ``harness.entries``,
+``lmms.entries``), which the loader calls by the entry's key. What is left here is the file, its shape (one evaluation or a suite)
 and the order things are read in. Every error names the file and the key path at fault
 (``dataset.target``, ``metrics[2]``) and says how to fix it. Nothing is written.
 """
@@ -17,6 +18,7 @@ from typing import Any
 import yaml
 
 from rayeval.config import schema
+from rayeval.config.entries import EntryContext, kinds
 from rayeval.config.reader import Reader, join, show as _show
 from rayeval.config.schema import (Bootstrap, DatasetSpec, EvalSpec, Generation, MlflowTracker,
                                    ModelSpec, Sweep, Trackers, WandbTracker, WatchSpec)
@@ -25,8 +27,6 @@ from rayeval.core.tasks import TASKS
 from rayeval.errors import SpecError
 from rayeval.io import paths
 from rayeval.plan import validation
-from rayeval.plan import lmms_eval_entries
-from rayeval.plan.lm_eval_entries import LmEvalEntries
 # Re-exported: the command line, the API and the integrations take them from the loader.
 from rayeval.plan.overrides import (is_relative_local, with_overrides,  # noqa: F401
                                     with_trackers, written_locations)
@@ -87,7 +87,7 @@ def parse_sweep(raw: Any, *, base_dir: str, source: str = "<sweep>") -> Sweep:
         samples=r.field(EvalSpec, "samples", top, "samples", default=True))  # text tasks keep
     model = r.build(ModelSpec, top.get("model"), "model")
     validation.model(r, model)
-    entries = LmEvalEntries(r, top, model)
+    entries = EntryContext(r, top, model)      # what the rendered entries share
     validation.one_form(r, top, SINGLE_FORM_KEYS)
     if "evals" in top:
         evals = _evals(r, top["evals"], base_dir, defaults, entries)
@@ -125,7 +125,7 @@ def _single_form(r: Reader, top: dict, base_dir: str, defaults: _Defaults) -> Ev
 
 
 def _evals(r: Reader, raw: Any, base_dir: str, defaults: _Defaults,
-           entries: LmEvalEntries) -> tuple[EvalSpec, ...]:
+           entries: EntryContext) -> tuple[EvalSpec, ...]:
     validation.evals_list(r, raw)
     evals: list[EvalSpec] = []
     seen: dict[str, int] = {}
@@ -135,17 +135,14 @@ def _evals(r: Reader, raw: Any, base_dir: str, defaults: _Defaults,
         name = r.field(EvalSpec, "name", m, f"{path}.name")
         validation.evaluation_name(r, name, f"{path}.name")
         validation.unique_name(r, name, f"{path}.name", seen, i)
-        if m.get("lm_eval") is not None:
+        kind = validation.entry_kind(m)
+        if kind is not None:                   # lm_eval:, lmms_eval:: rendered by its slice
             batch_size, bootstrap = _own_settings(r, m, path, defaults)
             samples = r.field(EvalSpec, "samples", m, f"{path}.samples",
                               default=defaults.samples)
-            evals.extend(entries.evaluation(m, path, batch_size, bootstrap, samples))
-        elif m.get("lmms_eval") is not None:
-            batch_size, bootstrap = _own_settings(r, m, path, defaults)
-            samples = r.field(EvalSpec, "samples", m, f"{path}.samples",
-                              default=defaults.samples)
-            evals.extend(lmms_eval_entries.evaluation(r, entries.output, m, path, batch_size,
-                                                      bootstrap, samples, entries.groups))
+            validation.rendered_entry(r, m, path, kind)
+            evals.extend(kinds().get(kind).evaluations(entries, m, path, batch_size,
+                                                       bootstrap, samples))
         else:
             evals.append(_evaluation(r, m, path, base_dir, defaults))
     return tuple(evals)

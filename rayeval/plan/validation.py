@@ -8,6 +8,7 @@ tasks (which keys a task needs). Each rule fails with one line naming the key pa
 
 from __future__ import annotations
 
+from rayeval.config.entries import kinds
 from rayeval.config.reader import Reader, field_of, show
 from rayeval.config.schema import EvalSpec, Generation, ModelSpec, Sweep, WatchSpec
 from rayeval.core.backends import BACKENDS
@@ -36,9 +37,9 @@ def one_form(r: Reader, top: dict, single_form_keys: set[str]) -> None:
             r.fail(both[0], "give the evaluations either as evals: or as one top-level "
                             "dataset/task/metrics, not both; move it into an entry of evals")
         return
-    for kind in ("lm_eval", "lmms_eval"):
+    for kind in kinds():                   # lm_eval, lmms_eval: the slices' entry kinds
         if top.get(kind) is not None:
-            r.fail(kind, f"give an {kind.replace('_', '-')} task as an entry of evals: "
+            r.fail(kind, f"give an {kinds().get(kind).library} task as an entry of evals: "
                          f"(evals: [{{name: N, {kind}: {{task: T}}}}])")
     missing = [k for k in ("dataset", "task", "metrics") if top.get(k) is None]
     if missing:
@@ -50,22 +51,25 @@ def evals_list(r: Reader, raw) -> None:
         r.fail("evals", f"expected a non-empty list of evaluations, got {show(raw)}")
 
 
-def lm_eval_entry(r: Reader, m: dict, path: str, kind: str = "lm_eval") -> None:
-    """An ``lm_eval:`` (``lmms_eval:``) entry takes its data, metrics and decoding from lm-eval
-    (lmms-eval)."""
-    library = {"lm_eval": "lm-eval", "lmms_eval": "lmms-eval"}[kind]
-    for key in ("task", "dataset", "metrics", "generation", "lm_eval", "lmms_eval"):
+def entry_kind(m: dict) -> str | None:
+    """The kind of rendered entry ``m`` is (``lm_eval``, ``lmms_eval``: a key of the slices'
+    entry kinds, ``config.entries``), or None for an evaluation given in full."""
+    return next((kind for kind in kinds() if m.get(kind) is not None), None)
+
+
+def rendered_entry(r: Reader, m: dict, path: str, kind: str) -> None:
+    """A rendered entry (``lm_eval:``, ``lmms_eval:``) takes its data, metrics and decoding from
+    its library (lm-eval, lmms-eval)."""
+    library = kinds().get(kind).library
+    for key in ("task", "dataset", "metrics", "generation", *kinds()):
         if key != kind and m.get(key) is not None:
             r.fail(f"{path}.{key}", f"an {kind} entry takes its data, metrics and decoding "
                                     f"from {library}; remove the key")
 
 
 def task_name(r: Reader, task: str, path: str) -> None:
-    if task == "lm_eval":
-        r.fail(path, "an lm-evaluation-harness task is given as lm_eval: {task: NAME} "
-                     "(without task, dataset and metrics)")
-    if task == "lmms_eval":
-        r.fail(path, "an lmms-eval task is given as lmms_eval: {task: NAME} "
+    if task in kinds():                    # a rendered entry's task is named for its kind
+        r.fail(path, f"an {kinds().get(task).title} task is given as {task}: {{task: NAME}} "
                      "(without task, dataset and metrics)")
     if task not in TASKS:
         r.fail(path, f"unknown task {task!r}; choose one of: {', '.join(TASKS)}")
@@ -167,11 +171,9 @@ def backend_fits(r: Reader, sweep: Sweep) -> None:
                                      "vllm, or remove parallelism.tensor")
     for ev in sweep.evals:
         if ev.generation.samples and not vllm:
-            if ev.lm_eval is not None:
-                r.fail(f"{ev.key_path}.lm_eval.gen_kwargs",
-                       f"lm-eval task {ev.name!r} samples (do_sample or temperature > 0), which "
-                       "runs on model.backend: vllm (each document seeded); set it, or decode "
-                       "greedily: gen_kwargs: {do_sample: false, temperature: 0}")
+            problem = kinds().get(ev.task).sampling_problem(ev) if ev.task in kinds() else None
+            if problem:                    # a rendered entry's own words (lm-eval's gen_kwargs)
+                r.fail(*problem)
             r.fail(f"{ev.key_path}.generation.temperature",
                    "sampled generation (temperature above 0) runs on model.backend: vllm, "
                    "which seeds each item; set it, or set temperature: 0")

@@ -20,14 +20,15 @@ the whole change (with the README's task list and its tests).
            of vision-language models; these two tasks are registered here, with both paths
 
 lm_eval, an lm-evaluation-harness task's rendered requests, lives in its own package above this
-one (``rayeval.harness``), and lmms_eval, an lmms-eval task's, in ``rayeval.lmms``; the
-registry names them lazily, so that core never imports them.
+one (``rayeval.harness``), and lmms_eval, an lmms-eval task's, in ``rayeval.lmms``; each
+registers itself by reference when this package is imported (``config.plugins.load_builtins``),
+so that core never imports nor names them.
 """
 
 import importlib
 import pkgutil
 
-from rayeval.core import metrics as _metrics
+from rayeval.config import plugins as _plugins
 
 from rayeval.core.tasks.base import (TASKS, TOKENS, Classification, Inputs, LanguageModeling,
                                      Regression, Task, check_finite_inputs, nbytes, pin,
@@ -41,17 +42,11 @@ for _module in sorted(m.name for m in pkgutil.iter_modules(__path__)):
     if not _module.startswith("_"):
         importlib.import_module(f"{__name__}.{_module}")
 
-# Named, not imported: the lm-eval slice stands above core on the ladder; the task and its
-# metrics are imported from it in whichever process first asks for them.
-TASKS.add_lazy("lm_eval", "rayeval.harness.task:Harness", instance=True)
-for _metric, _cls in (("lm_mean", "LmMean"), ("lm_perplexity", "LmPerplexity"),
-                      ("lm_weighted_perplexity", "LmWeightedPerplexity"),
-                      ("lm_bits_per_byte", "LmBitsPerByte")):
-    _metrics._registry("lm_eval").add_lazy(_metric, f"rayeval.harness.task:{_cls}")
-# lmms_eval, an lmms-eval task's rendered documents (images and chats), likewise
-# (``rayeval.lmms``): its means are lm-eval's ``lm_mean``.
-TASKS.add_lazy("lmms_eval", "rayeval.lmms.task:LmmsEval", instance=True)
-_metrics._registry("lmms_eval").add_lazy("lm_mean", "rayeval.lmms.task:LmmsMean")
+# The slices above core (lm-eval's ``lm_eval``, lmms-eval's ``lmms_eval``, with their metrics)
+# register themselves by reference, as a plugin does: the package root names them
+# (``config.plugins.builtin``) and this registry's import has them registered, after the tasks
+# above, so that every process that can look a task up finds them; core names none of them.
+_plugins.load_builtins()
 
 
 def get(name: str) -> Task:

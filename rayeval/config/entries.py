@@ -1,0 +1,61 @@
+"""Kinds of ``evals`` entry that a slice renders into evaluations: ``lm_eval:`` and
+``lmms_eval:`` entries, registered by their slices (``rayeval.harness``, ``rayeval.lmms``) as a
+plugin registers, so that the loader (``plan``) reads any of them without naming one.
+
+An entry kind is registered under the key that marks its entries in a sweep file, which is also
+the name of the task its evaluations run (an ``lm_eval:`` entry's evaluations run task
+``lm_eval``): ``ENTRIES.add_lazy("lm_eval", "rayeval.harness.entries:LmEvalEntry",
+instance=True)``. The object registered has
+
+    library       the library named in messages ("lm-eval")
+    title         the library's full name ("lm-evaluation-harness")
+    evaluations(context, m, path, batch_size, bootstrap, samples) -> list[EvalSpec]
+                  entry ``m`` at key path ``path`` rendered; a group's aggregates appended to
+                  ``context.groups``
+    sampling_problem(ev) -> (key path, message) | None
+                  why evaluation ``ev`` cannot sample on a backend other than vLLM, in the
+                  kind's own words (None: the loader's general message)
+
+The loader checks what every kind shares before it calls ``evaluations``: the entry gives no
+``task``, ``dataset``, ``metrics`` or ``generation`` (they come from the library), nor another
+kind's key.
+
+Standard library and ``config`` only: the floor below every slice.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rayeval.config import plugins
+from rayeval.config.registry import Registry
+from rayeval.config.schema import Sweep
+
+ENTRIES: Registry[Any] = Registry("evaluation entry kind")
+
+
+def kinds() -> Registry[Any]:
+    """The entry kinds, with the built-in slices' registered (``plugins.load_builtins``)."""
+    plugins.load_builtins()
+    return ENTRIES
+
+
+class EntryContext:
+    """What the rendered entries of one sweep file share: the reader (``r``), the file's
+    top-level mapping, the model, the group aggregates found so far, and a cache a kind keeps
+    what it loads once per file in (a tokenizer)."""
+
+    def __init__(self, r, top: dict, model):
+        self.r, self.top, self.model = r, top, model
+        self.groups: list = []
+        self.cache: dict[str, Any] = {}
+
+    @property
+    def output(self) -> str:
+        """The result store, which keeps the rendered requests (read when first needed, as
+        a sweep without rendered entries reads it: after its evaluations)."""
+        return self.r.field(Sweep, "output", self.top, "output")
+
+    @property
+    def checkpoints(self) -> tuple[str, ...]:
+        return self.r.field(Sweep, "checkpoints", self.top, "checkpoints")

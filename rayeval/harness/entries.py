@@ -1,0 +1,87 @@
+"""The sweep file's ``lm_eval:`` entries: each rendered by lm-eval (``render``) into a request
+table that the evaluation reads as its data set; the entry kind this slice registers
+(``config.entries``), which the loader calls without naming lm-eval.
+
+Rendering happens while the sweep file is read (it decides the evaluations, their metrics and
+groups); writing the tables into the result store does not: the parser writes nothing, and
+``store.write_requests`` writes them when the run is planned. Until then the rendered tables
+wait in ``store.UNWRITTEN``, by the location their evaluation reads.
+"""
+
+from __future__ import annotations
+
+from rayeval.config import names
+from rayeval.config.entries import EntryContext
+from rayeval.config.schema import (Bootstrap, DatasetSpec, EvalSpec, Generation, LmEvalSpec,
+                                   MetricSpec)
+from rayeval.harness import store as lm_store
+from rayeval.harness.groups import group_specs
+from rayeval.io import paths
+
+
+class LmEvalEntry:
+    """The ``lm_eval:`` entry kind: an lm-eval task or group, by name."""
+    library = "lm-eval"
+    title = "lm-evaluation-harness"
+
+    def evaluations(self, context: EntryContext, m: dict, path: str, batch_size: int,
+                    bootstrap: Bootstrap, samples: bool) -> list[EvalSpec]:
+        """Entry ``m`` (at ``path``): one evaluation for a task; for a group, one per task
+        (``NAME/TASK``) and the group's aggregates (``context.groups``)."""
+        from rayeval.harness import render as lm_render      # pyarrow: only with lm_eval entries
+
+        r = context.r
+        spec = r.build(LmEvalSpec, m["lm_eval"], f"{path}.lm_eval")
+        where = f"{r.source}: {path}.lm_eval"
+        tasks, groups = lm_render.render(spec, where, tokenizer(context)
+                                         if spec.apply_chat_template else None)
+        common = dict(batch_size=batch_size, bootstrap=bootstrap, samples=samples,
+                      lm_eval=spec, key_path=path)
+        name = m["name"]
+        if not groups:                                     # one task: the evaluation NAME
+            return [_one(context.output, tasks[0], name, path, common)]
+        # A group: its tasks as NAME/TASK, its aggregate as NAME, a subgroup's as NAME/SUB.
+        context.groups.extend(group_specs(name, groups, tasks, path))
+        return [_one(context.output, t, names.member(name, t.task), path, common)
+                for t in tasks]
+
+    def sampling_problem(self, ev: EvalSpec) -> tuple[str, str]:
+        return (f"{ev.key_path}.lm_eval.gen_kwargs",
+                f"lm-eval task {ev.name!r} samples (do_sample or temperature > 0), which "
+                "runs on model.backend: vllm (each document seeded); set it, or decode "
+                "greedily: gen_kwargs: {do_sample: false, temperature: 0}")
+
+
+def tokenizer(context: EntryContext):
+    """The tokenizer a chat template comes from: model.tokenizer, else the first checkpoint
+    folder's; loaded once per sweep file."""
+    if "tokenizer" not in context.cache:
+        from rayeval.io.hf import load_tokenizer
+
+        folder = context.model.tokenizer
+        if folder is None:
+            found = [p for pattern in context.checkpoints for p in paths.glob(pattern)]
+            if not found:
+                context.r.fail("checkpoints", "no checkpoint matches, so there is no "
+                                              "tokenizer for the chat template")
+            folder = sorted(found)[0]
+        what = "model.tokenizer" if context.model.tokenizer else "checkpoints"
+        context.cache["tokenizer"] = load_tokenizer(folder, what=what).tokenizer
+    return context.cache["tokenizer"]
+
+
+def _one(output: str, task, name: str, path: str, common: dict) -> EvalSpec:
+    data = f"{lm_store.location(output, task.digest)}/{lm_store.DOCS_FILE}"
+    lm_store.UNWRITTEN[data] = (output, task)
+    # The request table's columns, read as they are (the task tokenizes them).
+    dataset = DatasetSpec(path=data, inputs=("context", "target", "choices", "instances"),
+                          id="doc_id", key_path=f"{path}.lm_eval")
+    metrics = tuple(MetricSpec(name=kind, task="lm_eval", key=key,
+                               params=(("column", column), ("higher", higher)))
+                    for key, kind, column, higher in task.metrics)
+    return EvalSpec(
+        name=name, task="lm_eval", dataset=dataset, metrics=metrics,
+        generation=Generation(until=task.until, max_new_tokens=max(1, task.max_gen_toks),
+                              temperature=task.sampling[0], top_p=task.sampling[1],
+                              repeats=task.sampling[2]),
+        **common)
