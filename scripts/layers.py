@@ -6,7 +6,9 @@
 
 An arrow is one rayeval module importing another (``from rayeval.x import y`` and relative
 imports alike), counted once per pair; arrows written inside functions are counted apart, and
-imports under ``if TYPE_CHECKING:`` (annotations only, never run) are not arrows. A
+imports under ``if TYPE_CHECKING:`` (annotations only, never run) are not arrows. A string
+that names a rayeval module ("rayeval.harness.task:Harness", a lazy registration) is an arrow
+for the ladder (``upward_imports``), though not for the counts and cycles. A
 "deferred" import is one inside a function that names a rayeval module but no heavy or optional
 dependency comes with it that the caller could avoid: those are the ones the layering should
 remove. Cycles are strongly connected components of the module graph, and of the graph of
@@ -20,6 +22,7 @@ import ast
 import io
 import json
 import os
+import re
 import subprocess
 import sys
 import tarfile
@@ -171,8 +174,10 @@ LADDER = [
     {"plan"},                               # sweeps to cells, rendering, group aggregates
     {"execution"},                          # Ray lifecycle, driver, workers, callbacks
     {"reporting"},                          # boards, display, trackers, plots
-    {"api", "rayeval"},                     # the public API
+    {"api"},                                # the public API
     {"integrations"},                       # watch, Ray Jobs, KubeRay, Ray Train
+    {"rayeval"},                            # the curated names: api's, and by name (lazily)
+                                            # integrations' validation_config
     {"ui", "__main__"},                     # the command line
 ]
 
@@ -189,16 +194,48 @@ def top_of(module: str) -> str:
     return parts[1] if len(parts) > 1 else "rayeval"
 
 
+# A module named in a string, "rayeval.x.y" or "rayeval.x.y:Name" (an f-string's leading part,
+# "rayeval.x.y:{name}", too): a lazy registration (``Registry.add_lazy``) or an import by name.
+# The arrow is as real as an import's, only later: the name works in a process only if the
+# module can be imported there, so it must point down the ladder like any import.
+REFERENCE = re.compile(r"(rayeval(?:\.[A-Za-z_]\w*)+)(?::[A-Za-z_{][\w.{}]*|:)?")
+
+
+def references_of(path: str, known: set[str]) -> list[tuple[str, int]]:
+    """(rayeval module, line) for each string in the file that names a rayeval module, alone or
+    as the module of a "module:Name" reference (imports under ``if TYPE_CHECKING:`` aside)."""
+    tree = ast.parse(open(path, encoding="utf-8").read(), path)
+    found = []
+
+    def visit(node):
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.If) and "TYPE_CHECKING" in ast.unparse(child.test):
+                continue
+            if isinstance(child, ast.Constant) and isinstance(child.value, str):
+                hit = REFERENCE.fullmatch(child.value)
+                if hit and hit.group(1) in known:
+                    found.append((hit.group(1), child.lineno))
+            visit(child)
+
+    visit(tree)
+    return found
+
+
 def upward_imports(root: str) -> list[str]:
     """Every import (module level or in a function; annotations-only aside) from a top-level
-    package to one on a higher floor of LADDER."""
+    package to one on a higher floor of LADDER, and every string naming such a module
+    (``references_of``: "rayeval.harness.task:Harness" in core is an arrow up, by name)."""
     modules = modules_of(root)
     known = set(modules)
     out = []
     for m, path in sorted(modules.items()):
+        where = os.path.relpath(path, root)
         for target, line, _ in imports_of(m, path, known):
             if floor_of(top_of(target)) > floor_of(top_of(m)):
-                out.append(f"{os.path.relpath(path, root)}:{line} -> {target}")
+                out.append(f"{where}:{line} -> {target}")
+        for target, line in references_of(path, known):
+            if floor_of(top_of(target)) > floor_of(top_of(m)):
+                out.append(f"{where}:{line} -> {target} (by name)")
     return sorted(set(out))
 
 

@@ -19,6 +19,7 @@ def test_no_import_cycle_between_modules_or_packages():
 def test_no_import_up_the_ladder_between_top_level_packages():
     # errors/config < io < core < harness < plan < execution < reporting < api < integrations
     # < ui, at top-level-package granularity: execution and its subpackages are one floor.
+    # Strings naming a module count too: core's lazy "rayeval.harness.task:Harness" is up.
     assert layers.upward_imports(layers.REPO) == []
 
 
@@ -37,6 +38,26 @@ def test_the_ladder_check_sees_an_upward_import(tmp_path):
     (pkg / "io" / "store.py").write_text("def f():\n    from rayeval.reporting import boards\n")
     assert layers.upward_imports(str(tmp_path)) == [
         f"{os.path.join('rayeval', 'io', 'store.py')}:2 -> rayeval.reporting.boards"]
+
+
+def test_the_ladder_check_sees_an_upward_reference_by_name(tmp_path):
+    # A lazy registration ("module:Name", imported when the name is first asked for) from a
+    # lower floor names a higher one as surely as an import does; an f-string's module counts.
+    pkg = tmp_path / "rayeval"
+    for name in ("core", "harness", "plan"):
+        (pkg / name).mkdir(parents=True)
+        (pkg / name / "__init__.py").write_text("")
+    (pkg / "__init__.py").write_text("")
+    (pkg / "harness" / "task.py").write_text("")
+    (pkg / "core" / "tasks.py").write_text(
+        'LAZY = "rayeval.harness.task:Harness"\n'
+        'MORE = [f"rayeval.harness.task:{n}" for n in "ab"]\n'
+        'DOC = "rayeval.harness.task names the task"\n')      # prose, not a reference
+    (pkg / "plan" / "x.py").write_text('DOWN = "rayeval.harness.task:Harness"\n')
+    where = os.path.join("rayeval", "core", "tasks.py")
+    assert layers.upward_imports(str(tmp_path)) == [
+        f"{where}:1 -> rayeval.harness.task (by name)",
+        f"{where}:2 -> rayeval.harness.task (by name)"]
 
 
 def test_the_cycle_finder_finds_a_cycle():
