@@ -1,6 +1,7 @@
 """The sweep's types: frozen, validated values and nothing else.
 
-A leaf module: it imports nothing of rayeval's but ``config.declarations`` and neither torch
+A leaf module: it imports nothing of rayeval's but ``config`` (``declarations``, ``names``, and
+``run_schema``, the sections that never change a cell's numbers) and neither torch
 nor Ray, so every other module (and a user's tooling) can hold a sweep without pulling in
 checkpoint readers or a cluster. ``plan.loader.load_sweep`` builds these from YAML with
 ``config.reader``; raw dicts go no further than that loader.
@@ -324,134 +325,12 @@ class EvalSpec:
                             default="evals[0]", yaml=None)
 
 
-WATCH_ORDERS = ("oldest", "newest", "bisect")
-
-
-@dataclass(frozen=True)
-class WatchSpec:
-    """The sweep's ``watch:`` section, read by ``rayeval watch``: when and in which order
-    checkpoints are evaluated, not how."""
-    ready: str | None = setting(
-        "A marker: 'COMPLETE' inside a folder, '*.done' beside.", numbers=False, default=None,
-        blank=True,
-        expected="a file name (COMPLETE: inside a checkpoint folder) or a pattern with one * "
-                 "for the checkpoint's name (*.done: beside it)")
-    order: str = setting("Which ready checkpoints go first: see WATCH_ORDERS.", numbers=False,
-                         default="oldest", choices=WATCH_ORDERS)
-
-
-WANDB_MODES = ("online", "offline")
-# A tracker's run_id: YAML reads an unquoted id of digits as a number.
-RUN_ID = {"expected": "a run id string",
-          "fix": 'quote it (run_id: "..."): YAML reads some ids as numbers'}
-
-
-@dataclass(frozen=True)
-class MlflowTracker:
-    """``trackers.mlflow``: where each finished cell's metrics are logged (a copy; the store
-    keeps the results)."""
-    uri: str | None = setting("Tracking URI; None: MLFLOW_TRACKING_URI.", numbers=False,
-                              default=None)
-    experiment: str | None = setting("For the sweep's own run; None: 'rayeval'.",
-                                     numbers=False, default=None)
-    run_id: str | None = setting("A training run to log into (at the checkpoints' steps).",
-                                 numbers=False, default=None, **RUN_ID)
-    key_path: str = setting("Where it was set (or the CLI flag), for messages.",
-                            numbers=False, default="trackers.mlflow", yaml=None)
-
-
-@dataclass(frozen=True)
-class WandbTracker:
-    """``trackers.wandb``."""
-    project: str = setting("The W&B project that gets every result too.", numbers=False)
-    entity: str | None = setting("The W&B team or user.", numbers=False, default=None)
-    run_id: str | None = setting("A training run to resume and log into.", numbers=False,
-                                 default=None, **RUN_ID)
-    mode: str | None = setting("'online' or 'offline'; None: W&B's own (WANDB_MODE).",
-                               numbers=False, default=None, choices=WANDB_MODES)
-    key_path: str = setting("Where it was set (or the CLI flag), for messages.",
-                            numbers=False, default="trackers.wandb", yaml=None)
-
-
-@dataclass(frozen=True)
-class Trackers:
-    """The sweep's ``trackers:`` section: experiment trackers that get every result too."""
-    mlflow: MlflowTracker | None = setting("MLflow, if set.", numbers=False, default=None)
-    wandb: WandbTracker | None = setting("Weights & Biases, if set.", numbers=False,
-                                         default=None)
-
-    @property
-    def any(self) -> bool:
-        return self.mlflow is not None or self.wandb is not None
-
-
-@dataclass(frozen=True)
-class Recovery:
-    max_restarts: int = setting(
-        "Worker-group restarts after a worker dies or stalls.", numbers=False, default=3,
-        minimum=0)
-    stall_timeout_s: int = setting(
-        "A rank this late to a sync point fails the group.", numbers=False, default=600,
-        minimum=1)
-
-
-@dataclass(frozen=True)
-class Parallelism:
-    """How each model copy is spread over the workers: ``shard`` ranks hold one copy between
-    them (FSDP2), so ``workers / shard`` copies (replicas) run side by side."""
-    shard: int = setting(
-        "Ranks holding one copy; 1: every worker holds the whole model. Where the weights "
-        "live, not what they compute (the states are integer or float64 sums).",
-        numbers=False, default=1, minimum=1)
-    wrap: tuple[str, ...] = setting(
-        "Module class names sharded as units; () = automatic.", numbers=False, default=(),
-        blank=True,
-        expected="module class names (e.g. [DecoderLayer])")
-    tensor: int = setting(
-        "Backend vllm: consecutive workers serving one engine with tensor parallelism "
-        "(vLLM's external launcher over the group's ranks); rows are split over the "
-        "workers / tensor engines.", numbers=False, default=1, minimum=1)
-
-    @property
-    def sharded(self) -> bool:
-        return self.shard > 1
-
-
-@dataclass(frozen=True)
-class Select:
-    """The sweep's ``select:`` section: race the checkpoints (docs/racing.md) and stop scoring
-    those that cannot be among the ``top`` best on ``metric``. Which cells are complete
-    changes, not a complete cell's numbers: none of it is in a cell's key."""
-    metric: str = setting(
-        "What is raced: EVALUATION (its first metric), EVALUATION/METRIC, or aggregate (the "
-        "leaderboard's mean over the evaluations' first metrics); means of per-item values "
-        "in a known range (accuracy, acc, acc_norm, exact_match).",
-        numbers=False, expected="an evaluation's name, or EVALUATION/METRIC")
-    top: int = setting("How many best checkpoints to find.", numbers=False, default=1,
-                       minimum=1)
-    confidence: float = setting(
-        "The chance that no checkpoint of the true top is eliminated, over the whole race.",
-        numbers=False, default=0.95, above=0, below=1, expected="a number between 0 and 1")
-    min_items: int = setting(
-        "Items of the raced evaluation scored before the first decision (at least 32).",
-        numbers=False, default=32, minimum=1)
-
-    @property
-    def suite(self) -> bool:
-        """Racing the leaderboard's aggregate: the mean of every evaluation's first metric."""
-        return self.metric == "aggregate"
-
-    def target(self, evaluations: list[str]) -> tuple[str, str | None] | None:
-        """(evaluation, metric key or None: its first) that ``metric`` names among these
-        evaluation names (the longest that fits: a group member's is GROUP/TASK); None when
-        it names none."""
-        if self.metric in evaluations:
-            return self.metric, None
-        fits = [e for e in evaluations if self.metric.startswith(e + "/")]
-        if not fits:
-            return None
-        name = max(fits, key=len)
-        return name, self.metric[len(name) + 1:]
+# The sections that never change a cell's numbers (watch, trackers, recovery, parallelism,
+# select) live in ``config.run_schema``; named here too, where the loader, the cache key, the
+# README test and every caller read the sweep's types.
+from rayeval.config.run_schema import (RUN_ID, WANDB_MODES, WATCH_ORDERS,  # noqa: F401
+                                       MlflowTracker, Parallelism, Recovery, Select, Trackers,
+                                       WandbTracker, WatchSpec)
 
 
 @dataclass(frozen=True)
