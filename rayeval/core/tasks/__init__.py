@@ -14,6 +14,8 @@ the whole change (with the README's task list and its tests).
 
     base   the Task base class and the tensor tasks: classification, regression, language
            modeling over token ids
+    rows   what the tasks call on a batch's rows and a data set's columns: counting, taking,
+           pinning, a transform's output checked, NaN or infinite inputs named
     text   the text tasks of language models, scored as lm-evaluation-harness scores them:
            multiple_choice, text_perplexity, generation
     vision generation and multiple_choice with images (``dataset.images``): image+text items
