@@ -21,6 +21,10 @@ The model is vLLM's ``load_general_plugins`` (group ``vllm.general_plugins``, a 
 entry point, a flag per process). Entry points are loaded in name order, so which plugin's
 registration comes first does not depend on the order of folders on ``sys.path``.
 
+rayeval's own slices (lm-eval, lmms-eval) register the same way without entry points: the
+package root names their register functions (``builtin``) and the task registry's import calls
+them (``load_builtins``).
+
 Standard library and the errors only: the base layer, callable from every layer above.
 """
 
