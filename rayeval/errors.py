@@ -9,6 +9,8 @@
     ├── EngineError              a model.backend engine (vLLM) cannot start: the run ends, no cell fails
     ├── StoreError               the result store: cannot be read or written
     ├── RegistryError            a task, metric or layout name registered twice, or not registered
+    ├── VersionError             an installed Ray, vLLM, transformers or torch outside the range
+    │                            rayeval's private hooks into it were written for (compat.py)
     └── RunError                 the run itself: cluster start-up, worker failure, row-count mismatch
         └── GroupError           a rank died or stalled: the worker group restarts (recovery.max_restarts)
 
@@ -115,6 +117,17 @@ class RegistryError(RayevalError):
     FIELDS = RayevalError.FIELDS + ("kind", "name")
     kind: str | None = None
     name: str | None = None
+
+
+class VersionError(RayevalError):
+    """An installed package's version is outside the range rayeval's private hooks into it
+    were written for (``rayeval.compat.SUPPORTED``): ``package``, the installed ``version``
+    and the ``supported`` range."""
+
+    FIELDS = RayevalError.FIELDS + ("package", "version", "supported")
+    package: str | None = None
+    version: str | None = None
+    supported: str | None = None
 
 
 def traceback_of(error: BaseException) -> str:

@@ -166,7 +166,7 @@ def sccs(graph: dict[str, set[str]]) -> list[list[str]]:
 # The floors, bottom first: a top-level package imports only those on its floor or below.
 # ``rayeval`` is the package's own ``__init__`` (the curated API), ``__main__`` the entry.
 LADDER = [
-    {"errors", "config"},                   # base: errors, schema, registries, constants
+    {"errors", "compat", "config"},         # base: errors, private hooks, schema, registries
     {"io"},                                 # locations, layouts, loading, the result store
     {"core"},                               # tasks, backends, metrics, statistics, the pass
     {"harness", "lmms"},                    # lm-eval, lmms-eval: vertical slices above core
