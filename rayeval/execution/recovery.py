@@ -115,7 +115,8 @@ def _is_loss(failure: BaseException) -> bool:
     actors, tasks and objects, and the worker group's start-up failures. A request the
     cluster can never meet or a runtime environment that cannot be set up is no loss."""
     from ray import exceptions as rex
-    from ray.train.v2._internal import exceptions as tex
+    from rayeval.compat import train_exceptions    # ray.train.v2._internal's, ray 2.60
+    tex = train_exceptions()
 
     if isinstance(failure, (rex.RuntimeEnvSetupError, rex.ActorUnschedulableError,
                             rex.TaskUnschedulableError)):

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from rayeval import compat
 from rayeval.execution import dist
 from rayeval.io import layouts
 from rayeval.config.schema import CheckpointSpec, Parallelism
@@ -109,9 +110,9 @@ def encode_images_in_forward(model: nn.Module) -> None:
     gathered the root's parameters (the encoder's: "mixed torch.Tensor and DTensor"), and a
     collective there would be outside ``Lockstep``. Without that keyword ``generate`` hands
     the pixels to the prefill forward, which encodes them itself (the same tokens:
-    tests/integration/test_vlm_sharded.py). Models without it are left as they are."""
-    if callable(getattr(model, "_supports_mm_encoder_outputs", None)):
-        model._supports_mm_encoder_outputs = lambda: False
+    tests/integration/test_vlm_sharded.py). Models without it are left as they are. The switch
+    is transformers' private one: ``compat.no_mm_encoder_outputs``."""
+    compat.no_mm_encoder_outputs(model)
 
 
 def rows_of(length: int, parts: int, index: int) -> tuple[int, int]:
@@ -291,23 +292,24 @@ def _cast(model: nn.Module, dtype: torch.dtype) -> None:
     kept; buffers outside the state dict keep theirs, as lean loading does."""
     done: dict[int, nn.Parameter] = {}
     for module in model.modules():
-        for name, p in list(module._parameters.items()):
+        params, buffers = compat.own_parameters(module), compat.own_buffers(module)
+        for name, p in list(params.items()):
             if p is None or not p.is_floating_point():
                 continue
             if id(p) not in done:
                 done[id(p)] = nn.Parameter(torch.empty_like(p, dtype=dtype), requires_grad=False)
-            module._parameters[name] = done[id(p)]
-        for name, b in list(module._buffers.items()):
+            params[name] = done[id(p)]
+        for name, b in list(buffers.items()):
             if b is not None and b.is_floating_point() and \
-                    name not in module._non_persistent_buffers_set:
-                module._buffers[name] = b.to(dtype)
+                    name not in compat.non_persistent_buffers(module):
+                buffers[name] = b.to(dtype)
 
 
 def _set_buffer(model: nn.Module, name: str, value: torch.Tensor) -> None:
     module_name, _, attr = name.rpartition(".")
     module = model.get_submodule(module_name) if module_name else model
     module.register_buffer(attr, value.clone(), persistent=attr not in
-                           module._non_persistent_buffers_set)
+                           compat.non_persistent_buffers(module))
 
 
 # --- forward passes in step ----------------------------------------------------------------

@@ -178,8 +178,10 @@ def backend_fits(r: Reader, sweep: Sweep) -> None:
                    "sampled generation (temperature above 0) runs on model.backend: vllm, "
                    "which seeds each item; set it, or set temperature: 0")
     if vllm:
+        from rayeval import compat
         from rayeval.io import engine
 
+        compat.check("vllm")        # a vLLM its hooks were not written for: that line first
         problem = engine.check_arguments(sweep.model.vllm)
         if problem:
             r.fail(*problem)

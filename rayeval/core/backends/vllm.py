@@ -23,6 +23,7 @@ import os
 
 import torch
 
+from rayeval import compat
 from rayeval.core.backends.base import BACKENDS, Context, Setup, texts_of
 from rayeval.core.backends.hf import HFBackend
 from rayeval.errors import CheckpointError, EngineError, SpecError
@@ -225,20 +226,10 @@ def _name_shared_memory(ident: str) -> None:
     engine's init method, which the external launcher fixes as ``env://``: two engines on one
     host (two sweeps, or a restarted group beside a crashed one's leftovers) would open the
     same segments (``create shm in SHMManager failed. errno: 17``). The group's process group
-    already exists, so that method only names things: make it this group's own."""
-    from vllm.v1.executor.uniproc_executor import ExecutorWithExternalLauncher as Launcher
-
+    already exists, so that method only names things: make it this group's own (the hook is
+    ``compat.name_vllm_init_method``)."""
     os.environ["RAYEVAL_VLLM_IDENT"] = ident
-    if getattr(Launcher, "_rayeval_named", False):
-        return
-    original = Launcher._distributed_args
-
-    def _distributed_args(self):
-        _, rank, local_rank = original(self)
-        return f"file://rayeval-{os.environ['RAYEVAL_VLLM_IDENT']}", rank, local_rank
-
-    Launcher._distributed_args = _distributed_args
-    Launcher._rayeval_named = True
+    compat.name_vllm_init_method(lambda: f"file://rayeval-{os.environ['RAYEVAL_VLLM_IDENT']}")
 
 
 # The steps of an engine's start, told by the first words of vLLM's own INFO log lines
@@ -336,10 +327,10 @@ def _shape(model: torch.nn.Module) -> dict:
 def _refresh_cpu_kernels(model: torch.nn.Module) -> int:
     """vLLM's CPU backend packs some linear layers' weights into kernel handles when it
     loads (``cpu_linear``); an in-place reload leaves a tied output layer's handle on the old
-    weights (stale generations, found by the swap-and-back test). Pack them again."""
-    try:
-        from vllm.model_executor.layers.utils import dispatch_cpu_unquantized_gemm
-    except ImportError:
+    weights (stale generations, found by the swap-and-back test). Pack them again (vLLM's
+    packing function: ``compat.vllm_cpu_gemm_dispatch``)."""
+    dispatch_cpu_unquantized_gemm = compat.vllm_cpu_gemm_dispatch()
+    if dispatch_cpu_unquantized_gemm is None:
         return 0
     n = 0
     for module in model.modules():
