@@ -28,7 +28,7 @@ from rayeval.core import racing
 from rayeval.core.evaluate import ROWS, finalize
 from rayeval.core.metrics import build_all
 from rayeval.errors import RunError
-from rayeval.plan.cells import Cell, Plan
+from rayeval.plan.cells import Cell, Evaluation, Plan
 from rayeval.results.rules import direction, sweep_headline
 
 PARTIAL = "-partial"      # a partial cell's store key: the complete cell's key and this
@@ -189,6 +189,25 @@ class Rounds:
                                 self.bounds, stopped.round, ev.spec.bootstrap.k, self.of)[1])
                     yield cell, self.states[cell.key], step, layout, seconds, stopped
 
+
+class RaceRound:
+    """The sink of a race's rounds (``sinks``): each cell's round added to the race's totals
+    on every rank; the rows a round scores are its bootstrap buckets."""
+
+    keeps = True
+
+    def __init__(self, rounds: Rounds):
+        self.rounds = rounds
+
+    def within(self, cell: Cell, ev: Evaluation):
+        return self.rounds.buckets(ev.name)
+
+    def take(self, cell: Cell, ev: Evaluation, merged: dict, step, layout,
+             start: float) -> None:
+        self.rounds.add(cell, merged, step, layout, time.perf_counter() - start)
+        return None
+
+
 AGGREGATE_NAME = "the suite's aggregate"
 
 
@@ -215,35 +234,40 @@ def _nonempty(r: tuple[int, int]) -> bool:
     return r[1] > r[0]
 
 
-def run_race(worker) -> None:
-    """Race the plan's checkpoints on ``worker`` (``worker.Worker``): rounds until the top k
-    are separated or every item is scored, then (rank 0) publish every cell."""
-    race = worker.racing = Rounds(worker.plan)
+def run_race(plan: Plan, run_checkpoints, forget, publisher, finish,
+             outcomes: list) -> None:
+    """Race ``plan``'s checkpoints: rounds until the top k are separated or every item is
+    scored, then (rank 0) publish every cell. The worker's parts: ``run_checkpoints(plan,
+    todo, sink)`` scores a round's cells into a ``sinks.RaceRound``; ``forget(locations)``
+    lets go of the checkpoints kept for later rounds; ``publisher`` (``sinks.Publish``)
+    writes the cells at the end, ``finish`` takes each outcome and ``outcomes`` holds those
+    taken so far (a cell that failed in a round)."""
+    race = Rounds(plan)
+    sink = RaceRound(race)
     try:
         while True:
             todo = race.todo()
-            worker.run_checkpoints(todo)
+            run_checkpoints(plan, todo, sink)
             if race.rest:
                 break
             over = race.decide(todo)
-            worker.forget({ref.location for i, (ref, _, _) in enumerate(race.groups)
-                           if not race.alive[i]})
+            forget({ref.location for i, (ref, _, _) in enumerate(race.groups)
+                    if not race.alive[i]})
             if not race.advance(over):
                 break
-    finally:
-        worker.racing = None            # a standing group's next poll may not race
-        worker.forget(set(worker.kept))
-    if worker.rank != 0:
+    finally:                            # a standing group's next poll may not race
+        forget({ref.location for ref, _, _ in race.groups})
+    if publisher.ctx.rank != 0:
         return
-    failed = {o.key for o in worker.outcomes}
+    failed = {o.key for o in outcomes}
     for i in sorted(race.failed):       # a checkpoint whose cell failed: its others too
         ref, _, cells = race.groups[i]
         for cell in cells:
             if cell.key not in failed:
-                worker.finish(worker.failure(cell, ref.step, (
+                finish(publisher.ctx.failure(cell, ref.step, (
                     f"{ref.location}: {cell.evaluation}: not published: the checkpoint "
                     "left the race when another of its evaluations failed")))
     for cell, states, step, layout, seconds, stopped in race.finished():
-        ev = worker.plan.evaluation(cell.evaluation)
+        ev = plan.evaluation(cell.evaluation)
         start = time.perf_counter() - seconds
-        worker.finish(worker.publish(cell, ev, states, step, layout, start, partial=stopped))
+        finish(publisher.publish(cell, ev, states, step, layout, start, partial=stopped))

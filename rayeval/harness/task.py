@@ -77,6 +77,9 @@ class Harness(TextTask):
     def spec_problem(self, spec):
         return None
 
+    def only_generates(self, spec) -> bool:
+        return lm_task(spec.dataset.path).OUTPUT_TYPE == "generate_until"
+
     def check_schema(self, spec, schema):
         check_request_table(spec, schema, COLUMNS, "lm-eval")
 

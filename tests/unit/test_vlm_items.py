@@ -22,7 +22,7 @@ from rayeval.core import prepared, tasks  # noqa: E402
 from rayeval.core.evaluate import Decoder  # noqa: E402
 from rayeval.core.tasks.vision import ImageBatch  # noqa: E402
 from rayeval.errors import CheckpointError, DataError, SpecError  # noqa: E402
-from rayeval.execution import driver  # noqa: E402
+from rayeval.plan import preflight  # noqa: E402
 from rayeval.execution.pipeline import Tokenize  # noqa: E402
 from rayeval.io import images as image_io, vision  # noqa: E402
 from rayeval.io.data import inspect_dataset, read_batches  # noqa: E402
@@ -192,7 +192,7 @@ def test_image_items_are_scored_batch_by_batch_text_items_together(base):
     assert text.dataset.images is None and task.held_rows(text.dataset) == 1024
     from types import SimpleNamespace
 
-    from rayeval.execution.passes import first_rows
+    from rayeval.execution.scorer import first_rows
 
     # what the progress line says while a pass waits for its first batch
     assert first_rows(SimpleNamespace(name="vqa", spec=ev)) == "decoding the images of vqa"
@@ -225,7 +225,7 @@ def test_an_item_without_an_image_is_named(base):
         "image": [_png(it["image"]) if i != 2 else None for i, it in enumerate(items)]}),
         out / "missing.parquet")
     with pytest.raises(DataError) as e:
-        driver.inspect_evaluations(_sweep(out, "missing.parquet", name="m.yaml"))
+        preflight.inspect_evaluations(_sweep(out, "missing.parquet", name="m.yaml"))
     assert "\n" not in e.value.message
     assert f"id = {items[2]['id']}" in e.value.message and "has no image" in e.value.message
 
@@ -244,7 +244,7 @@ def test_a_truncated_image_is_named_by_its_row_id(base, pil_lenient, monkeypatch
         "id": [it["id"] for it in items], "question": [it["question"] for it in items],
         "answer": [it["answer"] for it in items], "image": pngs}), out / "cut.parquet")
     with pytest.raises(DataError) as e:
-        driver.inspect_evaluations(_sweep(out, "cut.parquet", name="c.yaml"))
+        preflight.inspect_evaluations(_sweep(out, "cut.parquet", name="c.yaml"))
     assert "\n" not in e.value.message
     assert f"id = {items[4]['id']}" in e.value.message
     assert "not a readable image" in e.value.message
@@ -265,7 +265,7 @@ def test_a_model_that_is_not_a_vision_language_model(base, tmp_path):
     proc.tokenizer.save_pretrained(ckpt)
     _write_forms(tmp_path, items)
     with pytest.raises(SpecError) as e:
-        driver.inspect_evaluations(_sweep(tmp_path, "items.parquet"))
+        preflight.inspect_evaluations(_sweep(tmp_path, "items.parquet"))
     assert "\n" not in e.value.message
     assert "'llama' is not a vision-language model" in e.value.message
 
@@ -277,7 +277,7 @@ def test_a_processor_missing_from_the_folder(base, tmp_path):
     os.remove(ckpt / "processor_config.json")
     _write_forms(tmp_path, items)
     with pytest.raises(CheckpointError) as e:
-        driver.inspect_evaluations(_sweep(tmp_path, "items.parquet"))
+        preflight.inspect_evaluations(_sweep(tmp_path, "items.parquet"))
     assert "\n" not in e.value.message and "no processor files" in e.value.message
 
 

@@ -57,6 +57,11 @@ class Task:
     generates: ClassVar[bool] = False    # the evaluation's generation: key applies
     group_rows: ClassVar[int] = 0        # >0: a pass scores up to this many rows at once
 
+    def only_generates(self, spec) -> bool:
+        """Whether evaluation ``spec`` (an EvalSpec) only generates: nothing runs the
+        model's own forward (a vLLM engine then holds the weights on its own)."""
+        return self.generates
+
     def held_rows(self, spec) -> int:
         """Rows a pass holds back to score together (0: each batch as it comes)."""
         return self.group_rows

@@ -1,0 +1,253 @@
+"""The worker's cell scorer: one cell's pass over this worker's shard through the sweep's
+backend, and the one all-reduce of its states. What becomes of the merged states is a sink's
+(``sinks``: publish the cell, add a race's round, ...).
+
+Each worker reads its own rows of every evaluation's data set: local parquet straight from
+its files (``data.RowRange``: rank r of W takes rows [n*r/W, n*(r+1)/W), so every row is read
+exactly once), any other source from its split of a Ray Data pipeline (``pipeline``). After a
+first pass a worker keeps its decoded shard of an evaluation in memory when every worker's fits
+(one memory budget shared by the evaluations, ``shards``); otherwise it streams it again. The
+pass itself is ``core.evaluate.Pass``.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from rayeval import errors
+from rayeval.core import tasks
+from rayeval.core.backends.torch import float_dtype, move
+from rayeval.core.evaluate import Decoder, Pass
+from rayeval.core.metrics import build_all
+from rayeval.errors import CheckpointError, RayevalError, traceback_of
+from rayeval.execution import dist
+from rayeval.execution.checkpoints import Stop
+from rayeval.execution.pipeline import SplitRows
+from rayeval.execution.rank import RankContext
+from rayeval.execution.shards import BadBatch, Budget, Shard, cache_budget_bytes
+from rayeval.io.data import RowRange
+from rayeval.io.store import ResultStore
+from rayeval.plan.cells import Cell, CellOutcome, Evaluation, Plan
+
+_FAILED = "_failed"            # extra entries in the reduced vector: any rank failed the cell,
+_CACHE_OVERFLOW = "_overflow"  # any rank's shard was too big to keep,
+_STOP = "_stop"                # any rank was told to stop (the driver got SIGINT or SIGTERM)
+_FLAGS = (_FAILED, _CACHE_OVERFLOW, _STOP)
+
+
+class CellScorer:
+    """Scores cells on one rank: its shard and metrics of each evaluation, the backend that
+    answers the tasks' requests, the tokenizer of the checkpoint loaded, and where per-item
+    records go."""
+
+    def __init__(self, ctx: RankContext, plan: Plan, backend, lockstep=None, ray_data=()):
+        self.ctx, self.plan, self.backend = ctx, plan, backend
+        self.lockstep = lockstep       # a sharded model's replica: peers drained in step
+        budget = Budget(cache_budget_bytes())
+        replica, replicas = ctx.replica
+        self.shards: dict[str, Shard] = {}
+        self.metrics: dict[str, list] = {}
+        for ev in plan.evaluations:
+            if ev.name in ray_data:
+                rows = SplitRows(ev.name, ev.data, ctx.rank, ctx.world)
+            else:
+                start, stop = ev.data.shard_rows(replica, replicas)
+                rows = RowRange(ev.data, ev.spec.dataset.columns, start, stop,
+                                f"{ev.spec.dataset.key_path}.path")
+            self.shards[ev.name] = Shard(rows, Decoder(ev.spec, ev.data, plan.sweep.base_dir),
+                                         ev.spec.batch_size, budget,
+                                         pin=ctx.device.type == "cuda")
+            self.metrics[ev.name] = build_all(ev.spec.metrics)
+        self.uses_text = any(tasks.get(ev.spec.task).uses_text for ev in plan.evaluations)
+        self.tokenizer = None
+        # Per-item records: every rank writes its own items (never gathered), under the run's
+        # tag, which the published cell names. A restarted group writes a cell's files again
+        # under the same names (the world size does not change), and a cell is published only
+        # after every rank has written: the set a reader takes is complete and the newest.
+        self.samples_store = ResultStore(plan.sweep.output) if any(
+            ev.spec.samples for ev in plan.evaluations) else None
+        self.samples_tag = plan.run_id
+
+    def start(self, evaluations) -> None:
+        """Start the pipelines of these evaluations (while the first checkpoint loads)."""
+        for name in evaluations:
+            rows = self.shards[name].rows
+            if isinstance(rows, SplitRows):
+                rows.start(self.plan.evaluation(name).spec.batch_size)
+
+    def close(self) -> None:
+        for shard in self.shards.values():
+            if isinstance(shard.rows, SplitRows):
+                shard.rows.close()
+
+    def use_tokenizer(self, tokenizer) -> None:
+        """Decode the text evaluations with this checkpoint's tokenizer; a shard kept from
+        another tokenizer is decoded again (checkpoints that share one share the shard)."""
+        self.tokenizer = tokenizer
+        for ev in self.plan.evaluations:
+            if tasks.get(ev.spec.task).uses_text:
+                shard = self.shards[ev.name]
+                if shard.decode.use(tokenizer):
+                    shard.reset()
+
+    def score(self, model, cell: Cell, step, index: int, within
+              ) -> tuple[dict | None, CellOutcome | None]:
+        """Pass and reduce one cell on every rank: (its merged states, None), or (None, its
+        failed outcome on rank 0 / None on the others). ``index``: the cell's place in the
+        ledger's progress; ``within``: only the rows of these bootstrap buckets [lo, hi)
+        (a race's round, the rest of a partial cell), None: every row."""
+        ctx = self.ctx
+        ev = self.plan.evaluation(cell.evaluation)
+        shard = self.shards[ev.name]
+        streamed = not shard.use_cache        # read and decoded (not from the kept shard)
+        began = time.perf_counter()
+        ctx.mark("pass", f"during the pass over {cell.checkpoint.location} on {ev.name}")
+        with ctx.timer.span("pass", doing=first_rows(ev)):
+            states, error, stopped, samples = self.one_pass(model, cell, ev, index, within)
+        if streamed:
+            ctx.timer.add("streamed", time.perf_counter() - began)
+        if samples is not None and not error and not stopped:
+            # before the reduce: once rank 0 publishes, every rank's records are in place
+            with ctx.timer.span("publish"):
+                error = self.write_samples(cell, ev, samples)
+        if error:
+            # before the reduce: rank 0 reads it
+            ctx.ledger.cell_error(cell.key, error, ctx.details.get(cell.key))
+        states[_FAILED] = torch.tensor(1 if error else 0, dtype=torch.int64)
+        states[_CACHE_OVERFLOW] = torch.tensor(int(shard.overflowed), dtype=torch.int64)
+        states[_STOP] = torch.tensor(int(stopped or ctx.ledger.stopping()), dtype=torch.int64)
+        where = f"the end of the pass over {cell.checkpoint.location} on {ev.name}"
+        ctx.mark("reduce", f"during the all-reduce of the states of "
+                           f"{cell.checkpoint.location} on {ev.name}")
+        with ctx.timer.span("reduce", doing=f"waiting for every worker to finish {ev.name}"):
+            dist.sync(where, ctx.timeout)
+            merged = dist.all_reduce_states(states, where, ctx.timeout)   # the one reduce
+        if merged[_STOP]:
+            raise Stop
+        shard.agree(bool(merged[_CACHE_OVERFLOW]))
+        if not merged[_FAILED]:
+            return {k: v for k, v in merged.items() if k not in _FLAGS}, None
+        if ctx.rank != 0:
+            return None, None
+        if not error:      # another rank's: its message, and its traceback for --debug
+            error, detail = ctx.ledger.error_of(cell.key)
+            if detail and cell.key not in ctx.details:
+                ctx.details[cell.key] = detail
+        return None, ctx.failure(cell, step, error or (
+            f"{cell.checkpoint.location}: evaluating {ev.name} failed on another worker; "
+            "see the worker logs"))
+
+    def one_pass(self, model, cell: Cell, ev: Evaluation, index: int, within):
+        """This worker's states for one cell, the error that stopped it (the pass still drains
+        the shard: every rank must finish every pass over its split), and whether the driver
+        asked to stop (then the pass ends at once: the group is winding down)."""
+        ctx = self.ctx
+        skipped = 0                 # rows of batches that could not be decoded
+        model_spec = self.backend.setup.model           # the sweep's model section
+        p = Pass(self.backend, self.metrics[ev.name], ev.output_size, ctx.device,
+                 ev.spec.task, ev.spec.bootstrap.k, ev.spec.dataset, text=self.tokenizer,
+                 generation=ev.spec.generation, batch=ev.spec.batch_size,
+                 samples=ev.spec.samples and ctx.rank % ctx.tensor == 0 and within is None,
+                 share=model_spec.share_prefixes, tokens=model_spec.batch_tokens,
+                 # progress counts rows as they are scored, not as they are read
+                 on_rows=lambda n: ctx.ledger.rows(index, ctx.counted(skipped + n)))
+        rows, error, stopped = 0, None, False
+        for batch in self.waited(self.shards[ev.name], ev):
+            if ctx.ledger.stopping():
+                stopped = True
+                break
+            if isinstance(batch, BadBatch):
+                if not error:
+                    error = f"{ev.name}: {batch.error.message}"
+                    ctx.details[cell.key] = batch.error.detail
+                rows += batch.rows
+                skipped += batch.rows
+                continue
+            x, y, buckets = batch
+            if error:
+                continue
+            rows += len(buckets)
+            if within is not None:        # a race's round: the rows of its buckets only
+                x, y, buckets = _within(x, y, buckets, *within)
+                if not len(buckets):
+                    continue
+            error = self.scored(p.update, (x, y, buckets), cell, ev)
+        if not error and not stopped:
+            error = self.scored(p.finish, (), cell, ev)
+        ctx.ledger.rows(index, ctx.counted(rows), force=True)
+        if self.lockstep is not None:        # peers of this replica may still have rows
+            idle = tasks.get(ev.spec.task).idle_input(ev.spec.dataset, ev.data.shapes)
+            self.lockstep.drain(model, None if idle is None else
+                                move(idle, ctx.device, float_dtype(model)))
+        samples = None if error or stopped else p.sample_table()
+        states = dict(p.abandon() if error else p.states)
+        if ctx.rank % ctx.tensor:         # its engine's first rank counts these rows
+            states = {k: torch.zeros_like(v) for k, v in states.items()}
+        return states, error, stopped, samples
+
+    def waited(self, shard, ev: Evaluation):
+        """The shard's batches, timing how long each took to arrive: the first batch apart
+        (a pipeline's start, the first decoding), then every later one ("later batches": data
+        that was not ready when the scorer asked, the decoding or reading not hidden behind
+        scoring)."""
+        batches, phase = iter(shard), "first batch"
+        while True:
+            began = time.perf_counter()
+            batch = next(batches, _END)
+            if batch is _END:
+                return
+            waited = time.perf_counter() - began
+            self.ctx.timer.add(phase, waited)
+            if phase == "first batch":
+                self.ctx.timer.doing(f"scoring {ev.name}")
+                if isinstance(shard.rows, SplitRows):
+                    self.ctx.timer.add("ray data", waited)
+                phase = "later batches"
+            yield batch
+
+    def write_samples(self, cell: Cell, ev: Evaluation, table) -> str | None:
+        """This rank's per-item records of a cell; the message that fails the cell when
+        they cannot be written."""
+        try:
+            # one file per replica: an engine's ranks share their items (its first writes)
+            self.samples_store.write_samples(cell.key, self.samples_tag, *self.ctx.replica,
+                                             table)
+        except RayevalError as e:
+            return f"{ev.name}: per-item records: {e.message}"
+        return None
+
+    def scored(self, step, args, cell: Cell, ev: Evaluation) -> str | None:
+        """Run one scoring step of a pass; the message of the error that fails the cell (with
+        the user's traceback kept for --debug), or None."""
+        try:
+            step(*args)
+        except CheckpointError as e:
+            return f"{cell.checkpoint.location}: {ev.name}: {e.message}"
+        except RayevalError as e:            # bad data in this evaluation: its cells only
+            self.ctx.details[cell.key] = e.detail
+            return f"{ev.name}: {e.message}"
+        except Exception as e:               # noqa: BLE001 - the user's model on these rows
+            self.ctx.details[cell.key] = traceback_of(e)
+            return (f"{cell.checkpoint.location}: {ev.name}: the model failed on a batch: "
+                    f"{errors.reason(e, typed=True)}")
+        return None
+
+_END = object()
+
+
+def _within(x, y, buckets, lo: int, hi: int):
+    """The rows of a batch whose bootstrap bucket lies in [lo, hi)."""
+    index = ((buckets >= lo) & (buckets < hi)).nonzero().view(-1)
+    if len(index) == len(buckets):
+        return x, y, buckets
+    return tasks.take(x, index, len(buckets)), y[index], buckets[index]
+
+
+def first_rows(ev: Evaluation) -> str:
+    """What a pass waits on before its first batch, in words: its rows read and decoded
+    (images decoded on a CPU stage, for an evaluation with an ``images`` column)."""
+    if getattr(ev.spec.dataset, "images", None):
+        return f"decoding the images of {ev.name}"
+    return f"reading the rows of {ev.name}"
