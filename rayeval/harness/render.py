@@ -30,6 +30,7 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 
+from rayeval import compat
 from rayeval.config.schema import LmEvalSpec
 from rayeval.errors import SpecError
 from rayeval.config import names
@@ -237,7 +238,7 @@ def _render_task(spec, path, name, task, tokenizer) -> Rendered:
                             sort_keys=True, default=str)):
         digest.update(part.encode("utf-8"))
         digest.update(b"\0")
-    task._instances = None
+    compat.forget_instances(task)
     blob = pickle_task(task, spec)
     return Rendered(name, output_type, table, blob, metrics, until, max_gen_toks,
                     digest.hexdigest()[:24], lm_keys, sampling, lm=task)

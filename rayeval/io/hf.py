@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 
+from rayeval import compat
 from rayeval.io import paths
 from rayeval import errors
 from rayeval.errors import CheckpointError, SpecError
@@ -115,9 +116,9 @@ def _parameters_on_meta():
     def on_meta(module, name, param):
         register(module, name, param)
         if param is not None and param.device.type != "meta":
-            kept = module._parameters[name]
-            module._parameters[name] = torch.nn.Parameter(kept.to("meta"),
-                                                          requires_grad=kept.requires_grad)
+            own = compat.own_parameters(module)
+            own[name] = torch.nn.Parameter(own[name].to("meta"),
+                                           requires_grad=own[name].requires_grad)
 
     torch.nn.Module.register_parameter = on_meta
     try:

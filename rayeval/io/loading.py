@@ -19,6 +19,7 @@ from typing import Callable, Mapping
 
 import torch
 
+from rayeval import compat
 from rayeval.io import layouts
 from rayeval.io.checkpoints import parse_epoch, parse_step
 from rayeval.config.schema import CheckpointSpec
@@ -320,7 +321,8 @@ def _tie(model: torch.nn.Module, tied: Mapping[str, str], loaded: set[str]) -> N
 
 def _is_parameter(model: torch.nn.Module, name: str) -> bool:
     module_name, _, attr = name.rpartition(".")
-    return attr in (model.get_submodule(module_name) if module_name else model)._parameters
+    return attr in compat.own_parameters(model.get_submodule(module_name) if module_name
+                                         else model)
 
 
 def prefix_label(prefix: str, spec: CheckpointSpec = CheckpointSpec()) -> str:

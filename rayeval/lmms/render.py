@@ -34,6 +34,7 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 
+from rayeval import compat
 from rayeval.config.schema import LmmsEvalSpec
 from rayeval.errors import SpecError, reason
 from rayeval.config import names
@@ -259,7 +260,7 @@ def _render_task(spec, path, name, task) -> Rendered:
                  spec.model_name, str(max_new_tokens)):
         digest.update(part.encode("utf-8"))
         digest.update(b"\0")
-    task._instances = None
+    compat.forget_instances(task)
     blob = pickle_task(task, spec)
     return Rendered(name, table, blob, metrics, max_new_tokens, digest.hexdigest()[:24],
                     lm_keys, lm=task)

@@ -44,7 +44,7 @@ def test_the_installed_versions_are_supported(package):
 def test_the_ranges_are_those_pinned_and_tested():
     assert {p: str(r) for p, r in compat.SUPPORTED.items()} == {
         "ray": ">=2.60,<2.61", "vllm": ">=0.32,<0.33", "transformers": ">=5.19,<5.20",
-        "torch": ">=2.6"}
+        "torch": ">=2.6", "lm_eval": ">=0.4.13,<0.5", "lmms_eval": ">=0.7.3,<0.8"}
 
 
 @pytest.mark.parametrize("version, inside", [
@@ -119,7 +119,8 @@ def test_a_sweep_reaches_the_hooks_of_what_it_uses():
     assert compat.hooked(sweep()) == ["ray", "torch"]
     assert compat.hooked(sweep(backend="vllm")) == ["ray", "torch", "vllm"]
     assert compat.hooked(sweep(shard=2, images="image")) == ["ray", "torch", "transformers"]
-    assert compat.hooked(sweep(shard=2, lmms=True)) == ["ray", "torch", "transformers"]
+    assert compat.hooked(sweep(shard=2, lmms=True)) == ["ray", "torch", "lmms_eval",
+                                                        "transformers"]
     assert "transformers" not in compat.hooked(sweep(images="image"))      # not sharded
     assert "transformers" not in compat.hooked(sweep(shard=2))             # text only
 
@@ -221,6 +222,16 @@ def test_transformers_hook_is_in_the_installed_transformers():
     model = Generates()
     assert compat.no_mm_encoder_outputs(model) and model._supports_mm_encoder_outputs() is False
     assert compat.no_mm_encoder_outputs(torch.nn.Linear(1, 1)) is False      # left as it is
+
+
+@pytest.mark.parametrize("module", ["lm_eval.api.task", "lmms_eval.api.task"])
+def test_the_task_request_cache_is_in_the_installed_harnesses(module):
+    """``forget_instances``: the task's ``_instances``, set in its constructor."""
+    import inspect
+
+    need(module.split(".")[0])
+    found = importlib.import_module(module)
+    assert "self._instances" in inspect.getsource(found.Task.__init__)
 
 
 def test_torch_s_module_tables_are_in_the_installed_torch():
