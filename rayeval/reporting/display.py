@@ -1,6 +1,6 @@
 """The terminal display of a run: the plan line, then a rich progress bar on a terminal, plain
 periodic lines otherwise (CI, Ray Job logs), or nothing (``--quiet``), fed by the run's
-callbacks (``DisplayCallback``, ``PlanLine``) from the coordinator's snapshots.
+callbacks (``DisplayCallback``, ``PlanLine``) from the run ledger's snapshots.
 
 Cheap to import (the CLI's start-up): rich is imported when a console is made.
 """
@@ -281,7 +281,7 @@ class PlanLine(RunCallback):
 
 class DisplayCallback(RunCallback):
     """A display (``make_display``) shown while a fit is followed: ``make()`` gives the one
-    for each fit (None: nothing shown), drawn from the coordinator's snapshots."""
+    for each fit (None: nothing shown), drawn from the run ledger's snapshots."""
 
     def __init__(self, make: Callable[[], object]):
         self.make = make
