@@ -414,13 +414,13 @@ def single_process_passes(sweep):
     """rayeval's own scoring in one process, the model whole (the reference the Ray runs are
     checked against): for each cell, (checkpoint ref, evaluation, model, decoder, a fresh Pass,
     its metrics); the caller feeds the pass its batches."""
-    from rayeval.execution import driver
+    from rayeval.plan import preflight
     from rayeval.core import tasks
     from rayeval.core.evaluate import Decoder, Pass
     from rayeval.core.metrics import build_all
     from rayeval.io.model import ModelSource
 
-    plan = driver.prepare(sweep, force=True)
+    plan = preflight.prepare(sweep, force=True)
     source = ModelSource(sweep.model, sweep.base_dir)
     loader = source.loader(torch.device("cpu"), sweep.checkpoint)
     text = any(tasks.get(ev.spec.task).uses_text for ev in plan.evaluations)   # as a worker

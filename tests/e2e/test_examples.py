@@ -19,7 +19,8 @@ import torch
 import yaml
 from PIL import Image
 
-from rayeval.execution.driver import prepare, run_sweep
+from rayeval.execution.driver import run_sweep
+from rayeval.plan.preflight import prepare
 from rayeval.errors import RayevalError
 from rayeval.results import latest_rows
 from rayeval.plan.loader import load_sweep

@@ -10,7 +10,8 @@ import torch
 import torch.distributed.checkpoint as dcp
 from safetensors.torch import save_file
 
-from rayeval.execution.driver import evaluate, prepare, run_sweep
+from rayeval.execution.driver import evaluate, run_sweep
+from rayeval.plan.preflight import prepare
 from rayeval.errors import DataError
 from rayeval.results import latest_rows
 from rayeval.plan.loader import load_sweep

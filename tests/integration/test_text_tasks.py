@@ -31,7 +31,7 @@ from harness import run_harness  # noqa: E402
 from support import (local_ray, rayeval_cli, rayeval_main,  # noqa: E402
                      single_process_passes)
 
-from rayeval.execution import driver  # noqa: E402
+from rayeval.plan import preflight  # noqa: E402
 from rayeval.io.data import read_batches  # noqa: E402
 from rayeval.core.evaluate import Decoder, Pass, finalize  # noqa: E402
 from rayeval.results import latest_rows  # noqa: E402
@@ -414,7 +414,7 @@ def test_a_generation_that_never_stops_ends_at_max_new_tokens(example, tmp_path)
     _edit_sweep(ex, lambda raw: raw.update(evals=[dict(raw["evals"][2], generation={
         "until": ["never appears"], "max_new_tokens": 5})]))
     sweep = load_sweep(str(ex / "sweep.yaml"))
-    plan = driver.prepare(sweep, force=True)
+    plan = preflight.prepare(sweep, force=True)
     ev = plan.evaluations[0]
     source = ModelSource(sweep.model, sweep.base_dir)
     ref = plan.by_checkpoint()[-1][0]

@@ -264,7 +264,7 @@ def test_bad_backend_settings_are_one_line_before_ray(example, tmp_path, model, 
 
 def test_a_tensor_parallel_engine_refuses_rows_from_ray_data_before_ray(example, tmp_path):
     """An engine's ranks must generate the same prompts: Ray Data splits per rank."""
-    from rayeval.execution.driver import prepare
+    from rayeval.plan.preflight import prepare
 
     sweep = {"name": "tp-data", "checkpoints": [example["A"]], "output": str(tmp_path / "out"),
              "workers": 2, "model": {"backend": "vllm"}, "parallelism": {"tensor": 2},

@@ -185,7 +185,7 @@ def test_a_family_vllm_cannot_serve_here_is_one_line_before_ray(tmp_path):
                                     "target": "answer"},
                         "metrics": ["exact_match"]}]}
     (tmp_path / "llava.yaml").write_text(yaml.safe_dump(sweep))
-    from rayeval.execution.driver import prepare
+    from rayeval.plan.preflight import prepare
 
     with pytest.raises(SpecError) as info:
         prepare(rayeval.load_sweep(str(tmp_path / "llava.yaml")))

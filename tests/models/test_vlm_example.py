@@ -14,7 +14,7 @@ pytest.importorskip("easy_vqa")
 
 from support import script  # noqa: E402
 
-from rayeval.execution.driver import prepare  # noqa: E402
+from rayeval.plan.preflight import prepare  # noqa: E402
 from rayeval.io import vision  # noqa: E402
 from rayeval.plan.loader import load_sweep  # noqa: E402
 
