@@ -1,9 +1,16 @@
-"""Tier 2: the one all-reduce of states, in a real 2- and 3-process gloo group."""
+"""Tier 2: the one all-reduce of states, in a real 2- and 3-process gloo group; a DCP checkpoint
+written by two gloo ranks (replicated and FSDP2) loads as the model it was saved from."""
 
+
+import os
 
 import pytest
 import torch
+import torch.distributed.checkpoint as dcp
 import torch.multiprocessing as mp
+
+from rayeval.io.loading import load_into
+from support import build_model
 
 
 def _worker(rank: int, world: int, rendezvous: str, out: str) -> None:
@@ -68,3 +75,44 @@ def test_a_failed_sync_says_who_and_how_long_and_never_blames_the_waiter():
     assert "waited 2 s" in early and "600" not in early and "stopped or died" in early
     self_named = explain("... from rank 0 ...", "the load of a.pt", 600, me=0, waited_s=1.0)
     assert "worker rank 0 did not reach" not in self_named
+
+
+def same_weights(a: torch.nn.Module, b: torch.nn.Module) -> bool:
+    sa, sb = a.state_dict(), b.state_dict()
+    return sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
+
+
+def _dcp_writer(rank: int, world: int, rendezvous: str, path: str, fsdp: bool) -> None:
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"file://{rendezvous}", rank=rank,
+                            world_size=world)
+    try:
+        model = build_model(seed=1)
+        if fsdp:
+            from torch.distributed.checkpoint.state_dict import get_model_state_dict
+            from torch.distributed.fsdp import fully_shard
+
+            fully_shard(model)
+            state = get_model_state_dict(model)
+        else:
+            state = model.state_dict()
+        dcp.save({"model": state}, checkpoint_id=path)
+        dist.barrier()          # let both ranks finish writing before gloo is torn down
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("fsdp", [True, False], ids=["fsdp2", "replicated"])
+def test_dcp_written_by_two_gloo_ranks(tmp_path, fsdp):
+    import torch.multiprocessing as mp
+
+    path = str(tmp_path / "step_20")
+    mp.start_processes(_dcp_writer, args=(2, str(tmp_path / "rdzv"), path, fsdp), nprocs=2,
+                       join=True,
+                       start_method="spawn")
+    assert sorted(f for f in os.listdir(path) if f.endswith(".distcp")) == [
+        "__0_0.distcp", "__1_0.distcp"]
+    target = build_model(seed=2)
+    load_into(target, path)
+    assert same_weights(build_model(seed=1), target)

@@ -1,4 +1,5 @@
-"""Tier 1 (and a 2-process gloo tier for DCP): checkpoint discovery, layouts and failures."""
+"""Tier 1: checkpoint discovery, layouts and failures (DCP written by two gloo ranks is in
+tests/integration/test_dist.py)."""
 
 import os
 import pickle
@@ -115,42 +116,6 @@ def test_dcp_single_process_with_optimizer_state(tmp_path):
     target = build_model(seed=2)
     assert load_into(target, str(tmp_path / "step_9")) == "dcp"
     assert same_weights(source, target)
-
-
-def _dcp_writer(rank: int, world: int, rendezvous: str, path: str, fsdp: bool) -> None:
-    import torch.distributed as dist
-
-    dist.init_process_group("gloo", init_method=f"file://{rendezvous}", rank=rank,
-                            world_size=world)
-    try:
-        model = build_model(seed=1)
-        if fsdp:
-            from torch.distributed.checkpoint.state_dict import get_model_state_dict
-            from torch.distributed.fsdp import fully_shard
-
-            fully_shard(model)
-            state = get_model_state_dict(model)
-        else:
-            state = model.state_dict()
-        dcp.save({"model": state}, checkpoint_id=path)
-        dist.barrier()          # let both ranks finish writing before gloo is torn down
-    finally:
-        dist.destroy_process_group()
-
-
-@pytest.mark.parametrize("fsdp", [True, False], ids=["fsdp2", "replicated"])
-def test_dcp_written_by_two_gloo_ranks(tmp_path, fsdp):
-    import torch.multiprocessing as mp
-
-    path = str(tmp_path / "step_20")
-    mp.start_processes(_dcp_writer, args=(2, str(tmp_path / "rdzv"), path, fsdp), nprocs=2,
-                       join=True,
-                       start_method="spawn")
-    assert sorted(f for f in os.listdir(path) if f.endswith(".distcp")) == [
-        "__0_0.distcp", "__1_0.distcp"]
-    target = build_model(seed=2)
-    load_into(target, path)
-    assert same_weights(build_model(seed=1), target)
 
 
 def test_checkpoint_that_does_not_fit_names_keys(tmp_path):
