@@ -1,42 +1,37 @@
-"""The driver: validate everything cheap first, plan the cells, then ONE TorchTrainer.fit()
-evaluates every pending cell (checkpoint x evaluation) of the sweep.
+"""The driver: the run of a plan, written once, and ONE TorchTrainer.fit() that evaluates every
+pending cell (checkpoint x evaluation) of it.
 
-Public entry points, used by the CLI, `watch` and the tests: ``prepare`` (checks and plan, no
-Ray), ``evaluate`` (one fit over a plan, on the Ray this process is connected to) and
-``run_sweep`` (both, inside the one Ray lifecycle of ``lifecycle.RayLifecycle``).
+    plan = preflight.prepare(sweep)                  # rayeval.plan: the checks and the plan, no Ray
+    with RayLifecycle(sweep, callbacks=...) as life:
+        RunSequence(life, fit)(plan)                 # Ray up, the fit, group aggregates published,
+                                                     # the run's cells consolidated
+
+Public entry points: ``run_sweep`` (``rayeval run``, and the Ray Train validation through the
+API), ``RunSequence`` (``run_sweep``'s plan and each ``rayeval watch`` poll's, on the standing
+group, ``Standing``) and ``evaluate`` (one fit over a plan, on the Ray this process is
+connected to).
 """
 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
-import os
 import sys
-import tempfile
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Iterable
+from typing import Callable, Iterable
 
-from rayeval.io import paths, vision
 from rayeval.execution import recovery
 from rayeval.plan import groups
 from rayeval.execution.callbacks import Callbacks, RunCallback
 from rayeval.execution.ledger import DriverLedger
 # follow, quick_health_checks and trainer: evaluate()'s and Standing's, from the one lifecycle
 from rayeval.execution.lifecycle import RayLifecycle, follow, quick_health_checks, trainer
-from rayeval.core import tasks
 from rayeval.results import suite
-from rayeval.config.plugins import load_plugins
-from rayeval.config.schema import EvalSpec, Sweep
-from rayeval.io.data import inspect_dataset, probe_dataset
-from rayeval.io.checkpoints import expand_checkpoints
-from rayeval.errors import DataError, RayevalError, RunError, SpecError, StoreError, reason
-from rayeval.core.evaluate import Decoder, output_size
-from rayeval.io.loading import fit_error
-from rayeval.io.model import ModelSource
-from rayeval.plan.cells import CellOutcome, Evaluation, Plan, make_plan
-from rayeval.plan.lm_eval_entries import write_requests
+from rayeval.config.schema import Sweep
+from rayeval.errors import RayevalError, RunError, StoreError, reason
+from rayeval.plan.cells import CellOutcome, Plan
+from rayeval.plan.preflight import prepare, request_tables
 from rayeval.execution.profile import Timer
 from rayeval.execution.race import PARTIAL
 from rayeval.harness import store as lm_eval_store
@@ -83,164 +78,45 @@ class Evaluated:
     worker_times: dict = field(default_factory=dict)   # rank -> {phase: (seconds, count)}
 
 
-def inspect_evaluations(sweep: Sweep) -> tuple[Evaluation, ...]:
-    """Every evaluation's data set checked and counted, and the model probed on a few of its
-    real rows: on the meta device (no memory), else once on the CPU. Bad columns, inputs the
-    model cannot take, outputs that do not fit the task, labels outside the model's classes
-    and a missing tokenizer all fail here, in seconds, before any cluster starts."""
-    source = ModelSource(sweep.model, sweep.base_dir)
-    text = any(tasks.get(e.task).uses_text for e in sweep.evals)
-    first = _first_folder(sweep) if sweep.model.hugging_face else None
-    if sweep.model.backend == "vllm" and first is not None:
-        from rayeval.io import engine
+class RunSequence:
+    """The run of a plan, written once: ``run_sweep``'s plan (``preflight.prepare``) and each
+    ``rayeval watch`` poll's (``preflight.plan_cells``) go through it, inside their one
+    ``RayLifecycle``. ``on_plan``; when the plan has cells, Ray up (``life.ensure_ray``) and
+    ``fit(plan)`` while ``life.following`` them; then the lm-eval group aggregates whose
+    members are all stored published (``groups.publish``), the run's cells consolidated into
+    one part (``consolidate``) and ``on_outcomes``, so that whatever hears of the outcomes
+    finds them in the store with their groups.
 
-        why = engine.serves_folder(first)       # the engine starts from the first's config
-        if why:
-            raise SpecError(f"{sweep.source}: model.backend: {why}")
-    meta = source.meta(first)              # imports and calls the factory, or reads config.json
-    if sweep.parallelism.sharded:
-        from rayeval.execution.sharding import units
+    ``fit(plan)``: the pending cells' outcomes in plan order (``run_sweep``: one
+    ``TorchTrainer.fit``, ``evaluate``; ``watch``: the standing group, ``Standing.run``), or
+    None when the fit failed and the caller has dealt with it (``watch`` tries again at the
+    next poll): the sequence ends there, nothing published. An error from the fit propagates.
+    ``discard_now``: the cells' temporary store files are removed as the fit ends (``watch``,
+    whose Ray stays up), not at the end of the lifecycle."""
 
-        units(meta, sweep.parallelism.wrap)    # parallelism.wrap must name classes it has
-    tokenizer = source.tokenizer(first, meta) if text else None
-    out = []
-    for spec in sweep.evals:
-        task = tasks.get(spec.task)
-        if spec.dataset.images is not None:
-            vision.check_image_model(tokenizer, meta, first, spec.dataset.key_path)
-        info = inspect_dataset(spec.dataset, task)
-        size = _probe_output_size(sweep, spec, info, source, meta, tokenizer)
-        task.check_values(probe_dataset(info, spec.dataset.key_path), spec.dataset, size)
-        out.append(Evaluation(spec=spec, data=info, output_size=size,
-                              tokenizer=tokenizer if task.uses_text else None))
-    return tuple(out)
+    def __init__(self, life: RayLifecycle, fit: Callable[[Plan], list[CellOutcome] | None],
+                 *, discard_now: bool = False):
+        self.life = life
+        self.fit = fit
+        self.discard_now = discard_now
 
-
-def _first_folder(sweep: Sweep) -> str:
-    """A local folder with the first checkpoint's config (and tokenizer): without a factory,
-    the model is built from it."""
-    from rayeval.io import hf
-
-    hf.require()
-    refs = expand_checkpoints(sweep.checkpoints)
-    location = refs[0].location
-    if not hf.is_folder(location):
-        raise SpecError(f"checkpoints: {location} is not a Hugging Face folder (no config.json)"
-                        "; set model.factory to evaluate other checkpoints")
-    return hf.small_files(location, os.path.join(tempfile.gettempdir(), "rayeval-checkpoints"))
-
-
-def _probe_output_size(sweep: Sweep, spec: EvalSpec, info, source: ModelSource, meta,
-                       tokenizer) -> int:
-    decoder = Decoder(spec, info, sweep.base_dir)
-    decoder.use(tokenizer)
-    head = probe_dataset(info, spec.dataset.key_path).head(4, columns=spec.dataset.columns)
-    x, _, _ = decoder(head)
-    task = tasks.get(spec.task)
-    try:
-        size = output_size(meta, task, x, "meta")
-    except RayevalError:
-        real = source.real()          # some models cannot run on the meta device
-        if real is not None:
-            size = output_size(real, task, x, "cpu")
-        else:                         # a Hugging Face model: its output layer says
-            size = int(meta.get_output_embeddings().weight.shape[0])
-    if tokenizer is not None:
-        top = max(task.probe_input(x).reshape(-1).tolist())
-        if top >= size:
-            raise DataError(f"{spec.key_path}: the tokenizer gives token id {top}, outside the "
-                            f"model's vocabulary of {size}; the tokenizer does not match the "
-                            "model (see model.tokenizer)")
-    return size
-
-
-def check_inputs(sweep: Sweep, force: bool = False) -> tuple[tuple[Evaluation, ...],
-                                                             ResultStore]:
-    """The evaluations, inspected and probed, and the store, probe-written: what `run` and
-    `watch` check before any cluster starts. A request table of lm-eval the store holds must
-    be the one the driver rendered (``force``: written again), before anything reads it."""
-    load_plugins()                # a sweep built in Python may name a plugin's task or metric
-    write_requests(sweep)         # the lm-eval request tables the evaluations read, rendered
-    lm_eval_store.check_stored(_lm_eval_tables(sweep.evals), force)
-    evaluations = inspect_evaluations(sweep)
-    if sweep.parallelism.tensor > 1:
-        for e in evaluations:
-            if e.data.via_ray_data(e.spec.dataset):
-                raise SpecError(
-                    f"{sweep.source}: parallelism.tensor: an engine's {sweep.parallelism.tensor}"
-                    f" workers must see the same rows, which {e.spec.dataset.key_path} on Ray "
-                    "Data cannot give: use local parquet read directly (no dataset.cpus), or "
-                    "parallelism.tensor: 1")
-    store = ResultStore(sweep.output)
-    store.check(write=True)
-    return evaluations, store
-
-
-def _lm_eval_tables(specs) -> list[str]:
-    """The request tables of the lm-eval and lmms-eval evaluations among ``specs``."""
-    return [s.dataset.path for s in specs if s.lm_eval is not None or s.lmms_eval is not None]
-
-
-def prepare(sweep: Sweep, force: bool = False, ready=None) -> Plan:
-    """Everything that can fail on bad input, before any cluster starts, and the plan.
-    ``ready``: (CheckpointRef, fingerprint) pairs to plan instead of the sweep's globs."""
-    evaluations, store = check_inputs(sweep, force)
-    return plan_cells(sweep, evaluations, store, force=force, ready=ready)
-
-
-def plan_cells(sweep: Sweep, evaluations, store: ResultStore, *, force: bool = False,
-               ready=None, skip: set[str] = frozenset(), strict: bool = True) -> Plan:
-    """The plan, with the cells of local checkpoints that do not fit the model (keys and
-    shapes read from their headers, against the model on the meta device) failed here, before
-    any worker would load them. ``strict``: ``select.top`` at or above the checkpoints is an
-    error (`run`); else (a `watch` poll) they are evaluated whole."""
-    plan = make_plan(sweep, evaluations, store, force=force, ready=ready, skip=skip)
-    if not plan.cells:
-        return plan
-    source = ModelSource(sweep.model, sweep.base_dir)
-    text = any(tasks.get(e.spec.task).uses_text for e in evaluations)
-    failed, pending = [], []
-    for ref, _, cells in plan.by_checkpoint():
-        why = None if paths.is_uri(ref.location) else _local_problem(
-            ref.location, source, sweep, text)
-        if why is None:
-            pending += cells
-        else:
-            failed += [CellOutcome(key=c.key, checkpoint=ref.location, evaluation=c.evaluation,
-                                   step=ref.step, error=why) for c in cells]
-    return _raced(dataclasses.replace(plan, cells=tuple(pending), failed=tuple(failed)),
-                  strict)
-
-
-def _raced(plan: Plan, strict: bool = True) -> Plan:
-    """A race needs more checkpoints than it keeps: ``select.top`` at or above the sweep's
-    checkpoints fails here; a plan whose pending checkpoints are no more than ``top`` (the
-    others cached) has nothing to race and evaluates them whole."""
-    select = plan.sweep.select
-    if select is None:
-        return plan
-    every = {c.checkpoint.location for c in plan.cells + plan.cached} | \
-        {o.checkpoint for o in plan.failed}
-    if select.top >= len(every) and strict:
-        raise SpecError(f"{plan.sweep.source}: select.top: {select.top} keeps every one of the "
-                        f"{len(every)} checkpoints; race more checkpoints or lower top")
-    if len(plan.by_checkpoint()) <= select.top:
-        return dataclasses.replace(plan, sweep=plan.sweep.replace(select=None))
-    return plan
-
-
-def _local_problem(location: str, source: ModelSource, sweep: Sweep, text: bool) -> str | None:
-    """Why a local checkpoint cannot be evaluated, from its headers and small files."""
-    from rayeval.io import hf
-
-    try:
-        meta = source.meta(location)
-    except RayevalError as e:
-        return e.message if e.message.startswith(location) else f"{location}: {e.message}"
-    if text and sweep.model.tokenizer is None and not hf.has_tokenizer(location):
-        return (f"{location}: no tokenizer files beside the model; save the tokenizer with the "
-                "checkpoint or set model.tokenizer")
-    return fit_error(location, meta, sweep.checkpoint)
+    def __call__(self, plan: Plan) -> list[CellOutcome] | None:
+        """The outcomes of the plan's pending cells (none without cells), or None (see the
+        class docstring)."""
+        run = self.life.callbacks
+        run.on_plan(plan)
+        outcomes: list[CellOutcome] | None = []
+        if plan.cells:
+            self.life.ensure_ray()
+            with self.life.following((c.key for c in plan.cells), discard_now=self.discard_now):
+                outcomes = self.fit(plan)
+            if outcomes is None:
+                return None
+        written: list[str] = []
+        groups.publish(plan, written_keys=written)   # lm-eval groups whose members are all stored
+        consolidate(plan, written)                   # the run's cells into one part
+        run.on_outcomes(outcomes)
+        return outcomes
 
 
 def run_sweep(sweep: Sweep, *, address: str | None = None, force: bool = False,
@@ -251,31 +127,27 @@ def run_sweep(sweep: Sweep, *, address: str | None = None, force: bool = False,
     ``rayeval.reporting.display``, the trackers' publisher that ``rayeval.api`` attaches, ...);
     none by default.
     ``ready``: the checkpoints to evaluate, as (CheckpointRef, fingerprint) pairs with their
-    step, instead of the sweep's globs (``ray_train``'s validation of one checkpoint)."""
+    step, instead of the sweep's globs (``ray_train``'s validation of one checkpoint).
+    Every check is ``preflight.prepare``'s, before Ray starts; the run is ``RunSequence``'s
+    with one ``TorchTrainer.fit`` (``evaluate``) for the pending cells."""
     start = time.perf_counter()
     timer = Timer()
     with timer.span("inputs"):
         plan = prepare(sweep, force=force, ready=ready)
-    run = Callbacks.of(callbacks)
-    run.on_plan(plan)
     report = RunReport(plan, outcomes=list(plan.failed), timer=timer)
+    run = Callbacks.of(callbacks)
+
+    def fit(plan: Plan) -> list[CellOutcome]:
+        run.on_group_start()
+        done = evaluate(plan, run, timer=timer)   # ``display``: the run's callbacks
+        report.nodes, report.loads = done.nodes, done.loads
+        report.worker_times = done.worker_times
+        return done.outcomes
+
     with RayLifecycle(sweep, address=address, verbose=verbose, callbacks=run,
                       timer=timer) as life:
-        if not plan.cells:
-            run.on_outcomes([])
-        else:
-            life.ensure_ray()
-            with life.following(c.key for c in plan.cells):
-                run.on_group_start()
-                done = evaluate(plan, run, timer=timer)   # ``display``: the run's callbacks
-                report.outcomes += done.outcomes
-                report.nodes, report.loads = done.nodes, done.loads
-                report.worker_times = done.worker_times
-                run.on_outcomes(done.outcomes)
+        report.outcomes += RunSequence(life, fit)(plan)
     report.outcomes = plan.in_order(report.outcomes)
-    written: list[str] = []
-    groups.publish(plan, written_keys=written)   # lm-eval groups whose members are all stored
-    consolidate(plan, written)
     report.seconds = time.perf_counter() - start
     return report
 
@@ -371,7 +243,7 @@ def _trainer(plan: Plan, ledger, standing: bool = False):
         train_loop_per_worker=train_loop,
         train_loop_config={"plan": plan, "ledger": ledger, "standing": standing,
                            "ray_data": sorted(data), "lm_eval": lm_eval_store.shipment(
-                               _lm_eval_tables(e.spec for e in plan.evaluations))},
+                               request_tables(e.spec for e in plan.evaluations))},
         datasets=data or None,
         dataset_config=pipeline.exact_split(data, sweep.workers) if data else None,
         torch_config=TorchConfig(timeout_s=sweep.recovery.stall_timeout_s),

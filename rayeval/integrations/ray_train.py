@@ -190,14 +190,15 @@ def _inner_pattern(sweep: Sweep) -> str | None:
 
 
 def _check(sweep: Sweep) -> None:
-    """What ``rayeval run`` checks before Ray starts that does not need a checkpoint."""
-    from rayeval.execution import driver
+    """What ``rayeval run`` checks before Ray starts that does not need a checkpoint (the
+    plan's pre-flight checks, ``preflight.check_inputs``)."""
+    from rayeval.plan import preflight
     from rayeval.io.store import ResultStore
 
     if sweep.model.hugging_face:            # the model is built from a checkpoint's config
         ResultStore(sweep.output).check(write=True)
         return
-    driver.check_inputs(sweep)
+    preflight.check_inputs(sweep)
 
 
 class RayevalValidation:
@@ -305,7 +306,8 @@ class RayevalValidation:
         return CheckpointRef(location, step, epoch)
 
     def evaluate(self, location: str, step: int | None, epoch: int | None) -> dict[str, float]:
-        """``rayeval run`` of the sweep on this one checkpoint (``driver.run_sweep``, with the
+        """``rayeval run`` of the sweep on this one checkpoint (``api.run_sweep``: the trackers
+        attached to ``driver.run_sweep``, whose ``RunSequence`` is every run's, with the
         checkpoint and its step given instead of globs), on the Ray this task runs in, which
         it leaves running (or one it starts and shuts down, when called outside Ray); the
         metrics of its cells, read back from the store (cached cells too)."""

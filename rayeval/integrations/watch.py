@@ -21,7 +21,6 @@ from typing import Callable
 import fnmatch
 
 from rayeval.execution import driver, signals
-from rayeval.plan import groups
 from rayeval.execution.callbacks import RunCallback
 from rayeval.execution.lifecycle import RayLifecycle
 from rayeval.io import paths
@@ -29,6 +28,7 @@ from rayeval.reporting import trackers
 from rayeval.io.checkpoints import CheckpointRef, expand_checkpoints
 from rayeval.config.schema import Sweep, WatchSpec
 from rayeval.errors import RunError
+from rayeval.plan import preflight
 from rayeval.plan.cells import checkpoint_fingerprint
 from rayeval.reporting.display import DisplayCallback
 
@@ -171,7 +171,7 @@ def watch(sweep: Sweep, *, interval_s: float, settle_s: float, address: str | No
     The sweep's trackers get each cell as it finishes, and the leaderboard after each poll
     that added to it. ``display_for()``: the progress display of each poll's fit."""
     trackers.require(sweep.trackers)
-    evaluations, store = driver.check_inputs(sweep)
+    evaluations, store = preflight.check_inputs(sweep)
     spec: WatchSpec = sweep.watch
     settling = Settling(settle_s)
     marked = Marked(spec.ready) if spec.ready else None
@@ -189,6 +189,8 @@ def watch(sweep: Sweep, *, interval_s: float, settle_s: float, address: str | No
         run.add(DisplayCallback(display_for))
         run.add(trackers.PublishToTrackers(trackers.Publisher(sweep, say=say, warn=say),
                                   only_when_added=True))
+        poll = driver.RunSequence(life, OnStandingGroup(life, evaluations, state, say),
+                                  discard_now=True)
         while True:
             refs = expand_checkpoints(sweep.checkpoints, allow_empty=True)
             if marked:
@@ -197,37 +199,43 @@ def watch(sweep: Sweep, *, interval_s: float, settle_s: float, address: str | No
             else:
                 ready = settling.ready(refs, time.monotonic())
             ready = ordered(ready, spec.order)
-            plan = driver.plan_cells(sweep, evaluations, store, ready=ready,
-                                     skip=state.failed | state.known, strict=False)
+            plan = preflight.plan_cells(sweep, evaluations, store, ready=ready,
+                                        skip=state.failed | state.known, strict=False)
             state.known.update(c.key for c in plan.cached)
             state.failed.update(o.key for o in plan.failed)
-            run.on_plan(plan)
-            if plan.cells:
-                _poll(life, plan, evaluations, state, say)   # publishes its groups
-            elif plan.cached:       # members an earlier run stored, maybe not their group
-                groups.publish(plan)
+            # The run of this poll's plan: its cells on the standing group, then the groups
+            # whose members are all stored (an earlier run's too) and this poll's cells in one
+            # part, then its outcomes said.
+            poll(plan)
             if stop.wait(interval_s):
                 return state
 
 
-def _poll(life: RayLifecycle, plan, evaluations, state: WatchState, say) -> None:
-    """One poll's cells evaluated on the standing worker group (started if need be)."""
-    life.ensure_ray()
-    group = life.standing_group(evaluations, driver.Standing)
-    try:
-        with life.following((c.key for c in plan.cells), discard_now=True):
-            outcomes = group.run(plan, life.callbacks)
-    except RunError as e:          # workers lost beyond the restart budget: next poll
-        say(f"[rayeval] run failed: {e.message}; trying again at the next poll")
-        life.drop_group(timeout_s=5)
-        return
-    for o in outcomes:
-        if o.ok:
-            state.known.add(o.key)
-            state.evaluated += 1
-        else:
-            state.failed.add(o.key)
-    written: list[str] = []
-    groups.publish(plan, written_keys=written)   # lm-eval groups whose members are all stored
-    driver.consolidate(plan, written)            # this poll's cells into one part
-    life.callbacks.on_outcomes(outcomes)
+class OnStandingGroup:
+    """Each poll's fit (``driver.RunSequence``'s): the plan's cells on the standing worker
+    group (started if need be: ``RayLifecycle.standing_group``), their outcomes kept in the
+    watch's state. A group lost beyond the restart budget is said, dropped, and ends the poll
+    (None): the next poll tries again on a new group."""
+
+    def __init__(self, life: RayLifecycle, evaluations, state: WatchState,
+                 say: Callable[[str], None]):
+        self.life = life
+        self.evaluations = evaluations
+        self.state = state
+        self.say = say
+
+    def __call__(self, plan):
+        group = self.life.standing_group(self.evaluations, driver.Standing)
+        try:
+            outcomes = group.run(plan, self.life.callbacks)
+        except RunError as e:          # workers lost beyond the restart budget: next poll
+            self.say(f"[rayeval] run failed: {e.message}; trying again at the next poll")
+            self.life.drop_group(timeout_s=5)
+            return None
+        for o in outcomes:
+            if o.ok:
+                self.state.known.add(o.key)
+                self.state.evaluated += 1
+            else:
+                self.state.failed.add(o.key)
+        return outcomes
