@@ -47,9 +47,12 @@ def tiny(request, tmp_path_factory):
 
     if request.param == "qwen2_vl":
         pytest.importorskip("torchvision", reason="Qwen2-VL's processor needs torchvision")
-    build = BUILDERS[request.param]
-    folder = build(tmp_path_factory.mktemp(request.param) / "checkpoint-3",
-                   item_texts(easy_vqa_items("train", n=500)))
+    if request.param == "idefics3":     # the run's one tiny Idefics3 (conftest): read only
+        folder = request.getfixturevalue("tiny_vlm")
+    else:
+        build = BUILDERS[request.param]
+        folder = build(tmp_path_factory.mktemp(request.param) / "checkpoint-3",
+                       item_texts(easy_vqa_items("train", n=500)))
     source = ModelSource(ModelSpec(), "")
     model, _ = source.loader(torch.device("cpu"), CheckpointSpec()).load(folder)
     proc = source.tokenizer(folder, model)
