@@ -15,6 +15,11 @@ instance=True)``. The object registered has
     sampling_problem(ev) -> (key path, message) | None
                   why evaluation ``ev`` cannot sample on a backend other than vLLM, in the
                   kind's own words (None: the loader's general message)
+    prepare(specs, force)
+                  before a run (no Ray): what its evaluations ``specs`` read is in the store
+                  and is what this process rendered (``force``: written again)
+    shipment(specs) -> picklable     on the driver: what the workers need of this process's
+    receive(shipped)                 rendering, sent with the plan through Ray; on a worker
 
 The loader checks what every kind shares before it calls ``evaluations``: the entry gives no
 ``task``, ``dataset``, ``metrics`` or ``generation`` (they come from the library), nor another
@@ -59,3 +64,32 @@ class EntryContext:
     @property
     def checkpoints(self) -> tuple[str, ...]:
         return self.r.field(Sweep, "checkpoints", self.top, "checkpoints")
+
+
+def _used(specs) -> dict[str, list]:
+    """The evaluations among ``specs`` by the kind that rendered them (an EvalSpec holds its
+    entry under the kind's key: ``spec.lm_eval``)."""
+    found: dict[str, list] = {}
+    specs = list(specs)
+    for key in kinds().names():
+        own = [s for s in specs if getattr(s, key, None) is not None]
+        if own:
+            found[key] = own
+    return found
+
+
+def prepare(specs, force: bool = False) -> None:
+    """Each kind's ``prepare`` for the evaluations it rendered: before a run, without Ray."""
+    for key, own in _used(specs).items():
+        ENTRIES.get(key).prepare(own, force)
+
+
+def shipments(specs) -> dict[str, Any]:
+    """What each kind sends the workers for the evaluations it rendered (``receive``)."""
+    return {key: ENTRIES.get(key).shipment(own) for key, own in _used(specs).items()}
+
+
+def receive(shipped: dict[str, Any] | None) -> None:
+    """On a worker: each kind takes what the driver sent it."""
+    for key, what in (shipped or {}).items():
+        kinds().get(key).receive(what)

@@ -28,13 +28,13 @@ from rayeval.execution.ledger import DriverLedger
 # follow, quick_health_checks and trainer: evaluate()'s and Standing's, from the one lifecycle
 from rayeval.execution.lifecycle import RayLifecycle, follow, quick_health_checks, trainer
 from rayeval.results import suite
+from rayeval.config import entries
 from rayeval.config.schema import Sweep
 from rayeval.errors import RayevalError, RunError, StoreError, reason
 from rayeval.plan.cells import CellOutcome, Plan
-from rayeval.plan.preflight import prepare, request_tables
+from rayeval.plan.preflight import prepare
 from rayeval.execution.profile import Timer
 from rayeval.execution.race import PARTIAL
-from rayeval.harness import store as lm_eval_store
 from rayeval.io.store import ResultStore
 
 
@@ -242,8 +242,9 @@ def _trainer(plan: Plan, ledger, standing: bool = False):
     return trainer(
         train_loop_per_worker=train_loop,
         train_loop_config={"plan": plan, "ledger": ledger, "standing": standing,
-                           "ray_data": sorted(data), "lm_eval": lm_eval_store.shipment(
-                               request_tables(e.spec for e in plan.evaluations))},
+                           "ray_data": sorted(data),
+                           # what rendered entries' slices send the workers (lm-eval tasks)
+                           "shipped": entries.shipments(e.spec for e in plan.evaluations)},
         datasets=data or None,
         dataset_config=pipeline.exact_split(data, sweep.workers) if data else None,
         torch_config=TorchConfig(timeout_s=sweep.recovery.stall_timeout_s),

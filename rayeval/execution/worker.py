@@ -23,6 +23,7 @@ import time
 import ray.train
 
 from rayeval import errors
+from rayeval.config import entries
 from rayeval.config.plugins import load_plugins
 from rayeval.core import backends
 from rayeval.errors import GroupError, RayevalError, RunError
@@ -34,7 +35,6 @@ from rayeval.execution.race import run_race
 from rayeval.execution.rank import RankContext
 from rayeval.execution.scorer import CellScorer
 from rayeval.execution.sinks import Publish
-from rayeval.harness import store as lm_eval_store
 from rayeval.plan.cells import Cell, CellOutcome, Plan
 
 STANDING_POLL_S = 2.0      # a standing group's rank 0 asks for cells this long before it says
@@ -49,7 +49,7 @@ def train_loop(config: dict) -> list[CellOutcome]:
     publishes it, so nothing is counted twice."""
     entered = time.time()
     plan: Plan = config["plan"]
-    lm_eval_store.receive(config.get("lm_eval"))     # the driver's lm-eval tasks, through Ray
+    entries.receive(config.get("shipped"))     # what the driver's slices sent (lm-eval tasks)
     rank = ray.train.get_context().get_world_rank()
     ledger = WorkerLedger(config.get("ledger"), rank)
     attempt, done, fatal = ledger.start()

@@ -4,7 +4,7 @@ table that the evaluation reads as its data set; the entry kind this slice regis
 
 Rendering happens while the sweep file is read (it decides the evaluations, their metrics and
 groups); writing the tables into the result store does not: the parser writes nothing, and
-``store.write_requests`` writes them when the run is planned. Until then the rendered tables
+``store.RequestTables.prepare`` writes them when the run is planned. Until then the rendered tables
 wait in ``store.UNWRITTEN``, by the location their evaluation reads.
 """
 
@@ -19,7 +19,7 @@ from rayeval.harness.groups import group_specs
 from rayeval.io import paths
 
 
-class LmEvalEntry:
+class LmEvalEntry(lm_store.RequestTables):
     """The ``lm_eval:`` entry kind: an lm-eval task or group, by name."""
     library = "lm-eval"
     title = "lm-evaluation-harness"

@@ -42,6 +42,25 @@ def location(output: str, digest: str) -> str:
     return f"{output.rstrip('/')}/{REQUESTS_DIR}/{digest}"
 
 
+class RequestTables:
+    """What an entry kind whose evaluations read request tables rendered on the driver does
+    around a run (``config.entries``): the lm-eval and lmms-eval kinds."""
+
+    def prepare(self, specs, force: bool = False) -> None:
+        tables = [s.dataset.path for s in specs]
+        for data in tables:
+            waiting = UNWRITTEN.pop(data, None)
+            if waiting is not None:
+                write(*waiting)
+        check_stored(tables, force)
+
+    def shipment(self, specs) -> dict[str, bytes]:
+        return shipment([s.dataset.path for s in specs])
+
+    def receive(self, shipped: dict[str, bytes]) -> None:
+        receive(shipped)
+
+
 def write_requests(sweep) -> None:
     """Write the request tables of the sweep's lm-eval and lmms-eval evaluations that this
     process rendered and has not written yet (a table already in the store is kept): the

@@ -4,7 +4,7 @@ this slice registers (``config.entries``), which the loader calls without naming
 
 As for ``lm_eval:`` entries (``harness.entries``): rendering happens while the sweep file is
 read, writing the table into the result store when the run is planned
-(``harness.store.write_requests``, which writes every table rendered and not yet written); a
+(``harness.store.RequestTables.prepare``, which writes every table rendered and not yet written); a
 group is evaluated as its tasks (``NAME/TASK``) and its aggregate (``NAME``; a subgroup's
 ``NAME/SUB``) is computed from their stored rows by the plan's group cells (``plan.groups``),
 averaging what lmms-eval's own run of the group averages.
@@ -20,7 +20,7 @@ from rayeval.harness import store as lm_store
 from rayeval.harness.groups import group_specs
 
 
-class LmmsEvalEntry:
+class LmmsEvalEntry(lm_store.RequestTables):
     """The ``lmms_eval:`` entry kind: an lmms-eval task, group or tag, by name."""
     library = "lmms-eval"
     title = "lmms-eval"

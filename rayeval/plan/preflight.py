@@ -22,6 +22,7 @@ import tempfile
 
 from rayeval.io import engine, paths, vision
 from rayeval.core import tasks
+from rayeval.config import entries
 from rayeval.config.plugins import load_plugins
 from rayeval.config.schema import EvalSpec, Sweep
 from rayeval.io.data import inspect_dataset, probe_dataset
@@ -32,11 +33,9 @@ from rayeval.io.loading import fit_error
 from rayeval.io.model import ModelSource
 from rayeval.io.units import units
 from rayeval.plan.cells import CellOutcome, Evaluation, Plan, make_plan
-from rayeval.plan.lm_eval_entries import write_requests
-from rayeval.harness import store as lm_eval_store
 from rayeval.io.store import ResultStore
 
-__all__ = ["prepare", "check_inputs", "plan_cells", "inspect_evaluations", "request_tables"]
+__all__ = ["prepare", "check_inputs", "plan_cells", "inspect_evaluations"]
 
 
 def inspect_evaluations(sweep: Sweep) -> tuple[Evaluation, ...]:
@@ -112,8 +111,8 @@ def check_inputs(sweep: Sweep, force: bool = False) -> tuple[tuple[Evaluation, .
     `watch` check before any cluster starts. A request table of lm-eval the store holds must
     be the one rendered here (``force``: written again), before anything reads it."""
     load_plugins()                # a sweep built in Python may name a plugin's task or metric
-    write_requests(sweep)         # the lm-eval request tables the evaluations read, rendered
-    lm_eval_store.check_stored(request_tables(sweep.evals), force)
+    entries.prepare(sweep.evals, force)   # what rendered entries read: in the store, as
+                                          # rendered here (lm-eval's request tables)
     evaluations = inspect_evaluations(sweep)
     if sweep.parallelism.tensor > 1:
         for e in evaluations:
@@ -126,12 +125,6 @@ def check_inputs(sweep: Sweep, force: bool = False) -> tuple[tuple[Evaluation, .
     store = ResultStore(sweep.output)
     store.check(write=True)
     return evaluations, store
-
-
-def request_tables(specs) -> list[str]:
-    """The request tables of the lm-eval and lmms-eval evaluations among ``specs`` (checked
-    here against the store's; shipped to the workers with the plan by ``execution.driver``)."""
-    return [s.dataset.path for s in specs if s.lm_eval is not None or s.lmms_eval is not None]
 
 
 def prepare(sweep: Sweep, force: bool = False, ready=None) -> Plan:
