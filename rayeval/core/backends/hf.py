@@ -101,7 +101,7 @@ class HFBackend(TorchBackend):
                         ctx: Context) -> list[list[str]]:
         """Greedy generations of image+text items from their processor outputs, ``batch``
         items at a time, left-padded (an item's tokens equal those of ``generate`` on the
-        item alone: tests/unit/test_vlm_backend.py)."""
+        item alone: tests/models/test_vlm_backend.py)."""
         if not hasattr(self.model, "generate"):
             raise ModelError("model: image items need a Hugging Face vision-language model "
                              "(one with generate); this model has none")
