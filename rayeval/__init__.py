@@ -42,7 +42,7 @@ __all__ = [
 # name -> the module holding it, imported on first use (torch or Ray come with those modules).
 _LAZY = {
     "RunReport": "rayeval.execution.driver",
-    "Board": "rayeval.results.board",
+    "Board": "rayeval.ranking.board",
     "validation_config": "rayeval.integrations.ray_train",
     "RayevalValidation": "rayeval.integrations.ray_train",
 }

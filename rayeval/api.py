@@ -27,7 +27,7 @@ if TYPE_CHECKING:                               # types only: importing these pu
     from rich.console import Console
 
     from rayeval.execution.driver import RunReport
-    from rayeval.results.board import Board
+    from rayeval.ranking.board import Board
 
 __all__ = ["run", "load_sweep", "results", "query", "leaderboard"]
 
@@ -170,7 +170,7 @@ def leaderboard(store: str | os.PathLike, *, metric: str | None = None,
     evaluation only, or ``aggregate``; default: the aggregate (the mean of each evaluation's
     first metric, lower-is-better ones negated) with several evaluations, else the first metric.
 
-    Returns a ``Board`` (``rayeval.results.board.Board``): ``entries`` in rank order, each with
+    Returns a ``Board`` (``rayeval.ranking.board.Board``): ``entries`` in rank order, each with
     ``rank``, ``sweep``, ``checkpoint``, ``step``, ``best``, ``value(column)``, ``rows[column]``
     (the stored row, or the aggregate's, with ``value``, ``ci_low``, ``ci_high``) and
     ``marks[column]`` (``"*"`` the best, ``"~"`` not distinguishable from it); ``columns``
@@ -182,17 +182,17 @@ def leaderboard(store: str | os.PathLike, *, metric: str | None = None,
     ``checkpoint``: only checkpoints whose location matches this glob (``*/run-3/*``).
     ``members``: also show each lm-eval group's tasks (``NAME/TASK``); by default a group whose
     aggregate is stored shows as that aggregate (``NAME``) alone. ``marks``: False leaves the
-    marks to be set column by column (``rayeval.results.board.mark(board, columns)``, which
+    marks to be set column by column (``rayeval.ranking.board.mark(board, columns)``, which
     reads just those columns' replicates: a table showing a few columns of a big store).
     ``rank``: False gives only ``columns``, ``table`` (the rows shown, without replicates) and
     ``aggregate_rows``, nothing ranked (what ``--format json`` writes, for a store of any size).
 
-    Every format of ``rayeval leaderboard`` is this board (``rayeval.results.board.board``).
+    Every format of ``rayeval leaderboard`` is this board (``rayeval.ranking.board.board``).
 
     Raises :class:`rayeval.StoreError` as :func:`results` does, when the rows hold nothing to
     rank, and when ``metric`` names no column (the message lists the choices).
     """
-    from rayeval.results.board import board
+    from rayeval.ranking.board import board
 
     return board(store, metric=metric, sweep=sweep, evaluation=evaluation,
                  checkpoint=checkpoint, members=members, marks=marks, rank=rank, what=_what)

@@ -144,7 +144,7 @@ def one_checkpoint_sweep(sweep: str, folder: str) -> str:
 
 def rayeval_values(store: str) -> dict:
     """{(checkpoint realpath, evaluation, metric): value} from the store."""
-    from rayeval.results import latest_rows
+    from rayeval.ranking import latest_rows
     from rayeval.io.store import ResultStore
 
     return {(os.path.realpath(r["checkpoint"]), r["dataset"], r["metric"]): r["value"]

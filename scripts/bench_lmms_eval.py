@@ -91,7 +91,7 @@ def run_lmms(folders: list[str], task_dir: str, run_dir: str, batch_size: int = 
 
 def rayeval_values(store: str) -> dict:
     from rayeval.io.store import ResultStore
-    from rayeval.results import latest_rows
+    from rayeval.ranking import latest_rows
 
     return {(os.path.basename(r["checkpoint"].rstrip("/")), r["metric"]): r["value"]
             for r in latest_rows(ResultStore(store).read())}

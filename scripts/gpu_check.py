@@ -100,7 +100,7 @@ def run(sweep_path: str, *, use_gpu: bool, workers: int, output: str, shard: int
     from rayeval.config.schema import Parallelism
 
     from rayeval.execution.driver import run_sweep
-    from rayeval.results import latest_rows
+    from rayeval.ranking import latest_rows
     from rayeval.plan.loader import load_sweep, with_overrides
     from rayeval.io.store import ResultStore
 

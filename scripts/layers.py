@@ -170,7 +170,7 @@ LADDER = [
     {"io"},                                 # locations, layouts, loading, the result store
     {"core"},                               # tasks, backends, metrics, statistics, the pass
     {"harness", "lmms"},                    # lm-eval, lmms-eval: vertical slices above core
-    {"results"},                            # what a board ranks: headline, aggregate, board
+    {"ranking"},                            # what a board ranks: headline, aggregate, board
     {"plan"},                               # sweeps to cells, rendering, group aggregates
     {"execution"},                          # Ray lifecycle, driver, workers, callbacks
     {"reporting"},                          # boards, display, trackers, plots

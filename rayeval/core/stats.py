@@ -231,7 +231,7 @@ def combined_interval(replicates: list[list[float]], weights: list[float], divis
                       confidence: float) -> tuple[list[float], float, float]:
     """Replicate b of the combination sum_i weights[i] * metric_i / divisor, from each metric's
     replicate b, and their percentile interval (the suite aggregate and an lm-eval group
-    combine their parts' stored replicates so: see ``results.aggregate.aggregate_row``)."""
+    combine their parts' stored replicates so: see ``ranking.aggregate.aggregate_row``)."""
     combined = (torch.as_tensor(np.asarray(replicates, dtype=np.float64))
                 * torch.tensor(weights, dtype=torch.float64).unsqueeze(1)).sum(dim=0) / divisor
     low, high = percentile_interval(combined, confidence)

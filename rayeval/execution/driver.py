@@ -27,7 +27,7 @@ from rayeval.execution.callbacks import Callbacks, RunCallback
 from rayeval.execution.ledger import DriverLedger
 # follow, quick_health_checks and trainer: evaluate()'s and Standing's, from the one lifecycle
 from rayeval.execution.lifecycle import RayLifecycle, follow, quick_health_checks, trainer
-from rayeval.results import suite
+from rayeval.ranking import suite
 from rayeval.config import entries
 from rayeval.config.schema import Sweep
 from rayeval.errors import RayevalError, RunError, StoreError, reason

@@ -29,7 +29,7 @@ from rayeval.core.evaluate import ROWS, finalize
 from rayeval.core.metrics import build_all
 from rayeval.errors import RunError
 from rayeval.plan.cells import Cell, Evaluation, Plan
-from rayeval.results.rules import direction, sweep_headline
+from rayeval.ranking.rules import direction, sweep_headline
 
 PARTIAL = "-partial"      # a partial cell's store key: the complete cell's key and this
 
@@ -215,7 +215,7 @@ def targets(plan: Plan) -> list[tuple[str, str, object, float]]:
     """What is raced, as (evaluation, metric key, metric, weight): the one metric
     ``select.metric`` names (weight +-1 as higher or lower is better), or for ``aggregate``
     every evaluation's headline metric (weight +-1/E), as the leaderboard's aggregate
-    (``results.rules``)."""
+    (``ranking.rules``)."""
     sel = plan.sweep.select
     if sel.suite:
         chosen = [(e, None) for e in plan.sweep.suite_evaluations()]

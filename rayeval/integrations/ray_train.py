@@ -345,7 +345,7 @@ class RayevalValidation:
     def metrics(self, store, keys: list[str]) -> dict[str, float]:
         """``{prefix/evaluation/metric: value}`` from the cells' stored rows (confusion
         matrices left out), and ``prefix/aggregate`` as the leaderboard computes it."""
-        from rayeval.results import aggregates
+        from rayeval.ranking import aggregates
 
         rows = store.read_cells(keys, sweep=self.sweep.name).to_pylist()
         out: dict[str, float] = {}

@@ -335,7 +335,7 @@ class ResultStore:
         return layout.newest_writes(table).select(wanted)
 
     def suites(self, sweep: str | None = None) -> pa.Table:
-        """The rows of the parts' suite files (``results.suite``: the suite aggregate's
+        """The rows of the parts' suite files (``ranking.suite``: the suite aggregate's
         replicates per checkpoint), of one sweep or every sweep; a damaged one is left out
         (a board then combines those replicates itself)."""
         try:
@@ -449,7 +449,7 @@ def replicate_arrays(column: pa.ChunkedArray) -> list[np.ndarray | None]:
 def direction(higher_is_better: bool) -> float:
     """+1.0 for a metric where higher is better (a row's ``higher_is_better``), -1.0 where
     lower is: a lower-is-better metric enters an aggregate, a race and a ranking negated. The
-    one place this sign is computed (``results.rules`` and ``core.racing`` use it)."""
+    one place this sign is computed (``ranking.rules`` and ``core.racing`` use it)."""
     return 1.0 if higher_is_better else -1.0
 
 

@@ -115,7 +115,7 @@ def move_cells(fs: pafs.FileSystem, root: str, location: str, schema: pa.Schema,
     """Move cell files into parts (``cells``: only these keys; None: every one), and with
     ``merge`` merge each sweep's small parts. Returns what was done; ``locked`` when another
     mover held the lock for ``wait_s`` seconds. ``summarize``: a part's rows to the table
-    kept beside it (``results.suite.summaries``: this layer cannot compute it)."""
+    kept beside it (``ranking.suite.summaries``: this layer cannot compute it)."""
     lock = Lock(fs, root)
     deadline = time.monotonic() + wait_s
     while not lock.acquire():

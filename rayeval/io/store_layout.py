@@ -120,7 +120,7 @@ def list_cells(fs: pafs.FileSystem, root: str) -> list[pafs.FileInfo]:
 
 
 def suite_of(part: str) -> str:
-    """A part's suite file (``results.suite``): hidden from a part listing (and from a rayeval
+    """A part's suite file (``ranking.suite``): hidden from a part listing (and from a rayeval
     that predates it) by its leading underscore."""
     folder, sep, name = part.rpartition("/")
     return f"{folder}{sep}_{name[:-len('.parquet')]}{SUITE}"

@@ -13,7 +13,7 @@ from rayeval.config.reader import Reader, field_of, show
 from rayeval.config.schema import EvalSpec, Generation, ModelSpec, Sweep, WatchSpec
 from rayeval.core.backends import BACKENDS
 from rayeval.core.tasks import TASKS
-from rayeval.results.rules import sweep_headline
+from rayeval.ranking.rules import sweep_headline
 
 
 def evaluation_name(r: Reader, name: str, path: str) -> None:

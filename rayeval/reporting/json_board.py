@@ -4,7 +4,7 @@ stores of any size.
 Measured on a 100,000-cell store (300,000 rows): writing JSON row by row took 8 s. Here the
 stored rows never become Python objects: each column is written as JSON text by Arrow, a
 distinct string or timestamp formatted once. What is written (the rows a board shows and its
-aggregate rows) comes from ``results.board``.
+aggregate rows) comes from ``ranking.board``.
 """
 
 from __future__ import annotations

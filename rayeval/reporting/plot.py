@@ -10,7 +10,7 @@ import os
 import tempfile
 
 from rayeval.errors import RayevalError, StoreError
-from rayeval.results import Board, Column
+from rayeval.ranking import Board, Column
 
 _HINT = "--plot needs matplotlib: pip install matplotlib (or pip install 'rayeval[plot]')"
 

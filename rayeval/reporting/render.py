@@ -1,6 +1,6 @@
 """Leaderboards as text: a rich table, markdown, csv, a self-contained html page, json.
 
-Every format takes a :class:`rayeval.results.board.Board` (json: the stored rows and the aggregate
+Every format takes a :class:`rayeval.ranking.board.Board` (json: the stored rows and the aggregate
 rows). The rich table never crops or folds a number: when the columns do not fit the console it
 drops the intervals first, then whole metric columns from the right, and names those in its
 caption.
@@ -15,7 +15,7 @@ import math
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from rayeval.results import Board, Column, Entry
+    from rayeval.ranking import Board, Column, Entry
 
 _NAMES = ("sweep", "dataset", "checkpoint")           # left-aligned text; may fold if need be
 _NAME_WIDTH = 32

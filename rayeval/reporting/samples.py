@@ -16,7 +16,7 @@ import pyarrow.compute as pc
 
 from rayeval.errors import StoreError
 from rayeval.io import paths
-from rayeval.results import find_checkpoint
+from rayeval.ranking import find_checkpoint
 from rayeval.io.store import ResultStore, newest
 
 # Record columns that are not metric values (core.samples.COLUMNS, and the id)

@@ -67,7 +67,7 @@ def _finite(v) -> bool:
 def board_table(rows: list[dict]) -> tuple[list[str], list[list]] | None:
     """The leaderboard of ``rows`` as (columns, data): rank, sweep, checkpoint, step, then each
     column's value and interval; None when nothing there is ranked."""
-    from rayeval.results import build_board
+    from rayeval.ranking import build_board
 
     try:
         board = build_board(rows)

@@ -25,7 +25,7 @@ def _run(args, out: Console, err: Console) -> int:
     from rayeval.execution import driver
 
     _STARTED["imports"] = since_process_start()
-    from rayeval.results import build_board, latest_rows, without_members
+    from rayeval.ranking import build_board, latest_rows, without_members
     from rayeval.plan.loader import load_sweep, with_trackers
     from rayeval.io.store import ResultStore
 

@@ -20,7 +20,7 @@ def _stored_rows(args, replicates: str = "all", metric: str | None = None) -> li
     """The newest stored rows of a STORE argument, filtered by --sweep / --eval /
     --checkpoint in the files' scan (``rayeval.results``, as dicts), with the replicates
     ``replicates`` asks for (``reporting.stored``)."""
-    from rayeval.results.stored import stored_rows
+    from rayeval.ranking.stored import stored_rows
 
     return stored_rows(args.store, sweep=getattr(args, "sweep", None) or None,
                        evaluation=getattr(args, "dataset", None) or None, metric=metric,
@@ -45,7 +45,7 @@ def _json_board(args):
     import pyarrow.compute as pc
 
     from rayeval.reporting import json_board as jb
-    from rayeval.results.board import AGGREGATE, resolve_metric
+    from rayeval.ranking.board import AGGREGATE, resolve_metric
 
     board = _board(args, rank=False)
     table, summary = board.table, board.aggregate_rows
@@ -61,7 +61,7 @@ def _json_board(args):
             summary = summary if column.name == AGGREGATE else []
     if not args.replicates:
         return jb.board_json(table, summary)
-    from rayeval.results.stored import with_replicates
+    from rayeval.ranking.stored import with_replicates
 
     rows = with_replicates(args.store, table.to_pylist(), args.sweep or None,
                            {(r["cell"], r["dataset"], r["metric"]) for r in
@@ -87,7 +87,7 @@ def _leaderboard(args, out: Console) -> int:
         return code
     board = _board(args, metric=args.metric, marks=args.format != "table")
     if args.format == "table":
-        from rayeval.results.board import mark
+        from rayeval.ranking.board import mark
 
         render_rich(board, out, mark=lambda columns: mark(board, columns))
     elif args.format == "markdown":
@@ -159,8 +159,8 @@ def _compare(args, out: Console) -> int:
     from rich.table import Table
     from rich.text import Text
 
-    from rayeval.results.compare import AGGREGATE, compare, find_checkpoint
-    from rayeval.results.stored import with_replicates
+    from rayeval.ranking.compare import AGGREGATE, compare, find_checkpoint
+    from rayeval.ranking.stored import with_replicates
 
     rows = _stored_rows(args, "none")
     a_rows = find_checkpoint(rows, args.a, "A")
@@ -323,7 +323,7 @@ def _confusion(args, out: Console) -> int:
     from rich.table import Table
     from rich.text import Text
 
-    from rayeval.results.compare import find_checkpoint
+    from rayeval.ranking.compare import find_checkpoint
 
     rows = [r for r in find_checkpoint(_stored_rows(args), args.checkpoint, "CHECKPOINT")
             if r["matrix"]]
@@ -345,7 +345,7 @@ def _confusion(args, out: Console) -> int:
 
 
 def _compact(args, out: Console) -> int:
-    from rayeval.results.suite import summaries
+    from rayeval.ranking.suite import summaries
     from rayeval.io import paths
     from rayeval.io.store import ResultStore
 

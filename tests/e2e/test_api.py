@@ -20,7 +20,7 @@ from rich.console import Console
 import rayeval
 from rayeval.ui import cli
 from rayeval.errors import DataError, RayevalError, SpecError, StoreError
-from rayeval.results import latest_rows
+from rayeval.ranking import latest_rows
 from rayeval.io.store import SCHEMA, ResultStore
 from support import (build_model, make_data, reference_metrics, write_model_module,
                      write_parquet, write_sweep)
@@ -64,14 +64,14 @@ def test_every_public_name_resolves_and_the_errors_form_one_tree():
     assert {"run", "load_sweep", "results", "leaderboard", "RunReport", "Sweep",
             "RayevalError"} <= set(rayeval.__all__)
     from rayeval.execution.driver import RunReport
-    from rayeval.results import Board
+    from rayeval.ranking import Board
 
     assert rayeval.RunReport is RunReport and rayeval.Board is Board
     for name in ("SpecError", "DataError", "ModelError", "MetricError", "CheckpointError",
                  "StoreError", "RunError", "GroupError"):
         assert issubclass(getattr(rayeval, name), rayeval.RayevalError), name
     # Importing a subpackage binds its name on rayeval: none may shadow a public function.
-    importlib.import_module("rayeval.results.board")
+    importlib.import_module("rayeval.ranking.board")
     importlib.import_module("rayeval.io.store")
     for name in ("run", "results", "leaderboard", "load_sweep"):
         assert callable(getattr(rayeval, name)), name

@@ -22,7 +22,7 @@ from PIL import Image
 from rayeval.execution.driver import run_sweep
 from rayeval.plan.preflight import prepare
 from rayeval.errors import RayevalError
-from rayeval.results import latest_rows
+from rayeval.ranking import latest_rows
 from rayeval.plan.loader import load_sweep
 from rayeval.io.store import ResultStore
 from support import rayeval_cli

@@ -11,7 +11,7 @@ import pytest
 
 from rayeval.io import paths
 from rayeval.execution.driver import run_sweep
-from rayeval.results import latest_rows
+from rayeval.ranking import latest_rows
 from rayeval.plan.loader import load_sweep, with_overrides
 from rayeval.io.store import ResultStore
 from rayeval.io.store_layout import list_suites

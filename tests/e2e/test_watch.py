@@ -11,7 +11,7 @@ import time
 import pytest
 import torch
 
-from rayeval.results import latest_rows
+from rayeval.ranking import latest_rows
 from rayeval.io.store import ResultStore
 from support import (build_model, make_data, reference_metrics, wait_for, write_model_module,
                      write_parquet, write_sweep)

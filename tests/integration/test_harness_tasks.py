@@ -34,7 +34,7 @@ from support import (local_ray, rayeval_cli, rayeval_main,  # noqa: E402
 from rayeval.core.evaluate import finalize  # noqa: E402
 from rayeval.io.data import read_batches  # noqa: E402
 from rayeval.plan.loader import load_sweep  # noqa: E402
-from rayeval.results import latest_rows  # noqa: E402
+from rayeval.ranking import latest_rows  # noqa: E402
 from rayeval.io.store import ResultStore  # noqa: E402
 
 for _k, _v in offline_env({}).items():

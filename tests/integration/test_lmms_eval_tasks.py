@@ -29,7 +29,7 @@ from rayeval.core.evaluate import finalize  # noqa: E402
 from rayeval.io.data import read_batches  # noqa: E402
 from rayeval.io.store import ResultStore  # noqa: E402
 from rayeval.plan.loader import load_sweep  # noqa: E402
-from rayeval.results import latest_rows  # noqa: E402
+from rayeval.ranking import latest_rows  # noqa: E402
 
 for _key, _value in OFFLINE_ENV.items():
     os.environ.setdefault(_key, _value)

@@ -21,7 +21,7 @@ from rayeval.core.tasks import TASKS
 from rayeval.execution.driver import run_sweep
 from rayeval.io import layouts
 from rayeval.io.store import ResultStore
-from rayeval.results import latest_rows
+from rayeval.ranking import latest_rows
 from support import build_model, make_data, write_model_module, write_parquet
 
 pytestmark = pytest.mark.ray

@@ -157,7 +157,7 @@ def test_a_later_run_without_select_completes_the_partial_cells(runs, sweep_dir)
     """The race's partial cells keep their states (io.store_states): a run of the same sweep
     without ``select:`` scores only their remaining rows, and the completed cells equal the
     full run's bit for bit; the boards then take the complete cells."""
-    from rayeval.results import latest_rows
+    from rayeval.ranking import latest_rows
 
     full, raced = runs
     partial = {(c, e): r["num_samples"] for (c, e, m), r in raced[1][1].items()

@@ -13,7 +13,7 @@ from safetensors.torch import save_file
 from rayeval.execution.driver import evaluate, run_sweep
 from rayeval.plan.preflight import prepare
 from rayeval.errors import DataError
-from rayeval.results import latest_rows
+from rayeval.ranking import latest_rows
 from rayeval.plan.loader import load_sweep
 from rayeval.io.store import ResultStore
 from support import (build_model, make_data, reference_metrics, write_model_module,

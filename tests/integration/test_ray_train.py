@@ -18,7 +18,7 @@ import torch
 
 import rayeval
 from rayeval.errors import CheckpointError, SpecError
-from rayeval.results import latest_rows
+from rayeval.ranking import latest_rows
 from rayeval.integrations.ray_train import RayevalValidation, validation_config
 from rayeval.plan.loader import load_sweep
 from rayeval.io.store import ResultStore

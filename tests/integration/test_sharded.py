@@ -28,7 +28,7 @@ import yaml
 from support import local_ray, rayeval_main, script, single_process_passes
 
 import rayeval
-from rayeval.results import latest_rows
+from rayeval.ranking import latest_rows
 from rayeval.config.schema import Parallelism
 from rayeval.io.data import read_batches
 from rayeval.core.evaluate import finalize

@@ -11,7 +11,7 @@ import pytest
 
 from rayeval.execution.driver import run_sweep
 from rayeval.plan.loader import load_sweep
-from rayeval.results import latest_rows
+from rayeval.ranking import latest_rows
 from rayeval.io.store import ResultStore
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "scripts"))

@@ -12,7 +12,7 @@ import yaml
 
 from rayeval.ui.cli import main
 from rayeval.execution.driver import run_sweep
-from rayeval.results import latest_rows
+from rayeval.ranking import latest_rows
 from rayeval.plan.loader import load_sweep
 from rayeval.io.store import ResultStore
 from support import build_model, make_data, reference_metrics, write_model_module, write_parquet

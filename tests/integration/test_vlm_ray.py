@@ -27,7 +27,7 @@ from vlm_support import (easy_vqa_items, mc_choices, transformers_reference,  # 
 from rayeval.execution.driver import run_sweep  # noqa: E402
 from rayeval.io.store import ResultStore  # noqa: E402
 from rayeval.plan.loader import load_sweep  # noqa: E402
-from rayeval.results import latest_rows  # noqa: E402
+from rayeval.ranking import latest_rows  # noqa: E402
 
 N = 16
 NEW_TOKENS = 4

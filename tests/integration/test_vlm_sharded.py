@@ -30,7 +30,7 @@ from rayeval.execution.driver import run_sweep  # noqa: E402
 from rayeval.execution.sharding import memory, towers, units  # noqa: E402
 from rayeval.io.store import ResultStore  # noqa: E402
 from rayeval.plan.loader import load_sweep  # noqa: E402
-from rayeval.results import latest_rows  # noqa: E402
+from rayeval.ranking import latest_rows  # noqa: E402
 
 N = 11
 NEW_TOKENS = 4

@@ -16,8 +16,8 @@ from rich.console import Console
 
 import rayeval
 from rayeval.reporting.render import render_rich, to_html, to_markdown
-from rayeval.results import AGGREGATE, build_board
-from rayeval.results.suite import summaries
+from rayeval.ranking import AGGREGATE, build_board
+from rayeval.ranking.suite import summaries
 from rayeval.ui import cli, commands_store
 
 from test_json_board import T0, build, cell, rows_in_hand

@@ -7,7 +7,7 @@ import pytest
 
 from rayeval.config.schema import GroupMetric, GroupSpec
 from rayeval.plan.cells import Cell
-from rayeval.results import aggregates, members, without_members
+from rayeval.ranking import aggregates, members, without_members
 from rayeval.plan.groups import cell_key, group_rows, publish
 from rayeval.io.store import ResultStore
 

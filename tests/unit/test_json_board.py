@@ -14,12 +14,12 @@ import pytest
 from rayeval.io.store import ResultStore
 from rayeval.io.store_layout import SUITE, list_suites
 from rayeval.reporting.render import to_json
-from rayeval.results import (AGGREGATE, aggregates, columns_of, resolve_metric,
+from rayeval.ranking import (AGGREGATE, aggregates, columns_of, resolve_metric,
                              stored_aggregates, without_members)
-from rayeval.results.aggregate import _suites
-from rayeval.results.board import without_members_table
-from rayeval.results.stored import stored_rows
-from rayeval.results.suite import summaries
+from rayeval.ranking.aggregate import _suites
+from rayeval.ranking.board import without_members_table
+from rayeval.ranking.stored import stored_rows
+from rayeval.ranking.suite import summaries
 from rayeval.ui import cli, commands_store
 
 T0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
@@ -170,7 +170,7 @@ def test_a_table_reads_the_replicates_of_the_columns_it_shows_only(tmp_path, mon
 
     from rich.console import Console
 
-    from rayeval.results import build_board
+    from rayeval.ranking import build_board
     from rayeval.reporting.render import render_rich
 
     store = build(tmp_path)

@@ -18,7 +18,7 @@ from rich.text import Text
 
 from rayeval.ui import cli
 from rayeval.errors import StoreError
-from rayeval.results import (aggregate_row, aggregates, build_board, compare,
+from rayeval.ranking import (aggregate_row, aggregates, build_board, compare,
                                  find_checkpoint, latest_rows, paired)
 from rayeval.reporting.render import render_rich, to_csv, to_html, to_json, to_markdown
 from rayeval.io.store import ResultStore
@@ -484,7 +484,7 @@ def test_tiny_data_warns_and_identical_values_crown_nobody():
     from rich.console import Console
     import io
 
-    from rayeval.results import build_board
+    from rayeval.ranking import build_board
     from rayeval.reporting.render import render_rich
 
     def row(ckpt, step, value):
@@ -508,7 +508,7 @@ def test_tiny_data_warns_and_identical_values_crown_nobody():
 
 
 def test_language_modeling_boards_say_how_many_tokens_were_scored():
-    from rayeval.results import build_board
+    from rayeval.ranking import build_board
 
     row = {"sweep": "s", "checkpoint": "/c/a.pt", "step": 1, "dataset": "docs",
            "metric": "perplexity", "value": 12.5, "ci_low": None, "ci_high": None,

@@ -10,7 +10,7 @@ import pyarrow.dataset as pads
 import pytest
 
 from rayeval.errors import StoreError
-from rayeval.results import build_board, latest_rows
+from rayeval.ranking import build_board, latest_rows
 from rayeval.reporting.render import to_csv, to_json, to_markdown
 from rayeval.io.store import SCHEMA, ResultStore
 
@@ -141,7 +141,7 @@ def test_best_and_not_distinguishable_marks_use_paired_replicates():
     board = build_board(data)
     marks = {e.checkpoint.rsplit("/", 1)[-1]: e.marks.get("accuracy", "") for e in board.entries}
     assert marks == {"best.pt": "*", "tied.pt": "~", "worse.pt": ""}
-    from rayeval.results import paired
+    from rayeval.ranking import paired
 
     p = paired(data[0], data[2])
     assert p.difference == pytest.approx(0.1) and p.a_better == 1.0

@@ -13,10 +13,10 @@ from dataclasses import dataclass
 
 from rayeval.errors import StoreError
 from rayeval.io.store import bootstrap_params, confidence_of
-from rayeval.results.aggregate import AGGREGATE, aggregate_row, replicates_of
-from rayeval.results.columns import (AGGREGATE_COLUMN, columns_of, evaluations_of, ranked_rows,
+from rayeval.ranking.aggregate import AGGREGATE, aggregate_row, replicates_of
+from rayeval.ranking.columns import (AGGREGATE_COLUMN, columns_of, evaluations_of, ranked_rows,
                                      resolve_metric)
-from rayeval.results.rules import direction, stored_headlines
+from rayeval.ranking.rules import direction, stored_headlines
 
 
 # --- paired differences --------------------------------------------------------------------

@@ -16,8 +16,8 @@ from rayeval.errors import StoreError
 from rayeval.io import paths
 from rayeval.io.store import SCHEMA, ResultStore, newest
 from rayeval.io.store_layout import figures
-from rayeval.results.aggregate import averaged
-from rayeval.results.columns import ranked_rows
+from rayeval.ranking.aggregate import averaged
+from rayeval.ranking.columns import ranked_rows
 
 NONE, HEADLINE, ALL = "none", "headline", "all"
 

@@ -1,4 +1,6 @@
-"""Results: what a board ranks, owned once, below reporting and execution.
+"""Ranking: what a board ranks, owned once, below reporting and execution. (Not ``results``:
+that is the API's function, ``rayeval.results(store)``, which a subpackage of that name would
+shadow once imported.)
 
     rules      the headline rule (an evaluation's headline metric: a sweep's front door and
                stored rows'), the group-member rule, a metric's direction
@@ -14,13 +16,13 @@
 Importing this package imports neither torch nor Ray (intervals import torch when computed).
 """
 
-from rayeval.results.aggregate import AGGREGATE, aggregate_row, aggregates, stored_aggregates
-from rayeval.results.board import (Board, Entry, board, build_board, latest_rows, mark,
+from rayeval.ranking.aggregate import AGGREGATE, aggregate_row, aggregates, stored_aggregates
+from rayeval.ranking.board import (Board, Entry, board, build_board, latest_rows, mark,
                                    without_members)
-from rayeval.results.columns import (AGGREGATE_COLUMN, Column, columns_of, ranked_rows,
+from rayeval.ranking.columns import (AGGREGATE_COLUMN, Column, columns_of, ranked_rows,
                                      resolve_metric)
-from rayeval.results.compare import Comparison, Paired, compare, find_checkpoint, paired
-from rayeval.results.rules import direction, members, stored_headlines, sweep_headline
+from rayeval.ranking.compare import Comparison, Paired, compare, find_checkpoint, paired
+from rayeval.ranking.rules import direction, members, stored_headlines, sweep_headline
 
 __all__ = ["AGGREGATE", "AGGREGATE_COLUMN", "Board", "Column", "Comparison", "Entry", "Paired",
            "aggregate_row", "aggregates", "board", "build_board", "columns_of", "compare",

@@ -7,7 +7,7 @@ import math
 from dataclasses import dataclass
 
 from rayeval.errors import StoreError
-from rayeval.results.aggregate import AGGREGATE
+from rayeval.ranking.aggregate import AGGREGATE
 
 
 def value_of(row: dict | None) -> float | None:

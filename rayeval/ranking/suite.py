@@ -1,6 +1,6 @@
 """The suite aggregate's replicates, worked out when a part is written.
 
-A board's aggregate over a suite (``results.aggregate``) averages, per
+A board's aggregate over a suite (``ranking.aggregate``) averages, per
 checkpoint, replicate b of each evaluation's headline metric: to print it, a board would read
 every headline row's replicates — a third of a store's bytes (a 100,000-cell store: ~800 MB,
 ~2 s to read and ~2 s to combine on a 2-core machine). A part holds whole runs of a sweep, so
@@ -20,8 +20,8 @@ import pyarrow.compute as pc
 
 from rayeval.core.stats import combined_intervals_by_shape
 from rayeval.io.store import confidence_of, replicate_arrays
-from rayeval.results.aggregate import ranked, suite_parts
-from rayeval.results.rules import direction
+from rayeval.ranking.aggregate import ranked, suite_parts
+from rayeval.ranking.rules import direction
 
 SCHEMA = pa.schema([
     pa.field("sweep", pa.string()),

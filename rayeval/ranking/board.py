@@ -4,8 +4,8 @@ A sweep evaluates its checkpoints on one or more *evaluations* (the store's ``da
 ``val``, ``ood``, ...), each with its metrics. A board has one row per (sweep, checkpoint) and one
 column per (evaluation, metric), named ``EVAL/METRIC`` — or just ``METRIC`` when the rows shown
 hold a single evaluation — and, with two or more evaluations, an ``aggregate`` column first
-(``results.aggregate``). Every column marks its best value ``*`` and the values not
-distinguishable from it ``~``, from paired bootstrap replicates (``results.compare``).
+(``ranking.aggregate``). Every column marks its best value ``*`` and the values not
+distinguishable from it ``~``, from paired bootstrap replicates (``ranking.compare``).
 
 ``board(store, ...)`` is the one way a board is made from a store, for the API and every
 format of ``rayeval leaderboard``; ``build_board`` makes one of rows already in hand.
@@ -19,11 +19,11 @@ from dataclasses import dataclass, field
 
 from rayeval.errors import StoreError
 from rayeval.io.store import confidence_of, latest_rows  # noqa: F401 - the row's format
-from rayeval.results.aggregate import AGGREGATE, aggregates, averaged
-from rayeval.results.columns import (AGGREGATE_COLUMN, Column, columns_of,  # noqa: F401
+from rayeval.ranking.aggregate import AGGREGATE, aggregates, averaged
+from rayeval.ranking.columns import (AGGREGATE_COLUMN, Column, columns_of,  # noqa: F401
                                      evaluations_of, ranked_rows, resolve_metric, value_of)
-from rayeval.results.compare import paired
-from rayeval.results.rules import direction, shown
+from rayeval.ranking.compare import paired
+from rayeval.ranking.rules import direction, shown
 
 
 def without_members(rows: list[dict]) -> list[dict]:
@@ -129,8 +129,8 @@ def board(store, *, metric: str | None = None, sweep: str | None = None,
     from rayeval.io import paths
     from rayeval.io.store import SCHEMA, ResultStore, newest
     from rayeval.io.store_layout import figures
-    from rayeval.results.aggregate import stored_aggregates
-    from rayeval.results.stored import checkpoint_pattern, with_replicates
+    from rayeval.ranking.aggregate import stored_aggregates
+    from rayeval.ranking.stored import checkpoint_pattern, with_replicates
 
     table = newest(store, sweep=sweep, evaluation=evaluation, what=what, columns=figures(SCHEMA),
                    checkpoint=checkpoint_pattern(checkpoint))
@@ -156,7 +156,7 @@ def _column_rows(table) -> list[dict]:
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    from rayeval.results.rules import codes
+    from rayeval.ranking.rules import codes
 
     table = table.filter(pc.equal(pc.fill_null(pc.list_value_length(table["matrix"]), 0), 0))
     if table.num_rows == 0:

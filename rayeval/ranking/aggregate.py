@@ -4,7 +4,7 @@ one's headline metric (``rules``), direction-adjusted, with its interval.
 Which rows it averages is chosen once (``suite_parts``), on columns, for rows held as dicts
 with their replicates (``aggregates``) and for a store's rows read as a table without them
 (``stored_aggregates``: the intervals from the suite files kept beside the store's parts,
-``results.suite``, else from the replicates of just the rows averaged). Both combine the
+``ranking.suite``, else from the replicates of just the rows averaged). Both combine the
 replicates with the same function (``stats.combined_intervals_by_shape``), so their numbers
 are the same bits.
 
@@ -23,7 +23,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from rayeval.io.store import ResultStore, confidence_of, replicate_arrays
-from rayeval.results.rules import codes, direction, members, stored_headlines
+from rayeval.ranking.rules import codes, direction, members, stored_headlines
 
 AGGREGATE = "aggregate"
 
