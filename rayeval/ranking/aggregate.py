@@ -46,6 +46,11 @@ def ranked(matrix_lengths) -> np.ndarray:
     return np.array([not n for n in matrix_lengths], dtype=bool)
 
 
+def ranked_of(table: pa.Table) -> np.ndarray:
+    """``ranked`` of a table's rows, from the lengths of its ``matrix`` column."""
+    return ranked(pc.fill_null(pc.list_value_length(table["matrix"]), 0).to_pylist())
+
+
 def suite_parts(sweeps, checkpoints, evaluations, metrics, is_ranked: np.ndarray
                 ) -> tuple[list[str], list[tuple[int, dict[str, int]]]]:
     """The suite aggregate's rows: the evaluations averaged (by name, a group's members left
@@ -182,7 +187,7 @@ def stored_aggregates(table: pa.Table, store: ResultStore, sweep: str | None = N
         return []
     evaluations, found = suite_parts(
         table["sweep"], table["checkpoint"], table["dataset"], table["metric"],
-        ranked(pc.fill_null(pc.list_value_length(table["matrix"]), 0).to_pylist()))
+        ranked_of(table))
     if not found:
         return []
     wanted = sorted({i for first, own in found for i in (first, *own.values())})

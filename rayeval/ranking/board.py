@@ -19,11 +19,11 @@ from dataclasses import dataclass, field
 
 from rayeval.errors import StoreError
 from rayeval.io.store import confidence_of, latest_rows  # noqa: F401 - the row's format
-from rayeval.ranking.aggregate import AGGREGATE, aggregates, averaged
+from rayeval.ranking.aggregate import AGGREGATE, aggregates, averaged, ranked_of
 from rayeval.ranking.columns import (AGGREGATE_COLUMN, Column, columns_of,  # noqa: F401
                                      evaluations_of, ranked_rows, resolve_metric, value_of)
 from rayeval.ranking.compare import paired
-from rayeval.ranking.rules import direction, shown
+from rayeval.ranking.rules import codes, direction, shown
 
 
 def without_members(rows: list[dict]) -> list[dict]:
@@ -154,11 +154,8 @@ def _column_rows(table) -> list[dict]:
     reads: a board's columns without a dict per row."""
     import numpy as np
     import pyarrow as pa
-    import pyarrow.compute as pc
 
-    from rayeval.ranking.rules import codes
-
-    table = table.filter(pc.equal(pc.fill_null(pc.list_value_length(table["matrix"]), 0), 0))
+    table = table.filter(pa.array(ranked_of(table)))
     if table.num_rows == 0:
         return []
     _, first = np.unique(codes(table["dataset"], table["metric"]), return_index=True)

@@ -16,11 +16,10 @@ from __future__ import annotations
 from collections import Counter
 
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from rayeval.core.stats import combined_intervals_by_shape
 from rayeval.io.store import confidence_of, replicate_arrays
-from rayeval.ranking.aggregate import ranked, suite_parts
+from rayeval.ranking.aggregate import ranked_of, suite_parts
 from rayeval.ranking.rules import direction
 
 SCHEMA = pa.schema([
@@ -48,7 +47,7 @@ def summaries(rows: pa.Table) -> pa.Table | None:
     rows = rows.sort_by([("cell", "ascending"), ("ordinal", "ascending")])   # as a board reads
     _, found = suite_parts(
         rows["sweep"], rows["checkpoint"], rows["dataset"], rows["metric"],
-        ranked(pc.fill_null(pc.list_value_length(rows["matrix"]), 0).to_pylist()))
+        ranked_of(rows))
     counts = Counter(zip(rows["sweep"].to_pylist(), rows["checkpoint"].to_pylist(),
                          rows["dataset"].to_pylist(), rows["metric"].to_pylist()))
     cols = {c: rows[c].to_pylist() for c in _COLUMNS}

@@ -16,6 +16,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from rayeval.ranking.aggregate import ranked_of
 from rayeval.reporting.render import to_json
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
@@ -28,8 +29,7 @@ def board_json(table: pa.Table, aggregate_rows: list[dict], chunk: int = 8192):
     the replicates), written column by column, as pieces of text ``chunk`` rows at a time (a
     100,000-cell board is ~180 MB of text: held whole, and copied to a Python string and
     its bytes, it took 1.4 GB)."""
-    if table.num_rows == 0 or pc.any(pc.greater(
-            pc.fill_null(pc.list_value_length(table["matrix"]), 0), 0)).as_py():
+    if table.num_rows == 0 or not ranked_of(table).all():
         yield to_json(table.to_pylist(), aggregates=aggregate_rows)   # matrices: few rows
         return
     yield "[\n"

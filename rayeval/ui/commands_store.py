@@ -19,7 +19,7 @@ from rayeval.ui.exit_codes import EXIT_CELLS_FAILED, EXIT_OK
 def _stored_rows(args, replicates: str = "all", metric: str | None = None) -> list[dict]:
     """The newest stored rows of a STORE argument, filtered by --sweep / --eval /
     --checkpoint in the files' scan (``rayeval.results``, as dicts), with the replicates
-    ``replicates`` asks for (``reporting.stored``)."""
+    ``replicates`` asks for (``ranking.stored``)."""
     from rayeval.ranking.stored import stored_rows
 
     return stored_rows(args.store, sweep=getattr(args, "sweep", None) or None,
@@ -42,16 +42,18 @@ def _json_board(args):
     """``leaderboard --format json``: the rows the board shows as stored (all but their
     replicates, unless --replicates) and its aggregate rows, or with --metric that column's
     rows alone (``confusion_matrix``: the matrices)."""
+    import pyarrow as pa
     import pyarrow.compute as pc
 
+    from rayeval.ranking.aggregate import ranked_of
     from rayeval.reporting import json_board as jb
     from rayeval.ranking.board import AGGREGATE, resolve_metric
 
     board = _board(args, rank=False)
     table, summary = board.table, board.aggregate_rows
     if args.metric and table.num_rows:
-        matrices = table.filter(pc.and_(pc.equal(table["metric"], args.metric), pc.greater(
-            pc.fill_null(pc.list_value_length(table["matrix"]), 0), 0)))
+        matrices = table.filter(pc.and_(pc.equal(table["metric"], args.metric),
+                                        pa.array(~ranked_of(table))))
         if matrices.num_rows:                      # --metric confusion_matrix
             table, summary = matrices, []
         else:
