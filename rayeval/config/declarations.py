@@ -20,12 +20,14 @@ _SAME = object()  # ``yaml=_SAME``: the sweep-file key is the field's name
 def setting(doc: str, *, numbers: bool | str, default: Any = dataclasses.MISSING,
             default_factory: Any = dataclasses.MISSING, yaml: str | None | object = _SAME,
             sweep_default: bool = False, single_form: str | None = None,
-            **check: Any) -> Any:
+            keyed_if_set: bool = False, **check: Any) -> Any:
     """A dataclass field with its declaration. ``numbers``: True when a different value gives
     a cell different stored results (its numbers, or the labels its rows carry), False when it
     does not (how fast, where, who is told), ``TEXT`` when only text tasks' cells change.
     ``sweep_default``: an evaluation key the sweep's top level may also give, as the default
     of every evaluation. ``single_form``: the key that gives it in the one-evaluation form.
+    ``keyed_if_set``: left out of the key while None, so that adding the field did not
+    change the keys of cells stored before it existed.
     ``check``: how ``config.reader`` validates a value the sweep file gives (see CHECKS)."""
     if numbers not in (True, False, TEXT):
         raise ValueError(f"numbers must be True, False or TEXT, got {numbers!r}")
@@ -33,7 +35,7 @@ def setting(doc: str, *, numbers: bool | str, default: Any = dataclasses.MISSING
     if unknown:
         raise ValueError(f"unknown checks {sorted(unknown)}; see schema.CHECKS")
     meta = {"doc": doc, "numbers": numbers, "sweep_default": sweep_default,
-            "single_form": single_form, **check}
+            "single_form": single_form, "keyed_if_set": keyed_if_set, **check}
     if yaml is not _SAME:
         meta["yaml"] = yaml
     return dataclasses.field(default=default, default_factory=default_factory, metadata=meta)
@@ -87,6 +89,8 @@ def numbers_of(value: Any, text: bool) -> Any:
         out = {}
         for f in dataclasses.fields(value):
             flag = f.metadata["numbers"]
+            if f.metadata.get("keyed_if_set") and getattr(value, f.name) is None:
+                continue
             if flag is True or (flag == TEXT and text):
                 out[f.name] = numbers_of(getattr(value, f.name), text)
         return out

@@ -239,6 +239,41 @@ class Generation:
 
 
 @dataclass(frozen=True)
+class JudgeSpec:
+    """A judge model that grades a generation evaluation's responses (docs/judges.md): each
+    item's ``prompt`` rendered, sent to the judge as one user message through its chat
+    template, decoded greedily, and its verdict read by ``verdict``. A judged figure's key
+    is its generation's key plus these fields and the judge's weights' fingerprint."""
+    model: str = setting(
+        "Resolved location of the judge: a Hugging Face folder with its tokenizer. Not in "
+        "the key itself: its files' fingerprint is, as a checkpoint's.", numbers=False,
+        location=True)
+    prompt: str = setting(
+        "A Jinja template over the item's columns by name, ``response`` (the evaluated "
+        "model's answer as scored) and ``target``.", numbers=True)
+    verdict: dict = setting(
+        "Words to scores ({yes: 1, no: 0}: the first of them in the judge's text, any case, "
+        "whole word), or {pattern: REGEX} whose one group is the score.", numbers=True,
+        expected="a mapping of words to scores, or {pattern: REGEX}")
+    max_new_tokens: int = setting("The judge's new tokens at most.", numbers=True,
+                                  default=16, minimum=1)
+    backend: str | None = setting(
+        "What runs the judge: 'hf' or 'vllm'; None: the sweep's model.backend. Greedy "
+        "outputs agree but are not bit-equal: part of the key.", numbers=True, default=None,
+        choices=("hf", "vllm"))
+    dtype: str | None = setting("The judge's dtype; None: its own.", numbers=True,
+                                default=None, choices=DTYPE_NAMES, noun="dtype")
+    batch_size: int = setting("Judge prompts per generate call: how fast, not what is "
+                              "graded.", numbers=False, default=16, minimum=1)
+    key_path: str = setting("Where it is in the sweep file, for messages.", numbers=False,
+                            default="judge", yaml=None)
+
+    @property
+    def pattern(self) -> str | None:
+        return self.verdict.get("pattern") if set(self.verdict) == {"pattern"} else None
+
+
+@dataclass(frozen=True)
 class LmEvalSpec:
     """An lm-evaluation-harness task or group, as lm-eval's own run would evaluate it: its
     documents, few-shot examples, templates, filters and metrics come from lm-eval; rayeval
@@ -316,6 +351,9 @@ class EvalSpec:
     lmms_eval: LmmsEvalSpec | None = setting(
         "An lmms-eval task (images and text) instead of task/dataset/metrics.",
         numbers=True, default=None)
+    judge: JudgeSpec | None = setting(
+        "A judge model grading the generations (the metric ``judge``): docs/judges.md.",
+        numbers=True, default=None, keyed_if_set=True)
     samples: bool = setting(
         "Keep each item's record (text tasks; default true for them): which items a "
         "checkpoint got right, what it generated. Not the numbers: cells already stored "

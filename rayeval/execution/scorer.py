@@ -20,6 +20,7 @@ from rayeval import errors
 from rayeval.core import tasks
 from rayeval.core.backends.torch import float_dtype, move
 from rayeval.core.evaluate import Decoder, Pass
+from rayeval.core.judge import judged_metrics
 from rayeval.core.metrics import build_all
 from rayeval.errors import CheckpointError, RayevalError, traceback_of
 from rayeval.execution import dist
@@ -59,7 +60,8 @@ class CellScorer:
             self.shards[ev.name] = Shard(rows, Decoder(ev.spec, ev.data, plan.sweep.base_dir),
                                          ev.spec.batch_size, budget,
                                          pin=ctx.device.type == "cuda")
-            self.metrics[ev.name] = build_all(ev.spec.metrics)
+            # a judged evaluation's pass generates: the judge's metric is the judge stage's
+            self.metrics[ev.name] = build_all(judged_metrics(ev.spec.metrics)[0])
         self.uses_text = any(tasks.get(ev.spec.task).uses_text for ev in plan.evaluations)
         self.tokenizer = None
         # Per-item records: every rank writes its own items (never gathered), under the run's

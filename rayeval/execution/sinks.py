@@ -52,9 +52,10 @@ class Publish:
             return self.publish(cell, ev, merged, step, layout, start)
 
     def publish(self, cell: Cell, ev: Evaluation, merged, step, layout, start,
-                partial=None) -> CellOutcome:
+                partial=None, metrics=None) -> CellOutcome:
         """Write a cell's rows; ``partial`` (``race.Stopped``): a raced checkpoint's cell
-        with some of its items, under its own key."""
+        with some of its items, under its own key; ``metrics``: what the states hold when
+        not the evaluation's own (a judged cell's: ``judging.metrics_of``)."""
         ctx = self.ctx
         resumed = 0
         if cell.resume:                            # a partial cell's rows, kept
@@ -69,7 +70,7 @@ class Publish:
                                            f"{counted} rows but the data set has "
                                            f"{expected}; not published (a sharding "
                                            "bug: please report it)")
-        metrics = self.metrics[ev.name]
+        metrics = self.metrics[ev.name] if metrics is None else metrics
         try:
             results = finalize(metrics, merged, ev.output_size, ev.spec.bootstrap)
         except RayevalError as e:          # a custom metric's compute: this cell only

@@ -8,7 +8,10 @@ A worker is built from parts, each with its own module:
     scorer.CellScorer             one cell's pass over this worker's shard, the one
                                   all-reduce of its states
     sinks                         what becomes of the merged states: Publish (rank 0 checks
-                                  the row count and writes the cell), RaceRound (a race's)
+                                  the row count and writes the cell), RaceRound (a race's),
+                                  judging.Generations (a judged cell's generations, kept)
+    judging.JudgeStage            after the checkpoints: the judge grades the judged cells'
+                                  kept generations (docs/judges.md)
 
 The sweep's backend (``model.backend``, ``core.backends``) is built once per worker and serves
 each checkpoint in turn. A plain run publishes each cell as it is scored; a race
@@ -18,6 +21,7 @@ each checkpoint in turn. A plain run publishes each cell as it is scored; a race
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import ray.train
@@ -29,13 +33,14 @@ from rayeval.core import backends
 from rayeval.errors import GroupError, RayevalError, RunError
 from rayeval.execution import dist
 from rayeval.execution.checkpoints import CheckpointLoop, Stop
+from rayeval.execution.judging import Generations, JudgeStage, release_evaluated
 from rayeval.execution.ledger import SETTING_UP, WorkerLedger
 from rayeval.execution.profile import Timer
 from rayeval.execution.race import run_race
 from rayeval.execution.rank import RankContext
 from rayeval.execution.scorer import CellScorer
 from rayeval.execution.sinks import Publish
-from rayeval.plan.cells import Cell, CellOutcome, Plan
+from rayeval.plan.cells import Cell, CellOutcome, Plan, generated
 
 STANDING_POLL_S = 2.0      # a standing group's rank 0 asks for cells this long before it says
                            # "none yet" to the others
@@ -106,6 +111,8 @@ class Worker:
             self.checkpoints.on_tokenizer = self.scorer.use_tokenizer
         self.publisher = Publish(ctx, plan, self.scorer.metrics, self.scorer.samples_tag,
                                  loaded_rss=lambda: self.checkpoints.loaded_rss)
+        # Judged evaluations (docs/judges.md): their generations kept, then a judge stage.
+        self.generations = Generations(ctx, plan, self.scorer.samples_tag)
         self.index_of = {c.key: i for i, c in enumerate(plan.cells)}
         self.outcomes: list[CellOutcome] = []
 
@@ -126,7 +133,7 @@ class Worker:
             if self.plan.sweep.select is not None:
                 self.race(self.plan)        # every pending cell: a restart races again
             else:
-                self.run_checkpoints(self.plan, todo, self.publisher)
+                self.evaluate(self.plan, todo)
         except Stop:
             pass
         finally:
@@ -134,15 +141,33 @@ class Worker:
             self.scorer.close()
         return self.outcomes
 
+    def evaluate(self, plan: Plan, todo: set[str]) -> None:
+        """The cells of ``plan`` in ``todo``: each checkpoint's (a judged cell: its
+        generations, unless the store keeps them), then the judge stage over the judged
+        cells' generations, on the same workers once the evaluated model is let go."""
+        judged = [c for c in plan.cells if c.key in todo and c.generation]
+        if judged:         # a restarted group finds what its earlier attempt generated
+            judged = dist.broadcast(_generated(plan, judged) if self.ctx.rank == 0 else None,
+                                    "the look-up of kept generations", self.ctx.timeout)
+        kept = {c.key for c in judged if c.generated}
+        self.run_checkpoints(plan, todo - kept, self.publisher)
+        ready = [c for c in judged if c.generated or c.key in self.generations.done]
+        if ready:
+            release_evaluated(self.backend)
+            JudgeStage(self.ctx, plan, self.publisher, self.scorer.samples_tag,
+                       self.index_of).run(ready, self.generations.done, self.finish)
+
     def run_checkpoints(self, plan: Plan, todo: set[str], sink) -> None:
         """Each pending checkpoint of ``plan`` loaded once, each of its cells in ``todo``
-        scored and given to ``sink``."""
+        scored and given to ``sink`` (a judged cell's generations to ``Generations``)."""
         def score(model, cell: Cell, step, layout, start: float) -> CellOutcome | None:
             ev = plan.evaluation(cell.evaluation)
-            merged, failed = self.scorer.score(model, cell, step, self.index_of[cell.key],
-                                               sink.within(cell, ev))
+            merged, failed = self.scorer.score(model, cell.generating(), step,
+                                               self.index_of[cell.key], sink.within(cell, ev))
             if merged is None:
-                return failed
+                return failed and dataclasses.replace(failed, key=cell.key)
+            if cell.generation:
+                return self.generations.keep(cell, ev, merged, step)
             return sink.take(cell, ev, merged, step, layout, start)
 
         self.checkpoints.run(plan, todo, self.index_of, score, self.finish, keep=sink.keeps)
@@ -167,7 +192,6 @@ class Worker:
             self.checkpoints.close()
 
     def _stand(self) -> list[CellOutcome]:
-        import dataclasses
         import pickle
 
         ctx, base = self.ctx, self.plan
@@ -195,6 +219,12 @@ class Worker:
                 if select is not None and len(plan.by_checkpoint()) > select.top:
                     self.race(plan)
                 else:
-                    self.run_checkpoints(plan, {c.key for _, c in cells}, self.publisher)
+                    self.evaluate(plan, {c.key for _, c in cells})
             except Stop:
                 return self.outcomes
+
+
+def _generated(plan: Plan, cells: list[Cell]) -> list[Cell]:
+    from rayeval.io.store import ResultStore
+
+    return generated(ResultStore(plan.sweep.output), cells)

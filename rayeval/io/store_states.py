@@ -26,10 +26,16 @@ from rayeval.errors import StoreError
 from rayeval.io import paths
 
 FOLDER = "states"
+# A judged evaluation's generations (docs/judges.md): the generation stage's merged states,
+# complete, under the generation key, with the tag of the records that hold the responses
+# (schema metadata ``samples``). The judge stage reads them, in this run or a later one.
+GENERATIONS = "generations"
 
 
-def write(store, cell: str, states: dict, scored_below: int, buckets: int) -> None:
-    """Keep ``states`` (name -> integer array) of partial cell ``cell`` (its complete key)."""
+def write(store, cell: str, states: dict, scored_below: int, buckets: int,
+          folder: str = FOLDER, meta: dict[str, str] | None = None) -> None:
+    """Keep ``states`` (name -> integer array) of partial cell ``cell`` (its complete key);
+    ``folder`` GENERATIONS: a judged evaluation's generations, ``meta`` their records' tag."""
     names = sorted(states)
     arrays = [np.asarray(states[n]) for n in names]
     table = pa.table({"name": names, "shape": [list(a.shape) for a in arrays],
@@ -37,20 +43,20 @@ def write(store, cell: str, states: dict, scored_below: int, buckets: int) -> No
                      schema=pa.schema([("name", pa.string()), ("shape", pa.list_(pa.int64())),
                                        ("values", pa.list_(pa.int64()))]))
     table = table.replace_schema_metadata({"scored_below": str(scored_below),
-                                           "buckets": str(buckets)})
+                                           "buckets": str(buckets), **(meta or {})})
     buf = io.BytesIO()
     pq.write_table(table, buf)
     try:
-        paths.put(store.fs, f"{store.root}/{FOLDER}", f"{cell}.parquet", buf.getvalue())
+        paths.put(store.fs, f"{store.root}/{folder}", f"{cell}.parquet", buf.getvalue())
     except OSError as e:
         raise StoreError(f"output: cannot write to result store: "
                          f"{paths.explain(e, store.location)}") from None
 
 
-def kept(store, cells) -> set[str]:
+def kept(store, cells, folder: str = FOLDER) -> set[str]:
     """Which of ``cells`` (complete keys) have partial states kept: one listing."""
     try:
-        infos = store.fs.get_file_info(pafs.FileSelector(f"{store.root}/{FOLDER}",
+        infos = store.fs.get_file_info(pafs.FileSelector(f"{store.root}/{folder}",
                                                          allow_not_found=True))
     except OSError as e:
         raise StoreError(f"output: cannot read result store: "
@@ -59,18 +65,23 @@ def kept(store, cells) -> set[str]:
     return {c for c in cells if f"{c}.parquet" in names}
 
 
-def read(store, cell: str) -> tuple[dict, int, int]:
-    """(states as name -> int64 numpy array, scored_below, buckets) of partial cell ``cell``."""
-    path = f"{store.root}/{FOLDER}/{cell}.parquet"
+def read(store, cell: str, folder: str = FOLDER, meta: dict | None = None
+         ) -> tuple[dict, int, int]:
+    """(states as name -> int64 numpy array, scored_below, buckets) of partial cell ``cell``;
+    ``meta``: filled with the file's other metadata (a generations file's records tag)."""
+    path = f"{store.root}/{folder}/{cell}.parquet"
     try:
         with store.fs.open_input_file(path) as f:
             table = pq.read_table(f)
     except (OSError, pa.ArrowInvalid) as e:
         raise StoreError(f"the kept states of partial cell {cell} cannot be read ({path}: "
                          f"{e}); evaluate it again with --force") from None
-    meta = table.schema.metadata or {}
+    found = table.schema.metadata or {}
+    if meta is not None:
+        meta.update({k.decode(): v.decode() for k, v in found.items()
+                     if k not in (b"scored_below", b"buckets")})
     states = {name: np.asarray(values, dtype=np.int64).reshape(shape)
               for name, shape, values in zip(table["name"].to_pylist(),
                                              table["shape"].to_pylist(),
                                              table["values"].to_pylist())}
-    return states, int(meta[b"scored_below"]), int(meta[b"buckets"])
+    return states, int(found[b"scored_below"]), int(found[b"buckets"])

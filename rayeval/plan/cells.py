@@ -52,6 +52,15 @@ class Cell:
     # A partial cell a race left (io.store_states): its rows of the buckets below this one
     # are kept, so the pass scores the rest. 0: every row.
     resume: int = field(default=0, compare=False)
+    # A judged evaluation's cell (docs/judges.md): the key its generations are kept under
+    # (``generation_key``), and whether the store holds them already (then only the judge
+    # runs: the checkpoint is not loaded).
+    generation: str = ""
+    generated: bool = field(default=False, compare=False)
+
+    def generating(self) -> "Cell":
+        """The cell its generation stage scores: under the generations' key."""
+        return dataclasses.replace(self, key=self.generation) if self.generation else self
 
 
 @dataclass(frozen=True)
@@ -97,13 +106,15 @@ def checkpoint_fingerprint(location: str) -> str:
 
 
 def cell_key(sweep: Sweep, evaluation: Evaluation, checkpoint: CheckpointRef,
-             fingerprint: str | None = None) -> str:
+             fingerprint: str | None = None, judge_print: str | None = None) -> str:
     """Everything a cell's numbers depend on: the sweep's and the evaluation's fields declared
     to change them (walked from the schema, ``schema.numbers_of``, so a new field cannot be
     left out), the checkpoint's bytes (by fingerprint), the data set's and the tokenizer's,
     the user's code and the version of rayeval's metric code. Not the batch size, the worker
     count or anything else declared ``numbers=False``. The sweep name, the checkpoint's path
-    and the evaluation's name are in it because the stored rows carry them."""
+    and the evaluation's name are in it because the stored rows carry them. A judged
+    evaluation's key has its judge's settings (walked with the rest) and its judge's files'
+    fingerprint (``judge_print``, else taken here)."""
     spec = evaluation.spec
     text = tasks.get(spec.task).uses_text
     if not spec.bootstrap.enabled:          # without replicates, seed/buckets/confidence unused
@@ -117,12 +128,30 @@ def cell_key(sweep: Sweep, evaluation: Evaluation, checkpoint: CheckpointRef,
         "code": _code_digests(sweep, spec),
         "metrics_version": METRICS_VERSION,
     }
+    if spec.judge is not None:
+        ident["judge_fingerprint"] = judge_print or checkpoint_fingerprint(spec.judge.model)
     if text and sweep.model.tokenizer:
         # The tokenizer's own files: a folder at the same place may be rewritten. (Hugging
         # Face folders' own tokenizers are in the checkpoint's fingerprint.)
         ident["tokenizer_fingerprint"] = checkpoint_fingerprint(sweep.model.tokenizer)
     blob = json.dumps(ident, sort_keys=True, default=str).encode()
     return hashlib.sha256(blob).hexdigest()[:24]
+
+
+def generation_spec(spec: EvalSpec) -> EvalSpec:
+    """A judged evaluation's generation stage: its spec without the judge and its metric."""
+    from rayeval.core.judge import judged_metrics
+
+    return dataclasses.replace(spec, judge=None, metrics=tuple(judged_metrics(spec.metrics)[0]))
+
+
+def generation_key(sweep: Sweep, evaluation: Evaluation, checkpoint: CheckpointRef,
+                   fingerprint: str | None = None) -> str:
+    """The key a judged evaluation's generations are kept under (``io.store_states``'
+    generations folder, and their records): the key of the same evaluation without its judge,
+    so changing only the judge finds them, and changing the generation does not."""
+    plain = dataclasses.replace(evaluation, spec=generation_spec(evaluation.spec))
+    return cell_key(sweep, plain, checkpoint, fingerprint)
 
 
 def _code_digests(sweep: Sweep, spec: EvalSpec) -> list[str]:
@@ -143,8 +172,13 @@ def make_plan(sweep: Sweep, evaluations: tuple[Evaluation, ...], store: ResultSt
     if ready is None:
         ready = [(ref, checkpoint_fingerprint(ref.location))
                  for ref in expand_checkpoints(sweep.checkpoints)]
-    cells = [Cell(ref, evaluation.name, cell_key(sweep, evaluation, ref, fingerprint),
-                  fingerprint)
+    judges = {e.name: checkpoint_fingerprint(e.spec.judge.model) for e in evaluations
+              if e.spec.judge is not None}
+    cells = [Cell(ref, evaluation.name,
+                  cell_key(sweep, evaluation, ref, fingerprint, judges.get(evaluation.name)),
+                  fingerprint,
+                  generation=generation_key(sweep, evaluation, ref, fingerprint)
+                  if evaluation.name in judges else "")
              for ref, fingerprint in ready for evaluation in evaluations]
     cells = [c for c in cells if c.key not in skip]
     # One look-up of this sweep's keys: their own files, then the sweep's parts.
@@ -152,10 +186,22 @@ def make_plan(sweep: Sweep, evaluations: tuple[Evaluation, ...], store: ResultSt
         if not force and store is not None else set()
     pending = [c for c in cells if c.key not in stored]
     cached = [c for c in cells if c.key in stored]
+    if not force and store is not None and judges:
+        pending = generated(store, pending)
     if not force and store is not None and sweep.select is None:
         pending = _resumed(store, pending, evaluations)
     return Plan(sweep=sweep, evaluations=tuple(evaluations), cells=tuple(pending),
                 cached=tuple(cached))
+
+
+def generated(store: ResultStore, pending: list[Cell]) -> list[Cell]:
+    """Judged cells whose generations the store keeps: only their judge runs."""
+    from rayeval.io import store_states
+
+    kept = store_states.kept(store, [c.generation for c in pending if c.generation],
+                             store_states.GENERATIONS)
+    return [dataclasses.replace(c, generated=True) if c.generation in kept else c
+            for c in pending]
 
 
 def _resumed(store: ResultStore, pending: list[Cell], evaluations) -> list[Cell]:

@@ -20,8 +20,9 @@ import yaml
 from rayeval.config import schema
 from rayeval.config.entries import EntryContext, kinds
 from rayeval.config.reader import Reader, join, show as _show
-from rayeval.config.schema import (Bootstrap, DatasetSpec, EvalSpec, Generation, MlflowTracker,
-                                   ModelSpec, Sweep, Trackers, WandbTracker, WatchSpec)
+from rayeval.config.schema import (Bootstrap, DatasetSpec, EvalSpec, Generation, JudgeSpec,
+                                   MlflowTracker, ModelSpec, Sweep, Trackers, WandbTracker,
+                                   WatchSpec)
 from rayeval.core.metrics import parse_metric
 from rayeval.core.tasks import TASKS
 from rayeval.errors import SpecError
@@ -156,11 +157,15 @@ def _evaluation(r: Reader, m: dict, path: str, base_dir: str, defaults: _Default
     dataset = _dataset(r, m.get("dataset"), join(path, "dataset"), task, dataset_extra)
     metrics = _metrics(r, m.get("metrics"), join(path, "metrics"), task, base_dir)
     batch_size, bootstrap = _own_settings(r, m, path, defaults)
+    generation = _generation(r, m.get("generation"), join(path, "generation"), task)
+    judge = _judge(r, m.get("judge"), join(path, "judge"), task, metrics, generation,
+                   join(path, "metrics"))
     return EvalSpec(
         name=m["name"], task=task, dataset=dataset, metrics=metrics,
-        batch_size=batch_size, bootstrap=bootstrap,
-        generation=_generation(r, m.get("generation"), join(path, "generation"), task),
-        samples=_samples(r, m, path, task, defaults.samples), key_path=path or "(top level)")
+        batch_size=batch_size, bootstrap=bootstrap, generation=generation, judge=judge,
+        # a judge reads the stored generations: a judged evaluation keeps its records
+        samples=judge is not None or _samples(r, m, path, task, defaults.samples),
+        key_path=path or "(top level)")
 
 
 def _dataset(r: Reader, raw: Any, path: str, task: str, extra: frozenset | set) -> DatasetSpec:
@@ -223,6 +228,20 @@ def _generation(r: Reader, raw: Any, path: str, task: str) -> Generation:
     validation.generation_allowed(r, task, path)
     spec = r.build(Generation, raw, path)
     validation.generation(r, spec, path)
+    return spec
+
+
+def _judge(r: Reader, raw: Any, path: str, task: str, metrics: tuple, generation: Generation,
+           metrics_path: str) -> JudgeSpec | None:
+    """The ``judge:`` section (docs/judges.md), checked with the metrics that list it."""
+    listed = any(m.name == "judge" for m in metrics)
+    if raw is None:
+        if listed:
+            r.fail(metrics_path, "metric 'judge' needs a judge: section beside it (a model, "
+                                 "a prompt and a verdict); see docs/judges.md")
+        return None
+    spec = r.build(JudgeSpec, raw, path, key_path=path)
+    validation.judge(r, spec, task, path, listed, generation, metrics_path)
     return spec
 
 

@@ -62,9 +62,58 @@ def inspect_evaluations(sweep: Sweep) -> tuple[Evaluation, ...]:
         info = inspect_dataset(spec.dataset, task)
         size = _probe_output_size(sweep, spec, info, source, meta, tokenizer)
         task.check_values(probe_dataset(info, spec.dataset.key_path), spec.dataset, size)
+        if spec.judge is not None:
+            _check_judge(sweep, spec, info)
         out.append(Evaluation(spec=spec, data=info, output_size=size,
                               tokenizer=tokenizer if task.uses_text else None))
     return tuple(out)
+
+
+def _check_judge(sweep: Sweep, spec: EvalSpec, info) -> None:
+    """A judged evaluation's judge, before any worker: its template names only columns the
+    data set has and renders on the first item; its model is a Hugging Face folder whose
+    config and tokenizer load (and whose chat template takes the first prompt)."""
+    from rayeval.core import judge as judging
+    from rayeval.io import hf
+
+    js = spec.judge
+    where = f"{sweep.source}: {js.key_path}"
+    columns = list(info.schema.names) if info.schema is not None else []
+    try:
+        prompts = judging.Prompts(js.prompt, f"{where}.prompt")
+        prompts.check(columns)
+    except SpecError as e:
+        raise SpecError(e.message) from None
+    head = probe_dataset(info, spec.dataset.key_path).head(1)
+    first = head.to_pylist()[0] if head.num_rows else {}
+    target = first.get(spec.dataset.target) if spec.dataset.target else None
+    try:
+        text = prompts.render({**first, "response": "", "target": target})
+    except Exception as e:             # noqa: BLE001 - the user's template
+        raise SpecError(f"{where}.prompt: does not render on the first item: "
+                        f"{type(e).__name__}: {e}") from None
+    hf.require()
+    try:
+        folder = hf.small_files(js.model, os.path.join(tempfile.gettempdir(), "rayeval-judges"))
+    except RayevalError as e:
+        raise SpecError(f"{where}.model: {e.message}") from None
+    if not hf.is_folder(folder):
+        raise SpecError(f"{where}.model: {js.model} is not a Hugging Face folder (no "
+                        "config.json); give the folder of a causal language model saved with "
+                        "save_pretrained")
+    try:
+        hf.Builder().config(folder)
+    except RayevalError as e:
+        raise SpecError(f"{where}.model: {e.message}") from None
+    try:
+        tok = hf.load_tokenizer(folder, what="model.tokenizer")
+        judging.chat_tokens(tok, text)
+    except RayevalError as e:
+        raise SpecError(f"{where}.model: the judge's tokenizer: "
+                        f"{e.message.split(': ', 1)[-1]}") from None
+    except Exception as e:             # noqa: BLE001 - a chat template that fails
+        raise SpecError(f"{where}.model: the judge's chat template fails on the first "
+                        f"prompt: {type(e).__name__}: {e}") from None
 
 
 def _first_folder(sweep: Sweep) -> str:

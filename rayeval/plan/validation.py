@@ -13,6 +13,7 @@ from rayeval.config.reader import Reader, field_of, show
 from rayeval.config.schema import EvalSpec, Generation, ModelSpec, Sweep, WatchSpec
 from rayeval.core.backends import BACKENDS
 from rayeval.core.tasks import TASKS
+from rayeval.errors import SpecError
 from rayeval.ranking.rules import sweep_headline
 
 
@@ -196,6 +197,11 @@ def select(r: Reader, sweep: Sweep) -> None:
     spec = sweep.select
     if spec is None:
         return
+    judged = [e for e in sweep.evals if e.judge is not None]
+    if judged:
+        r.fail(f"{judged[0].key_path}.judge", "a race cannot judge: racing scores rounds of "
+                                              "items and a judge grades after every "
+                                              "generation; remove select: or the judge")
     names = [e.name for e in sweep.evals]
     if spec.suite:
         chosen = [(e, None) for e in sweep.suite_evaluations()]
@@ -235,3 +241,28 @@ def _raceable(r: Reader, ev, metric: str | None) -> None:
         r.fail(where, f"racing takes its rounds from the bootstrap's row buckets, and {name} "
                       f"has {ev.bootstrap.k}: keep the bootstrap on with at least "
                       f"{RACE_BUCKETS} buckets")
+
+
+def judge(r: Reader, spec, task: str, path: str, listed: bool, gen: Generation,
+          metrics_path: str) -> None:
+    """A ``judge:`` section: on a task that generates, listed in the metrics, a usable
+    verdict and a template that parses."""
+    from rayeval.core import judge as judging
+    from rayeval.core.tasks import TASKS
+
+    if not getattr(TASKS[task], "generates", False):
+        r.fail(path, f"task {task} does not generate; a judge grades the answers of a "
+                     "generation evaluation")
+    if not listed:
+        r.fail(metrics_path, "a judge: section is given but the metrics do not list 'judge'; "
+                             "add it (metrics: [..., judge])")
+    problem = judging.verdict_problem(spec.verdict)
+    if problem:
+        r.fail(f"{path}.verdict", problem)
+    if gen.repeats != 1:
+        r.fail(f"{path}", f"a judge grades one answer per item; generation.repeats is "
+                          f"{gen.repeats}: set it to 1")
+    try:
+        judging.Prompts(spec.prompt, f"{path}.prompt")
+    except SpecError as e:
+        r.fail(f"{path}.prompt", e.message.split(": ", 1)[1])

@@ -338,6 +338,8 @@ class TextPerplexity(TextTask):
 
 
 TASKS.add_lazy("generation", "rayeval.core.tasks.vision:ImageGeneration", instance=True)
+# Its judged metrics (``judge``; docs/judges.md) are registered with it.
+from rayeval.core import judge as _judge  # noqa: E402,F401
 
 
 class Generation(TextTask):

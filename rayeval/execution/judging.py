@@ -1,0 +1,359 @@
+"""The judge stage of a judged evaluation (docs/judges.md), on the same workers, after every
+checkpoint's generations.
+
+    Generations   the sink of a judged cell's generation pass: rank 0 keeps its merged
+                  states under the generation key (``io.store_states``' generations folder,
+                  with the tag of the records that hold the responses); nothing is published
+    JudgeStage    once every checkpoint is generated (and the evaluated model let go), the
+                  judge loads once per worker and grades each judged cell's stored
+                  responses: each rank its share of the items, one all-reduce of the judge's
+                  states, and rank 0 publishes the cell (the generation's metrics and the
+                  judge's, in the sweep's order) with every item's record
+
+The responses are read back from the store, in this run as in a later one: changing only the
+judge re-runs only this stage (the cell's generation key is unchanged), and a restarted group
+finds the generations its earlier attempt kept.
+"""
+
+from __future__ import annotations
+
+import gc
+import time
+
+import torch
+
+from rayeval.config.schema import Generation
+from rayeval.core import backends, judge as judging, stats, tasks
+from rayeval.core.backends.base import Context, Setup
+from rayeval.core.evaluate import ROWS, Accumulator
+from rayeval.core.metrics import build_all
+from rayeval.errors import CheckpointError, RayevalError, SpecError, StoreError
+from rayeval.execution import dist
+from rayeval.execution.checkpoints import Stop
+from rayeval.execution.rank import RankContext
+from rayeval.io import data, store_states
+from rayeval.io.store import ResultStore
+from rayeval.plan.cells import Cell, CellOutcome, Evaluation, Plan, generation_spec
+
+_FAILED = "_judge_failed"      # any rank failed the cell (reduced with the states)
+_STOP = "_stop"
+
+
+class Generations:
+    """Keep a judged cell's generation states (rank 0) for the judge stage; publish nothing."""
+
+    def __init__(self, ctx: RankContext, plan: Plan, samples_tag: str):
+        self.ctx, self.plan, self.tag = ctx, plan, samples_tag
+        self.store = ResultStore(plan.sweep.output) if ctx.rank == 0 else None
+        self.done: dict[str, int | None] = {}     # judged cell key -> its checkpoint's step
+
+    def keep(self, cell: Cell, ev: Evaluation, merged: dict, step) -> CellOutcome | None:
+        """Every rank: the cell is generated. Rank 0: its states kept (a failed write fails
+        the cell)."""
+        if self.ctx.rank == 0:
+            counted = int(merged[ROWS])
+            if counted != ev.data.num_rows:
+                return self.ctx.failure(cell, step, (
+                    f"{cell.checkpoint.location}: {ev.name}: counted {counted} rows but the "
+                    f"data set has {ev.data.num_rows}; not kept (a sharding bug: please "
+                    "report it)"))
+            try:
+                store_states.write(self.store, cell.generation,
+                                   {k: v.numpy() for k, v in merged.items()},
+                                   ev.spec.bootstrap.k, ev.spec.bootstrap.k,
+                                   store_states.GENERATIONS,
+                                   {"samples": self.tag, "step": "" if step is None else str(step)})
+            except RayevalError as e:
+                return self.ctx.failure(cell, step, f"{ev.name}: {e.message}")
+        self.done[cell.key] = step
+        return None
+
+
+class JudgeStage:
+    """Grades judged cells on one rank: the judge model (loaded once per judge spec), the
+    prompts each evaluation renders, and the verdicts read back; ``publisher`` writes the
+    cell (``sinks.Publish``)."""
+
+    def __init__(self, ctx: RankContext, plan: Plan, publisher, samples_tag: str,
+                 index_of: dict[str, int]):
+        self.ctx, self.plan, self.publisher = ctx, plan, publisher
+        self.tag = samples_tag
+        self.index_of = index_of
+        self.store = ResultStore(plan.sweep.output)
+        self.loaded: tuple | None = None          # (judge spec's model key, backend, tokenizer)
+        self.graded: dict[tuple[str, str], str] = {}    # (judge, prompt) -> the judge's text
+
+    def run(self, cells: list[Cell], steps: dict[str, int | None], finish) -> None:
+        """Judge each cell whose generations are kept (``steps``: those generated in this
+        run, with their checkpoint's step); its outcome goes to ``finish``."""
+        try:
+            for cell in cells:
+                ev = self.plan.evaluation(cell.evaluation)
+                started = time.perf_counter()
+                outcome = self.judge(cell, ev, steps.get(cell.key), started)
+                if outcome is not None:
+                    finish(outcome)
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        if self.loaded is not None:
+            self.loaded[1].release()
+            self.loaded = None
+            gc.collect()
+
+    # --- one cell ------------------------------------------------------------------------
+
+    def judge(self, cell: Cell, ev: Evaluation, step, started: float) -> CellOutcome | None:
+        ctx = self.ctx
+        index = self.index_of.get(cell.key, 0)
+        ctx.mark("judge", f"while judging {cell.checkpoint.location} on {ev.name}")
+        error, states, records, kept = None, None, None, None
+        with ctx.timer.span("judge", doing=f"judging {ev.name}"):
+            try:
+                kept, meta = self.kept(cell)
+                if step is None and meta.get("step"):
+                    step = int(meta["step"])
+                states, records = self.grade(cell, ev, meta["samples"], index)
+            except (RayevalError, StoreError) as e:
+                error = f"{cell.checkpoint.location}: {ev.name}: judge: {e.message}"
+                ctx.details[cell.key] = e.detail
+            except Exception as e:          # noqa: BLE001 - the judge model or the template
+                from rayeval import errors
+
+                ctx.details[cell.key] = errors.traceback_of(e)
+                error = (f"{cell.checkpoint.location}: {ev.name}: the judge failed: "
+                         f"{errors.reason(e, typed=True)}")
+        if error is None and records is not None:
+            try:
+                self.store.write_samples(cell.key, self.tag, ctx.rank, ctx.world, records)
+            except RayevalError as e:
+                error = f"{ev.name}: per-item records: {e.message}"
+        if error:
+            ctx.ledger.cell_error(cell.key, error, ctx.details.get(cell.key))
+        if states is None:
+            states = _empty_states(ev)
+        states[_FAILED] = torch.tensor(1 if error else 0, dtype=torch.int64)
+        states[_STOP] = torch.tensor(int(ctx.ledger.stopping()), dtype=torch.int64)
+        where = f"the end of judging {cell.checkpoint.location} on {ev.name}"
+        dist.sync(where, ctx.timeout)
+        merged = dist.all_reduce_states(states, where, ctx.timeout)
+        if merged.pop(_STOP):
+            raise Stop
+        if merged.pop(_FAILED):
+            if ctx.rank != 0:
+                return None
+            if not error:
+                error = ctx.ledger.error_of(cell.key)[0] or (
+                    f"{cell.checkpoint.location}: judging {ev.name} failed on another worker; "
+                    "see the worker logs")
+            return ctx.failure(cell, step, error)
+        if ctx.rank != 0:
+            return None
+        judged = merged.pop(ROWS)
+        if int(judged) != ev.data.num_rows:
+            return ctx.failure(cell, step, f"{cell.checkpoint.location}: {ev.name}: the judge "
+                                           f"graded {int(judged)} items but the data set has "
+                                           f"{ev.data.num_rows}; not published (please "
+                                           "report this bug)")
+        whole = {k: torch.from_numpy(v) for k, v in kept.items()}
+        whole.update(merged)
+        return self.publisher.publish(cell, ev, whole, step, "judge", started,
+                                      metrics=metrics_of(ev))
+
+    def kept(self, cell: Cell) -> tuple[dict, dict]:
+        meta: dict = {}
+        states, _, _ = store_states.read(self.store, cell.generation, store_states.GENERATIONS,
+                                         meta)
+        if not meta.get("samples"):
+            raise StoreError(f"the generations of cell {cell.key} name no records; evaluate "
+                             "it again with --force")
+        return states, meta
+
+    def grade(self, cell: Cell, ev: Evaluation, tag: str, index: int):
+        """This rank's share of the items: (the judge's states, their records)."""
+        ctx = self.ctx
+        spec = ev.spec
+        js = spec.judge
+        task = tasks.get(spec.task)
+        table = _items(ev)
+        start, stop = ev.data.shard_rows(ctx.rank, ctx.world)
+        mine = table.slice(start, stop - start)
+        fields = task.item_fields(mine, spec.dataset)
+        responses = _responses(self.store.read_samples(cell.generation, tag), cell)
+        columns = mine.to_pylist()
+        backend, tok = self.judge_model(js)
+        prompts = judging.Prompts(js.prompt, f"{js.key_path}.prompt")
+        verdicts = judging.Verdicts(js.verdict, f"{js.key_path}.verdict")
+        texts, rendered, missing = [], [], []
+        for row, ident, target in zip(columns, fields["id"], fields["target"]):
+            key = _ident(ident)
+            if key not in responses:
+                missing.append(ident)
+                continue
+            item = {**row, "response": responses[key], "target": target}
+            texts.append(prompts.render(item))
+        if missing:
+            raise StoreError(f"the stored generations lack item {missing[0]!r} (and "
+                             f"{len(missing) - 1} more); evaluate the cell again with --force")
+        outputs = self.outputs(texts, backend, tok, js, spec, index)
+        scores, failures = [], []
+        for text, out in zip(texts, outputs):
+            if out is None:
+                scores.append(None)
+                failures.append("the prompt does not fit the judge's context")
+                continue
+            score = verdicts.read(out)
+            scores.append(score)
+            failures.append(None if score is not None else "no verdict in the judge's text")
+        acc = Accumulator([(judging.JUDGE, judging.Judge()),
+                           (judging.FAILED, judging.JudgeFailed())], 1,
+                          spec.bootstrap.k)
+        if len(texts):
+            ids = task.row_ids(mine, spec.dataset, None, None)
+            buckets = stats.buckets_of(ids, spec.bootstrap.seed, spec.bootstrap.k) \
+                if spec.bootstrap.enabled else torch.zeros(len(texts), dtype=torch.int64)
+            acc.add(judging.outputs_of(scores), torch.zeros(len(texts)), buckets)
+        ctx.ledger.rows(index, ctx.counted(len(texts)), force=True)
+        records = {
+            "id": list(fields["id"]), "context": list(fields["context"]),
+            "target": list(fields["target"]),
+            "response": [responses[_ident(i)] for i in fields["id"]],
+            "judge_prompt": texts, "judge_output": outputs,
+            "judge_score": scores, "judge_failed": failures}
+        import pyarrow as pa
+
+        # a worker given no items writes a table without columns, as the scorer's do
+        return dict(acc.states), pa.table(records) if texts else pa.table({})
+
+    def outputs(self, texts: list[str], backend, tok, js, spec, index: int
+                ) -> list[str | None]:
+        """The judge's new text for each prompt (None: it does not fit the judge's
+        context); a prompt graded before by the same judge is not graded again."""
+        name = _judge_key(js)
+        todo, contexts = [], []
+        for text in texts:
+            if (name, text) in self.graded or text in todo:
+                continue
+            tokens = judging.chat_tokens(tok, text)
+            if len(tokens) + js.max_new_tokens > tok.max_length:
+                self.graded[(name, text)] = None
+                continue
+            todo.append(text)
+            contexts.append(tokens)
+        if todo:
+            gen = Generation(until=(), max_new_tokens=js.max_new_tokens)
+            context = Context(spec=spec.dataset, task="generation", text=tok, generation=gen,
+                              batch=js.batch_size, device=self.ctx.device,
+                              progress=lambda done, total: self.ctx.ledger.rows(
+                                  index, self.ctx.counted(done)))
+            for text, out in zip(todo, backend.generate(contexts, None, context)):
+                self.graded[(name, text)] = out[0]
+        return [self.graded[(name, t)] for t in texts]
+
+    def judge_model(self, js):
+        """The judge's backend and tokenizer, loaded once per judge (the last one let go
+        before another loads)."""
+        name = _judge_key(js)
+        if self.loaded is not None and self.loaded[0] == name:
+            return self.loaded[1], self.loaded[2]
+        self.close()
+        backend_name = js.backend or self.plan.sweep.model.backend
+        with self.ctx.timer.span("load", doing="loading the judge"):
+            backend, tok = load_judge(js, backend_name, self.ctx.device,
+                                      self.plan.sweep.model)
+        self.loaded = (name, backend, tok)
+        return backend, tok
+
+
+def load_judge(js, backend_name: str, device: torch.device, model_spec):
+    """A judge's served backend and its tokenizer (``io.hf.Tokenizer``)."""
+    import dataclasses
+    import os
+    import tempfile
+
+    from rayeval.io import hf
+    from rayeval.io.checkpoints import fetch
+    from rayeval.io.loading import DTYPES
+
+    transformers = hf.require()
+    folder = fetch(js.model, os.path.join(tempfile.gettempdir(), "rayeval-judges"))
+    try:
+        kwargs = {"dtype": DTYPES[js.dtype]} if js.dtype else {}
+        model = transformers.AutoModelForCausalLM.from_pretrained(folder, **kwargs)
+    except Exception as e:          # noqa: BLE001 - files transformers cannot read
+        from rayeval import errors
+
+        raise CheckpointError(f"{js.key_path}.model: {js.model}: transformers cannot load the "
+                              f"judge: {errors.reason(e, typed=True)}") from None
+    model = model.eval().to(device)
+    tok = hf.load_tokenizer(folder, what=f"{js.key_path}.model", model=model)
+    spec = dataclasses.replace(model_spec, backend=backend_name, factory=None, tokenizer=None)
+    backend = backends.create(backend_name, Setup(model=spec, device=device))
+    backend.serve(model, folder, None, js.model)
+    return backend, tok
+
+
+def metrics_of(ev: Evaluation) -> list:
+    """A judged cell's metrics in the sweep's order, ``judge_failed`` right after ``judge``."""
+    out = []
+    for key, m in build_all(ev.spec.metrics):
+        out.append((key, m))
+        if key == judging.JUDGE:
+            out.append((judging.FAILED, judging.JudgeFailed()))
+    return out
+
+
+def release_evaluated(backend) -> None:
+    """Let go of the evaluated model (and an engine's memory) before a judge loads."""
+    backend.release()
+    closing = getattr(backend, "close", None)
+    if callable(closing):
+        closing()
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def _items(ev: Evaluation):
+    """Every row of the evaluation's data set, every column (a judge's template may name
+    any), in the data set's order."""
+    import pyarrow as pa
+
+    spec = ev.spec.dataset
+    columns = list(ev.data.schema.names) if ev.data.schema is not None else None
+    tables = list(data.read_batches(ev.data, spec, 4096, columns=columns))
+    if not tables:
+        return pa.table({})
+    return pa.concat_tables(tables)
+
+
+def _responses(records, cell: Cell) -> dict:
+    if "response" not in records.column_names or "id" not in records.column_names:
+        raise StoreError(f"the generations of cell {cell.key} keep no responses; evaluate it "
+                         "again with --force")
+    ids = records["id"].to_pylist()
+    found = {}
+    for ident, response in zip(ids, records["response"].to_pylist()):
+        found[_ident(ident)] = response
+    if len(found) != len(ids):
+        raise SpecError(f"dataset.id: two items share an id; a judge matches responses to "
+                        "items by id: give every item its own")
+    return found
+
+
+def _ident(value) -> str:
+    return repr(value)
+
+
+def _judge_key(js) -> str:
+    return f"{js.model}|{js.dtype}|{js.backend}"
+
+
+def _empty_states(ev: Evaluation) -> dict:
+    acc = Accumulator([(judging.JUDGE, judging.Judge()), (judging.FAILED, judging.JudgeFailed())],
+                      1, ev.spec.bootstrap.k)
+    return dict(acc.states)
+
+
+__all__ = ["Generations", "JudgeStage", "generation_spec", "release_evaluated"]

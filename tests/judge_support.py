@@ -1,0 +1,159 @@
+"""A judged evaluation built here (docs/judges.md), and the plain transformers loop it is
+checked against.
+
+The evaluated checkpoints are tiny random Llamas; the judge is a Llama built by hand so that
+its verdicts vary with the response, which a tiny random or a small real judge does not do
+(SmolLM2-135M-Instruct answers "No" to every yes/no judging prompt tried): its hidden size is
+the vocabulary's, its embeddings are one-hot, attention and MLP add nothing, and its output
+layer maps each token to the next by a fixed rule. So its greedy text after any prompt is a
+function of the prompt's last token: " yes", " no" or " maybe" (no verdict: a failure),
+then " maybe" on. Nothing is downloaded.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import torch
+import yaml
+
+from support import tiny_llama, tiny_tokenizer
+
+QUESTIONS = ["what is two plus two", "name a colour", "the capital of france",
+             "a word for happy", "how many legs has a cat", "the opposite of cold",
+             "a prime number", "the colour of the sky", "what do bees make",
+             "a large animal", "the first letter", "what is ice"]
+VERDICT_WORDS = [" yes", " no", " maybe"]
+# A chat template without a generation prompt: the rendered prompt ends with the response's
+# last token, which the judge's verdict depends on.
+CHAT = "{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}"
+PROMPT = ("Question: {{ question }}\nReference: {{ target }}\nAnswer: {{ response }}")
+
+
+def build(folder: str, items: int = 40, checkpoints: int = 2) -> dict:
+    """The data set, checkpoints and judge under ``folder``; the paths."""
+    os.makedirs(folder, exist_ok=True)
+    questions = [QUESTIONS[i % len(QUESTIONS)] + f" {i}" for i in range(items)]
+    answers = [str(i % 7) for i in range(items)]
+    texts = [f"Q: {q}\nA: {a}" for q, a in zip(questions, answers)] + \
+        ["yes no maybe " * 20, "Question Reference Answer"] * 5
+    tok = tiny_tokenizer(texts, vocab=400)
+    tok.chat_template = CHAT
+    table = pa.table({"id": list(range(items)), "question": questions,
+                      "prompt": [f"Q: {q}\nA:" for q in questions], "answer": answers})
+    data = os.path.join(folder, "qa.parquet")
+    pq.write_table(table, data)
+    ckpts = []
+    for c in range(checkpoints):
+        path = os.path.join(folder, "ckpts", f"step-{(c + 1) * 100}")
+        tiny_llama(len(tok), seed=c + 1).save_pretrained(path)
+        tok.save_pretrained(path)
+        ckpts.append(path)
+    judge = os.path.join(folder, "judges", "judge-model")
+    judge_model(tok).save_pretrained(judge)
+    tok.save_pretrained(judge)
+    return {"data": data, "checkpoints": ckpts, "judge": judge, "folder": folder}
+
+
+def judge_model(tok, salt: int = 0):
+    """The hand-built judge (see the module's docstring)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    vocab = len(tok)
+    words = [tok.convert_tokens_to_ids(tok.tokenize(w))[0] for w in VERDICT_WORDS]
+    assert all(len(tok.tokenize(w)) == 1 for w in VERDICT_WORDS), "verdict words split"
+    config = LlamaConfig(vocab_size=vocab, hidden_size=vocab, intermediate_size=8,
+                         num_hidden_layers=1, num_attention_heads=1, num_key_value_heads=1,
+                         head_dim=vocab, max_position_embeddings=512, bos_token_id=0,
+                         eos_token_id=0, pad_token_id=0, tie_word_embeddings=False)
+    model = LlamaForCausalLM(config).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.zero_()
+        model.model.embed_tokens.weight.copy_(torch.eye(vocab))
+        model.model.norm.weight.fill_(1.0)
+        model.model.layers[0].input_layernorm.weight.fill_(1.0)
+        model.model.layers[0].post_attention_layernorm.weight.fill_(1.0)
+        head = model.lm_head.weight
+        for a in range(vocab):
+            nxt = words[2] if a in words else words[(a * 7 + salt) % 3]
+            head[nxt, a] = 1.0
+    return model
+
+
+def sweep(paths: dict, *, workers: int = 1, batch_size: int = 16, prompt: str = PROMPT,
+          verdict=None, name: str = "sweep.yaml", output: str = "out", **judge) -> str:
+    raw = {"name": "judged", "model": {}, "checkpoints": paths["checkpoints"],
+           "output": os.path.join(paths["folder"], output), "workers": workers,
+           "batch_size": batch_size, "bootstrap": {"replicates": 200},
+           "evals": [{"name": "nq", "task": "generation",
+                      "dataset": {"path": paths["data"], "prompt": "prompt",
+                                  "target": "answer", "id": "id"},
+                      "generation": {"until": ["\n"], "max_new_tokens": 6},
+                      "judge": {"model": paths["judge"], "prompt": prompt,
+                                "max_new_tokens": 3,
+                                "verdict": verdict or {"yes": 1, "no": 0}, **judge},
+                      "metrics": ["exact_match", "judge"]}]}
+    path = os.path.join(paths["folder"], name)
+    with open(path, "w") as f:
+        yaml.safe_dump(raw, f, sort_keys=False)
+    return path
+
+
+def plain_loop(paths: dict, prompt: str = PROMPT, verdict=None, max_new_tokens: int = 3
+               ) -> dict:
+    """Per checkpoint, per item id: (response, judge prompt, judge text, score or None), by
+    transformers alone: each item generated on its own (greedy, cut at the stop string),
+    the template rendered with jinja2, the chat template applied, the judge's greedy text,
+    the verdict read by a regular expression written here."""
+    import jinja2
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    verdict = verdict or {"yes": 1, "no": 0}
+    table = pq.read_table(paths["data"]).to_pylist()
+    template = jinja2.Environment(undefined=jinja2.StrictUndefined).from_string(prompt)
+    jtok = AutoTokenizer.from_pretrained(paths["judge"])
+    judge = AutoModelForCausalLM.from_pretrained(paths["judge"]).eval()
+    out = {}
+    for ckpt in paths["checkpoints"]:
+        tok = AutoTokenizer.from_pretrained(ckpt)
+        model = AutoModelForCausalLM.from_pretrained(ckpt).eval()
+        items = {}
+        for row in table:
+            ids = tok(row["prompt"], return_tensors="pt").input_ids
+            with torch.no_grad():
+                gen = model.generate(ids, do_sample=False, max_new_tokens=6,
+                                     pad_token_id=0, eos_token_id=0)
+            new = gen[0, ids.shape[1]:].tolist()
+            if 0 in new:
+                new = new[:new.index(0)]
+            response = tok.decode(new, skip_special_tokens=True).split("\n")[0]
+            text = template.render(**row, response=response, target=row["answer"])
+            chat = jtok.apply_chat_template([{"role": "user", "content": text}],
+                                            tokenize=False, add_generation_prompt=True)
+            jids = torch.tensor([jtok.encode(chat, add_special_tokens=False)])
+            with torch.no_grad():
+                jgen = judge.generate(jids, do_sample=False, max_new_tokens=max_new_tokens,
+                                      pad_token_id=0, eos_token_id=0)
+            jnew = jgen[0, jids.shape[1]:].tolist()
+            if 0 in jnew:
+                jnew = jnew[:jnew.index(0)]
+            said = jtok.decode(jnew, skip_special_tokens=True)
+            items[row["id"]] = (response, text, said, read_verdict(verdict, said))
+        out[ckpt] = items
+    return out
+
+
+def read_verdict(verdict: dict, text: str):
+    if set(verdict) == {"pattern"}:
+        m = re.search(verdict["pattern"], text)
+        return float(m.group(1)) if m else None
+    first = None
+    for word, score in verdict.items():
+        m = re.search(r"(?<!\w)" + re.escape(word) + r"(?!\w)", text, re.IGNORECASE)
+        if m and (first is None or m.start() < first[0]):
+            first = (m.start(), float(score))
+    return None if first is None else first[1]
