@@ -248,12 +248,15 @@ class JudgeSpec:
         "Resolved location of the judge: a Hugging Face folder with its tokenizer. Not in "
         "the key itself: its files' fingerprint is, as a checkpoint's.", numbers=False,
         location=True)
-    prompt: str = setting(
+    prompt: str | None = setting(
         "A Jinja template over the item's columns by name, ``response`` (the evaluated "
-        "model's answer as scored) and ``target``.", numbers=True)
-    verdict: dict = setting(
+        "model's answer as scored) and ``target``. Required on a generation evaluation; an "
+        "lmms-eval task's judge uses the task's own prompts (none here).", numbers=True,
+        default=None)
+    verdict: dict | None = setting(
         "Words to scores ({yes: 1, no: 0}: the first of them in the judge's text, any case, "
-        "whole word), or {pattern: REGEX} whose one group is the score.", numbers=True,
+        "whole word), or {pattern: REGEX} whose one group is the score. Required with a "
+        "prompt.", numbers=True, default=None,
         expected="a mapping of words to scores, or {pattern: REGEX}")
     max_new_tokens: int = setting("The judge's new tokens at most.", numbers=True,
                                   default=16, minimum=1)
@@ -269,8 +272,10 @@ class JudgeSpec:
                             default="judge", yaml=None)
 
     @property
-    def pattern(self) -> str | None:
-        return self.verdict.get("pattern") if set(self.verdict) == {"pattern"} else None
+    def staged(self) -> bool:
+        """Graded by rayeval's judge stage from its own prompt (a generation evaluation);
+        else the judge serves a task that calls it itself (lmms-eval's judged tasks)."""
+        return self.prompt is not None
 
 
 @dataclass(frozen=True)

@@ -174,11 +174,12 @@ def make_plan(sweep: Sweep, evaluations: tuple[Evaluation, ...], store: ResultSt
                  for ref in expand_checkpoints(sweep.checkpoints)]
     judges = {e.name: checkpoint_fingerprint(e.spec.judge.model) for e in evaluations
               if e.spec.judge is not None}
+    staged = {e.name for e in evaluations if e.spec.judge is not None and e.spec.judge.staged}
     cells = [Cell(ref, evaluation.name,
                   cell_key(sweep, evaluation, ref, fingerprint, judges.get(evaluation.name)),
                   fingerprint,
                   generation=generation_key(sweep, evaluation, ref, fingerprint)
-                  if evaluation.name in judges else "")
+                  if evaluation.name in staged else "")
              for ref, fingerprint in ready for evaluation in evaluations]
     cells = [c for c in cells if c.key not in skip]
     # One look-up of this sweep's keys: their own files, then the sweep's parts.
@@ -186,7 +187,7 @@ def make_plan(sweep: Sweep, evaluations: tuple[Evaluation, ...], store: ResultSt
         if not force and store is not None else set()
     pending = [c for c in cells if c.key not in stored]
     cached = [c for c in cells if c.key in stored]
-    if not force and store is not None and judges:
+    if not force and store is not None and staged:
         pending = generated(store, pending)
     if not force and store is not None and sweep.select is None:
         pending = _resumed(store, pending, evaluations)

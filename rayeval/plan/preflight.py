@@ -62,7 +62,7 @@ def inspect_evaluations(sweep: Sweep) -> tuple[Evaluation, ...]:
         info = inspect_dataset(spec.dataset, task)
         size = _probe_output_size(sweep, spec, info, source, meta, tokenizer)
         task.check_values(probe_dataset(info, spec.dataset.key_path), spec.dataset, size)
-        if spec.judge is not None:
+        if spec.judge is not None and spec.judge.staged:
             _check_judge(sweep, spec, info)
         out.append(Evaluation(spec=spec, data=info, output_size=size,
                               tokenizer=tokenizer if task.uses_text else None))

@@ -256,6 +256,10 @@ def judge(r: Reader, spec, task: str, path: str, listed: bool, gen: Generation,
     if not listed:
         r.fail(metrics_path, "a judge: section is given but the metrics do not list 'judge'; "
                              "add it (metrics: [..., judge])")
+    for key in ("prompt", "verdict"):
+        if getattr(spec, key) is None:
+            r.fail(f"{path}.{key}", "missing required key: a judge of a generation evaluation "
+                                    "needs a prompt and a verdict (docs/judges.md)")
     problem = judging.verdict_problem(spec.verdict)
     if problem:
         r.fail(f"{path}.verdict", problem)
