@@ -45,9 +45,11 @@ class Generations:
     def __init__(self, ctx: RankContext, plan: Plan, samples_tag: str):
         self.ctx, self.plan, self.tag = ctx, plan, samples_tag
         self.store = ResultStore(plan.sweep.output) if ctx.rank == 0 else None
-        self.done: dict[str, int | None] = {}     # judged cell key -> its checkpoint's step
+        # judged cell key -> (its checkpoint's step, layout), once generated in this run
+        self.done: dict[str, tuple] = {}
 
-    def keep(self, cell: Cell, ev: Evaluation, merged: dict, step) -> CellOutcome | None:
+    def keep(self, cell: Cell, ev: Evaluation, merged: dict, step, layout
+             ) -> CellOutcome | None:
         """Every rank: the cell is generated. Rank 0: its states kept (a failed write fails
         the cell)."""
         if self.ctx.rank == 0:
@@ -65,7 +67,7 @@ class Generations:
                                    {"samples": self.tag, "step": "" if step is None else str(step)})
             except RayevalError as e:
                 return self.ctx.failure(cell, step, f"{ev.name}: {e.message}")
-        self.done[cell.key] = step
+        self.done[cell.key] = (step, layout)
         return None
 
 
@@ -83,14 +85,16 @@ class JudgeStage:
         self.loaded: tuple | None = None          # (judge spec's model key, backend, tokenizer)
         self.graded: dict[tuple[str, str], str] = {}    # (judge, prompt) -> the judge's text
 
-    def run(self, cells: list[Cell], steps: dict[str, int | None], finish) -> None:
-        """Judge each cell whose generations are kept (``steps``: those generated in this
-        run, with their checkpoint's step); its outcome goes to ``finish``."""
+    def run(self, cells: list[Cell], generated: dict[str, tuple], finish) -> None:
+        """Judge each cell whose generations are kept (``generated``: those generated in
+        this run, with their checkpoint's step and layout; the others' checkpoints are not
+        loaded: their outcome's layout is "judge"); its outcome goes to ``finish``."""
         try:
             for cell in cells:
                 ev = self.plan.evaluation(cell.evaluation)
                 started = time.perf_counter()
-                outcome = self.judge(cell, ev, steps.get(cell.key), started)
+                step, layout = generated.get(cell.key, (None, "judge"))
+                outcome = self.judge(cell, ev, step, layout, started)
                 if outcome is not None:
                     finish(outcome)
         finally:
@@ -104,7 +108,8 @@ class JudgeStage:
 
     # --- one cell ------------------------------------------------------------------------
 
-    def judge(self, cell: Cell, ev: Evaluation, step, started: float) -> CellOutcome | None:
+    def judge(self, cell: Cell, ev: Evaluation, step, layout: str, started: float
+              ) -> CellOutcome | None:
         ctx = self.ctx
         index = self.index_of.get(cell.key, 0)
         ctx.mark("judge", f"while judging {cell.checkpoint.location} on {ev.name}")
@@ -158,7 +163,7 @@ class JudgeStage:
                                            "report this bug)")
         whole = {k: torch.from_numpy(v) for k, v in kept.items()}
         whole.update(merged)
-        return self.publisher.publish(cell, ev, whole, step, "judge", started,
+        return self.publisher.publish(cell, ev, whole, step, layout, started,
                                       metrics=metrics_of(ev))
 
     def kept(self, cell: Cell) -> tuple[dict, dict]:

@@ -167,7 +167,7 @@ class Worker:
             if merged is None:
                 return failed and dataclasses.replace(failed, key=cell.key)
             if cell.generation:
-                return self.generations.keep(cell, ev, merged, step)
+                return self.generations.keep(cell, ev, merged, step, layout)
             return sink.take(cell, ev, merged, step, layout, start)
 
         self.checkpoints.run(plan, todo, self.index_of, score, self.finish, keep=sink.keeps)

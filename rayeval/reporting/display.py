@@ -257,7 +257,18 @@ def plan_line(plan: Plan) -> str:
     failed = f", {len(plan.failed)} failed before any worker" if plan.failed else ""
     return (f"[rayeval] {plan.sweep.name}: {checkpoints} checkpoint(s) x "
             f"{len(plan.evaluations)} evaluation(s) [{evals}]: {total} cell(s), "
-            f"{len(plan.cached)} already in the store{failed}, {len(plan.cells)} to evaluate")
+            f"{len(plan.cached)} already in the store{failed}, {len(plan.cells)} to evaluate"
+            + reused_generations(plan))
+
+
+def reused_generations(plan: Plan) -> str:
+    """Judged cells whose generations the store keeps (only their judge runs), in words."""
+    judged = [c for c in plan.cells if c.generation]
+    reused = sum(1 for c in judged if c.generated)
+    if not judged:
+        return ""
+    return (f" ({reused} of {len(judged)} judged cell(s) reuse stored generations: only "
+            "their judge runs)" if reused else "")
 
 
 def _source(e) -> str:

@@ -50,8 +50,11 @@ def _run(args, out: Console, err: Console) -> int:
                                                 else "") + f", {report.seconds:.1f} s")
     else:
         ran = f"nothing to run, {report.seconds:.1f} s"
+    reused = sum(1 for c in plan.cells if c.generated)
     out.print(f"{done} cell(s) evaluated, {len(plan.cached)} already in the store, "
               f"{len(report.failures)} failed; {ran}"
+              + (f"; {reused} judged from stored generations (their checkpoints not "
+                 "loaded)" if reused else "")
               + (f"; results in {sweep.output}" if rows else ""))
     if report.raced is not None and report.outcomes:
         scored, full = report.raced

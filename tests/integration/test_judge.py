@@ -1,0 +1,138 @@
+"""Judged evaluations (docs/judges.md) against a plain transformers loop, on a real local Ray.
+
+tests/judge_support.py builds the data set, two tiny checkpoints and a hand-built judge whose
+verdicts vary with the response ("yes", "no" or no verdict at all). The loop generates each
+item's answer on its own, renders the same template with jinja2, applies the judge
+tokenizer's chat template, decodes the judge greedily and reads the verdict with its own
+regular expression. rayeval's figures (exact_match, judge, judge_failed), every item's record
+(response, judge prompt, judge text, score or failure) and the intervals must equal it, for 2
+and 3 workers with batch sizes 1 and 16; an edited judge prompt is then judged again, by 1
+worker with batch size 16, from the generations the 3-worker run kept, without loading the
+evaluated checkpoints (three Ray runs in all, ~2.5 minutes on the 2-core machine).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import shutil
+
+import pytest
+
+pytest.importorskip("transformers")
+
+import judge_support  # noqa: E402
+from support import local_ray  # noqa: E402
+
+import rayeval  # noqa: E402
+from rayeval.io.store import ResultStore, latest_rows  # noqa: E402
+
+pytestmark = pytest.mark.ray
+RUNS = ((2, 1), (3, 16))        # (workers, batch size)
+EDITED = judge_support.PROMPT.replace("Answer:", "Their answer:")
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    return judge_support.build(str(tmp_path_factory.mktemp("judged")), items=40)
+
+
+@pytest.fixture(scope="module")
+def loop(built):
+    return judge_support.plain_loop(built)
+
+
+@pytest.fixture(scope="module")
+def runs(built):
+    """The three runs, and the edited prompt judged again on the 3-worker run's store."""
+    reports = {}
+    with local_ray():
+        for workers, batch in RUNS:
+            path = judge_support.sweep(built, workers=workers, batch_size=batch,
+                                       name=f"sweep{workers}.yaml", output=f"out{workers}")
+            reports[workers] = rayeval.run(path)
+        # the 3-worker run's store, copied: its generations serve the edited judge
+        shutil.copytree(os.path.join(built["folder"], "out3"),
+                        os.path.join(built["folder"], "edited"))
+        edited = judge_support.sweep(built, workers=1, batch_size=16, prompt=EDITED,
+                                     name="edited.yaml", output="edited")
+        reports["edited"] = rayeval.run(edited)
+    return reports
+
+
+def _rows(built, store: str) -> dict:
+    rows = latest_rows(ResultStore(os.path.join(built["folder"], store)).read())
+    return {(r["checkpoint"], r["metric"]): r for r in rows}
+
+
+def _records(built, store: str, row: dict) -> dict:
+    table = ResultStore(os.path.join(built["folder"], store)).read_samples(row["cell"],
+                                                                            row["samples"])
+    return {r["id"]: r for r in table.to_pylist()}
+
+
+def test_figures_and_records_equal_the_plain_loop_on_any_workers_and_batch(built, loop, runs):
+    kinds = set()
+    for workers, _ in RUNS:
+        report = runs[workers]
+        assert not report.failures, report.failures
+        rows = _rows(built, f"out{workers}")
+        for ckpt, items in loop.items():
+            scores = [s for _, _, _, s in items.values()]
+            given = [s for s in scores if s is not None]
+            kinds |= {"fail" if s is None else s for s in scores}
+            judge, failed = rows[(ckpt, "judge")], rows[(ckpt, "judge_failed")]
+            assert judge["value"] == pytest.approx(sum(given) / len(given), abs=1e-12)
+            assert failed["value"] == scores.count(None)
+            assert failed["higher_is_better"] is False
+            hits = [float(r.strip() == str(i % 7)) for i, (r, _, _, _) in items.items()]
+            assert rows[(ckpt, "exact_match")]["value"] == pytest.approx(
+                sum(hits) / len(hits))
+            assert judge["ci_low"] <= judge["value"] <= judge["ci_high"]
+            records = _records(built, f"out{workers}", judge)
+            assert sorted(records) == sorted(items)
+            for ident, (response, prompt, said, score) in items.items():
+                rec = records[ident]
+                assert rec["response"] == response
+                assert rec["judge_prompt"] == prompt
+                assert rec["judge_output"] == said
+                assert rec["judge_score"] == score
+                assert (rec["judge_failed"] is None) == (score is not None)
+    # the judge's verdicts vary: yes, no and unreadable all occur
+    assert kinds == {0.0, 1.0, "fail"}, kinds
+
+
+def test_intervals_do_not_depend_on_workers_or_batch_size(built, runs):
+    stores = [_rows(built, f"out{w}") for w, _ in RUNS]
+    for key, row in stores[0].items():
+        for other in stores[1:]:
+            assert other[key]["value"] == row["value"] or (
+                math.isnan(row["value"]) and math.isnan(other[key]["value"]))
+            assert other[key]["ci_low"] == row["ci_low"]
+            assert other[key]["ci_high"] == row["ci_high"]
+            assert other[key]["replicates"] == row["replicates"]
+
+
+def test_an_edited_prompt_is_judged_again_from_the_stored_generations(built, runs):
+    report = runs["edited"]
+    assert not report.failures, report.failures
+    # both cells pending (a new judge key), both judged from the generations out3 kept:
+    # no checkpoint loaded (the outcome's layout says "judge", not the checkpoint's layout)
+    assert len(report.outcomes) == 2 and not report.plan.cached
+    assert all(c.generated for c in report.plan.cells)
+    assert {o.layout for o in report.outcomes} == {"judge"}
+    edited = judge_support.plain_loop(built, prompt=EDITED)
+    rows = _rows(built, "edited")
+    for ckpt, items in edited.items():
+        records = _records(built, "edited", rows[(ckpt, "judge")])
+        for ident, (response, prompt, said, score) in items.items():
+            assert records[ident]["judge_prompt"] == prompt
+            assert "Their answer:" in prompt
+            assert records[ident]["judge_output"] == said
+            assert records[ident]["judge_score"] == score
+        given = [s for _, _, _, s in items.values() if s is not None]
+        assert rows[(ckpt, "judge")]["value"] == pytest.approx(sum(given) / len(given))
+        # the generation's figure is the one the first judge's run stored
+        assert rows[(ckpt, "exact_match")]["value"] == \
+            _rows(built, "out2")[(ckpt, "exact_match")]["value"]
+        assert rows[(ckpt, "judge")]["world_size"] == 1
