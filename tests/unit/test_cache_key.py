@@ -55,6 +55,10 @@ GEN = {**TEXT_BASE, "evals": [{"name": "gen", "task": "generation", "metrics": [
                                "dataset": {"path": "text.parquet", "prompt": "prompt",
                                            "target": "answer_text"},
                                "generation": {"until": ["\n"], "max_new_tokens": 8}}]}
+# A judged generation (docs/judges.md); the judge's folder is written by the ``home`` fixture.
+JUDGED = {**GEN, "evals": [{**GEN["evals"][0], "metrics": ["exact_match", "judge"],
+                            "judge": {"model": "judge", "prompt": "{{ response }}",
+                                      "verdict": {"yes": 1, "no": 0}}}]}
 # An lm-eval task over the same text (YAMLs written by the ``home`` fixture).
 LME = {**TEXT_BASE, "evals": [{"name": "lme", "lm_eval": {"task": "tiny_mc",
                                                           "include_path": "lmtasks"}}]}
@@ -62,7 +66,7 @@ LME = {**TEXT_BASE, "evals": [{"name": "lme", "lm_eval": {"task": "tiny_mc",
 LMME = {**TEXT_BASE, "evals": [{"name": "lmme", "lmms_eval": {"task": "tiny_vqa",
                                                             "include_path": "lmmstasks"}}]}
 BASES = {"tensor": TENSOR, "no_bootstrap": NO_BOOTSTRAP, "lm": LM, "mc": MC, "tp": TP,
-         "gen": GEN, "lme": LME, "lmme": LMME}
+         "gen": GEN, "lme": LME, "lmme": LMME, "judged": JUDGED}
 
 
 def _lm_eval0(**changes):
@@ -135,6 +139,11 @@ RE_EVALUATED = [
         s.evals[0].generation, repeats=3))),
     ("Generation.top_p", "gen", ("evals.0.generation.top_p", 0.9)),
     ("Generation.seed", "gen", ("evals.0.generation.seed", 3)),
+    ("JudgeSpec.prompt", "judged", ("evals.0.judge.prompt", "{{ target }} {{ response }}")),
+    ("JudgeSpec.verdict", "judged", ("evals.0.judge.verdict", {"yes": 1, "no": -1})),
+    ("JudgeSpec.max_new_tokens", "judged", ("evals.0.judge.max_new_tokens", 4)),
+    ("JudgeSpec.backend", "judged", ("evals.0.judge.backend", "hf")),
+    ("JudgeSpec.dtype", "judged", ("evals.0.judge.dtype", "bfloat16")),
     ("LmEvalSpec.task", "lme", ("evals.0.lm_eval.task", "tiny_mc2")),
     ("LmEvalSpec.include_path", "lme", ("evals.0.lm_eval.include_path", "lmtasks2")),
     ("LmEvalSpec.num_fewshot", "lme", ("evals.0.lm_eval.num_fewshot", 1)),
@@ -170,6 +179,9 @@ CACHED = [
     ("DatasetSpec.path", "tensor", ("evals.0.dataset.path", "tens*.parquet")),
     ("DatasetSpec.key_path", "tensor", lambda s: _eval0(s, dataset=dataclasses.replace(
         s.evals[0].dataset, key_path="elsewhere"))),
+    # the judge's files are in the key by fingerprint, not by how the path is spelled
+    ("JudgeSpec.model", "judged", ("evals.0.judge.model", "./judge/")),
+    ("JudgeSpec.batch_size", "judged", ("evals.0.judge.batch_size", 2)),
     ("CheckpointSpec.trust_pickle", "tensor", ("checkpoint.trust_pickle", True)),
     ("ModelSpec.tokenizer", "tensor", ("model.tokenizer", "tok_a")),      # text tasks only
     ("ModelSpec.max_length", "tensor", ("model.max_length", 64)),
@@ -276,6 +288,8 @@ def home(tmp_path_factory):
     (d / "ckpts" / "step_1.pt").write_bytes(b"weights")
     (d / "hf" / "checkpoint-1").mkdir(parents=True)
     (d / "hf" / "checkpoint-1" / "config.json").write_text("{}")
+    (d / "judge").mkdir()
+    (d / "judge" / "config.json").write_text("{}")
     for name, body in (("tok_a", "{}"), ("tok_b", "{\"b\": 1}")):
         (d / name).mkdir()
         (d / name / "tokenizer.json").write_text(body)
@@ -388,3 +402,16 @@ def test_the_tokenizers_files_are_in_a_text_cells_key(home, tmp_path):
     assert plan(raw, home, store).cached
     (home / "tok_b" / "tokenizer.json").write_text("{\"b\": 22}")
     assert not plan(raw, home, store).cached
+
+
+def test_the_judges_files_are_in_a_judged_cells_key(home, tmp_path):
+    """Rewriting the judge's folder at the same place judges again; the generations' key
+    (what the judge reads) stays."""
+    store = ResultStore(str(tmp_path / "store"))
+    first = plan(JUDGED, home, store)
+    (home / "judge" / "config.json").write_text("{\"changed\": 1}")
+    again = plan(JUDGED, home, store)
+    assert again.cells[0].key != first.cells[0].key
+    assert again.cells[0].generation == first.cells[0].generation
+    plain = plan(GEN, home, store)
+    assert plain.cells[0].key == first.cells[0].generation     # the same generation's key
