@@ -185,7 +185,7 @@ class JudgeStage:
         start, stop = ev.data.shard_rows(ctx.rank, ctx.world)
         mine = table.slice(start, stop - start)
         fields = task.item_fields(mine, spec.dataset)
-        responses = _responses(self.store.read_samples(cell.generation, tag), cell)
+        responses = _records(self.store.read_samples(cell.generation, tag), cell)
         columns = mine.to_pylist()
         backend, tok = self.judge_model(js)
         prompts = judging.Prompts(js.prompt, f"{js.key_path}.prompt")
@@ -196,7 +196,7 @@ class JudgeStage:
             if key not in responses:
                 missing.append(ident)
                 continue
-            item = {**row, "response": responses[key], "target": target}
+            item = {**row, "response": responses[key]["response"], "target": target}
             texts.append(prompts.render(item))
         if missing:
             raise StoreError(f"the stored generations lack item {missing[0]!r} (and "
@@ -220,16 +220,18 @@ class JudgeStage:
                 if spec.bootstrap.enabled else torch.zeros(len(texts), dtype=torch.int64)
             acc.add(judging.outputs_of(scores), torch.zeros(len(texts)), buckets)
         ctx.ledger.rows(index, ctx.counted(len(texts)), force=True)
-        records = {
-            "id": list(fields["id"]), "context": list(fields["context"]),
-            "target": list(fields["target"]),
-            "response": [responses[_ident(i)] for i in fields["id"]],
-            "judge_prompt": texts, "judge_output": outputs,
-            "judge_score": scores, "judge_failed": failures}
+        # each item's generation record (its response, its generation metrics' values) with
+        # what the judge made of it: the prompt, the judge's text, the score (None: failed)
+        # and why it failed
         import pyarrow as pa
 
-        # a worker given no items writes a table without columns, as the scorer's do
-        return dict(acc.states), pa.table(records) if texts else pa.table({})
+        if not texts:      # a worker given no items writes a table without columns
+            return dict(acc.states), pa.table({})
+        kept = [responses[_ident(i)] for i in fields["id"]]
+        records = {name: [r[name] for r in kept] for name in kept[0]}
+        records.update({judging.JUDGE: scores, "judge_prompt": texts, "judge_output": outputs,
+                        judging.FAILED: failures})
+        return dict(acc.states), pa.table(records)
 
     def outputs(self, texts: list[str], backend, tok, js, spec, index: int
                 ) -> list[str | None]:
@@ -293,9 +295,22 @@ def load_judge(js, backend_name: str, device: torch.device, model_spec):
                               f"judge: {errors.reason(e, typed=True)}") from None
     model = model.eval().to(device)
     tok = hf.load_tokenizer(folder, what=f"{js.key_path}.model", model=model)
-    spec = dataclasses.replace(model_spec, backend=backend_name, factory=None, tokenizer=None)
-    backend = backends.create(backend_name, Setup(model=spec, device=device))
+    # model.vllm's engine arguments serve the judge's engine too, but for max_model_len: the
+    # judge's context is its own config's, as the stage's fit test (tok.max_length) reads it
+    engine = {k: v for k, v in model_spec.vllm.items() if k != "max_model_len"}
+    spec = dataclasses.replace(model_spec, backend=backend_name, factory=None, tokenizer=None,
+                               vllm=engine)
+    # An engine (vllm) serves each worker's own items (tensor 1); the rank variables are
+    # the worker group's own (Ray Train's); the name makes its shared memory this process's.
+    backend = backends.create(backend_name, Setup(model=spec, device=device,
+                                                  ident=f"judge-{os.getpid()}"))
     backend.serve(model, folder, None, js.model)
+    closing = getattr(backend, "close", None)
+    if callable(closing):
+        # The engine holds the judge's weights and generates: transformers' copy goes now,
+        # and the stage's release() of the judge shuts the engine down (its memory freed).
+        backend.release()
+        backend.release = closing
     return backend, tok
 
 
@@ -333,15 +348,14 @@ def _items(ev: Evaluation):
     return pa.concat_tables(tables)
 
 
-def _responses(records, cell: Cell) -> dict:
+def _records(records, cell: Cell) -> dict:
+    """The generation's records by item id."""
     if "response" not in records.column_names or "id" not in records.column_names:
         raise StoreError(f"the generations of cell {cell.key} keep no responses; evaluate it "
                          "again with --force")
-    ids = records["id"].to_pylist()
-    found = {}
-    for ident, response in zip(ids, records["response"].to_pylist()):
-        found[_ident(ident)] = response
-    if len(found) != len(ids):
+    rows = records.to_pylist()
+    found = {_ident(r["id"]): r for r in rows}
+    if len(found) != len(rows):
         raise SpecError(f"dataset.id: two items share an id; a judge matches responses to "
                         "items by id: give every item its own")
     return found

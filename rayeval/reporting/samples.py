@@ -21,7 +21,9 @@ from rayeval.io.store import ResultStore, newest
 
 # Record columns that are not metric values (core.samples.COLUMNS, and the id)
 RECORD_COLUMNS = ("id", "context", "choices", "target", "response", "responses",
-                  "loglikelihoods", "tokens", "images", "thumbnails")
+                  "loglikelihoods", "tokens", "images", "thumbnails",
+                  # a judged item's (docs/judges.md): its score is the ``judge`` column
+                  "judge_prompt", "judge_output", "judge_failed")
 
 
 def evaluations_with_samples(rows: list[dict]) -> list[str]:

@@ -24,6 +24,8 @@ body { font-family: system-ui, sans-serif; margin: 2em; color: #222; }
 .field { margin: .15em 0; } .label { color: #666; display: inline-block; min-width: 6em; }
 .values { color: #555; font-size: 90%; }
 ol.choices { margin: .2em 0; } li.chosen { font-weight: 600; }
+.judge { margin: .3em 0; } .judge pre { white-space: pre-wrap; margin: .2em 0; }
+.failed { color: #c33; }
 """
 
 
@@ -78,9 +80,26 @@ def _item(r: dict, metrics: list[str], metric: str | None) -> str:
         if shown:
             parts.append(f'<div class="field"><span class="label">{label}</span>'
                          f"<code>{shown}</code></div>")
+    if r.get("judge_output") is not None or r.get("judge_failed") is not None:
+        parts.append(_judged(r))
     values = ", ".join(f"{escape(m)} {format_value(r[m])}" for m in metrics
                        if r.get(m) is not None)
     if values:
         parts.append(f'<div class="values">{values}</div>')
     side = f'<div class="images">{images}</div>' if images else ""
     return f'<div class="item{mark}">{side}<div class="text">{"".join(parts)}</div></div>'
+
+
+def _judged(r: dict) -> str:
+    """What a judge made of an item (docs/judges.md): its text, its score or why it failed,
+    and the prompt it was given (folded)."""
+    said = r.get("judge_output")
+    parts = ['<div class="judge"><span class="label">judge</span>']
+    parts.append("<code>(no text: the prompt did not fit)</code>" if said is None else
+                 f"<code>{escape(said)}</code>")
+    if r.get("judge_failed"):
+        parts.append(f' <span class="failed">failed: {escape(r["judge_failed"])}</span>')
+    if r.get("judge_prompt") is not None:
+        parts.append(f"<details><summary>judge prompt</summary>"
+                     f"<pre>{escape(r['judge_prompt'])}</pre></details>")
+    return "".join(parts) + "</div>"

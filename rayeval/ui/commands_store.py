@@ -272,8 +272,10 @@ def _samples_table(out: Console, title: str, table, width: int = 60) -> None:
     # multiple choice: the choices and their log-likelihoods stay in json and csv; image
     # thumbnails in json, csv and html
     many = "choices" in table.column_names
+    # a judged item's prompt (long) stays in json, csv and html too
     shown = [c for c in table.column_names
-             if not (many and c in ("choices", "loglikelihoods")) and c != "thumbnails"]
+             if not (many and c in ("choices", "loglikelihoods"))
+             and c not in ("thumbnails", "judge_prompt")]
     out.print(title, markup=False, highlight=False, soft_wrap=True)
     view = Table()
     for c in shown:

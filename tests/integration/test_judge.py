@@ -96,8 +96,9 @@ def test_figures_and_records_equal_the_plain_loop_on_any_workers_and_batch(built
                 assert rec["response"] == response
                 assert rec["judge_prompt"] == prompt
                 assert rec["judge_output"] == said
-                assert rec["judge_score"] == score
+                assert rec["judge"] == score
                 assert (rec["judge_failed"] is None) == (score is not None)
+                assert rec["exact_match"] == float(response.strip() == str(ident % 7))
     # the judge's verdicts vary: yes, no and unreadable all occur
     assert kinds == {0.0, 1.0, "fail"}, kinds
 
@@ -129,10 +130,33 @@ def test_an_edited_prompt_is_judged_again_from_the_stored_generations(built, run
             assert records[ident]["judge_prompt"] == prompt
             assert "Their answer:" in prompt
             assert records[ident]["judge_output"] == said
-            assert records[ident]["judge_score"] == score
+            assert records[ident]["judge"] == score
         given = [s for _, _, _, s in items.values() if s is not None]
         assert rows[(ckpt, "judge")]["value"] == pytest.approx(sum(given) / len(given))
         # the generation's figure is the one the first judge's run stored
         assert rows[(ckpt, "exact_match")]["value"] == \
             _rows(built, "out2")[(ckpt, "exact_match")]["value"]
         assert rows[(ckpt, "judge")]["world_size"] == 1
+
+
+def test_samples_show_what_the_judge_said(built, loop, runs):
+    from support import rayeval_main
+
+    store = os.path.join(built["folder"], "out2")
+    ckpt = built["checkpoints"][0]
+    items = loop[ckpt]
+    failed = next(i for i, v in items.items() if v[3] is None)
+    proc = rayeval_main("samples", store, "--checkpoint", ckpt, "--format", "json")
+    assert proc.returncode == 0, proc.stderr
+    records = {r["id"]: r for r in __import__("json").loads(proc.stdout)}
+    assert records[failed]["judge"] is None
+    assert records[failed]["judge_failed"] == "no verdict in the judge's text"
+    assert records[failed]["judge_output"] == items[failed][2]
+    proc = rayeval_main("samples", store, "--checkpoint", ckpt)
+    assert proc.returncode == 0, proc.stderr
+    assert "judge_output" in proc.stdout and "judge_failed" in proc.stdout
+    assert "judge_prompt" not in proc.stdout           # long: json, csv and html only
+    proc = rayeval_main("samples", store, "--checkpoint", ckpt, "--format", "html")
+    assert proc.returncode == 0, proc.stderr
+    assert "failed: no verdict in the judge&#x27;s text" in proc.stdout
+    assert "<summary>judge prompt</summary>" in proc.stdout
