@@ -144,7 +144,21 @@ class CellScorer:
     def one_pass(self, model, cell: Cell, ev: Evaluation, index: int, within):
         """This worker's states for one cell, the error that stopped it (the pass still drains
         the shard: every rank must finish every pass over its split), and whether the driver
-        asked to stop (then the pass ends at once: the group is winding down)."""
+        asked to stop (then the pass ends at once: the group is winding down). What the task
+        runs beside the model for the pass (``Task.pass_service``) is started before it (a
+        failure fails the cell) and closed after it."""
+        service = tasks.get(ev.spec.task).pass_service(ev.spec, self.ctx.device,
+                                                       self.backend.setup.model)
+        if service is None:
+            return self._pass(model, cell, ev, index, within)
+        try:
+            return self._pass(model, cell, ev, index, within,
+                              self.scored(service.start, (), cell, ev))
+        finally:
+            service.close()
+
+    def _pass(self, model, cell: Cell, ev: Evaluation, index: int, within,
+              error: str | None = None):
         ctx = self.ctx
         skipped = 0                 # rows of batches that could not be decoded
         model_spec = self.backend.setup.model           # the sweep's model section
@@ -155,7 +169,7 @@ class CellScorer:
                  share=model_spec.share_prefixes, tokens=model_spec.batch_tokens,
                  # progress counts rows as they are scored, not as they are read
                  on_rows=lambda n: ctx.ledger.rows(index, ctx.counted(skipped + n)))
-        rows, error, stopped = 0, None, False
+        rows, stopped = 0, False
         for batch in self.waited(self.shards[ev.name], ev):
             if ctx.ledger.stopping():
                 stopped = True

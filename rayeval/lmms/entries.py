@@ -8,14 +8,17 @@ read, writing the table into the result store when the run is planned
 group is evaluated as its tasks (``NAME/TASK``) and its aggregate (``NAME``; a subgroup's
 ``NAME/SUB``) is computed from their stored rows by the plan's group cells (``plan.groups``),
 averaging what lmms-eval's own run of the group averages.
+
+An entry's ``judge: {model: FOLDER}`` is served to the tasks that ask lmms-eval's judge
+(``judge_server``, docs/lmms-judges.md); it is on their evaluations (in their cells' keys).
 """
 
 from __future__ import annotations
 
 from rayeval.config import names
 from rayeval.config.entries import EntryContext
-from rayeval.config.schema import (Bootstrap, DatasetSpec, EvalSpec, Generation, LmmsEvalSpec,
-                                   MetricSpec)
+from rayeval.config.schema import (Bootstrap, DatasetSpec, EvalSpec, Generation, JudgeSpec,
+                                   LmmsEvalSpec, MetricSpec)
 from rayeval.harness import store as lm_store
 from rayeval.harness.groups import group_specs
 
@@ -33,20 +36,47 @@ class LmmsEvalEntry(lm_store.RequestTables):
 
         r, output = context.r, context.output
         spec = r.build(LmmsEvalSpec, m["lmms_eval"], f"{path}.lmms_eval")
-        tasks, found = lmms_render.render(spec, f"{r.source}: {path}.lmms_eval")
+        judge = _judge(r, m.get("judge"), f"{path}.judge")
+        tasks, found = lmms_render.render(spec, f"{r.source}: {path}.lmms_eval",
+                                          judge=judge is not None)
+        if judge is not None and not any(t.judged for t in tasks):
+            r.fail(f"{path}.judge", f"lmms-eval task {spec.task!r} asks no judge (nothing in "
+                                    "it calls lmms_eval.llm_judge); remove judge:")
         common = dict(batch_size=batch_size, bootstrap=bootstrap, samples=samples,
                       lmms_eval=spec, key_path=path)
         name = m["name"]
         if len(tasks) == 1 and tasks[0].task == spec.task:   # one task: the evaluation NAME
-            return [_one(output, tasks[0], name, path, common)]
+            return [_one(output, tasks[0], name, path, common, judge)]
         context.groups.extend(group_specs(name, found, tasks, path, top=spec.task))
-        return [_one(output, t, names.member(name, t.task), path, common) for t in tasks]
+        return [_one(output, t, names.member(name, t.task), path, common, judge)
+                for t in tasks]
 
     def sampling_problem(self, ev: EvalSpec) -> None:
         return None           # lmms-eval entries never sample (refused when rendered)
 
 
-def _one(output: str, task, name: str, path: str, common: dict) -> EvalSpec:
+def _judge(r, raw, path: str) -> JudgeSpec | None:
+    """The entry's ``judge:`` (docs/lmms-judges.md): a model served to the task, whose own
+    prompts and parsing grade; a prompt, a verdict or a baseline here would be ignored, so
+    is refused; the model must be a Hugging Face folder."""
+    if raw is None:
+        return None
+    from rayeval.io import hf
+
+    js = r.build(JudgeSpec, raw, path, key_path=path)
+    for key in ("prompt", "verdict", "baseline"):
+        if getattr(js, key, None) is not None:
+            r.fail(f"{path}.{key}", "an lmms_eval entry's judge is prompted and read by the "
+                                    "task's own code; remove the key (docs/lmms-judges.md)")
+    if not hf.is_folder(js.model):
+        r.fail(f"{path}.model", f"{js.model} is not a Hugging Face folder (no config.json); "
+                                "give the folder of a causal language model saved with "
+                                "save_pretrained, with its tokenizer")
+    return js
+
+
+def _one(output: str, task, name: str, path: str, common: dict,
+         judge: JudgeSpec | None = None) -> EvalSpec:
     data = f"{lm_store.location(output, task.digest)}/{lm_store.DOCS_FILE}"
     lm_store.UNWRITTEN[data] = (output, task)
     # The request table: the chat as JSON (the prompt column, templated by the checkpoint's
@@ -58,6 +88,7 @@ def _one(output: str, task, name: str, path: str, common: dict) -> EvalSpec:
                     for key, kind, column, higher in task.metrics)
     # lmms-eval's huggingface model stops at the end-of-sequence token or max_new_tokens
     # (it does not apply a task's ``until``): so does this evaluation.
+    # The judge only on the tasks that ask one: the others' keys do not change with it.
     return EvalSpec(name=name, task="lmms_eval", dataset=dataset, metrics=metrics,
                     generation=Generation(until=(), max_new_tokens=max(1, task.max_new_tokens)),
-                    **common)
+                    judge=judge if task.judged else None, **common)

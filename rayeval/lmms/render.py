@@ -18,13 +18,16 @@ group's aggregate is stored (``plan.groups``).
 
 What is refused, in one line naming the task: an output type other than ``generate_until``
 (lmms-eval's chat models generate only), a video or audio in a document, a task judged by an
-API model, sampling, an aggregation that is not a mean (a task's, or a group's).
+API model (unless it asks lmms-eval's ``llm_judge`` and the entry gives a ``judge``, which the
+workers serve it: ``judge_server``), sampling, an aggregation that is not a mean (a task's, or
+a group's).
 """
 
 from __future__ import annotations
 
 import contextlib
 import hashlib
+import inspect
 import io
 import json
 import math
@@ -49,11 +52,12 @@ INSTALL = ("pip install 'rayeval[lmms-eval]' && pip install --no-deps lmms-eval=
 # it stops at the end-of-sequence token and ignores ``until``.
 DEFAULT_MAX_NEW_TOKENS = 4096
 GENERATION_KEYS = {"max_new_tokens", "temperature", "do_sample", "top_p", "num_beams", "until"}
-# What a task module that calls an API judge contains (lmms-eval's judge helpers, an API
-# client); the task's process_results is then a network call, which rayeval does not make.
-JUDGE_MARKS = ("lmms_eval.llm_judge", "import openai", "from openai", "OPENAI_API_KEY",
-               "gpt_eval_model_name")
-
+# What a task module that asks lmms-eval for its judge contains: such a task is judged by the
+# ``local`` provider's requests when the entry gives ``judge: {model: ...}`` (judge_server).
+SERVED_MARKS = ("lmms_eval.llm_judge", "lmms_eval.verifiers")
+# What a task module that calls an API itself contains (an API client, its key); the task's
+# process_results is then a network call, which rayeval does not make.
+API_MARKS = ("import openai", "from openai", "OPENAI_API_KEY", "gpt_eval_model_name")
 
 @dataclass
 class Rendered:
@@ -68,6 +72,7 @@ class Rendered:
     lm_keys: dict             # lmms-eval's "metric,filter" -> the metric's key here
     lm: object = None         # the task itself, in the process that rendered it
     output_type: str = "generate_until"
+    judged: str | None = None     # where it asks lmms-eval's judge (None: it asks none)
 
 
 def _fail(path: str, problem: str):
@@ -149,37 +154,76 @@ def load_tasks(spec: LmmsEvalSpec, path: str) -> tuple[dict, list[tuple]]:
     return tasks, groups
 
 
-def check_task(task, name: str, path: str) -> None:
-    """What rayeval cannot do the way lmms-eval's run does it, in one line."""
+def check_task(task, name: str, path: str, judge: bool = False) -> str | None:
+    """What rayeval cannot do the way lmms-eval's run does it, in one line; where the task
+    asks lmms-eval's judge (served when the entry has a ``judge``, else refused)."""
     kind = task.OUTPUT_TYPE
     if kind != "generate_until":
         _fail(f"{path}.task", f"lmms-eval task {name!r} has output_type {kind!r}; rayeval "
                               "evaluates generate_until tasks (what lmms-eval's chat models do)")
-    judge = _judge(task)
-    if judge:
-        _fail(f"{path}.task", f"lmms-eval task {name!r} is judged by an API model ({judge}); "
-                              "rayeval does not call API judges")
+    found = _judge(task)
+    if found is None:
+        return None
+    where, served = found
+    said = f"lmms-eval task {name!r} is judged by an API model ({where}); rayeval does not " \
+           "call API judges"
+    if not served:
+        _fail(f"{path}.task", said + ("; it calls the API itself, not through lmms-eval's "
+                                      "llm_judge, so a judge: cannot serve it" if judge else ""))
+    if not judge:
+        _fail(f"{path}.task", f"{said}: give the entry judge: {{model: FOLDER}}, a local model "
+                              "rayeval serves it (docs/lmms-judges.md)")
+    return where
 
 
-def _judge(task) -> str | None:
-    """Where a task calls an API judge: its config's judge model, or the module of its
-    process_results importing a judge or an API client."""
+def _judge(task) -> tuple[str, bool] | None:
+    """Where a task calls a judge, and whether through lmms-eval's ``llm_judge`` (which a
+    served judge answers): its functions' modules asking it, else its config's judge model or
+    a module importing an API client."""
+    marks = {}
+    for key in ("process_results", "doc_to_target", "doc_to_visual", "doc_to_messages"):
+        for where in _sources(task.get_config(key)):
+            # lmms-eval imports a YAML's utils.py by file (not into sys.modules): read it.
+            try:
+                with open(where, encoding="utf-8") as f:
+                    source = f.read()
+            except (OSError, TypeError):
+                continue
+            for mark in SERVED_MARKS + API_MARKS:
+                if mark in source:
+                    marks.setdefault(mark, f"{key} in {os.path.basename(where)} uses {mark}")
+    served = [marks[m] for m in SERVED_MARKS if m in marks]
+    if served:
+        return served[0], True
     metadata = task.get_config("metadata")
     if isinstance(metadata, dict) and "gpt_eval_model_name" in metadata:
-        return f"metadata.gpt_eval_model_name {metadata['gpt_eval_model_name']!r}"
-    for key in ("process_results", "doc_to_target", "doc_to_visual", "doc_to_messages"):
-        fn = task.get_config(key)
-        # lmms-eval imports a YAML's utils.py by file (not into sys.modules): read that file.
-        where = getattr(getattr(fn, "__code__", None), "co_filename", None)
+        return f"metadata.gpt_eval_model_name {metadata['gpt_eval_model_name']!r}", False
+    api = [marks[m] for m in API_MARKS if m in marks]
+    return (api[0], False) if api else None
+
+
+def _sources(fn) -> list[str]:
+    """The file of a task's function, and the files of what its module takes from its own
+    folder or lmms-eval's task folders (MathVista's utils.py takes its judge from
+    mathvista_evals.py): one level, no further."""
+    where = getattr(getattr(fn, "__code__", None), "co_filename", None)
+    if not where:
+        return []
+    import lmms_eval.tasks
+
+    roots = (os.path.dirname(where), os.path.dirname(lmms_eval.tasks.__file__))
+    files = [where]
+    for value in list(getattr(fn, "__globals__", {}).values()):
         try:
-            with open(where, encoding="utf-8") as f:
-                source = f.read()
-        except (OSError, TypeError):
+            module = value if inspect.ismodule(value) else \
+                sys.modules.get(getattr(value, "__module__", None) or "")
+            found = getattr(module, "__file__", None)
+        except Exception:            # noqa: BLE001 - a global whose attributes raise
             continue
-        mark = next((m for m in JUDGE_MARKS if m in source), None)
-        if mark:
-            return f"{key} in {os.path.basename(where)} uses {mark}"
-    return None
+        if isinstance(found, str) and found not in files and \
+                any(found.startswith(os.path.join(r, "")) for r in roots):
+            files.append(found)
+    return files
 
 
 def _limit(task, limit: float | None) -> int | None:
@@ -190,14 +234,22 @@ def _limit(task, limit: float | None) -> int | None:
     return int(math.ceil(n * limit)) if limit < 1.0 else int(limit)
 
 
-def render(spec: LmmsEvalSpec, path: str) -> tuple[list[Rendered], list[Group]]:
+def render(spec: LmmsEvalSpec, path: str, judge: bool = False
+           ) -> tuple[list[Rendered], list[Group]]:
     """Every task ``spec`` names (a group or tag: each of its tasks), rendered as its request
-    table, and the groups that aggregate (the one asked for first; none for a task)."""
-    with _silent():
+    table, and the groups that aggregate (the one asked for first; none for a task).
+    ``judge``: the entry serves its tasks a judge (each Rendered says whether it asks one).
+    The tasks' modules are imported as lmms-eval's run with ``API_TYPE=local`` imports them:
+    a judge a module makes at import is a ``local`` provider (plain data, which a worker
+    routes to its served judge), never an API client (whose constructor wants a key)."""
+    from rayeval.lmms import judge_server
+
+    with _silent(), judge_server.rendering():
         tasks, found = load_tasks(spec, path)
-        for name, task in tasks.items():
-            check_task(task, name, path)
+        judged = {name: check_task(task, name, path, judge) for name, task in tasks.items()}
         out = [_render_task(spec, path, name, task) for name, task in tasks.items()]
+    for rendered in out:
+        rendered.judged = judged[rendered.task]
     by_task = {t.task: t for t in out}
     return out, [Group(name, leaves, _aggregates(name, leaves, aggs, by_task, path))
                  for name, leaves, aggs in found if aggs]

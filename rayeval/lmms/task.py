@@ -10,7 +10,8 @@ as JSON, its images as PNG bytes, the target. The task is the image ``generation
   and run through the processor on the same CPU stage as for any image item;
 - the generated texts are scored by lmms-eval's own filters and ``process_results``
   (``scoring.py``) with the task object the driver sent through Ray, into one float row of
-  metric values per document, which the ``lm_mean`` metrics below sum exactly.
+  metric values per document, which the ``lm_mean`` metrics below sum exactly; a judged
+  task's judge is served on the worker's loopback while its pass runs (``judge_server``).
 """
 
 from __future__ import annotations
@@ -79,6 +80,15 @@ class LmmsEval(ImageGeneration):
         # record's id (lmms-eval's doc_id) names the document instead.
         fields.pop("images", None)
         return fields
+
+    def pass_service(self, spec, device, model_spec):
+        """A judged task's judge (``judge: {model: ...}``), served on this worker's loopback
+        while the pass runs (``judge_server``; docs/lmms-judges.md)."""
+        if spec.judge is None or spec.judge.staged:
+            return None
+        from rayeval.lmms.judge_server import PassJudge
+
+        return PassJudge(spec, device, model_spec)
 
     def score(self, backend, x, y, ctx):
         texts = backend.generate_images(x.requests(), x.ids, ctx)

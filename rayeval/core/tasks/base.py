@@ -62,6 +62,12 @@ class Task:
         model's own forward (a vLLM engine then holds the weights on its own)."""
         return self.generates
 
+    def pass_service(self, spec, device, model_spec):
+        """What one pass of evaluation ``spec`` (an EvalSpec) needs running beside the model
+        on a worker, with ``start()`` (before the pass: an error fails the cell) and
+        ``close()`` (always, after it); None: nothing (an lmms-eval task's served judge)."""
+        return None
+
     def held_rows(self, spec) -> int:
         """Rows a pass holds back to score together (0: each batch as it comes)."""
         return self.group_rows
