@@ -308,9 +308,8 @@ class PassJudge:
                             self.spec.name, self.server.sampled)
             self.server.close()
             self.server = None
-        if self.backend is not None:
-            self.backend.release()
-            self.backend = None
-            import gc
+        if self.backend is not None:        # as a judge stage lets its judge go
+            from rayeval.execution.judging import release_evaluated
 
-            gc.collect()
+            release_evaluated(self.backend)
+            self.backend = None
