@@ -109,20 +109,64 @@ def plain_loop(paths: dict, prompt: str = PROMPT, verdict=None, max_new_tokens: 
     transformers alone: each item generated on its own (greedy, cut at the stop string),
     the template rendered with jinja2, the chat template applied, the judge's greedy text,
     the verdict read by a regular expression written here."""
+    verdict = verdict or {"yes": 1, "no": 0}
+    rows, answers, judge = _items(paths), responses(paths), _Judge(paths, max_new_tokens)
+    template = _template(prompt)
+    out = {}
+    for ckpt, given in answers.items():
+        items = {}
+        for row in rows:
+            text = template.render(**row, response=given[row["id"]], target=row["answer"])
+            said = judge(text)
+            items[row["id"]] = (given[row["id"]], text, said, read_verdict(verdict, said))
+        out[ckpt] = items
+    return out
+
+
+def pairwise_loop(paths: dict, baseline: str, prompt: str, verdict=None,
+                  max_new_tokens: int = 3) -> dict:
+    """Per checkpoint, per item id: (score or None, judge text in the first order, in the
+    swapped order): each item asked with the checkpoint's answer first, then the baseline's;
+    its score is the mean of how much the checkpoint's answer wins in each."""
+    verdict = verdict or {"yes": 1, "no": 0}
+    rows, answers, judge = _items(paths), responses(paths), _Judge(paths, max_new_tokens)
+    template = _template(prompt)
+    out = {}
+    for ckpt, given in answers.items():
+        items = {}
+        for row in rows:
+            mine, theirs = given[row["id"]], answers[baseline][row["id"]]
+            first = judge(template.render(**row, response=mine, target=row["answer"],
+                                          response_a=mine, response_b=theirs))
+            second = judge(template.render(**row, response=mine, target=row["answer"],
+                                           response_a=theirs, response_b=mine))
+            a, b = read_verdict(verdict, first), read_verdict(verdict, second)
+            items[row["id"]] = (None if a is None or b is None else (a + 1 - b) / 2,
+                                first, second)
+        out[ckpt] = items
+    return out
+
+
+def _items(paths: dict) -> list[dict]:
+    return pq.read_table(paths["data"]).to_pylist()
+
+
+def _template(prompt: str):
     import jinja2
+
+    return jinja2.Environment(undefined=jinja2.StrictUndefined).from_string(prompt)
+
+
+def responses(paths: dict) -> dict:
+    """Per checkpoint, per item id: its greedy answer, each item generated on its own."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    verdict = verdict or {"yes": 1, "no": 0}
-    table = pq.read_table(paths["data"]).to_pylist()
-    template = jinja2.Environment(undefined=jinja2.StrictUndefined).from_string(prompt)
-    jtok = AutoTokenizer.from_pretrained(paths["judge"])
-    judge = AutoModelForCausalLM.from_pretrained(paths["judge"]).eval()
     out = {}
     for ckpt in paths["checkpoints"]:
         tok = AutoTokenizer.from_pretrained(ckpt)
         model = AutoModelForCausalLM.from_pretrained(ckpt).eval()
-        items = {}
-        for row in table:
+        given = {}
+        for row in _items(paths):
             ids = tok(row["prompt"], return_tensors="pt").input_ids
             with torch.no_grad():
                 gen = model.generate(ids, do_sample=False, max_new_tokens=6,
@@ -130,21 +174,33 @@ def plain_loop(paths: dict, prompt: str = PROMPT, verdict=None, max_new_tokens: 
             new = gen[0, ids.shape[1]:].tolist()
             if 0 in new:
                 new = new[:new.index(0)]
-            response = tok.decode(new, skip_special_tokens=True).split("\n")[0]
-            text = template.render(**row, response=response, target=row["answer"])
-            chat = jtok.apply_chat_template([{"role": "user", "content": text}],
-                                            tokenize=False, add_generation_prompt=True)
-            jids = torch.tensor([jtok.encode(chat, add_special_tokens=False)])
-            with torch.no_grad():
-                jgen = judge.generate(jids, do_sample=False, max_new_tokens=max_new_tokens,
-                                      pad_token_id=0, eos_token_id=0)
-            jnew = jgen[0, jids.shape[1]:].tolist()
-            if 0 in jnew:
-                jnew = jnew[:jnew.index(0)]
-            said = jtok.decode(jnew, skip_special_tokens=True)
-            items[row["id"]] = (response, text, said, read_verdict(verdict, said))
-        out[ckpt] = items
+            given[row["id"]] = tok.decode(new, skip_special_tokens=True).split("\n")[0]
+        out[ckpt] = given
     return out
+
+
+class _Judge:
+    """The judge's greedy text for a rendered prompt: one user message through its chat
+    template, decoded after the end-of-sequence cut."""
+
+    def __init__(self, paths: dict, max_new_tokens: int):
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        self.tok = AutoTokenizer.from_pretrained(paths["judge"])
+        self.model = AutoModelForCausalLM.from_pretrained(paths["judge"]).eval()
+        self.max_new_tokens = max_new_tokens
+
+    def __call__(self, text: str) -> str:
+        chat = self.tok.apply_chat_template([{"role": "user", "content": text}],
+                                            tokenize=False, add_generation_prompt=True)
+        ids = torch.tensor([self.tok.encode(chat, add_special_tokens=False)])
+        with torch.no_grad():
+            gen = self.model.generate(ids, do_sample=False, max_new_tokens=self.max_new_tokens,
+                                      pad_token_id=0, eos_token_id=0)
+        new = gen[0, ids.shape[1]:].tolist()
+        if 0 in new:
+            new = new[:new.index(0)]
+        return self.tok.decode(new, skip_special_tokens=True)
 
 
 def read_verdict(verdict: dict, text: str):

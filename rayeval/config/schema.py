@@ -258,6 +258,12 @@ class JudgeSpec:
         "whole word), or {pattern: REGEX} whose one group is the score. Required with a "
         "prompt.", numbers=True, default=None,
         expected="a mapping of words to scores, or {pattern: REGEX}")
+    baseline: str | None = setting(
+        "Pairwise: the checkpoint (one of the sweep's) every checkpoint's answers are set "
+        "against, in both orders; the template sees response_a and response_b, and a "
+        "verdict's score is how much the first answer wins (1 first, 0 second, 0.5 a tie). "
+        "Not in the key itself: the baseline's generations' key is.", numbers=False,
+        default=None, location=True)
     max_new_tokens: int = setting("The judge's new tokens at most.", numbers=True,
                                   default=16, minimum=1)
     backend: str | None = setting(
@@ -270,6 +276,12 @@ class JudgeSpec:
                               "graded.", numbers=False, default=16, minimum=1)
     key_path: str = setting("Where it is in the sweep file, for messages.", numbers=False,
                             default="judge", yaml=None)
+
+    @property
+    def pattern(self) -> str | None:
+        """The verdict's regular expression, if it is one."""
+        return (self.verdict or {}).get("pattern") if set(self.verdict or {}) == {"pattern"} \
+            else None
 
     @property
     def staged(self) -> bool:

@@ -28,7 +28,9 @@ from rayeval.errors import SpecError
 
 JUDGE = "judge"                  # the metric a sweep lists
 FAILED = "judge_failed"          # stored beside it: items whose verdict could not be read
+STRENGTH = "judge_bt"            # pairwise: the Bradley-Terry strength against the baseline
 PROMPT_NAMES = ("response", "target")     # what a template sees besides the item's columns
+PAIR_NAMES = ("response_a", "response_b")   # and, pairwise, the two answers in their order
 
 
 # --- the metrics -----------------------------------------------------------------------------
@@ -72,6 +74,20 @@ class JudgeFailed(Metric):
         return s["failed"].to(torch.float64)
 
 
+class Strength(Judge):
+    """Pairwise against one baseline: the Bradley-Terry strength on the Elo scale, 400 *
+    log10(w / (1 - w)) of the win rate w (ties half a win). Against a single opponent the
+    Bradley-Terry maximum-likelihood strengths are exactly these log-odds (the baseline's is
+    0), so it ranks the checkpoints as the win rate does, on the scale WildVision and Chatbot
+    Arena report; an undefeated (or winless) checkpoint's is infinite. Not listable: stored
+    with a pairwise judge's cells."""
+    name = STRENGTH
+
+    def compute(self, s):
+        w = _ratio(s["score"], s["verdicts"])
+        return 400.0 * torch.log10(w / (1.0 - w))
+
+
 def judged_metrics(specs) -> tuple[list, list]:
     """A judged evaluation's metric specs split: (the generation's, the judge's in order)."""
     return ([s for s in specs if s.name != JUDGE], [s for s in specs if s.name == JUDGE])
@@ -98,14 +114,19 @@ class Prompts:
                             f"{e.message})") from None
         self.names = sorted(jinja2.meta.find_undeclared_variables(parsed))
 
-    def check(self, columns) -> None:
-        """Every name the template uses is a column, ``response`` or ``target``."""
-        known = set(columns) | set(PROMPT_NAMES)
+    def check(self, columns, pairwise: bool = False) -> None:
+        """Every name the template uses is a column, ``response`` or ``target`` (pairwise:
+        ``response_a`` and ``response_b`` too, and it must use both)."""
+        names = PROMPT_NAMES + (PAIR_NAMES if pairwise else ())
+        known = set(columns) | set(names)
         unknown = [n for n in self.names if n not in known]
         if unknown:
             raise SpecError(f"{self.where}: the template names {', '.join(map(repr, unknown))}"
                             f", which the data set lacks; it has columns "
-                            f"{', '.join(columns)} (and response, target)")
+                            f"{', '.join(columns)} (and {', '.join(names)})")
+        if pairwise and not set(PAIR_NAMES) <= set(self.names):
+            raise SpecError(f"{self.where}: a pairwise judge's template shows both answers: "
+                            "use {{ response_a }} and {{ response_b }}")
 
     def render(self, item: dict[str, Any]) -> str:
         return self.template.render(**item)

@@ -176,7 +176,9 @@ class JudgeStage:
         return states, meta
 
     def grade(self, cell: Cell, ev: Evaluation, tag: str, index: int):
-        """This rank's share of the items: (the judge's states, their records)."""
+        """This rank's share of the items: (the judge's states, their records). Pairwise
+        (``judge.baseline``): each item asked in both orders, its score the mean of how much
+        the checkpoint's answer wins in each (a judge that favours a position cancels)."""
         ctx = self.ctx
         spec = ev.spec
         js = spec.judge
@@ -186,35 +188,43 @@ class JudgeStage:
         mine = table.slice(start, stop - start)
         fields = task.item_fields(mine, spec.dataset)
         responses = _records(self.store.read_samples(cell.generation, tag), cell)
-        columns = mine.to_pylist()
+        base = self.baseline(cell) if js.baseline else None
         backend, tok = self.judge_model(js)
         prompts = judging.Prompts(js.prompt, f"{js.key_path}.prompt")
         verdicts = judging.Verdicts(js.verdict, f"{js.key_path}.verdict")
-        texts, rendered, missing = [], [], []
-        for row, ident, target in zip(columns, fields["id"], fields["target"]):
-            key = _ident(ident)
-            if key not in responses:
-                missing.append(ident)
+        kept, texts, swapped, theirs = [], [], [], []
+        for row, ident, target in zip(mine.to_pylist(), fields["id"], fields["target"]):
+            mine_, other = responses.get(_ident(ident)), \
+                (base or {}).get(_ident(ident), {}).get("response")
+            if mine_ is None or (base is not None and other is None):
+                raise StoreError(f"the stored generations lack item {ident!r} "
+                                 f"({'the baseline' if mine_ else 'this checkpoint'}'s); "
+                                 "evaluate the cell again with --force")
+            kept.append(mine_)
+            item = {**row, "response": mine_["response"], "target": target}
+            if base is None:
+                texts.append(prompts.render(item))
                 continue
-            item = {**row, "response": responses[key]["response"], "target": target}
-            texts.append(prompts.render(item))
-        if missing:
-            raise StoreError(f"the stored generations lack item {missing[0]!r} (and "
-                             f"{len(missing) - 1} more); evaluate the cell again with --force")
-        outputs = self.outputs(texts, backend, tok, js, spec, index)
-        scores, failures = [], []
-        for text, out in zip(texts, outputs):
-            if out is None:
-                scores.append(None)
-                failures.append("the prompt does not fit the judge's context")
-                continue
-            score = verdicts.read(out)
-            scores.append(score)
-            failures.append(None if score is not None else "no verdict in the judge's text")
-        acc = Accumulator([(judging.JUDGE, judging.Judge()),
-                           (judging.FAILED, judging.JudgeFailed())], 1,
-                          spec.bootstrap.k)
-        if len(texts):
+            theirs.append(other)
+            texts.append(prompts.render({**item, "response_a": mine_["response"],
+                                         "response_b": other}))
+            swapped.append(prompts.render({**item, "response_a": other,
+                                           "response_b": mine_["response"]}))
+        outputs = self.outputs(texts + swapped, backend, tok, js, spec, index)
+        said, said_swapped = outputs[:len(texts)], outputs[len(texts):]
+        first = [_verdict(verdicts, out) for out in said]
+        if base is None:
+            scores = [v for v, _ in first]
+            failures = [why for _, why in first]
+        else:
+            second = [_verdict(verdicts, out) for out in said_swapped]
+            scores = [None if a is None or b is None else (a + (1.0 - b)) / 2
+                      for (a, _), (b, _) in zip(first, second)]
+            failures = [why_a or (f"swapped: {why_b}" if why_b else None)
+                        for (_, why_a), (_, why_b) in zip(first, second)]
+        metrics = _judge_metrics(js)
+        acc = Accumulator(metrics, 1, spec.bootstrap.k)
+        if texts:
             ids = task.row_ids(mine, spec.dataset, None, None)
             buckets = stats.buckets_of(ids, spec.bootstrap.seed, spec.bootstrap.k) \
                 if spec.bootstrap.enabled else torch.zeros(len(texts), dtype=torch.int64)
@@ -227,11 +237,29 @@ class JudgeStage:
 
         if not texts:      # a worker given no items writes a table without columns
             return dict(acc.states), pa.table({})
-        kept = [responses[_ident(i)] for i in fields["id"]]
         records = {name: [r[name] for r in kept] for name in kept[0]}
-        records.update({judging.JUDGE: scores, "judge_prompt": texts, "judge_output": outputs,
-                        judging.FAILED: failures})
+        # typed: another worker's items may all lack a verdict (null columns would not join)
+        text = pa.string()
+        records.update({judging.JUDGE: pa.array(scores, pa.float64()),
+                        "judge_prompt": pa.array(texts, text),
+                        "judge_output": pa.array(said, text),
+                        judging.FAILED: pa.array(failures, text)})
+        if base is not None:
+            records.update({"baseline_response": pa.array(theirs, text),
+                            "judge_prompt_swapped": pa.array(swapped, text),
+                            "judge_output_swapped": pa.array(said_swapped, text)})
         return dict(acc.states), pa.table(records)
+
+    def baseline(self, cell: Cell) -> dict:
+        """The baseline checkpoint's records of the same evaluation, by item id."""
+        meta: dict = {}
+        try:
+            store_states.read(self.store, cell.baseline, store_states.GENERATIONS, meta)
+        except StoreError:
+            raise StoreError("the baseline's generations are not in the store (its "
+                             "generation failed or was removed); evaluate it again "
+                             "with --force") from None
+        return _records(self.store.read_samples(cell.baseline, meta["samples"]), cell)
 
     def outputs(self, texts: list[str], backend, tok, js, spec, index: int
                 ) -> list[str | None]:
@@ -315,12 +343,14 @@ def load_judge(js, backend_name: str, device: torch.device, model_spec):
 
 
 def metrics_of(ev: Evaluation) -> list:
-    """A judged cell's metrics in the sweep's order, ``judge_failed`` right after ``judge``."""
+    """A judged cell's metrics in the sweep's order, ``judge_failed`` (and pairwise
+    ``judge_bt``) right after ``judge``."""
     out = []
     for key, m in build_all(ev.spec.metrics):
-        out.append((key, m))
         if key == judging.JUDGE:
-            out.append((judging.FAILED, judging.JudgeFailed()))
+            out += _judge_metrics(ev.spec.judge)
+        else:
+            out.append((key, m))
     return out
 
 
@@ -370,9 +400,23 @@ def _judge_key(js) -> str:
 
 
 def _empty_states(ev: Evaluation) -> dict:
-    acc = Accumulator([(judging.JUDGE, judging.Judge()), (judging.FAILED, judging.JudgeFailed())],
-                      1, ev.spec.bootstrap.k)
-    return dict(acc.states)
+    return dict(Accumulator(_judge_metrics(ev.spec.judge), 1, ev.spec.bootstrap.k).states)
+
+
+def _judge_metrics(js) -> list:
+    """The judge stage's metrics: ``judge``, ``judge_failed`` and, pairwise, ``judge_bt``."""
+    out = [(judging.JUDGE, judging.Judge()), (judging.FAILED, judging.JudgeFailed())]
+    if js.baseline:
+        out.append((judging.STRENGTH, judging.Strength()))
+    return out
+
+
+def _verdict(verdicts, out: str | None) -> tuple[float | None, str | None]:
+    """(score, why it failed) of one judge text (None: the prompt did not fit)."""
+    if out is None:
+        return None, "the prompt does not fit the judge's context"
+    score = verdicts.read(out)
+    return score, None if score is not None else "no verdict in the judge's text"
 
 
 __all__ = ["Generations", "JudgeStage", "generation_spec", "release_evaluated"]

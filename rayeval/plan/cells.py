@@ -57,6 +57,8 @@ class Cell:
     # runs: the checkpoint is not loaded).
     generation: str = ""
     generated: bool = field(default=False, compare=False)
+    # Pairwise (``judge.baseline``): the key of the baseline checkpoint's generations.
+    baseline: str = ""
 
     def generating(self) -> "Cell":
         """The cell its generation stage scores: under the generations' key."""
@@ -106,15 +108,17 @@ def checkpoint_fingerprint(location: str) -> str:
 
 
 def cell_key(sweep: Sweep, evaluation: Evaluation, checkpoint: CheckpointRef,
-             fingerprint: str | None = None, judge_print: str | None = None) -> str:
+             fingerprint: str | None = None, judge_print: str | None = None,
+             baseline: str = "") -> str:
     """Everything a cell's numbers depend on: the sweep's and the evaluation's fields declared
     to change them (walked from the schema, ``schema.numbers_of``, so a new field cannot be
     left out), the checkpoint's bytes (by fingerprint), the data set's and the tokenizer's,
     the user's code and the version of rayeval's metric code. Not the batch size, the worker
     count or anything else declared ``numbers=False``. The sweep name, the checkpoint's path
     and the evaluation's name are in it because the stored rows carry them. A judged
-    evaluation's key has its judge's settings (walked with the rest) and its judge's files'
-    fingerprint (``judge_print``, else taken here)."""
+    evaluation's key has its judge's settings (walked with the rest), its judge's files'
+    fingerprint (``judge_print``, else taken here) and, pairwise, the key of the baseline's
+    generations (``baseline``)."""
     spec = evaluation.spec
     text = tasks.get(spec.task).uses_text
     if not spec.bootstrap.enabled:          # without replicates, seed/buckets/confidence unused
@@ -130,6 +134,8 @@ def cell_key(sweep: Sweep, evaluation: Evaluation, checkpoint: CheckpointRef,
     }
     if spec.judge is not None:
         ident["judge_fingerprint"] = judge_print or checkpoint_fingerprint(spec.judge.model)
+        if baseline:
+            ident["baseline_generation"] = baseline
     if text and sweep.model.tokenizer:
         # The tokenizer's own files: a folder at the same place may be rewritten. (Hugging
         # Face folders' own tokenizers are in the checkpoint's fingerprint.)
@@ -175,11 +181,15 @@ def make_plan(sweep: Sweep, evaluations: tuple[Evaluation, ...], store: ResultSt
     judges = {e.name: checkpoint_fingerprint(e.spec.judge.model) for e in evaluations
               if e.spec.judge is not None}
     staged = {e.name for e in evaluations if e.spec.judge is not None and e.spec.judge.staged}
+    bases = {e.name: _baseline(sweep, e, ready) for e in evaluations
+             if e.name in staged and e.spec.judge.baseline}
     cells = [Cell(ref, evaluation.name,
-                  cell_key(sweep, evaluation, ref, fingerprint, judges.get(evaluation.name)),
+                  cell_key(sweep, evaluation, ref, fingerprint, judges.get(evaluation.name),
+                           bases.get(evaluation.name, "")),
                   fingerprint,
                   generation=generation_key(sweep, evaluation, ref, fingerprint)
-                  if evaluation.name in staged else "")
+                  if evaluation.name in staged else "",
+                  baseline=bases.get(evaluation.name, ""))
              for ref, fingerprint in ready for evaluation in evaluations]
     cells = [c for c in cells if c.key not in skip]
     # One look-up of this sweep's keys: their own files, then the sweep's parts.
@@ -193,6 +203,25 @@ def make_plan(sweep: Sweep, evaluations: tuple[Evaluation, ...], store: ResultSt
         pending = _resumed(store, pending, evaluations)
     return Plan(sweep=sweep, evaluations=tuple(evaluations), cells=tuple(pending),
                 cached=tuple(cached))
+
+
+def _baseline(sweep: Sweep, evaluation: Evaluation, ready) -> str:
+    """The key of a pairwise judge's baseline generations: its checkpoint must be one of the
+    sweep's (SpecError otherwise, before any worker)."""
+    from rayeval.errors import SpecError
+
+    js = evaluation.spec.judge
+    want = js.baseline.rstrip("/")
+    found = {ref.location.rstrip("/"): (ref, fp) for ref, fp in ready}
+    if want not in found:
+        every = {ref.location.rstrip("/"): ref for ref in expand_checkpoints(sweep.checkpoints)}
+        if want not in every:
+            names = ", ".join(sorted(every)[:5]) + (", ..." if len(every) > 5 else "")
+            raise SpecError(f"{sweep.source}: {js.key_path}.baseline: {js.baseline} is not one "
+                            f"of the sweep's checkpoints ({names}); name one of them")
+        found[want] = (every[want], checkpoint_fingerprint(every[want].location))
+    ref, fingerprint = found[want]
+    return generation_key(sweep, evaluation, ref, fingerprint)
 
 
 def generated(store: ResultStore, pending: list[Cell]) -> list[Cell]:

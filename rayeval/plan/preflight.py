@@ -81,14 +81,15 @@ def _check_judge(sweep: Sweep, spec: EvalSpec, info) -> None:
     columns = list(info.schema.names) if info.schema is not None else []
     try:
         prompts = judging.Prompts(js.prompt, f"{where}.prompt")
-        prompts.check(columns)
+        prompts.check(columns, pairwise=js.baseline is not None)
     except SpecError as e:
         raise SpecError(e.message) from None
     head = probe_dataset(info, spec.dataset.key_path).head(1)
     first = head.to_pylist()[0] if head.num_rows else {}
     target = first.get(spec.dataset.target) if spec.dataset.target else None
     try:
-        text = prompts.render({**first, "response": "", "target": target})
+        text = prompts.render({**first, "response": "", "target": target, "response_a": "",
+                               "response_b": ""})
     except Exception as e:             # noqa: BLE001 - the user's template
         raise SpecError(f"{where}.prompt: does not render on the first item: "
                         f"{type(e).__name__}: {e}") from None

@@ -263,6 +263,12 @@ def judge(r: Reader, spec, task: str, path: str, listed: bool, gen: Generation,
     problem = judging.verdict_problem(spec.verdict)
     if problem:
         r.fail(f"{path}.verdict", problem)
+    if spec.baseline is not None and spec.pattern is None:
+        outside = [w for w, v in spec.verdict.items() if not 0 <= v <= 1]
+        if outside:
+            r.fail(f"{path}.verdict", f"a pairwise verdict's score says how much the first "
+                                      f"answer wins, from 0 to 1; {outside[0]!r} has "
+                                      f"{spec.verdict[outside[0]]}")
     if gen.repeats != 1:
         r.fail(f"{path}", f"a judge grades one answer per item; generation.repeats is "
                           f"{gen.repeats}: set it to 1")

@@ -23,7 +23,8 @@ from rayeval.io.store import ResultStore, newest
 RECORD_COLUMNS = ("id", "context", "choices", "target", "response", "responses",
                   "loglikelihoods", "tokens", "images", "thumbnails",
                   # a judged item's (docs/judges.md): its score is the ``judge`` column
-                  "judge_prompt", "judge_output", "judge_failed")
+                  "judge_prompt", "judge_output", "judge_failed", "baseline_response",
+                  "judge_prompt_swapped", "judge_output_swapped")
 
 
 def evaluations_with_samples(rows: list[dict]) -> list[str]:

@@ -275,7 +275,7 @@ def _samples_table(out: Console, title: str, table, width: int = 60) -> None:
     # a judged item's prompt (long) stays in json, csv and html too
     shown = [c for c in table.column_names
              if not (many and c in ("choices", "loglikelihoods"))
-             and c not in ("thumbnails", "judge_prompt")]
+             and c not in ("thumbnails", "judge_prompt", "judge_prompt_swapped")]
     out.print(title, markup=False, highlight=False, soft_wrap=True)
     view = Table()
     for c in shown:

@@ -8,7 +8,8 @@ regular expression. rayeval's figures (exact_match, judge, judge_failed), every 
 (response, judge prompt, judge text, score or failure) and the intervals must equal it, for 2
 and 3 workers with batch sizes 1 and 16; an edited judge prompt is then judged again, by 1
 worker with batch size 16, from the generations the 3-worker run kept, without loading the
-evaluated checkpoints (three Ray runs in all, ~2.5 minutes on the 2-core machine).
+evaluated checkpoints, and a pairwise judge against the first checkpoint from the 2-worker
+run's (four Ray runs in all, ~2 minutes on the 2-core machine).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from rayeval.io.store import ResultStore, latest_rows  # noqa: E402
 pytestmark = pytest.mark.ray
 RUNS = ((2, 1), (3, 16))        # (workers, batch size)
 EDITED = judge_support.PROMPT.replace("Answer:", "Their answer:")
+PAIRWISE = "Question: {{ question }}\nA: {{ response_a }}\nB: {{ response_b }}"
 
 
 @pytest.fixture(scope="module")
@@ -57,6 +59,13 @@ def runs(built):
         edited = judge_support.sweep(built, workers=1, batch_size=16, prompt=EDITED,
                                      name="edited.yaml", output="edited")
         reports["edited"] = rayeval.run(edited)
+        # pairwise against the first checkpoint, from the 2-worker run's generations
+        shutil.copytree(os.path.join(built["folder"], "out2"),
+                        os.path.join(built["folder"], "pairwise"))
+        pairwise = judge_support.sweep(built, workers=2, batch_size=3, prompt=PAIRWISE,
+                                       name="pairwise.yaml", output="pairwise",
+                                       baseline=built["checkpoints"][0])
+        reports["pairwise"] = rayeval.run(pairwise)
     return reports
 
 
@@ -160,3 +169,28 @@ def test_samples_show_what_the_judge_said(built, loop, runs):
     assert proc.returncode == 0, proc.stderr
     assert "failed: no verdict in the judge&#x27;s text" in proc.stdout
     assert "<summary>judge prompt</summary>" in proc.stdout
+
+
+def test_a_pairwise_judge_equals_the_loop_in_both_orders(built, runs):
+    report = runs["pairwise"]
+    assert not report.failures, report.failures
+    assert {o.layout for o in report.outcomes} == {"judge"}      # from stored generations
+    base = built["checkpoints"][0]
+    loop = judge_support.pairwise_loop(built, base, PAIRWISE)
+    rows = _rows(built, "pairwise")
+    for ckpt, items in loop.items():
+        records = _records(built, "pairwise", rows[(ckpt, "judge")])
+        for ident, (score, first, second) in items.items():
+            assert records[ident]["judge"] == score
+            assert records[ident]["judge_output"] == first
+            assert records[ident]["judge_output_swapped"] == second
+        given = [s for s, _, _ in items.values() if s is not None]
+        rate = sum(given) / len(given)
+        assert rows[(ckpt, "judge")]["value"] == pytest.approx(rate, abs=1e-12)
+        assert rows[(ckpt, "judge_failed")]["value"] == len(items) - len(given)
+        strength = rows[(ckpt, "judge_bt")]["value"]
+        if 0 < rate < 1:
+            assert strength == pytest.approx(400 * math.log10(rate / (1 - rate)))
+    # the baseline against itself: every item a draw once both orders are counted
+    assert rows[(base, "judge")]["value"] == 0.5 and rows[(base, "judge_bt")]["value"] == 0
+    assert rows[(built["checkpoints"][1], "judge")]["value"] != 0.5
