@@ -31,6 +31,10 @@ class LmEvalEntry(lm_store.RequestTables):
         from rayeval.harness import render as lm_render      # pyarrow: only with lm_eval entries
 
         r = context.r
+        if m.get("judge") is not None:
+            r.fail(f"{path}.judge", "an lm_eval: entry cannot be judged yet; judge a "
+                                    "task: generation evaluation of the same items "
+                                    "(docs/judges.md)")
         spec = r.build(LmEvalSpec, m["lm_eval"], f"{path}.lm_eval")
         where = f"{r.source}: {path}.lm_eval"
         tasks, groups = lm_render.render(spec, where, tokenizer(context)

@@ -191,3 +191,13 @@ def test_the_judge_is_in_the_key_only_when_given(tmp_path):
     walked = numbers_of(ev, True)["judge"]
     assert set(walked) == {"prompt", "verdict", "max_new_tokens", "backend", "dtype"}
     assert not re.search("batch_size|model", ",".join(walked))
+
+
+def test_an_lm_eval_entry_cannot_be_judged_yet(tmp_path):
+    raw = _sweep(tmp_path)
+    raw["evals"] = [{"name": "arc", "lm_eval": {"task": "arc_easy"},
+                     "judge": {"model": "judge", "prompt": "{{ response }}",
+                               "verdict": {"yes": 1}}}]
+    with pytest.raises(SpecError, match=r"evals\[0\].judge: an lm_eval: entry cannot be "
+                                        r"judged yet"):
+        _load(tmp_path, raw)
