@@ -201,3 +201,23 @@ def test_an_lm_eval_entry_cannot_be_judged_yet(tmp_path):
     with pytest.raises(SpecError, match=r"evals\[0\].judge: an lm_eval: entry cannot be "
                                         r"judged yet"):
         _load(tmp_path, raw)
+
+
+def test_a_judged_items_page_shows_the_judges_text_failure_and_prompt():
+    import pyarrow as pa
+
+    from rayeval.reporting.samples import metric_columns
+    from rayeval.reporting.samples_page import samples_page
+
+    table = pa.table({"id": [1, 2], "context": ["Q1", "Q2"], "target": ["a", "b"],
+                      "response": ["a", "<b>"], "exact_match": [1.0, 0.0],
+                      "judge": pa.array([1.0, None], pa.float64()),
+                      "judge_prompt": ["Is a right?", "Is <b> right?"],
+                      "judge_output": [" yes", " maybe"],
+                      "judge_failed": pa.array([None, "no verdict in the judge's text"],
+                                               pa.string())})
+    assert metric_columns(table) == ["exact_match", "judge"]
+    page = samples_page(table, "c on nq", metric_columns(table), "exact_match")
+    assert "<summary>judge prompt</summary><pre>Is &lt;b&gt; right?</pre>" in page
+    assert "failed: no verdict in the judge&#x27;s text" in page
+    assert page.count('class="failed"') == 1
