@@ -17,6 +17,7 @@ its engine arguments) is ``io.engine``.
 from __future__ import annotations
 
 import contextlib
+import gc
 import hashlib
 import logging
 import os
@@ -61,6 +62,7 @@ class Engine:
         self.shape: dict | None = None        # the engine's architecture (SHAPE_FIELDS)
         self.loaded: str | None = None        # the checkpoint whose weights it holds
         self._default_images: int | None = None   # images per prompt rayeval chose
+        self._group_before = False    # whether the process group existed before the engine
 
     def serve(self, model: torch.nn.Module, folder: str, tokenizer: str | None,
               location: str, timer=None) -> None:
@@ -106,6 +108,8 @@ class Engine:
             raise EngineError(f"model.backend: vllm cannot be imported on this worker: "
                             f"{type(e).__name__}: {str(e).splitlines()[0][:200]}") from None
         _name_shared_memory(self.ident)
+        self._group_before = torch.distributed.is_available() and \
+            torch.distributed.is_initialized()
         dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()),
                      torch.float32)
         args = {"load_format": "dummy", "dtype": str(dtype).removeprefix("torch."),
@@ -125,6 +129,22 @@ class Engine:
                 self.llm = vllm.LLM(model=folder, tokenizer=tokenizer, **args)
         except Exception as e:
             raise EngineError(_start_failure(e)) from None
+        _live.add(id(self))
+
+    def close(self) -> None:
+        """Shut the engine down and free its memory (weights, KV cache, and vLLM's groups
+        unless another engine of this process serves on them); a later ``serve`` starts a
+        new one. The process group the engine joined (the worker group's) is kept, which
+        vLLM's own shutdown would destroy (``_groups_kept``)."""
+        llm, self.llm = self.llm, None
+        self.shape = self.loaded = None
+        if llm is None:
+            return
+        _live.discard(id(self))
+        with _groups_kept(self._group_before, bool(_live)):
+            llm.llm_engine.engine_core.shutdown()
+        del llm
+        gc.collect()
 
     def generate(self, contexts: list[list[int]], ids: list[int] | None, gen
                  ) -> list[list[list[int]]]:
@@ -198,6 +218,12 @@ class VllmBackend(HFBackend):
         super().serve(model)
         self.engine.serve(model, folder, tokenizer, location, timer)
 
+    def close(self) -> None:
+        """Let go of the model and shut the engine down, freeing its memory (before a judge
+        loads, ``execution.judging``); a later ``serve`` starts a new engine."""
+        super().release()          # not self.release: a judge's is this method
+        self.engine.close()
+
     def generate(self, contexts: list[list[int]], ids: list[int] | None, ctx: Context
                  ) -> list[list[str]]:
         """Every context in one call (the engine batches and schedules them itself), each
@@ -230,6 +256,42 @@ def _name_shared_memory(ident: str) -> None:
     ``compat.name_vllm_init_method``)."""
     os.environ["RAYEVAL_VLLM_IDENT"] = ident
     compat.name_vllm_init_method(lambda: f"file://rayeval-{os.environ['RAYEVAL_VLLM_IDENT']}")
+
+
+_live: set[int] = set()      # the engines started in this process and not closed (ids)
+
+
+@contextlib.contextmanager
+def _groups_kept(default: bool, vllms: bool):
+    """While an engine shuts down, keep the default process group if it was there before
+    the engine (``default``: the worker group's, which the judge stage's all-reduces and the
+    next engine use), and vLLM's own groups too while another engine of this process serves
+    on them (``vllms``: an lmms-eval pass's judge beside the evaluated engine). vllm 0.32:
+    ``EngineCore.shutdown`` calls ``cleanup_dist_env_and_memory``, whose
+    ``destroy_model_parallel`` destroys vLLM's groups and ``destroy_distributed_environment``
+    its world group and then ``torch.distributed``'s default group
+    (vllm/distributed/parallel_state.py, both looked up there when called)."""
+    if not default and not vllms:
+        yield
+        return
+    from vllm.distributed import parallel_state as ps
+
+    originals = ps.destroy_model_parallel, ps.destroy_distributed_environment
+
+    def destroy_world():
+        if ps._WORLD is not None:
+            ps._WORLD.destroy()
+        ps._WORLD = None
+        ps._NODE_COUNT = None
+
+    if vllms:
+        ps.destroy_model_parallel = ps.destroy_distributed_environment = lambda: None
+    else:
+        ps.destroy_distributed_environment = destroy_world
+    try:
+        yield
+    finally:
+        ps.destroy_model_parallel, ps.destroy_distributed_environment = originals
 
 
 # The steps of an engine's start, told by the first words of vLLM's own INFO log lines
