@@ -21,6 +21,7 @@ that drops one fails there first. Nothing here imports a foreign package at modu
 
 from __future__ import annotations
 
+import contextlib
 import importlib.metadata
 import re
 from dataclasses import dataclass
@@ -216,6 +217,39 @@ def name_vllm_init_method(init_method: Callable[[], str]) -> None:
 
     Launcher._distributed_args = _distributed_args
     Launcher._rayeval_named = True
+
+
+@contextlib.contextmanager
+def vllm_groups_kept(default: bool, vllms: bool):
+    """While an engine shuts down, keep the default process group if it was there before
+    the engine (``default``: the worker group's, which the judge stage's all-reduces and the
+    next engine use), and vLLM's own groups too while another engine of this process serves
+    on them (``vllms``: an lmms-eval pass's judge beside the evaluated engine). vllm 0.32:
+    ``EngineCore.shutdown`` calls ``cleanup_dist_env_and_memory``, whose
+    ``destroy_model_parallel`` destroys vLLM's groups and ``destroy_distributed_environment``
+    its world group and then ``torch.distributed``'s default group
+    (vllm/distributed/parallel_state.py, both looked up there when called)."""
+    if not default and not vllms:
+        yield
+        return
+    from vllm.distributed import parallel_state as ps
+
+    originals = ps.destroy_model_parallel, ps.destroy_distributed_environment
+
+    def destroy_world():
+        if ps._WORLD is not None:
+            ps._WORLD.destroy()
+        ps._WORLD = None
+        ps._NODE_COUNT = None
+
+    if vllms:
+        ps.destroy_model_parallel = ps.destroy_distributed_environment = lambda: None
+    else:
+        ps.destroy_distributed_environment = destroy_world
+    try:
+        yield
+    finally:
+        ps.destroy_model_parallel, ps.destroy_distributed_environment = originals
 
 
 def vllm_cpu_gemm_dispatch() -> Callable | None:

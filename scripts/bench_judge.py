@@ -7,7 +7,7 @@ nothing is downloaded. N items of judge_support's data set (--items), each with 
 of 2-8 words of its questions, rendered through judge_support's judge prompt. In one process,
 on a gloo process group of one rank as a Ray Train worker has, two engines side by side:
 
-    rayeval   `judging.load_judge` (the judge's transformers load, an engine started with
+    rayeval   `judge_model.load` (the judge's transformers load, an engine started with
               placeholder weights, the weights loaded into it), then `JudgeStage.outputs`
               itself on a stand-in for the stage (chat template, the fit test, one
               `VllmBackend.generate` call over every prompt, the texts decoded); the engine
@@ -114,14 +114,16 @@ def rayeval_judge(folder: str, args):
     import torch
 
     from rayeval.config.schema import DatasetSpec, JudgeSpec, ModelSpec
-    from rayeval.execution.judging import JudgeStage, load_judge
+    from rayeval.core import judge_model
+    from rayeval.execution.judging import JudgeStage
 
     js = JudgeSpec(model=folder, prompt="-", verdict={"yes": 1}, backend="vllm",
                    max_new_tokens=args.new_tokens)
     spec = types.SimpleNamespace(dataset=DatasetSpec(path="-"))     # what outputs reads
     model = ModelSpec(backend="vllm", vllm={"enforce_eager": args.eager})
     started = time.perf_counter()
-    backend, tok = load_judge(js, "vllm", torch.device("cpu"), model)
+    loaded = judge_model.load(js, "vllm", torch.device("cpu"), model)
+    backend, tok = loaded.backend, loaded.tokenizer
     start_s = time.perf_counter() - started
     # the stage's own method on a stand-in for the stage: what ``outputs`` reads of it
     ledger = types.SimpleNamespace(rows=lambda *a, **k: None)
@@ -132,7 +134,7 @@ def rayeval_judge(folder: str, args):
         stage.graded = {}                  # the stage keeps graded prompts: none kept
         return JudgeStage.outputs(stage, texts, backend, tok, js, spec, 0)
 
-    return start_s, judge, backend.release     # load_judge's release shuts the engine down
+    return start_s, judge, loaded.close     # the judge's release shuts the engine down
 
 
 def bare_engine(folder: str, args):

@@ -23,8 +23,9 @@ import time
 import torch
 
 from rayeval.config.schema import Generation
-from rayeval.core import backends, judge as judging, stats, tasks
-from rayeval.core.backends.base import Context, Setup
+from rayeval.core import judge as judging, judge_model, stats, tasks
+from rayeval.core.backends.base import Context
+from rayeval.core.judge_model import JudgeModel
 from rayeval.core.evaluate import ROWS, Accumulator
 from rayeval.core.metrics import build_all
 from rayeval.errors import CheckpointError, RayevalError, SpecError, StoreError
@@ -82,7 +83,7 @@ class JudgeStage:
         self.tag = samples_tag
         self.index_of = index_of
         self.store = ResultStore(plan.sweep.output)
-        self.loaded: tuple | None = None          # (judge spec's model key, backend, tokenizer)
+        self.loaded: tuple[str, JudgeModel] | None = None     # (its judge's key, the judge)
         self.graded: dict[tuple[str, str], str] = {}    # (judge, prompt) -> the judge's text
 
     def run(self, cells: list[Cell], generated: dict[str, tuple], finish) -> None:
@@ -102,7 +103,7 @@ class JudgeStage:
 
     def close(self) -> None:
         if self.loaded is not None:
-            self.loaded[1].release()
+            self.loaded[1].close()
             self.loaded = None
             gc.collect()
 
@@ -116,6 +117,9 @@ class JudgeStage:
         error, states, records, kept = None, None, None, None
         with ctx.timer.span("judge", doing=f"judging {ev.name}"):
             try:
+                # first, on every rank alike: an engine's start may be collective, and a
+                # rank that failed on the store before it would leave the others waiting
+                self.judge_model(ev.spec.judge)
                 kept, meta = self.kept(cell)
                 if step is None and meta.get("step"):
                     step = int(meta["step"])
@@ -291,55 +295,13 @@ class JudgeStage:
         before another loads)."""
         name = _judge_key(js)
         if self.loaded is not None and self.loaded[0] == name:
-            return self.loaded[1], self.loaded[2]
+            return self.loaded[1].backend, self.loaded[1].tokenizer
         self.close()
         backend_name = js.backend or self.plan.sweep.model.backend
         with self.ctx.timer.span("load", doing="loading the judge"):
-            backend, tok = load_judge(js, backend_name, self.ctx.device,
-                                      self.plan.sweep.model)
-        self.loaded = (name, backend, tok)
-        return backend, tok
-
-
-def load_judge(js, backend_name: str, device: torch.device, model_spec):
-    """A judge's served backend and its tokenizer (``io.hf.Tokenizer``)."""
-    import dataclasses
-    import os
-    import tempfile
-
-    from rayeval.io import hf
-    from rayeval.io.checkpoints import fetch
-    from rayeval.io.loading import DTYPES
-
-    transformers = hf.require()
-    folder = fetch(js.model, os.path.join(tempfile.gettempdir(), "rayeval-judges"))
-    try:
-        kwargs = {"dtype": DTYPES[js.dtype]} if js.dtype else {}
-        model = transformers.AutoModelForCausalLM.from_pretrained(folder, **kwargs)
-    except Exception as e:          # noqa: BLE001 - files transformers cannot read
-        from rayeval import errors
-
-        raise CheckpointError(f"{js.key_path}.model: {js.model}: transformers cannot load the "
-                              f"judge: {errors.reason(e, typed=True)}") from None
-    model = model.eval().to(device)
-    tok = hf.load_tokenizer(folder, what=f"{js.key_path}.model", model=model)
-    # model.vllm's engine arguments serve the judge's engine too, but for max_model_len: the
-    # judge's context is its own config's, as the stage's fit test (tok.max_length) reads it
-    engine = {k: v for k, v in model_spec.vllm.items() if k != "max_model_len"}
-    spec = dataclasses.replace(model_spec, backend=backend_name, factory=None, tokenizer=None,
-                               vllm=engine)
-    # An engine (vllm) serves each worker's own items (tensor 1); the rank variables are
-    # the worker group's own (Ray Train's); the name makes its shared memory this process's.
-    backend = backends.create(backend_name, Setup(model=spec, device=device,
-                                                  ident=f"judge-{os.getpid()}"))
-    backend.serve(model, folder, None, js.model)
-    closing = getattr(backend, "close", None)
-    if callable(closing):
-        # The engine holds the judge's weights and generates: transformers' copy goes now,
-        # and the stage's release() of the judge shuts the engine down (its memory freed).
-        backend.release()
-        backend.release = closing
-    return backend, tok
+            judge = judge_model.load(js, backend_name, self.ctx.device, self.plan.sweep.model)
+        self.loaded = (name, judge)
+        return judge.backend, judge.tokenizer
 
 
 def metrics_of(ev: Evaluation) -> list:
@@ -352,17 +314,6 @@ def metrics_of(ev: Evaluation) -> list:
         else:
             out.append((key, m))
     return out
-
-
-def release_evaluated(backend) -> None:
-    """Let go of the evaluated model (and an engine's memory) before a judge loads."""
-    backend.release()
-    closing = getattr(backend, "close", None)
-    if callable(closing):
-        closing()
-    gc.collect()
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()
 
 
 def _items(ev: Evaluation):
@@ -418,5 +369,8 @@ def _verdict(verdicts, out: str | None) -> tuple[float | None, str | None]:
     score = verdicts.read(out)
     return score, None if score is not None else "no verdict in the judge's text"
 
+
+# The evaluated model's release before a judge loads (the worker's).
+release_evaluated = judge_model.release
 
 __all__ = ["Generations", "JudgeStage", "generation_spec", "release_evaluated"]

@@ -7,7 +7,7 @@ own ``process_results``; its ``local`` provider POSTs OpenAI chat completions to
 With ``judge: {model: FOLDER}`` on an ``lmms_eval:`` entry, each scoring worker serves that model
 there while the task's pass runs, so the task's prompts, parsing and aggregation run unchanged:
 
-    JudgeServer   the judge (``execution.judging.load_judge``) behind a small OpenAI-compatible
+    JudgeServer   the judge (``core.judge_model.load``) behind a small OpenAI-compatible
                   server on 127.0.0.1 (a free port, a thread of the worker): POST
                   ``/v1/chat/completions`` (the messages through the judge tokenizer's chat
                   template, greedy, at most the request's ``max_tokens``), GET ``/v1/models``
@@ -281,18 +281,18 @@ class PassJudge:
     def __init__(self, spec, device, model_spec):
         self.spec, self.device, self.model_spec = spec, device, model_spec
         self.server: JudgeServer | None = None
-        self.backend = None
+        self.judge = None
         self.route = None
 
     def start(self) -> None:
-        from rayeval.execution.judging import load_judge
+        from rayeval.core import judge_model
 
         js = self.spec.judge
         # "hf" unless the sweep names another: the judge runs beside the evaluated model in
         # the same worker (docs/lmms-judges.md), not after it as a generation judge does.
-        backend, tok = load_judge(js, js.backend or "hf", self.device, self.model_spec)
-        self.backend = backend
-        self.server = JudgeServer(backend, tok, os.path.basename(js.model.rstrip("/")),
+        self.judge = judge_model.load(js, js.backend or "hf", self.device, self.model_spec)
+        self.server = JudgeServer(self.judge.backend, self.judge.tokenizer,
+                                  os.path.basename(js.model.rstrip("/")),
                                   self.spec.dataset, self.device, js.max_new_tokens)
         self.route = routed(self.server.url)
         self.route.__enter__()
@@ -308,8 +308,6 @@ class PassJudge:
                             self.spec.name, self.server.sampled)
             self.server.close()
             self.server = None
-        if self.backend is not None:        # as a judge stage lets its judge go
-            from rayeval.execution.judging import release_evaluated
-
-            release_evaluated(self.backend)
-            self.backend = None
+        if self.judge is not None:          # as a judge stage lets its judge go
+            self.judge.close()
+            self.judge = None

@@ -313,7 +313,7 @@ def test_the_served_judge_answers_as_the_local_provider_asks(example):
     from lmms_eval.llm_judge import Request, ServerConfig, get_server
 
     from rayeval.config.schema import DatasetSpec, JudgeSpec, ModelSpec
-    from rayeval.execution.judging import load_judge
+    from rayeval.core.judge_model import load as load_judge
     from rayeval.lmms.judge_server import JudgeServer, routed
 
     import torch
@@ -322,8 +322,8 @@ def test_the_served_judge_answers_as_the_local_provider_asks(example):
     judge = str(root / "judge-model")
     reference = Reference(judge)
     js = JudgeSpec(model=judge)
-    backend, tok = load_judge(js, "hf", torch.device("cpu"), ModelSpec())
-    server = JudgeServer(backend, tok, "judge-model", DatasetSpec(path="x"),
+    loaded = load_judge(js, "hf", torch.device("cpu"), ModelSpec())
+    server = JudgeServer(loaded.backend, loaded.tokenizer, "judge-model", DatasetSpec(path="x"),
                          torch.device("cpu"), 16)
     config = ServerConfig(model_name="judge-model", temperature=0.5, max_tokens=3,
                           num_retries=1, retry_delay=0)
@@ -345,7 +345,7 @@ def test_the_served_judge_answers_as_the_local_provider_asks(example):
         assert {k: os.environ.get(k) for k in environment} == environment
     finally:
         server.close()
-        backend.release()
+        loaded.close()
 
 
 # --- bad input: one line naming the key, before Ray -------------------------------------------

@@ -135,13 +135,13 @@ class Engine:
         """Shut the engine down and free its memory (weights, KV cache, and vLLM's groups
         unless another engine of this process serves on them); a later ``serve`` starts a
         new one. The process group the engine joined (the worker group's) is kept, which
-        vLLM's own shutdown would destroy (``_groups_kept``)."""
+        vLLM's own shutdown would destroy (``compat.vllm_groups_kept``)."""
         llm, self.llm = self.llm, None
         self.shape = self.loaded = None
         if llm is None:
             return
         _live.discard(id(self))
-        with _groups_kept(self._group_before, bool(_live)):
+        with compat.vllm_groups_kept(self._group_before, bool(_live)):
             llm.llm_engine.engine_core.shutdown()
         del llm
         gc.collect()
@@ -259,39 +259,6 @@ def _name_shared_memory(ident: str) -> None:
 
 
 _live: set[int] = set()      # the engines started in this process and not closed (ids)
-
-
-@contextlib.contextmanager
-def _groups_kept(default: bool, vllms: bool):
-    """While an engine shuts down, keep the default process group if it was there before
-    the engine (``default``: the worker group's, which the judge stage's all-reduces and the
-    next engine use), and vLLM's own groups too while another engine of this process serves
-    on them (``vllms``: an lmms-eval pass's judge beside the evaluated engine). vllm 0.32:
-    ``EngineCore.shutdown`` calls ``cleanup_dist_env_and_memory``, whose
-    ``destroy_model_parallel`` destroys vLLM's groups and ``destroy_distributed_environment``
-    its world group and then ``torch.distributed``'s default group
-    (vllm/distributed/parallel_state.py, both looked up there when called)."""
-    if not default and not vllms:
-        yield
-        return
-    from vllm.distributed import parallel_state as ps
-
-    originals = ps.destroy_model_parallel, ps.destroy_distributed_environment
-
-    def destroy_world():
-        if ps._WORLD is not None:
-            ps._WORLD.destroy()
-        ps._WORLD = None
-        ps._NODE_COUNT = None
-
-    if vllms:
-        ps.destroy_model_parallel = ps.destroy_distributed_environment = lambda: None
-    else:
-        ps.destroy_distributed_environment = destroy_world
-    try:
-        yield
-    finally:
-        ps.destroy_model_parallel, ps.destroy_distributed_environment = originals
 
 
 # The steps of an engine's start, told by the first words of vLLM's own INFO log lines
