@@ -59,6 +59,9 @@ GEN = {**TEXT_BASE, "evals": [{"name": "gen", "task": "generation", "metrics": [
 JUDGED = {**GEN, "evals": [{**GEN["evals"][0], "metrics": ["exact_match", "judge"],
                             "judge": {"model": "judge", "prompt": "{{ response }}",
                                       "verdict": {"yes": 1, "no": 0}}}]}
+PAIRWISE = {**JUDGED, "evals": [{**JUDGED["evals"][0], "judge": {
+    **JUDGED["evals"][0]["judge"], "baseline": "hf/checkpoint-1",
+    "prompt": "{{ response_a }} {{ response_b }}"}}]}
 # An lm-eval task over the same text (YAMLs written by the ``home`` fixture).
 LME = {**TEXT_BASE, "evals": [{"name": "lme", "lm_eval": {"task": "tiny_mc",
                                                           "include_path": "lmtasks"}}]}
@@ -66,7 +69,7 @@ LME = {**TEXT_BASE, "evals": [{"name": "lme", "lm_eval": {"task": "tiny_mc",
 LMME = {**TEXT_BASE, "evals": [{"name": "lmme", "lmms_eval": {"task": "tiny_vqa",
                                                             "include_path": "lmmstasks"}}]}
 BASES = {"tensor": TENSOR, "no_bootstrap": NO_BOOTSTRAP, "lm": LM, "mc": MC, "tp": TP,
-         "gen": GEN, "lme": LME, "lmme": LMME, "judged": JUDGED}
+         "gen": GEN, "lme": LME, "lmme": LMME, "judged": JUDGED, "pairwise": PAIRWISE}
 
 
 def _lm_eval0(**changes):
@@ -182,6 +185,8 @@ CACHED = [
     # the judge's files are in the key by fingerprint, not by how the path is spelled
     ("JudgeSpec.model", "judged", ("evals.0.judge.model", "./judge/")),
     ("JudgeSpec.batch_size", "judged", ("evals.0.judge.batch_size", 2)),
+    # the baseline's generations' key is in the key, not how its path is spelled
+    ("JudgeSpec.baseline", "pairwise", ("evals.0.judge.baseline", "./hf/checkpoint-1/")),
     ("CheckpointSpec.trust_pickle", "tensor", ("checkpoint.trust_pickle", True)),
     ("ModelSpec.tokenizer", "tensor", ("model.tokenizer", "tok_a")),      # text tasks only
     ("ModelSpec.max_length", "tensor", ("model.max_length", 64)),
