@@ -9,7 +9,8 @@ regular expression. rayeval's figures (exact_match, judge, judge_failed), every 
 and 3 workers with batch sizes 1 and 16; an edited judge prompt is then judged again, by 1
 worker with batch size 16, from the generations the 3-worker run kept, without loading the
 evaluated checkpoints, and a pairwise judge against the first checkpoint from the 2-worker
-run's (four Ray runs in all, ~2 minutes on the 2-core machine).
+run's; a worker killed as the judge stage begins is survived (five Ray runs in all, ~3
+minutes on the 2-core machine).
 """
 
 from __future__ import annotations
@@ -66,6 +67,15 @@ def runs(built):
                                        name="pairwise.yaml", output="pairwise",
                                        baseline=built["checkpoints"][0])
         reports["pairwise"] = rayeval.run(pairwise)
+        # a worker killed as the judge stage begins: the restarted group judges the
+        # generations its first attempt kept
+        killed = judge_support.sweep(built, workers=2, batch_size=16, name="killed.yaml",
+                                     output="killed")
+        os.environ["RAYEVAL_TEST_KILL"] = "judge:1:1"
+        try:
+            reports["killed"] = rayeval.run(killed)
+        finally:
+            del os.environ["RAYEVAL_TEST_KILL"]
     return reports
 
 
@@ -194,3 +204,16 @@ def test_a_pairwise_judge_equals_the_loop_in_both_orders(built, runs):
     # the baseline against itself: every item a draw once both orders are counted
     assert rows[(base, "judge")]["value"] == 0.5 and rows[(base, "judge_bt")]["value"] == 0
     assert rows[(built["checkpoints"][1], "judge")]["value"] != 0.5
+
+
+def test_a_worker_lost_while_judging_is_survived_without_generating_again(built, runs):
+    report = runs["killed"]
+    assert not report.failures, report.failures
+    assert {o.attempt for o in report.outcomes} == {2}          # the restarted group's
+    # it judged what the first attempt generated, loading no checkpoint again
+    assert {o.layout for o in report.outcomes} == {"judge"}
+    assert [o.step for o in report.outcomes] == [100, 200]      # kept with the generations
+    rows, plain = _rows(built, "killed"), _rows(built, "out2")
+    for key, row in plain.items():
+        assert rows[key]["value"] == row["value"] or math.isnan(row["value"])
+        assert rows[key]["replicates"] == row["replicates"]
