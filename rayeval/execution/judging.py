@@ -17,7 +17,6 @@ finds the generations its earlier attempt kept.
 
 from __future__ import annotations
 
-import gc
 import time
 
 import torch
@@ -28,7 +27,7 @@ from rayeval.core.backends.base import Context
 from rayeval.core.judge_model import JudgeModel
 from rayeval.core.evaluate import ROWS, Accumulator
 from rayeval.core.metrics import build_all
-from rayeval.errors import CheckpointError, RayevalError, SpecError, StoreError
+from rayeval.errors import RayevalError, SpecError, StoreError
 from rayeval.execution import dist
 from rayeval.execution.checkpoints import Stop
 from rayeval.execution.rank import RankContext
@@ -103,9 +102,8 @@ class JudgeStage:
 
     def close(self) -> None:
         if self.loaded is not None:
-            self.loaded[1].close()
+            self.loaded[1].close()          # its memory freed (core.judge_model.release)
             self.loaded = None
-            gc.collect()
 
     # --- one cell ------------------------------------------------------------------------
 
@@ -337,7 +335,7 @@ def _records(records, cell: Cell) -> dict:
     rows = records.to_pylist()
     found = {_ident(r["id"]): r for r in rows}
     if len(found) != len(rows):
-        raise SpecError(f"dataset.id: two items share an id; a judge matches responses to "
+        raise SpecError("dataset.id: two items share an id; a judge matches responses to "
                         "items by id: give every item its own")
     return found
 
