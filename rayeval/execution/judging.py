@@ -84,6 +84,9 @@ class JudgeStage:
         self.store = ResultStore(plan.sweep.output)
         self.loaded: tuple[str, JudgeModel] | None = None     # (its judge's key, the judge)
         self.graded: dict[tuple[str, str], str] = {}    # (judge, prompt) -> the judge's text
+        # each evaluation's rows, read once for all its checkpoints' cells (the template
+        # may name any column, so all of them)
+        self.items: dict[str, object] = {}
 
     def run(self, cells: list[Cell], generated: dict[str, tuple], finish) -> None:
         """Judge each cell whose generations are kept (``generated``: those generated in
@@ -185,7 +188,9 @@ class JudgeStage:
         spec = ev.spec
         js = spec.judge
         task = tasks.get(spec.task)
-        table = _items(ev)
+        if ev.name not in self.items:
+            self.items[ev.name] = _items(ev)
+        table = self.items[ev.name]
         start, stop = ev.data.shard_rows(ctx.rank, ctx.world)
         mine = table.slice(start, stop - start)
         fields = task.item_fields(mine, spec.dataset)
@@ -368,7 +373,4 @@ def _verdict(verdicts, out: str | None) -> tuple[float | None, str | None]:
     return score, None if score is not None else "no verdict in the judge's text"
 
 
-# The evaluated model's release before a judge loads (the worker's).
-release_evaluated = judge_model.release
-
-__all__ = ["Generations", "JudgeStage", "generation_spec", "release_evaluated"]
+__all__ = ["Generations", "JudgeStage", "generation_spec"]

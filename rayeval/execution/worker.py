@@ -33,7 +33,8 @@ from rayeval.core import backends
 from rayeval.errors import GroupError, RayevalError, RunError
 from rayeval.execution import dist
 from rayeval.execution.checkpoints import CheckpointLoop, Stop
-from rayeval.execution.judging import Generations, JudgeStage, release_evaluated
+from rayeval.core import judge_model
+from rayeval.execution.judging import Generations, JudgeStage
 from rayeval.execution.ledger import SETTING_UP, WorkerLedger
 from rayeval.execution.profile import Timer
 from rayeval.execution.race import run_race
@@ -153,7 +154,7 @@ class Worker:
         self.run_checkpoints(plan, todo - kept, self.publisher)
         ready = [c for c in judged if c.generated or c.key in self.generations.done]
         if ready:
-            release_evaluated(self.backend)
+            judge_model.release(self.backend)      # the evaluated model, before the judge
             JudgeStage(self.ctx, plan, self.publisher, self.scorer.samples_tag,
                        self.index_of).run(ready, self.generations.done, self.finish)
 
