@@ -3,7 +3,8 @@ checkpoints failed prints their errors and exits 1; tracebacks are for bugs only
 
 This module holds the parser and the dispatch, with the one error handling every command
 shares; the commands themselves are in ``commands_run`` (run, watch, submit, jobs),
-``commands_store`` (leaderboard, compare, samples, confusion) and ``commands_inspect``."""
+``commands_store`` (leaderboard, compare, samples, confusion), ``commands_report`` (report,
+view) and ``commands_inspect``."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from rayeval.execution import signals
 from rayeval.config.plugins import load_plugins
 from rayeval.errors import RayevalError
 from rayeval.ui.commands_inspect import _inspect
+from rayeval.ui.commands_report import _report, _view, add_parsers as _report_parsers
 from rayeval.ui.commands_run import _jobs, _run, _submit, _watch
 from rayeval.ui.commands_store import (_compact, _compare, _compare_items, _confusion,
                                        _leaderboard, _query, _samples)
@@ -197,6 +199,8 @@ def _parser() -> argparse.ArgumentParser:
                      help="the memory a worker needs with the model sharded over N workers "
                           "(default: the sweep's parallelism.shard)")
 
+    _report_parsers(sub)
+
     cm = sub.add_parser("confusion", help="show a stored confusion matrix")
     cm.add_argument("store", metavar="STORE")
     cm.add_argument("checkpoint", metavar="CHECKPOINT",
@@ -272,6 +276,10 @@ def main(argv: list[str] | None = None) -> int:
             return _compact(args, out)
         if args.command == "query":
             return _query(args, out)
+        if args.command == "report":
+            return _report(args, out)
+        if args.command == "view":
+            return _view(args, out)
         return _leaderboard(args, out)
     except RayevalError as e:
         err.print(f"[bold red]error:[/] {escape(e.message)}", markup=True, soft_wrap=True)
