@@ -528,7 +528,8 @@
       bar.appendChild(el('label', null, ['Search ', search]));
       bar.appendChild(check('wrong', 'wrong only', r));
       bar.appendChild(check('flipped', 'flipped against B', r));
-      bar.appendChild(el('label', null, ['Metric from ', rangeInput('min', r), ' to ', rangeInput('max', r)]));
+      var ranged = items.right_or_wrong || items.metrics[0];
+      if (ranged) bar.appendChild(el('label', null, [ranged + ' from ', rangeInput('min', r), ' to ', rangeInput('max', r)]));
       bar.appendChild(select('order', 'Sort', [['', 'by id'], ['metric', 'by metric, worst first'], ['margin', 'by log-likelihood margin'],
         ['confidence', 'by confidence, most confident first']], r.order || ''));
       main.appendChild(bar);
