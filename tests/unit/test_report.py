@@ -1,0 +1,139 @@
+"""The report's views (rayeval/reporting/report.py), its page and its two commands, on a store
+written cell by cell (no Ray): every figure a view carries is the board's or ranking's own,
+the page embeds them so that no script block can end early, and bad input is one line before
+anything is written. The app itself is tested in a real browser (tests/browser)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import threading
+import urllib.error
+import urllib.request
+
+import pytest
+
+from rayeval.io.store import ResultStore, confidence_of
+from rayeval.ranking import board, paired
+from rayeval.reporting.report import Report
+from rayeval.reporting.report_page import embedded_json, page
+from rayeval.ui import cli
+from test_leaderboard import SUITE, suite
+
+
+@pytest.fixture
+def store(tmp_path):
+    location = str(tmp_path / "out")
+    s = ResultStore(location)
+    ckpts = {str(tmp_path / "ckpts" / f"step_{n:06d}"): (n, q)
+             for n, q in ((20, 0.25), (200, 0.58), (600, 0.72), (900, 0.71))}
+    rows = suite(ckpts, SUITE)
+    for loc in ckpts:
+        for e in SUITE:
+            s.write_cell(f"{abs(hash((loc, e)))}",
+                         [r for r in rows if (r["checkpoint"], r["dataset"]) == (loc, e)])
+    return location
+
+
+def test_the_board_view_carries_the_boards_own_values_marks_and_intervals(store):
+    made = board(store)
+    view = Report(store).board_view()
+    assert [e["checkpoint"] for e in view["entries"]] == [e.checkpoint for e in made.entries]
+    assert [c["name"] for c in view["columns"]] == [c.name for c in made.columns]
+    for c, col in zip(made.columns, view["columns"]):
+        assert col["values"] == [e.value(c.name) for e in made.entries]
+        assert col["marks"] == "".join(e.marks.get(c.name, "") or "." for e in made.entries)
+        assert col["low"] == [e.rows[c.name]["ci_low"] for e in made.entries]
+        assert col["higher"] is c.higher_is_better
+    assert view["rank_by"] == made.rank_by and view["notes"] == made.notes
+
+
+def test_paired_differences_are_rankings_paired_bootstrap(store):
+    report = Report(store)
+    made = board(store)
+    for ref in report.references():
+        got = report.paired(ref)["columns"]
+        base = made.entries[ref]
+        for c in made.columns:
+            for e, shown in zip(made.entries, got[c.name]):
+                want = paired(e.rows[c.name], base.rows[c.name],
+                              confidence_of(base.rows[c.name]))
+                assert shown == [want.difference, want.ci_low, want.ci_high]
+    assert report.references() == [0, 1, 2, 3]           # a small board: every checkpoint
+
+
+def test_meta_says_where_the_figures_come_from(store):
+    meta = Report(store).meta()
+    assert meta["checkpoints"] == 4 and meta["cells"] == 8 and meta["level"] == 0.95
+    assert [e["name"] for e in meta["evaluations"]] == sorted(SUITE)
+    assert all(e["rows"] == 1000 and not e["records"] for e in meta["evaluations"])
+    assert meta["version"] and meta["store"] == store
+
+
+def test_embedded_json_cannot_end_its_script_block():
+    value = {"context": "</script><script>alert(1)</script> <!-- x", "n": [1, None]}
+    text = embedded_json(value)
+    assert "</" not in text and "<!--" not in text
+    assert json.loads(text) == value
+    with pytest.raises(ValueError):
+        embedded_json({"v": float("nan")})               # not JSON: never written
+
+
+def test_the_page_fetches_nothing(store):
+    html = page(Report(store).views(), "t")
+    assert "default-src 'none'" in html and "connect-src" not in html
+    # no address to fetch (the SVG namespace URI is a name, never requested)
+    assert not re.search(r"""(src|href)\s*=\s*["']?https?:|url\(\s*["']?https?:|@import""",
+                         html)
+    assert set(re.findall(r"https?://[^'\"\s]+", html)) == {"http://www.w3.org/2000/svg"}
+    assert html.count('id="rayeval-views"') == 1
+
+
+def run_cli(capsys, *argv):
+    code = cli.main(list(argv))
+    got = capsys.readouterr()
+    return code, got.out, got.err
+
+
+def test_report_writes_one_file_and_bad_input_is_one_line(store, tmp_path, capsys):
+    out = tmp_path / "r.html"
+    code, _, err = run_cli(capsys, "report", store, "--output", str(out))
+    assert code == 0 and "report written" in err
+    html = out.read_text()
+    assert json.loads(html.split('id="rayeval-views" type="application/json">')[1]
+                      .split("</script>")[0])["meta"]["checkpoints"] == 4
+    for argv, said in (
+            (["report", store, "--output", str(tmp_path / "no" / "r.html")], "--output: no folder"),
+            (["report", store, "--output", str(tmp_path)], "is a folder"),
+            (["report", str(tmp_path / "nothing"), "--output", str(tmp_path / "x.html")],
+             "no result store"),
+            (["view", store, "--port", "70000"], "--port: 70000")):
+        code, _, err = run_cli(capsys, *argv)
+        assert code == 2 and said in err and len(err.strip().splitlines()) == 1, err
+    assert not os.path.exists(tmp_path / "x.html")
+    assert sorted(os.listdir(tmp_path)) == sorted(["ckpts", "out", "r.html"]) or \
+        not any(n.endswith(".partial") for n in os.listdir(tmp_path))
+
+
+def test_the_server_answers_views_and_refuses_bad_ones(store):
+    from rayeval.reporting.report_server import make_server
+
+    server = make_server(Report(store, marks=False), 0, "t")
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05})
+    thread.start()
+    base = f"http://127.0.0.1:{server.server_address[1]}/"
+    try:
+        with urllib.request.urlopen(base, timeout=10) as r:
+            assert "connect-src 'self'" in r.read().decode()
+        with urllib.request.urlopen(base + "api/marks?columns=aggregate", timeout=10) as r:
+            assert set(json.loads(r.read())) == {"aggregate"}
+        for bad, said in (("api/paired?ref=9", "no entry 9"), ("api/nope", "no view"),
+                          ("api/items?evaluation=val", "kept no per-item records")):
+            with pytest.raises(urllib.error.HTTPError) as e:
+                urllib.request.urlopen(base + bad, timeout=10)
+            assert e.value.code == 400 and said in json.loads(e.value.read())["error"]
+    finally:
+        server.shutdown()
+        thread.join(timeout=10)
+        server.server_close()
