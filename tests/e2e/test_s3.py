@@ -100,6 +100,13 @@ def test_data_checkpoints_and_results_in_s3(s3, ray_cluster, tmp_path):
     there = rayeval_main("leaderboard", "s3://rayeval-example/suite-copy", "--format", "json")
     assert there.returncode == 0, there.stderr
     assert there.stdout == here.stdout and '"metric": "aggregate"' in there.stdout
+    # rayeval view reads an S3 store as it reads a local one (docs/report.md)
+    from rayeval.reporting.report import Report
+
+    s3_report = Report("s3://rayeval-example/suite-copy", marks=False)
+    local_report = Report(str(tmp_path / "local-out"), marks=False)
+    assert s3_report.view("board", {}) == local_report.view("board", {})
+    assert s3_report.view("paired", {"ref": "1"}) == local_report.view("paired", {"ref": "1"})
 
 
 def test_transient_errors_are_retried(s3, tmp_path, monkeypatch):

@@ -526,12 +526,15 @@
       var search = el('input', { type: 'search', name: 'q', placeholder: 'Search items (text, id, answer)', value: r.q || '' });
       search.addEventListener('change', function () { setParam('q', search.value); });
       bar.appendChild(el('label', null, ['Search ', search]));
-      bar.appendChild(check('wrong', 'wrong only', r));
-      bar.appendChild(check('flipped', 'flipped against B', r));
+      if (items.right_or_wrong) {          // perplexity items are not right or wrong
+        bar.appendChild(check('wrong', 'wrong only', r));
+        bar.appendChild(check('flipped', 'flipped against B', r));
+      }
       var ranged = items.right_or_wrong || items.metrics[0];
       if (ranged) bar.appendChild(el('label', null, [ranged + ' from ', rangeInput('min', r), ' to ', rangeInput('max', r)]));
-      bar.appendChild(select('order', 'Sort', [['', 'by id'], ['metric', 'by metric, worst first'], ['margin', 'by log-likelihood margin'],
-        ['confidence', 'by confidence, most confident first']], r.order || ''));
+      var orders = [['', items.right_or_wrong ? 'by id' : 'by ' + items.metrics[0] + ', worst first'], ['id', 'by id'],
+        ['metric', 'by metric, worst first'], ['margin', 'by log-likelihood margin'], ['confidence', 'by confidence, most confident first']];
+      bar.appendChild(select('order', 'Sort', orders, r.order || ''));
       main.appendChild(bar);
       var wanted = [a].concat(bsel === null ? [] : [bsel]);
       return loadCells(ev, wanted).then(function (cells) {
@@ -593,12 +596,12 @@
       }
       out.push(k);
     }
-    var key = null;
-    if (r.order === 'metric' && m) {
-      var sign = m === metric ? 1 : (S.board.columns.filter(function (c) { return c.metric === m; })[0] || { higher: true }).higher ? 1 : -1;
+    var key = null, order = r.order || (metric ? '' : 'metric');   // perplexity: worst first
+    if (order === 'metric' && m) {
+      var sign = m === metric ? 1 : (S.board.columns.filter(function (c) { return c.metric === m && c.evaluation === items.evaluation; })[0] || { higher: true }).higher ? 1 : -1;
       key = function (k) { var v = cell[m][k]; return v === null ? Infinity : sign * v; };
-    } else if (r.order === 'margin') key = function (k) { var v = margin(items, cell, k); return v === null ? Infinity : v; };
-    else if (r.order === 'confidence' && cell.probability) key = function (k) { var v = cell.probability[k]; return v === null ? Infinity : -v; };
+    } else if (order === 'margin') key = function (k) { var v = margin(items, cell, k); return v === null ? Infinity : v; };
+    else if (order === 'confidence' && cell.probability) key = function (k) { var v = cell.probability[k]; return v === null ? Infinity : -v; };
     if (key) out.sort(function (x, y) { return key(x) - key(y) || x - y; });
     return out;
   }
