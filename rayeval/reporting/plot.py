@@ -1,7 +1,7 @@
-"""``rayeval leaderboard --plot FILE.png``: one panel per board column (``EVAL/METRIC``, or the
-aggregate), each value against the training step (or, in a panel where the checkpoints' names
-give epochs but no steps, against the epoch), one line per sweep with its bootstrap interval
-as a band. A sweep keeps one colour in every panel."""
+"""``rayeval leaderboard --plot FILE`` (.png, .svg or .pdf, as the name ends): one panel per
+board column (``EVAL/METRIC``, or the aggregate), each value against the training step (or, in
+a panel where the checkpoints' names give epochs but no steps, against the epoch), one line
+per sweep with its bootstrap interval as a band. A sweep keeps one colour in every panel."""
 
 from __future__ import annotations
 
@@ -123,8 +123,24 @@ def _draw_series(ax, sweep: str, points: list[Point], style: dict) -> None:
                         color=style["color"], alpha=0.2, linewidth=0)
 
 
+# The formats a name may ask for: the file is what its suffix says (an .svg of PNG bytes
+# shows as a blank page)
+FORMATS = {".png": "png", ".svg": "svg", ".pdf": "pdf"}
+
+
+def format_of(path: str) -> str:
+    """The format a plot's file name asks for, by its suffix; any other is refused."""
+    suffix = os.path.splitext(path)[1].lower()
+    if suffix not in FORMATS:
+        raise RayevalError(f"--plot: {path!r} must end in .png, .svg or .pdf (the format it "
+                           "is written in); got " + (repr(suffix) if suffix else "no suffix"))
+    return FORMATS[suffix]
+
+
 def plot(board: Board, columns: list[Column], path: str, title: str | None = None) -> int:
-    """Write the PNG atomically; returns the number of points drawn. Prints nothing."""
+    """Write the plot atomically, as its suffix says (``format_of``: checked before anything
+    else); returns the number of points drawn. Prints nothing."""
+    fmt = format_of(path)
     plt = _pyplot()
     drawn = sum(len(p) for by_sweep in series(board, columns).values()
                 for p in by_sweep.values())
@@ -137,10 +153,10 @@ def plot(board: Board, columns: list[Column], path: str, title: str | None = Non
         raise RayevalError(f"--plot: folder {folder!r} does not exist; create it or choose "
                            "another path")
     fig = figure(board, columns, title)
-    fd, tmp = tempfile.mkstemp(prefix=".rayeval-plot-", suffix=".png", dir=folder)
+    fd, tmp = tempfile.mkstemp(prefix=".rayeval-plot-", suffix=f".{fmt}", dir=folder)
     os.close(fd)
     try:
-        fig.savefig(tmp, format="png", dpi=100)
+        fig.savefig(tmp, format=fmt, dpi=100)
         umask = os.umask(0)
         os.umask(umask)
         os.chmod(tmp, 0o666 & ~umask)         # mkstemp makes it private
