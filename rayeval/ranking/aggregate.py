@@ -17,6 +17,7 @@ file covers.
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
@@ -24,6 +25,9 @@ import pyarrow.compute as pc
 
 from rayeval.io.store import ResultStore, confidence_of, replicate_arrays
 from rayeval.ranking.rules import codes, direction, members, stored_headlines
+
+if TYPE_CHECKING:
+    from rayeval.ranking.columns import Column
 
 AGGREGATE = "aggregate"
 
@@ -89,6 +93,48 @@ def averaged(rows: list[dict]) -> dict[str, str]:
         for e, i in own.items():
             heads.setdefault(e, rows[i]["metric"])
     return heads
+
+
+# --- does the mean mean anything ---------------------------------------------------------
+
+SCALE_RATIO = 10     # magnitudes further apart than this are different scales
+
+
+def scales_note(averaged: list[Column], rows: list[dict]) -> str | None:
+    """A warning when the aggregate averages metrics on different scales, else None.
+
+    The rule, on each averaged column's values in ``rows`` (its evaluation's headline metric,
+    every checkpoint; missing ones skipped): a column whose values all lie in [0, 1] is on the
+    unit scale (accuracies, rates); the others are on their own, of magnitude max |value|.
+    The scales differ when the unit scale meets another (accuracy beside a perplexity of
+    3-13, or an nll of 1.4-2.5), or when two other columns' magnitudes are more than
+    SCALE_RATIO apart (a perplexity of 13 beside bits per byte of 1.1). Then the mean moves
+    with the widest column and the others hardly count. Two unit-scale columns never differ,
+    whatever their spreads: a saturated accuracy beside a varying one is one scale."""
+    spans = _spans(averaged, rows)
+    unit = [name for name, (lo, hi) in spans.items() if 0.0 <= lo and hi <= 1.0]
+    other = {name: span for name, span in spans.items() if name not in unit}
+    sizes = [max(abs(lo), abs(hi)) for lo, hi in other.values()]
+    if not other or (not unit and max(sizes) <= SCALE_RATIO * min(sizes)):
+        return None
+    shown = ", ".join(f"{name} {lo:.3g}\u2013{hi:.3g}" for name, (lo, hi) in other.items())
+    if unit:
+        shown += ", the others within 0\u20131" if len(unit) > 1 else \
+            f", {unit[0]} within 0\u20131"
+    return (f"warning: the aggregate averages metrics on different scales ({shown}), so the "
+            "widest decides the ranking; rank by one metric with --metric")
+
+
+def _spans(averaged: list[Column], rows: list[dict]) -> dict[str, tuple[float, float]]:
+    """(lowest, highest) value of each averaged column that has one, in column order."""
+    names = {(c.evaluation, c.metric): c.name for c in averaged}
+    found: dict[str, list[float]] = {c.name: [] for c in averaged}
+    for r in rows:
+        name = names.get((r["dataset"], r["metric"]))
+        v = r.get("value")
+        if name is not None and v is not None and not math.isnan(v):
+            found[name].append(v)
+    return {name: (min(vs), max(vs)) for name, vs in found.items() if vs}
 
 
 # --- the aggregate row ---------------------------------------------------------------------

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 from rayeval.errors import StoreError
 from rayeval.io.store import confidence_of, latest_rows  # noqa: F401 - the row's format
-from rayeval.ranking.aggregate import AGGREGATE, aggregates, averaged, ranked_of
+from rayeval.ranking.aggregate import AGGREGATE, aggregates, averaged, ranked_of, scales_note
 from rayeval.ranking.columns import (AGGREGATE_COLUMN, Column, columns_of,  # noqa: F401
                                      evaluations_of, ranked_rows, resolve_metric, value_of)
 from rayeval.ranking.compare import paired
@@ -103,11 +103,13 @@ def build_board(rows: list[dict], metric: str | None = None,
     rank_by = resolve_metric(metric, columns) if metric else _default_rank(columns, entries)
     ranked = _rank(list(entries.values()), rank_by)
     heads = averaged(rows)
+    mean_of = [c for c in columns if heads.get(c.evaluation) == c.metric]
+    scales = scales_note(mean_of, rows)
     board = Board(columns=columns, rank_by=rank_by.name,
                   higher_is_better=rank_by.higher_is_better, entries=ranked,
-                  evaluations=evaluations_of(rows),
-                  averaged=[c for c in columns if heads.get(c.evaluation) == c.metric],
-                  notes=small_data_notes(rows) + token_notes(rows) + stopped_notes(ranked))
+                  evaluations=evaluations_of(rows), averaged=mean_of,
+                  notes=small_data_notes(rows) + ([scales] if scales else []) + token_notes(rows)
+                  + stopped_notes(ranked))
     if marked:
         mark(board, columns)
     return board

@@ -1,5 +1,5 @@
 """A board's columns: one per (evaluation, metric) of the ranked rows, and the aggregate's;
-the column a user names (``--metric``)."""
+the column a user names (``--metric``); the interval a cell shows (``shown_interval``)."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import math
 from dataclasses import dataclass
 
 from rayeval.errors import StoreError
+from rayeval.io.store import confidence_of
 from rayeval.ranking.aggregate import AGGREGATE
 
 
@@ -14,6 +15,46 @@ def value_of(row: dict | None) -> float | None:
     """A row's value, or None when it is missing or NaN."""
     v = None if row is None else row.get("value")
     return None if v is None or math.isnan(v) else v
+
+
+# --- the interval a cell shows -------------------------------------------------------------
+
+def shown_interval(row: dict | None) -> tuple[float | None, float | None, str]:
+    """(low, high, kind) of the interval every format shows for a row: kind "bootstrap", the
+    stored interval as it is; "exact" where that interval is a point because every item
+    scored the same 0 or 1 (value exactly 0 or 1, ci_low == ci_high == value, num_samples >
+    0): resampling identical items cannot vary, so the bootstrap says "certain" of 40 items
+    all wrong. There the Clopper-Pearson exact binomial interval of 0 (or n) successes in n =
+    num_samples, at the row's confidence (``confidence_of``), says how far the rate may be
+    from the 0 (or 1) observed. "" (None, None) when the row has no interval.
+
+    An aggregate row is left as it is: its num_samples sums evaluations of different sizes,
+    not n draws of one rate."""
+    low, high = (None, None) if row is None else (row.get("ci_low"), row.get("ci_high"))
+    if _missing(low) or _missing(high) or value_of(row) is None:
+        return None, None, ""
+    if _degenerate(row):
+        return exact_binomial(row["value"], int(row["num_samples"]), confidence_of(row))
+    return low, high, "bootstrap"
+
+
+def _missing(v) -> bool:
+    return v is None or (isinstance(v, float) and math.isnan(v))
+
+
+def _degenerate(row: dict) -> bool:
+    """All n items scored the same 0 or 1: the stored interval is the value itself."""
+    v = row["value"]
+    return v in (0.0, 1.0) and row["ci_low"] == v == row["ci_high"] \
+        and (row.get("num_samples") or 0) > 0 and row.get("parts") is None
+
+
+def exact_binomial(value: float, n: int, confidence: float) -> tuple[float, float, str]:
+    """The Clopper-Pearson interval of 0 successes in n (``value`` 0) or n in n (1), in
+    closed form: with no success the upper bound solves (1 - p)^n = alpha / 2 (the same
+    alpha / 2 as the two-sided interval's other tail, as scipy's ``binomtest`` does)."""
+    edge = (0.5 * (1.0 - confidence)) ** (1.0 / n)
+    return (0.0, 1.0 - edge, "exact") if value == 0.0 else (edge, 1.0, "exact")
 
 
 # --- columns -------------------------------------------------------------------------------

@@ -6,6 +6,7 @@ import csv
 import io
 import json
 import math
+import os
 import re
 import sys
 from datetime import datetime, timezone
@@ -202,7 +203,8 @@ def test_csv_markdown_html_and_json_carry_the_aggregate():
     assert float(parsed[0]["aggregate_ci_low"]) == top["ci_low"]
     assert "dataset" not in parsed[0] and "ood/nll_ci_high" in parsed[0]
     html = to_html(board)
-    assert '<th class="rank-by">aggregate</th>' in html
+    # the ranking column underlined, with its n (summed over the evaluations averaged)
+    assert '<th class="rank-by">aggregate<span class="n">n = 2,000 in all</span></th>' in html
     assert "aggregate: mean of -ood/nll, val/accuracy" in html
     out = json.loads(to_json(rows, aggregates=[e.rows["aggregate"] for e in board.entries]))
     assert len(out) == len(rows) + 3
@@ -317,6 +319,34 @@ def test_cli_confusion_takes_a_step_and_the_plot_says_where_it_went(store, capsy
                            "csv")
     assert code == 0 and png.stat().st_size > 0
     assert err.strip() == f"plot written to {png}"
+
+
+@pytest.mark.parametrize("name, head", [("curves.svg", (b"<?xml", b"<svg")),
+                                        ("curves.PDF", (b"%PDF",)),
+                                        ("curves.png", (b"\x89PNG",))])
+def test_the_plot_is_written_in_the_format_its_name_says(store, capsys, tmp_path, name, head):
+    pytest.importorskip("matplotlib")
+    location, _, _ = store
+    folder = tmp_path / "plots"
+    folder.mkdir()
+    code, _, err = run_cli(capsys, "leaderboard", location, "--plot", str(folder / name),
+                           "--format", "csv")
+    assert code == 0, err
+    assert (folder / name).read_bytes().startswith(head)
+    assert os.listdir(folder) == [name]                 # no temporary file left
+
+
+@pytest.mark.parametrize("name", ["curves.jpg", "curves", "curves.svg.gz"])
+def test_a_plot_name_of_another_format_is_refused_before_anything_is_written(
+        store, capsys, tmp_path, name):
+    location, _, _ = store
+    folder = tmp_path / "plots"
+    folder.mkdir()
+    code, out, err = run_cli(capsys, "leaderboard", location, "--plot", str(folder / name),
+                             "--format", "csv")
+    assert code == 2 and out == "" and os.listdir(folder) == []
+    assert len(err.strip().splitlines()) == 1
+    assert "--plot" in err and ".png, .svg or .pdf" in err
 
 
 def test_plot_without_matplotlib_names_the_extra_with_its_brackets(store, capsys, tmp_path,
