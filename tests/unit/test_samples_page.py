@@ -180,3 +180,136 @@ def test_the_leaderboard_page_links_each_value_to_its_items(store, capsys, tmp_p
     code, _, err = run_cli(capsys, "leaderboard", out, "--samples-dir", "items")
     assert code == 2 and "--samples-dir: only with --format html" in err
     assert len(err.strip().splitlines()) == 1
+
+
+# --- what a card shows: empty and long answers, the choices, the order ---------------------
+
+def _card_page(table, metric="exact_match"):
+    from rayeval.reporting.samples import metric_columns
+    from rayeval.reporting.samples_page import samples_page
+
+    return samples_page(table, "c on e", metric_columns(table), metric)
+
+
+def _fields(text: str) -> dict[str, list[str]]:
+    """Each item's labelled fields (answer, target) as the text a browser shows, by item."""
+    class Fields(HTMLParser):
+        def __init__(self):
+            super().__init__()
+            self.items, self.label, self.depth, self.take = [], None, 0, None
+
+        def handle_starttag(self, tag, attrs):
+            cls = dict(attrs).get("class", "")
+            if tag == "div" and "item" in cls.split():
+                self.items.append({})
+            if tag == "span" and cls == "label":
+                self.take = "label"
+            if tag == "span" and cls == "value":
+                self.take = "value"
+                self.items[-1][self.label] = ""
+
+        def handle_endtag(self, tag):
+            if tag == "span" and self.take == "label":
+                self.take = None
+            if tag == "div":
+                self.take = None
+
+        def handle_data(self, data):
+            if self.take == "label":
+                self.label = data
+            elif self.take == "value":
+                self.items[-1][self.label] += data
+
+    parser = Fields()
+    parser.feed(text)
+    return parser.items
+
+
+def test_an_empty_answer_is_shown_empty_and_long_or_multiline_ones_wrap():
+    pa = pytest.importorskip("pyarrow")
+    long = "x" * 400
+    table = pa.table({"id": [1, 2, 3, 4], "context": ["a", "b", "c", "d"],
+                      "target": ["t", "two\nlines", "t", long],
+                      "response": ["", "one\ntwo", " \n", long],
+                      "exact_match": [0.0, 0.0, 0.0, 1.0]})
+    text = _card_page(table)
+    fields = _fields(text)
+    assert [f.get("answer") for f in fields] == [
+        "(empty)", "one\ntwo", "(whitespace: ' \\n')", long]       # newlines kept as text
+    assert '<code class="empty" title="the empty string">(empty)</code>' in text
+    css = text.split("<style>", 1)[1].split("</style>", 1)[0]
+    rule = css.split("code, pre {", 1)[1].split("}", 1)[0]
+    assert "white-space: pre-wrap" in rule and "overflow-wrap: anywhere" in rule
+    assert "font-size: 14px" in rule                 # not the browsers' 13 px monospace
+    assert "<code>one\ntwo</code>" in text
+
+
+def test_a_multiple_choice_card_marks_the_target_both_picks_and_the_log_likelihoods():
+    pa = pytest.importorskip("pyarrow")
+    # item 1: acc picks "Lyon" (-2.5, the highest), acc_norm the long name (-4.0 over 24
+    # characters beats Lyon's -2.5 / 4); the target is "Paris". Item 2: both pick the target.
+    long = "Saint-Etienne-du-Rouvray"
+    table = pa.table({"id": [1, 2], "context": ["Capital of France?", "2+2?"],
+                      "choices": [["Paris", "Lyon", long], ["4", "5"]],
+                      "target": ["Paris", "4"], "response": ["Lyon", "4"],
+                      "loglikelihoods": [[-3.0, -2.5, -4.0], [-1.0, -3.0]],
+                      "acc": [0.0, 1.0], "acc_norm": [0.0, 1.0]})
+    text = _card_page(table, "acc")
+    first = text.split('<ol class="choices">')[1].split("</ol>")[0]
+    lis = first.split("<li")[1:]
+    assert lis[0].startswith(' class="target">Paris<span class="tag target">target</span>'
+                             '<span class="ll">log-likelihood -3.0000, per character -0.6000')
+    assert lis[1].startswith(' class="chosen">Lyon<span class="tag">acc&#x27;s pick</span>'
+                             '<span class="ll">log-likelihood -2.5000, per character -0.6250')
+    assert lis[2].startswith(f'>{long}<span class="tag norm">acc_norm&#x27;s pick</span>'
+                             '<span class="ll">log-likelihood -4.0000, per character -0.1667')
+    second = text.split('<ol class="choices">')[2].split("</ol>")[0]
+    assert second.count("tag norm") == 0 and second.startswith(
+        '<li class="chosen target">4<span class="tag target">target</span>'
+        '<span class="tag">acc&#x27;s pick</span>')
+    # without log-likelihoods (an older record): the answer's choice and the target only;
+    # an lm-eval answer carries the target delimiter (" Lyon")
+    bare = pa.table({"id": [1], "context": ["q"], "choices": [["Paris", "Lyon"]],
+                     "target": ["Paris"], "response": [" Lyon"], "acc": [0.0]})
+    lis = _card_page(bare, "acc").split('<ol class="choices">')[1].split("<li")[1:]
+    assert lis[0].startswith(' class="target">Paris<span class="tag target">')
+    assert lis[1].startswith(' class="chosen">Lyon<span class="tag">answer</span>')
+    assert "log-likelihood" not in lis[0] + lis[1]
+
+
+def test_perplexity_items_come_worst_first_and_the_summary_says_so():
+    pa = pytest.importorskip("pyarrow")
+    from rayeval.reporting.samples_page import samples_page
+
+    table = pa.table({"id": [1, 2, 3, 4], "context": ["a", "b", "c", "d"],
+                      "word_perplexity": [5.0, 20.0, None, 1.5]})
+    text = samples_page(table, "c on docs", ["word_perplexity"], None)
+    order = [int(t.split("<", 1)[0]) for t in text.split('<span class="label">id</span>')[1:]]
+    assert order == [2, 1, 4, 3]                       # highest first, the missing last
+    assert "<p>4 items, sorted by word_perplexity, worst (highest) first</p>" in text
+    graded = pa.table({"id": [1, 2, 3], "context": ["a", "b", "c"],
+                       "judge": [0.5, 0.25, 0.75]})
+    text = samples_page(graded, "c on j", ["judge"], None)
+    order = [int(t.split("<", 1)[0]) for t in text.split('<span class="label">id</span>')[1:]]
+    assert order == [2, 1, 3] and "worst (lowest) first" in text
+    text = samples_page(graded, "c on j", ["judge"], None, higher_is_better={"judge": False})
+    assert "worst (highest) first" in text
+
+
+def test_the_cards_picks_are_the_metrics_own():
+    """acc's and acc_norm's picks on a card are those of the metrics that scored the item
+    (``core.metrics.text``), ties included (the first of equal ones)."""
+    torch = pytest.importorskip("torch")
+    from rayeval.core.metrics.text import ChoiceAccuracy, ChoiceAccuracyNorm
+    from rayeval.reporting.samples_page import choice_picks
+
+    rng = np.random.default_rng(3)
+    for _ in range(200):
+        k = int(rng.integers(2, 6))
+        choices = ["x" * int(n) for n in rng.integers(1, 12, k)]
+        lls = [float(v) for v in rng.integers(-8, 0, k)]          # small integers: ties
+        outputs = torch.tensor([[[ll, len(c)] for ll, c in zip(lls, choices)]],
+                               dtype=torch.float64)
+        _, acc, norm = choice_picks({"choices": choices, "loglikelihoods": lls})
+        assert acc == int(ChoiceAccuracy.scores(outputs).argmax(dim=1))
+        assert norm == int(ChoiceAccuracyNorm.scores(outputs).argmax(dim=1))
