@@ -26,7 +26,6 @@ import math
 import os
 from datetime import datetime, timezone
 
-from rayeval import __version__
 from rayeval.errors import StoreError
 
 # Record columns that describe the item (the same for every checkpoint), and those that say what
@@ -86,7 +85,7 @@ class Report:
             "evaluated": [min(created).isoformat(), max(created).isoformat()] if created
             else None,
             "generated": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-            "version": __version__,
+            "version": _version(),
         }
 
     # --- the board --------------------------------------------------------------------------
@@ -123,12 +122,7 @@ class Report:
         }
 
     def _column_values(self, name: str) -> dict:
-        try:  # TEMP-SHIM until helper lands
-            from rayeval.ranking.columns import shown_interval
-        except ImportError:
-            def shown_interval(row):
-                return (row.get("ci_low"), row.get("ci_high"),
-                        "bootstrap" if row.get("ci_low") is not None else "")
+        from rayeval.ranking.columns import shown_interval
 
         values, lows, highs, kinds, ns, marks = [], [], [], [], [], []
         for e in self.board.entries:
@@ -335,6 +329,17 @@ def _right_or_wrong(table, evaluation: str) -> str | None:
         return right_or_wrong_metric(table, None, evaluation)
     except StoreError:          # none (perplexity): items are not counted right or wrong
         return None
+
+
+def _version() -> str:
+    """The installed rayeval's version (its distribution's metadata: ``rayeval.__version__``
+    is the package above this one, which a module down the ladder does not import)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("rayeval")
+    except PackageNotFoundError:           # run from a source tree that was never installed
+        return "unknown"
 
 
 def _cell_row(entry, evaluation: str) -> dict | None:
