@@ -439,6 +439,9 @@ class Sweep:
         "the key).", numbers=False, yaml=None)
     source: str = setting("The sweep file, for messages.", numbers=False, default="",
                           yaml=None)
+    text: str = setting(
+        "The sweep file's text as read (the result store keeps a copy: ``io.store_sweeps``); "
+        "empty for a sweep built in Python.", numbers=False, default="", yaml=None)
     checkpoint: CheckpointSpec = setting("How a checkpoint's state dict is found.",
                                          numbers=True, default=CheckpointSpec())
     recovery: Recovery = setting("Restarts after a worker fails or stalls.", numbers=False,

@@ -59,8 +59,8 @@ def load_sweep(path: str) -> Sweep:
     """Read and validate a sweep file; raises SpecError naming the key path at fault."""
     source = os.fspath(path)
     try:
-        with open(source, encoding="utf-8") as f:
-            text = f.read()
+        with open(source, encoding="utf-8", newline="") as f:   # its line ends as written:
+            text = f.read()                                     # the store keeps this text
     except FileNotFoundError:
         raise SpecError(f"{source}: sweep file not found; check the path") from None
     except OSError as e:
@@ -75,7 +75,7 @@ def load_sweep(path: str) -> Sweep:
         problem = getattr(e, "problem", None) or "invalid YAML"
         raise SpecError(f"{source}: not valid YAML{where}: {problem}") from None
     base_dir = os.path.dirname(os.path.abspath(source))
-    return parse_sweep(raw, base_dir=base_dir, source=source)
+    return parse_sweep(raw, base_dir=base_dir, source=source).replace(text=text)
 
 
 def parse_sweep(raw: Any, *, base_dir: str, source: str = "<sweep>") -> Sweep:
