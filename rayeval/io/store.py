@@ -21,7 +21,7 @@ import pyarrow.compute as pc
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from rayeval.io import paths, store_layout as layout
+from rayeval.io import paths, store_layout as layout, store_sweeps
 from rayeval.errors import StoreError
 
 SCHEMA = pa.schema([
@@ -166,6 +166,31 @@ class ResultStore:
             [{**r, "cell": cell, "created_at": r.get("created_at", now)} for r in rows],
             schema=SCHEMA)
         return self._put(self.dir, f"{cell}.parquet", table)
+
+    # --- the sweep files: {root}/sweeps/sweep-{digest}/{text digest}.yaml (store_sweeps) ----
+
+    def keep_sweep(self, sweep: str, text: str) -> str | None:
+        """Keep a sweep file's text as the newest of ``sweep`` (before a run writes cells);
+        the path written, or None when it already is the newest."""
+        try:
+            return store_sweeps.keep(self.fs, self.root, sweep, text)
+        except OSError as e:
+            raise StoreError(f"output: cannot write to result store: "
+                             f"{paths.explain(e, self.location)}") from None
+
+    def sweep_files(self, sweep: str | None = None) -> dict[str, list[tuple[str, str]]]:
+        """Every kept text of the sweep files of ``sweep`` (every sweep's when None): per
+        sweep name, (when kept, ISO 8601 UTC; the text as written), newest first."""
+        try:
+            return store_sweeps.read(self.fs, self.root, sweep)
+        except OSError as e:
+            raise StoreError(f"cannot read result store: {paths.explain(e, self.location)}") \
+                from None
+
+    def sweep_texts(self, sweep: str | None = None) -> dict[str, str]:
+        """The newest sweep file's text of ``sweep`` (of every sweep when None), per sweep
+        name; a sweep run from a Python object, or before rayeval kept them, has none."""
+        return {name: kept[0][1] for name, kept in self.sweep_files(sweep).items()}
 
     # --- per-item records: {root}/samples/{cell}/{tag}-{rank}-of-{world}.parquet ----------
 
