@@ -81,11 +81,12 @@ class Evaluated:
 class RunSequence:
     """The run of a plan, written once: ``run_sweep``'s plan (``preflight.prepare``) and each
     ``rayeval watch`` poll's (``preflight.plan_cells``) go through it, inside their one
-    ``RayLifecycle``. ``on_plan``; when the plan has cells, Ray up (``life.ensure_ray``) and
-    ``fit(plan)`` while ``life.following`` them; then the lm-eval group aggregates whose
-    members are all stored published (``groups.publish``), the run's cells consolidated into
-    one part (``consolidate``) and ``on_outcomes``, so that whatever hears of the outcomes
-    finds them in the store with their groups.
+    ``RayLifecycle``. The sweep file kept in the store (``keep_sweep``, at the first plan);
+    ``on_plan``; when the plan has cells, Ray up (``life.ensure_ray``) and ``fit(plan)`` while
+    ``life.following`` them; then the lm-eval group aggregates whose members are all stored
+    published (``groups.publish``), the run's cells consolidated into one part
+    (``consolidate``) and ``on_outcomes``, so that whatever hears of the outcomes finds them in
+    the store with their groups.
 
     ``fit(plan)``: the pending cells' outcomes in plan order (``run_sweep``: one
     ``TorchTrainer.fit``, ``evaluate``; ``watch``: the standing group, ``Standing.run``), or
@@ -99,10 +100,14 @@ class RunSequence:
         self.life = life
         self.fit = fit
         self.discard_now = discard_now
+        self.kept = False           # the sweep file is in the store (a watch's first poll)
 
     def __call__(self, plan: Plan) -> list[CellOutcome] | None:
         """The outcomes of the plan's pending cells (none without cells), or None (see the
         class docstring)."""
+        if not self.kept:
+            keep_sweep(plan.sweep)
+            self.kept = True
         run = self.life.callbacks
         run.on_plan(plan)
         outcomes: list[CellOutcome] | None = []
@@ -150,6 +155,14 @@ def run_sweep(sweep: Sweep, *, address: str | None = None, force: bool = False,
     report.outcomes = plan.in_order(report.outcomes)
     report.seconds = time.perf_counter() - start
     return report
+
+
+def keep_sweep(sweep: Sweep) -> None:
+    """The sweep file's text into the store before any cell (``io.store_sweeps``): the sweep
+    a report shows behind the rows. After the plan, so a sweep that fails its pre-flight
+    leaves nothing; a sweep built in Python has no text and keeps none."""
+    if sweep.text:
+        ResultStore(sweep.output).keep_sweep(sweep.name, sweep.text)
 
 
 def consolidate(plan: Plan, groups_written: list[str]) -> None:

@@ -59,7 +59,8 @@ def s3_sweep(tmp_path, output="s3://rayeval-example/evals", **extra):
 
 
 def test_data_checkpoints_and_results_in_s3(s3, ray_cluster, tmp_path):
-    sweep = load_sweep(s3_sweep(tmp_path))
+    path = s3_sweep(tmp_path)
+    sweep = load_sweep(path)
     report = run_sweep(sweep)
     assert [o.ok for o in report.outcomes] == [True] * 4, report.failures
     # parquet on object storage comes through Ray Data (its read tasks read S3 themselves)
@@ -82,9 +83,19 @@ def test_data_checkpoints_and_results_in_s3(s3, ray_cluster, tmp_path):
         assert got[key]["value"] == pytest.approx(row["value"], rel=1e-9, abs=1e-12), key
         assert got[key]["num_samples"] == 2003
 
+    # The store keeps the sweep file as written: once per text, the newest read.
+    store = ResultStore(sweep.output)
+    written = open(path, "rb").read().decode()
+    assert store.sweep_texts(sweep.name) == {sweep.name: written}
+    assert store.keep_sweep(sweep.name, written) is None            # a re-run's: no copy
+    with open(path, "a") as f:
+        f.write("# edited\n")                                        # the same cells
+
     # Fingerprints of S3 objects: a second run evaluates nothing.
-    again = run_sweep(sweep)
+    again = run_sweep(load_sweep(path))
     assert again.outcomes == [] and len(again.plan.cached) == 4
+    assert [t for _, t in store.sweep_files(sweep.name)[sweep.name]] == \
+        [written + "# edited\n", written]
 
     lb = rayeval_main("leaderboard", "s3://rayeval-example/evals", "--format", "json")
     assert lb.returncode == 0, lb.stderr

@@ -184,11 +184,18 @@ def test_a_bad_checkpoint_fails_only_its_cell(ray_cluster, tmp_path):
 def test_rerun_uses_the_store_and_force_replaces_without_duplicates(ray_cluster, tmp_path):
     sweep, x, y = setup_sweep(tmp_path, 300, seeds=(1,), workers=2)
     assert run_sweep(sweep).outcomes[0].ok
-    again = run_sweep(sweep)
+    store = ResultStore(sweep.output)
+    path = tmp_path / "sweep.yaml"
+    written = path.read_bytes().decode()
+    assert store.sweep_texts() == {"t": written}          # the sweep file, as written
+    again = run_sweep(load_sweep(str(path)))
     assert again.outcomes == [] and len(again.plan.cached) == 1
-    forced = run_sweep(sweep, force=True)
+    assert len(store.sweep_files()["t"]) == 1             # the same file: no second copy
+    path.write_text(written + "# edited\n")                # a comment: the same cell
+    forced = run_sweep(load_sweep(str(path)), force=True)
     assert forced.outcomes[0].ok
-    assert ResultStore(sweep.output).read().num_rows == 3          # 3 metrics, one cell
+    assert store.read().num_rows == 3                     # 3 metrics, one cell
+    assert [text for _, text in store.sweep_files()["t"]] == [written + "# edited\n", written]
 
 
 def test_row_count_mismatch_is_an_error_not_a_number(ray_cluster, tmp_path):
