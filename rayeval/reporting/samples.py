@@ -21,10 +21,21 @@ from rayeval.io.store import ResultStore, newest
 
 # Record columns that are not metric values (core.samples.COLUMNS, and the id)
 RECORD_COLUMNS = ("id", "context", "choices", "target", "response", "responses",
-                  "loglikelihoods", "tokens", "images", "thumbnails",
+                  "loglikelihoods", "tokens", "probability", "images", "thumbnails",
                   # a judged item's (docs/judges.md): its score is the ``judge`` column
                   "judge_prompt", "judge_output", "judge_failed", "baseline_response",
                   "judge_prompt_swapped", "judge_output_swapped")
+
+
+# What a cell without records was evaluated with, and the fix: one clause for every message.
+HOW_TO_KEEP = ("text and classification evaluations keep them unless evaluated with samples: "
+               "false (regression and language modeling keep none, nor do cells stored before "
+               "their task kept records); to get them, evaluate again with samples on and "
+               "--force")
+
+
+def _evaluations(rows: list[dict]) -> str:
+    return ", ".join(dict.fromkeys(r["dataset"] for r in rows))
 
 
 def evaluations_with_samples(rows: list[dict]) -> list[str]:
@@ -38,20 +49,21 @@ def read_cell_samples(store: str, rows: list[dict], evaluation: str | None,
     evaluation (the only one with records when None), sorted by item id."""
     kept = evaluations_with_samples(rows)
     if evaluation is None:
+        if not kept:
+            raise StoreError(f"{rows[0]['checkpoint']} kept no per-item records on any of its "
+                             f"evaluations ({_evaluations(rows)}); {HOW_TO_KEEP}")
         if len(kept) != 1:
             raise StoreError(f"{what}: name the evaluation; {rows[0]['checkpoint']} has per-item "
-                             f"records for {', '.join(kept) or 'none'}")
+                             f"records for {', '.join(kept)}")
         evaluation = kept[0]
     mine = [r for r in rows if r["dataset"] == evaluation]
     if not mine:
-        shown = ", ".join(dict.fromkeys(r["dataset"] for r in rows))
         raise StoreError(f"{what}: no evaluation {evaluation!r} for {rows[0]['checkpoint']} "
-                         f"(it has {shown})")
+                         f"(it has {_evaluations(rows)})")
     row = mine[0]
     if not row.get("samples"):
-        raise StoreError(f"{what}: {row['checkpoint']} on {evaluation} kept no per-item records "
-                         "(samples: false, not a text task, or stored by an older rayeval); "
-                         "evaluate it again with samples on and --force")
+        raise StoreError(f"{what}: {row['checkpoint']} on {evaluation} kept no per-item records; "
+                         f"{HOW_TO_KEEP}")
     table = ResultStore(paths.resolve(os.fspath(store), os.getcwd())).read_samples(
         row["cell"], row["samples"])
     if "id" in table.column_names and table.num_rows:

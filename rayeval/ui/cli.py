@@ -174,10 +174,12 @@ def _parser() -> argparse.ArgumentParser:
                      help="only this evaluation (--dataset: the same, its older name)")
     cmp.add_argument("--sweep", metavar="NAME", help="only this sweep")
     cmp.add_argument("--items", action="store_true",
-                     help="list the items one gets right and the other wrong (text tasks' "
-                          "per-item records; --metric picks the right-or-wrong metric)")
+                     help="list the items one gets right and the other wrong (text and "
+                          "classification tasks' per-item records; --metric picks the "
+                          "right-or-wrong metric)")
 
-    sm = sub.add_parser("samples", help="each item's record of a checkpoint on a text task")
+    sm = sub.add_parser("samples", help="each item's record of a checkpoint on a text or "
+                                        "classification task")
     sm.add_argument("store", metavar="STORE")
     sm.add_argument("--checkpoint", metavar="C", required=True,
                     help="its path, file name, unique suffix, file stem or step")

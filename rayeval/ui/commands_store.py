@@ -75,6 +75,9 @@ def _leaderboard(args, out: Console) -> int:
     if args.samples_dir is not None and args.format != "html":
         raise SpecError("--samples-dir: only with --format html (the pages the board links to)")
     _check_push_flags(args)
+    # the board with pages is made first: a store without records is refused before anything
+    # is pushed or written (an empty folder of pages said nothing of why)
+    paged = _board_with_records(args) if args.samples_dir else None
     code = EXIT_OK if _push(args) else EXIT_CELLS_FAILED
     if args.plot:
         from rayeval.reporting.plot import plot
@@ -87,7 +90,8 @@ def _leaderboard(args, out: Console) -> int:
         for text in _json_board(args):
             sys.stdout.write(text)
         return code
-    board = _board(args, metric=args.metric, marks=args.format != "table")
+    board = paged if paged is not None else _board(args, metric=args.metric,
+                                                   marks=args.format != "table")
     if args.format == "table":
         from rayeval.ranking.board import mark
 
@@ -102,6 +106,20 @@ def _leaderboard(args, out: Console) -> int:
     else:
         sys.stdout.write(to_csv(board))
     return code
+
+
+def _board_with_records(args):
+    """``leaderboard --format html --samples-dir DIR``'s board; a StoreError naming the fix
+    when none of its cells kept per-item records (there would be no page to write)."""
+    from rayeval.reporting.samples import HOW_TO_KEEP
+
+    board = _board(args, metric=args.metric, marks=True)
+    rows = [r for e in board.entries for r in e.rows.values() if r.get("cell")]
+    if not any(r.get("samples") for r in rows):
+        shown = ", ".join(dict.fromkeys(r["dataset"] for r in rows)) or "none"
+        raise StoreError(f"--samples-dir: no cell of this board kept per-item records (its "
+                         f"evaluations: {shown}); {HOW_TO_KEEP}, or leave out --samples-dir")
+    return board
 
 
 def _samples_pages(store: str, rows: list[dict], folder: str) -> dict[tuple[str, str], str]:
@@ -307,7 +325,7 @@ def _compare_items(args, out: Console) -> int:
         e for e in evaluations_with_samples(a_rows) if e in evaluations_with_samples(b_rows)]
     if not evaluations:
         raise StoreError("--items: A and B have no evaluation with per-item records in common "
-                         "(text tasks keep them; samples: true)")
+                         "(text and classification tasks keep them; samples: true)")
     metric = args.metric
     for evaluation in evaluations:
         _, a = read_cell_samples(args.store, a_rows, evaluation, what="--eval")
