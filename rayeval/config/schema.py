@@ -372,10 +372,10 @@ class EvalSpec:
         "A judge model grading the generations (the metric ``judge``): docs/judges.md.",
         numbers=True, default=None, keyed_if_set=True)
     samples: bool = setting(
-        "Keep each item's record (text tasks; default true for them): which items a "
-        "checkpoint got right, what it generated. Not the numbers: cells already stored "
-        "keep what they were evaluated with.", numbers=False, default=False,
-        sweep_default=True)
+        "Keep each item's record (text tasks and classification; default true for them): "
+        "which items a checkpoint got right, what it generated or chose, or the class it "
+        "predicted with its probability. Not the numbers: cells already stored keep what "
+        "they were evaluated with.", numbers=False, default=False, sweep_default=True)
     key_path: str = setting("Where it is in the sweep file, for messages.", numbers=False,
                             default="evals[0]", yaml=None)
 

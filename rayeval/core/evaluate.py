@@ -41,7 +41,7 @@ class Decoder:
         self.transform = None
         self.text = None                 # the tokenizer's context: set per checkpoint (text tasks)
         self.generation = evaluation.generation
-        self.samples = evaluation.samples      # keep what per-item records show (text tasks)
+        self.samples = evaluation.samples      # keep what per-item records show
         if self.spec.transform:
             self.transform = import_callable(self.spec.transform, base_dir,
                                              what=f"{self.spec.key_path}.transform")
@@ -294,7 +294,7 @@ class Pass:
         self.scored_rows = 0               # rows scored and added (not only read)
         self.on_rows = on_rows             # called with the rows scored so far
         self.scoring = 0                   # rows in the scoring under way
-        self.records = [] if samples else None     # per-item records (text tasks)
+        self.records = [] if samples else None     # per-item records (Task.keeps_records)
 
     @property
     def states(self) -> dict[str, torch.Tensor]:

@@ -6,7 +6,8 @@ and hands the worker a table whose ``INPUTS`` columns hold the model's inputs, e
 bytes exactly as the transform made them (any dtype, bfloat16 too: no rounding on the way).
 A batch the transform failed on becomes a table with an ``ERROR`` column and its row count,
 so the worker fails that evaluation's cells as it would have failed them itself, and every
-row is still accounted for.
+row is still accounted for. When the evaluation keeps per-item records, the stage also adds
+the thumbnails of the rows' images (``THUMBNAILS``): only it still has the images.
 
 A text task's stage tokenizes (prompts, choices, rolling windows) with the driver's tokenizer
 and adds each row's tokens as a ``TEXT`` column, keyed by the tokenizer; the row's own columns
@@ -29,6 +30,7 @@ from rayeval.errors import DataError
 INPUTS = "__rayeval_inputs"      # one column (a tensor) or INPUTS.<keyword> columns
 ERROR = "__rayeval_error"
 TEXT = "__rayeval_text"
+THUMBNAILS = "__rayeval_thumbnails"   # per-item records: each row's images as PNG thumbnails
 _META = b"rayeval.tensor"
 _TOKENIZER = b"rayeval.tokenizer"
 
@@ -44,6 +46,17 @@ def attach(table: pa.Table, x, keep: list[str]) -> pa.Table:
         arrays.append(array)
         fields.append(field)
     return pa.Table.from_arrays(arrays, schema=pa.schema(fields))
+
+
+def attach_thumbnails(table: pa.Table, thumbnails: list[list[bytes]]) -> pa.Table:
+    """``table`` with each row's image thumbnails (``core.samples.image_thumbnails``), made
+    where the images were decoded: the worker gets the transform's tensors, not the images."""
+    return table.append_column(THUMBNAILS, pa.array(thumbnails, pa.list_(pa.binary())))
+
+
+def thumbnails(table) -> list[list[bytes]] | None:
+    """The thumbnails a stage attached; None when it attached none."""
+    return table.column(THUMBNAILS).to_pylist() if THUMBNAILS in table.schema.names else None
 
 
 def failed(table: pa.Table, error: DataError) -> pa.Table:

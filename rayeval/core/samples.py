@@ -1,10 +1,12 @@
-"""Per-item records: what a checkpoint did with each item of a text (or image and text) task.
+"""Per-item records: what a checkpoint did with each item of a text (or image and text) task
+or a classification.
 
 A worker's pass keeps, for each item it scored, the item's id, the context the model saw, the
 choices (multiple choice), the target, the response (the choice with the highest
-log-likelihood, or the generated text; all of them as ``responses`` when sampled repeatedly),
-the log-likelihoods (each choice's, or the document's), the item's images (where each came
-from, and each as a small PNG thumbnail: ``thumbnail``), and the item's value of each metric that has one
+log-likelihood, the generated text, or the predicted class; all of them as ``responses`` when
+sampled repeatedly), the log-likelihoods (each choice's, or the document's), a classification's
+``probability`` of the class it predicted, the item's images (where each came from, and each
+as a small PNG thumbnail: ``thumbnail``), and the item's value of each metric that has one
 (``evaluate.item_values``). Each worker writes its own items
 (``reporting.store.ResultStore.write_samples``); nothing is gathered.
 
@@ -20,6 +22,8 @@ from __future__ import annotations
 
 import pyarrow as pa
 
+from rayeval.io import images as image_io
+
 # The columns every record has, in order, and their types; metric values follow (float64).
 # ``id`` keeps the id column's own type (a content id is int64).
 COLUMNS = {
@@ -31,6 +35,7 @@ COLUMNS = {
     "responses": pa.list_(pa.string()),      # every generation, with generation.repeats > 1
     "loglikelihoods": pa.list_(pa.float64()),
     "tokens": pa.int64(),
+    "probability": pa.float64(),             # classification: the predicted class's softmax
     "thumbnails": pa.list_(pa.binary()),     # the item's images as PNGs (``thumbnail``)
 }
 
@@ -59,6 +64,67 @@ def thumbnail(image, px: int = THUMBNAIL_PX) -> bytes:
 def thumbnails(images: list) -> list[list[bytes]]:
     """Each item's images (a list per item) as thumbnails: the ``thumbnails`` column."""
     return [[thumbnail(a) for a in item] for item in images]
+
+
+def image_thumbnails(table, spec) -> list[list[bytes]] | None:
+    """Each row's images as thumbnails, for a tensor task's records (image classification):
+    the images of the input columns that hold encoded images (``image_columns``); None when
+    none does, or PIL (the ``vlm`` extra) is missing: a transform may decode without it."""
+    columns = image_columns(table.schema, spec.inputs)
+    if not columns:
+        return None
+    try:
+        import PIL  # noqa: F401
+    except ImportError:
+        return None
+    root = image_io.root_for(spec.path)
+    cells = [table.column(c).to_pylist() for c in columns]
+    return [[t for cell in row for t in _thumbnails_of(cell, root)] for row in zip(*cells)]
+
+
+def image_columns(schema: pa.Schema, inputs) -> list[str]:
+    """The columns among ``inputs`` (all of them when none is named: a transform that reads
+    what it likes) that hold encoded images: bytes, Hugging Face ``{bytes, path}`` structs, or
+    lists of those. Strings are not taken for paths (text is as likely); fixed-size binary is
+    a tensor's bytes more likely than an image's."""
+    names = [c for c in inputs if c in schema.names] if inputs else schema.names
+    return [c for c in names if _holds_images(schema.field(c).type)]
+
+
+def _holds_images(typ: pa.DataType) -> bool:
+    if pa.types.is_list(typ) or pa.types.is_large_list(typ):
+        typ = typ.value_type
+    if pa.types.is_struct(typ):
+        return typ.get_field_index("bytes") >= 0
+    return pa.types.is_binary(typ) or pa.types.is_large_binary(typ)
+
+
+def _thumbnails_of(cell, root: str) -> list[bytes]:
+    """One cell's images as thumbnails; a value that is no readable image gets none: the
+    record's picture never fails an evaluation the model itself could score."""
+    out = []
+    try:
+        found = image_io.sources_of(cell)
+    except Exception:                  # noqa: BLE001 - not an image value at all
+        return out
+    for source in found:
+        try:
+            out.append(encoded_thumbnail(image_io.read_bytes(source, root)))
+        except Exception:              # noqa: BLE001 - PIL raises many types for bad files
+            continue
+    return out
+
+
+def encoded_thumbnail(data: bytes) -> bytes:
+    """The thumbnail of encoded image bytes (PNG, JPEG, ...), its mode kept where a PNG can
+    hold it (a grey image stays grey: a third of the RGB bytes)."""
+    import io
+
+    from PIL import Image
+
+    with Image.open(io.BytesIO(data)) as image:
+        image.load()
+        return thumbnail(image)
 
 
 def records_table(batches: list[dict[str, list]]) -> pa.Table:

@@ -28,7 +28,7 @@ import pyarrow as pa
 from ray.data.datasource import Datasource    # loaded with ray.train anyway
 
 from rayeval.config.plugins import load_plugins
-from rayeval.core import prepared
+from rayeval.core import prepared, samples
 from rayeval.errors import DataError
 from rayeval.io import sources
 
@@ -67,7 +67,8 @@ def pipeline(ev: Evaluation, workers: int, base_dir: str, pixels: bool = True):
     ds = ray.data.read_datasource(source, num_cpus=cpus)
     stage = None
     if spec.transform:
-        stage = Prepare(spec, base_dir, [c for c in (spec.target, spec.id) if c])
+        stage = Prepare(spec, base_dir, [c for c in (spec.target, spec.id) if c],
+                        records=ev.spec.samples)
     elif ev.tokenizer is not None:
         stage = Tokenize(ev.spec, ev.tokenizer, pixels)
     if stage is not None:
@@ -162,13 +163,15 @@ def _reader(info: DatasetInfo, columns, key: str, piece):
 
 class Prepare:
     """The transform as a Ray Data stage: each batch becomes the model's inputs plus the
-    columns the worker still needs (target, id); a batch it fails on becomes a failed batch
-    of the same rows (``core.prepared``)."""
+    columns the worker still needs (target, id, and for per-item records, ``records``, the
+    thumbnails of its images); a batch it fails on becomes a failed batch of the same rows
+    (``core.prepared``)."""
 
-    def __init__(self, spec, base_dir: str, keep: list[str]):
+    def __init__(self, spec, base_dir: str, keep: list[str], records: bool = False):
         self.spec = spec
         self.base_dir = base_dir
         self.keep = keep
+        self.records = records
         self.fn = None
 
     def __call__(self, table: pa.Table) -> pa.Table:
@@ -179,9 +182,18 @@ class Prepare:
             if self.fn is None:
                 self.fn = import_callable(self.spec.transform, self.base_dir,
                                           what=f"{self.spec.key_path}.transform")
-            return prepared.attach(table, transformed(self.fn, table, self.spec), self.keep)
+            out = prepared.attach(table, transformed(self.fn, table, self.spec), self.keep)
         except DataError as e:
             return prepared.failed(table, e)
+        return self.with_thumbnails(out, table)
+
+    def with_thumbnails(self, out: pa.Table, table: pa.Table) -> pa.Table:
+        """The records' thumbnails, made here: only the stage still has the images (the
+        worker gets the transform's tensors), and the evaluation worker's CPU stays free."""
+        if not self.records:
+            return out
+        thumbs = samples.image_thumbnails(table, self.spec)
+        return out if thumbs is None else prepared.attach_thumbnails(out, thumbs)
 
 
 class Tokenize:

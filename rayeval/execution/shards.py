@@ -109,19 +109,22 @@ class Shard:
         self.slabs: dict | None = None
 
     def _keep(self, batch):
-        """A decoded batch as views of the shard's slabs (made at its first batch)."""
+        """A decoded batch as views of the shard's slabs (made at its first batch); its
+        per-item records' items (``tasks.Recorded``) as they came."""
         x, y, buckets = batch
         if self.decode.task.uses_text:
             return (tasks.pin(x), y.pin_memory(), buckets.pin_memory()) if self.pin else batch
         if self.slabs is None:
-            rows = self.rows.num_rows
+            rows, inputs = self.rows.num_rows, tasks.inputs_of(x)
             self.slabs = {"y": Slab(rows, self.pin), "buckets": Slab(rows, self.pin),
-                          "x": ({k: Slab(rows, self.pin) for k in x} if isinstance(x, Mapping)
-                                else Slab(rows, self.pin))}
+                          "x": ({k: Slab(rows, self.pin) for k in inputs}
+                                if isinstance(inputs, Mapping) else Slab(rows, self.pin))}
         slabs = self.slabs
-        x = ({k: slabs["x"][k].keep(v) for k, v in x.items()} if isinstance(x, Mapping)
-             else slabs["x"].keep(x))
-        return x, slabs["y"].keep(y), slabs["buckets"].keep(buckets)
+
+        def keep(inputs):
+            return ({k: slabs["x"][k].keep(v) for k, v in inputs.items()}
+                    if isinstance(inputs, Mapping) else slabs["x"].keep(inputs))
+        return tasks.map_inputs(x, keep), slabs["y"].keep(y), slabs["buckets"].keep(buckets)
 
     def __iter__(self):
         if self.use_cache:

@@ -85,7 +85,7 @@ def parse_sweep(raw: Any, *, base_dir: str, source: str = "<sweep>") -> Sweep:
     defaults = _Defaults(
         batch_size=r.field(EvalSpec, "batch_size", top, "batch_size"),
         bootstrap=r.build(Bootstrap, top.get("bootstrap"), "bootstrap"),
-        samples=r.field(EvalSpec, "samples", top, "samples", default=True))  # text tasks keep
+        samples=r.field(EvalSpec, "samples", top, "samples", default=True))  # where tasks keep
     model = r.build(ModelSpec, top.get("model"), "model")
     validation.model(r, model)
     entries = EntryContext(r, top, model)      # what the rendered entries share
@@ -213,10 +213,11 @@ def _own_settings(r: Reader, m: dict, path: str, defaults: _Defaults) -> tuple[i
 
 
 def _samples(r: Reader, m: dict, path: str, task: str, default: bool) -> bool:
-    """Whether an evaluation keeps per-item records: text tasks do unless turned off (here or
-    by the sweep's top-level ``samples``); other tasks keep none."""
+    """Whether an evaluation keeps per-item records: the tasks that keep them (text tasks,
+    classification: ``Task.keeps_records``) do unless turned off (here or by the sweep's
+    top-level ``samples``); other tasks keep none."""
     if not path or m.get("samples") is None:
-        return default and TASKS[task].uses_text
+        return default and TASKS[task].keeps_records
     given = r.field(EvalSpec, "samples", m, f"{path}.samples", default=default)
     validation.samples(r, given, task, f"{path}.samples")
     return given

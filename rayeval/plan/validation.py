@@ -110,9 +110,9 @@ def generation(r: Reader, g: Generation, path: str) -> None:
 
 
 def samples(r: Reader, given: bool, task: str, path: str) -> None:
-    if given and not TASKS[task].uses_text:
-        r.fail(path, f"task {task} keeps no per-item records (the text tasks do); remove the "
-                     "key")
+    if given and not TASKS[task].keeps_records:
+        r.fail(path, f"task {task} keeps no per-item records (the text tasks and "
+                     "classification do); remove the key")
 
 
 def model(r: Reader, spec: ModelSpec) -> None:

@@ -33,8 +33,8 @@ import pkgutil
 from rayeval.config import plugins as _plugins
 
 from rayeval.core.tasks.base import (TASKS, TOKENS, Classification, Inputs, LanguageModeling,
-                                     Regression, Task, check_finite_inputs, nbytes, pin,
-                                     rows_of, take)
+                                     Recorded, Regression, Task, check_finite_inputs,
+                                     inputs_of, map_inputs, nbytes, pin, rows_of, take)
 # The plain torch helpers a task used to call itself now live with the backends; named here
 # too for the callers that move a batch or probe a model (the driver, a sharded replica).
 from rayeval.core.backends.torch import call_model, logits_of, move, repeat
@@ -56,5 +56,6 @@ def get(name: str) -> Task:
     return TASKS.get(name)
 
 
-__all__ = ["TASKS", "TOKENS", "Inputs", "Task", "get", "call_model", "check_finite_inputs",
-           "logits_of", "move", "nbytes", "pin", "repeat", "rows_of"]
+__all__ = ["TASKS", "TOKENS", "Inputs", "Recorded", "Task", "get", "call_model",
+           "check_finite_inputs", "inputs_of", "logits_of", "map_inputs", "move", "nbytes",
+           "pin", "repeat", "rows_of"]

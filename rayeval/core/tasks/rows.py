@@ -1,6 +1,7 @@
 """A batch's rows as the tasks hold them, and the checks on their values: counting, taking,
-measuring and pinning decoded inputs (a tensor, a mapping of tensors, or a batch object of
-per-row lists), a transform's output checked, and NaN or infinite inputs named by row and column
+measuring and pinning decoded inputs (a tensor, a mapping of tensors, a batch object of
+per-row lists, or either of the first two with per-item records' items: ``Recorded``), a
+transform's output checked, and NaN or infinite inputs named by row and column
 (per batch on the workers; on the driver, the input columns scanned before Ray starts).
 
 Split from ``base`` (which re-exports every name here): ``base`` keeps the ``Task`` base class
@@ -26,7 +27,28 @@ from rayeval.errors import DataError, traceback_of
 from rayeval.io import data
 
 
+@dataclasses.dataclass
+class Recorded:
+    """A tensor task's decoded batch with what each row's per-item record shows of it
+    (``items``: a list per record column, one value per row), made only when the evaluation
+    keeps records. The model sees ``inputs`` alone (``inputs_of``); the functions here carry
+    ``items`` along with the rows they describe (a kept shard, a race's round)."""
+    inputs: Inputs
+    items: dict[str, list]
+
+
+def inputs_of(x) -> Inputs:
+    """What the model takes of a decoded batch."""
+    return x.inputs if isinstance(x, Recorded) else x
+
+
+def map_inputs(x, fn):
+    """``fn`` applied to a decoded batch's model inputs, its records' items kept."""
+    return Recorded(fn(x.inputs), x.items) if isinstance(x, Recorded) else fn(x)
+
+
 def rows_of(x: Inputs) -> int:
+    x = inputs_of(x)
     return int(next(iter(x.values())).shape[0]) if isinstance(x, Mapping) else int(x.shape[0])
 
 
@@ -39,6 +61,9 @@ def take(x: Inputs, index: torch.Tensor, rows: int) -> Inputs:
     if isinstance(x, Mapping):
         return {k: v[index] for k, v in x.items()}
     keep = index.tolist()
+    if isinstance(x, Recorded):
+        return Recorded(take(x.inputs, index, rows),
+                        {k: [v[i] for i in keep] for k, v in x.items.items()})
 
     def part(v):
         if isinstance(v, list) and len(v) == rows:
@@ -54,11 +79,22 @@ def take(x: Inputs, index: torch.Tensor, rows: int) -> Inputs:
 
 
 def nbytes(x: Inputs) -> int:
+    if isinstance(x, Recorded):
+        return nbytes(x.inputs) + _items_nbytes(x.items)
     return sum(int(t.nbytes) for t in x.values()) if isinstance(x, Mapping) else int(x.nbytes)
+
+
+def _items_nbytes(items: dict[str, list]) -> int:
+    """About what records' items hold: each thumbnail's bytes, 8 for any other value (an id,
+    a class): what a kept shard counts against its budget."""
+    return sum(sum(len(t) for t in v) if isinstance(v, list) else 8
+               for column in items.values() for v in column)
 
 
 def pin(x: Inputs) -> Inputs:
     """In page-locked memory, so copies to a GPU are asynchronous and twice as fast."""
+    if isinstance(x, Recorded):
+        return map_inputs(x, pin)
     if isinstance(x, Mapping):
         return {k: v.pin_memory() for k, v in x.items()}
     return x.pin_memory()

@@ -72,6 +72,7 @@ class TextTask(Task):
     needs = "logits of shape (batch, positions, vocab): a causal language model"
     needs_inputs = False
     uses_text = True
+    keeps_records = True
     group_rows = 1024        # items scored together: their requests are batched by length
     reads: ClassVar[tuple[str, ...]] = ()      # the dataset keys of its text columns
 
