@@ -74,10 +74,15 @@ class Report:
                 "records": any(r.get("samples") for r in mine),
             })
         created = [r["created_at"] for r in stored if r.get("created_at") is not None]
+        sweeps = sorted({e.sweep for e in self.board.entries})
+        from rayeval.io.store import ResultStore
+
+        kept = ResultStore(self.store).sweep_texts()
         return {
             "store": self.store,
             "filters": {k: v for k, v in self.filters.items() if v},
-            "sweeps": sorted({e.sweep for e in self.board.entries}),
+            "sweeps": sweeps,
+            "sweep_files": {name: kept[name] for name in sweeps if name in kept},
             "checkpoints": len(self.board.entries),
             "cells": len({r["cell"] for r in stored}),
             "evaluations": evaluations,

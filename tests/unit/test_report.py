@@ -69,6 +69,9 @@ def test_meta_says_where_the_figures_come_from(store):
     assert [e["name"] for e in meta["evaluations"]] == sorted(SUITE)
     assert all(e["rows"] == 1000 and not e["records"] for e in meta["evaluations"])
     assert meta["version"] and meta["store"] == store
+    assert meta["sweep_files"] == {}                  # written cell by cell: no sweep file kept
+    ResultStore(store).keep_sweep("s", "name: s\n")
+    assert Report(store).meta()["sweep_files"] == {"s": "name: s\n"}
 
 
 def test_embedded_json_cannot_end_its_script_block():
