@@ -239,9 +239,10 @@ def test_quickstart_example_end_to_end(tmp_path):
     for name in ("step_000020.pt", "step_000060.pt", "step_000200.safetensors", "step_000600"):
         assert name in proc.stdout
     # --profile: the driver's phases, then each worker phase with its count (4 checkpoints
-    # loaded, 8 cells passed, reduced and, on rank 0, published; each evaluation's rows read
-    # and decoded once, on the first checkpoint, then kept; each pass's batches after its
-    # first: 2 a pass on rank 0), in seconds.
+    # loaded, 8 cells passed and reduced; on rank 0, each cell's per-item records written
+    # and the cell published: 16; each evaluation's rows read and decoded once, on the first
+    # checkpoint, then kept; each pass's batches after its first: 2 a pass on rank 0), in
+    # seconds.
     profile = proc.stderr[proc.stderr.index("profile: "):].splitlines()
     total = float(profile[0].split()[1])
     phases = {ln.split(" s  ")[1].split()[0]: float(ln.split()[0]) for ln in profile[1:]
@@ -251,7 +252,7 @@ def test_quickstart_example_end_to_end(tmp_path):
     counts = {ln.split()[5]: next(w for w in ln.split()[6:] if w.startswith("x"))
               for ln in profile if " s | " in ln}
     assert counts == {"setup": "x1", "load": "x4", "pass": "x8", "first": "x8", "later": "x16",
-                      "streamed": "x2", "reduce": "x8", "publish": "x8"}, profile
+                      "streamed": "x2", "reduce": "x8", "publish": "x16"}, profile
     assert "8 cell(s) evaluated, 0 already in the store, 0 failed" in proc.stdout
     assert "aggregate" in proc.stdout
     # Not a terminal: progress is plain lines on stderr, ending with everything done.
@@ -278,6 +279,8 @@ def test_quickstart_example_end_to_end(tmp_path):
     quiet = rayeval_main("run", str(example / "sweep.yaml"), "--quiet", cwd=str(tmp_path))
     assert quiet.returncode == 0 and quiet.stderr == ""
 
+    _digits_items(example / "out", tmp_path)
+
     html = rayeval_main("leaderboard", str(example / "out"), "--format", "html")
     assert html.returncode == 0 and html.stdout.startswith("<!DOCTYPE html>")
     assert "<script" not in html.stdout and "http" not in html.stdout, "self-contained"
@@ -296,6 +299,26 @@ def test_quickstart_example_end_to_end(tmp_path):
     coloured = ((rgb.max(axis=2) - rgb.min(axis=2)) > 0.2).mean()
     assert coloured > 0.002, coloured
     assert not list(tmp_path.glob(".rayeval-plot-*")), "no temporary file left"
+
+
+def _digits_items(out, folder):
+    """Classification keeps per-item records by default: the digits store's items, and a
+    page of them for each of its 8 cells."""
+    both = rayeval_main("samples", str(out), "--checkpoint", "step_000600")
+    kept = both.stderr.split("has per-item records for ")[-1].strip()
+    assert both.returncode == 2 and sorted(kept.split(", ")) == ["clean", "noisy"], both.stderr
+    csv = rayeval_main("samples", str(out), "--checkpoint", "step_000600", "--eval", "noisy",
+                       "--format", "csv")
+    lines = csv.stdout.splitlines()
+    assert csv.returncode == 0 and len(lines) == 2004, csv.stderr
+    assert lines[0] == "id,target,response,probability,accuracy,nll"
+    board = rayeval_main("leaderboard", str(out), "--format", "html", "--samples-dir", "items",
+                         cwd=str(folder))
+    assert board.returncode == 0, board.stderr
+    pages = sorted((folder / "items").iterdir())
+    assert len(pages) == 8 and all(f'href="items/{p.name}"' in board.stdout for p in pages)
+    sizes = {p.read_text().count('<div class="item') for p in pages}
+    assert sizes == {1009, 2003}, sizes
 
 
 @pytest.mark.ray

@@ -224,7 +224,11 @@ def test_every_row_once_and_identical_results_for_1_2_3_workers(ray_cluster, tmp
     2 and 3 workers: every row counted exactly once, values equal to a single-process
     reference, and values, intervals and replicates bit-identical across world sizes.
     Integer-valued weights and inputs make the model's own arithmetic exact, so any difference
-    between world sizes would come from rayeval (sharding, reduction, bootstrap)."""
+    between world sizes would come from rayeval (sharding, reduction, bootstrap).
+
+    The per-item records (kept by default for classification) hold every row once across
+    the workers' files, each item's predicted class and its probability as a plain torch
+    loop gives them, and per-item accuracies whose mean is the stored accuracy exactly."""
     write_model_module(str(tmp_path))
     rng = np.random.default_rng(5)
     x = rng.integers(-3, 4, size=(10_007, 8)).astype(np.float32)
@@ -238,15 +242,18 @@ def test_every_row_once_and_identical_results_for_1_2_3_workers(ray_cluster, tmp
     model.load_state_dict(weights)
     reference = reference_metrics(model, x, y)
     metrics = ["accuracy", "nll", "macro_f1", "brier", "ece", "auroc"]
-    stores = []
+    stores, records = [], []
     for workers in (1, 2, 3):
         sweep = load_sweep(write_sweep(str(tmp_path), f"w{workers}.yaml", workers=workers,
                                        output=f"out{workers}", metrics=metrics, batch_size=50,
                                        model={"factory": "tiny_models:build_relu"},
-                                       bootstrap={"replicates": 300, "buckets": 256}))
+                                       bootstrap={"replicates": 300, "buckets": 256},
+                                       dataset={"path": "data.parquet", "inputs": "x",
+                                                "target": "y", "id": "row"}))
         report = run_sweep(sweep)
         assert report.outcomes[0].ok and report.outcomes[0].rows == 10_007
         stores.append({r["metric"]: r for r in ResultStore(sweep.output).read().to_pylist()})
+        records.append(_records(sweep.output, workers, stores[-1]["accuracy"]))
     for metric, value in reference.items():
         assert stores[0][metric]["value"] == pytest.approx(value, rel=1e-12), metric
     for metric in metrics:
@@ -257,6 +264,28 @@ def test_every_row_once_and_identical_results_for_1_2_3_workers(ray_cluster, tmp
             for field in ("value", "ci_low", "ci_high", "replicates", "num_samples"):
                 assert other[field] == one[field], (metric, field)
     assert [s["accuracy"]["world_size"] for s in stores] == [1, 2, 3]
+    with torch.no_grad():                   # the plain loop: one forward pass over every row
+        logits = model(torch.from_numpy(x))
+    prob, pred = torch.softmax(logits.double(), dim=1).max(dim=1)
+    assert torch.equal(pred, logits.argmax(dim=1))
+    for got in records:
+        assert got["id"] == list(range(10_007)), "every row once, across the workers' files"
+        assert got["target"] == [str(c) for c in y.tolist()]
+        assert got["response"] == [str(c) for c in pred.tolist()]
+        assert got["probability"] == prob.tolist()
+        assert got == records[0], "the same records on 1, 2 and 3 workers"
+
+
+def _records(output: str, workers: int, accuracy: dict) -> dict[str, list]:
+    """A cell's records as one table, by id: one file per worker, and the mean of their
+    per-item accuracy equal to the stored accuracy to the bit."""
+    from rayeval.reporting.samples import read_cell_samples
+
+    files = os.listdir(os.path.join(output, "samples", accuracy["cell"]))
+    assert len(files) == workers, files
+    _, table = read_cell_samples(output, [accuracy], None)
+    assert float(np.mean(table["accuracy"].to_numpy())) == accuracy["value"]
+    return table.to_pydict()
 
 
 LM_MODULE = '''
