@@ -650,7 +650,7 @@
     else {
       var raw = cell.raw_response && cell.raw_response[k];
       if (cell.responses && cell.responses[k]) cell.responses[k].forEach(function (v, j) { body.appendChild(field('answer ' + (j + 1), shownAnswer(v))); });
-      else if (cell.response) body.appendChild(field(b === null ? 'answer' : 'answer A', shownAnswer(cell.response[k])));
+      else if (cell.response) body.appendChild(field((cell.probability ? 'prediction' : 'answer') + (b === null ? '' : ' A'), shownAnswer(cell.response[k])));
       if (raw !== null && raw !== undefined && raw !== (cell.response && cell.response[k])) body.appendChild(field('raw generation', shownAnswer(raw)));
       if (other && other.response) body.appendChild(field('answer B', shownAnswer(other.response[k])));
       if (items.target && items.target[k] !== null) body.appendChild(field('target', shownAnswer(items.target[k])));
