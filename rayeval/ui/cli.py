@@ -132,9 +132,10 @@ def _parser() -> argparse.ArgumentParser:
                     help="also each lm-eval group's tasks (NAME/TASK), not only its aggregate")
     lb.add_argument("--replicates", action="store_true",
                     help="with --format json: include each row's bootstrap replicate values")
-    lb.add_argument("--plot", metavar="FILE.png",
+    lb.add_argument("--plot", metavar="FILE",
                     help="also draw each column (or only --metric) against the training step, "
-                         "one line per sweep with its interval band")
+                         "one line per sweep with its interval band; FILE.png, .svg or .pdf "
+                         "(rayeval report draws the same in a page you can explore)")
     lb.add_argument("--to-mlflow", metavar="URI",
                     help="also log the rows to this MLflow tracking server: each sweep into "
                          "its own run (found again by its rayeval.sweep tag), or --run-id")
