@@ -99,3 +99,22 @@ def lmms_suite(tmp_path_factory, tiny_vlm):
     root = str(tmp_path_factory.mktemp("lmms_suite"))
     folders = write_suite(root)
     return {"model": tiny_vlm, "tasks": folders, "reference": run_suite(tiny_vlm, root)}
+
+
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """torch on one thread in this process for the module (put back after it): the reference
+    computations a module runs here (transformers loops, lm-eval's simple_evaluate, rayeval's
+    one-process passes) are on models of a few thousand weights, where a second intra-op
+    thread only adds synchronisation, and on the shared 2-core machine beside a Ray run's
+    workers it spins against them: the judge module's plain loop took 17 s on 2 threads and
+    2.3 s on 1 (load 5-6). Ray's workers run on one thread already (OMP_NUM_THREADS=1), so the
+    references are computed as the workers compute."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)

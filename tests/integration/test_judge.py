@@ -29,7 +29,8 @@ from support import local_ray  # noqa: E402
 import rayeval  # noqa: E402
 from rayeval.io.store import ResultStore, latest_rows  # noqa: E402
 
-pytestmark = pytest.mark.ray
+# the plain loops run on one torch thread (tests/conftest.py): 2.3 s instead of 17 s beside Ray
+pytestmark = [pytest.mark.ray, pytest.mark.usefixtures("one_torch_thread")]
 RUNS = ((2, 1), (3, 16))        # (workers, batch size)
 EDITED = judge_support.PROMPT.replace("Answer:", "Their answer:")
 PAIRWISE = "Question: {{ question }}\nA: {{ response_a }}\nB: {{ response_b }}"
