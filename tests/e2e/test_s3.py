@@ -94,6 +94,9 @@ def test_data_checkpoints_and_results_in_s3(s3, ray_cluster, tmp_path):
     # Fingerprints of S3 objects: a second run evaluates nothing.
     again = run_sweep(load_sweep(path))
     assert again.outcomes == [] and len(again.plan.cached) == 4
+    # nothing evaluated, so nothing kept: the text behind the rows stays the newest
+    assert [t for _, t in store.sweep_files(sweep.name)[sweep.name]] == [written]
+    assert store.keep_sweep(sweep.name, written + "# edited\n") is not None
     assert [t for _, t in store.sweep_files(sweep.name)[sweep.name]] == \
         [written + "# edited\n", written]
 
