@@ -82,7 +82,7 @@ class RunSequence:
     """The run of a plan, written once: ``run_sweep``'s plan (``preflight.prepare``) and each
     ``rayeval watch`` poll's (``preflight.plan_cells``) go through it, inside their one
     ``RayLifecycle``. The sweep file kept in the store (``keep_sweep``, at the first plan
-    with cells to evaluate);
+    with cells to evaluate, once Ray is up);
     ``on_plan``; when the plan has cells, Ray up (``life.ensure_ray``) and ``fit(plan)`` while
     ``life.following`` them; then the lm-eval group aggregates whose members are all stored
     published (``groups.publish``), the run's cells consolidated into one part
@@ -110,10 +110,10 @@ class RunSequence:
         run.on_plan(plan)
         outcomes: list[CellOutcome] | None = []
         if plan.cells:
-            if not self.kept:         # a plan with nothing to evaluate writes nothing
+            self.life.ensure_ray()
+            if not self.kept:         # nothing to evaluate, or no Ray to do it: nothing written
                 keep_sweep(plan.sweep)
                 self.kept = True
-            self.life.ensure_ray()
             with self.life.following((c.key for c in plan.cells), discard_now=self.discard_now):
                 outcomes = self.fit(plan)
             if outcomes is None:
@@ -160,9 +160,10 @@ def run_sweep(sweep: Sweep, *, address: str | None = None, force: bool = False,
 
 def keep_sweep(sweep: Sweep) -> None:
     """The sweep file's text into the store before any cell (``io.store_sweeps``): the sweep
-    a report shows behind the rows. After the plan and only when it has cells to evaluate, so
-    a sweep that fails its pre-flight, or whose every checkpoint fails before Ray, leaves
-    nothing; a sweep built in Python has no text and keeps none."""
+    a report shows behind the rows. After the plan, only when it has cells to evaluate and
+    Ray is up, so a sweep that fails its pre-flight, whose every checkpoint fails before Ray,
+    or whose cluster does not answer leaves nothing; a sweep built in Python has no text and
+    keeps none."""
     if sweep.text:
         ResultStore(sweep.output).keep_sweep(sweep.name, sweep.text)
 
