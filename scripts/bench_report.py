@@ -37,15 +37,16 @@ byte, bytes) and Chromium's own counters (``Performance.getMetrics``: script, la
 recalculation, DOM nodes) are printed too, and ``--breakdown`` times the Python side view by
 view in this process (the view store's marks and paired take minutes).
 
-    python scripts/bench_report.py                  # issue 45's sizes (a few minutes)
-    python scripts/bench_report.py --quick          # small sizes, under a minute
+    python scripts/bench_report.py                  # issue 45's sizes (~12 minutes)
+    python scripts/bench_report.py --quick          # small sizes (~25 s; the first, with the example, ~55 s)
     python scripts/bench_report.py --only view --cell CELL.parquet --work /tmp/br --keep
 
-``--cell FILE`` names a stored cell's parquet file (else the digits example is run once, ~20 s;
-with ``--work`` the cell is kept there as ``cell.parquet`` and reused, and so are stores kept
-with ``--keep`` whose shape is the same). Disk: the 100,000-cell store is ~2.4 GB (its
-replicates do not compress); it takes ~1 minute to build. The machine's load (``uptime``) is
-printed with the figures.
+``--cell FILE`` names a stored cell's parquet file; else the digits example is run once (~20 s)
+and its cell kept as ``rayeval-bench-report-cell.parquet`` in ``--work`` or, without it, in the
+temporary folder (/tmp), and used again by later runs (delete it to run the example again).
+Stores kept with ``--keep`` in ``--work`` are used again where their shape is the same. Disk:
+the 100,000-cell store is ~2.4 GB (its replicates do not compress; ~1 minute to build). The
+machine's load (``uptime``) is printed with the figures.
 """
 
 from __future__ import annotations
@@ -73,6 +74,7 @@ sys.path.insert(0, SCRIPTS)
 import bench_store  # noqa: E402 - its real_cell, synth and build
 
 CHROMIUM = os.environ.get("RAYEVAL_CHROMIUM", "/usr/bin/chromium")
+CELL_FILE = "rayeval-bench-report-cell.parquet"    # the digits example's cell, kept
 RECORDS_EVALUATION = "eval-000"
 TAG = "bench"
 BOARD_TARGET_S, ITEMS_TARGET_S = 2.0, 1.0
@@ -651,8 +653,8 @@ def main(argv=None) -> int:
     p.add_argument("--only", choices=("report", "view"))
     p.add_argument("--breakdown", action="store_true",
                    help="also time the Python side view by view, in this process")
-    p.add_argument("--cell", help="a stored cell's parquet file (default: run the digits "
-                                  "example, or reuse WORK/cell.parquet)")
+    p.add_argument("--cell", help="a stored cell's parquet file (default: the digits "
+                                  f"example's, run once and kept as {CELL_FILE})")
     p.add_argument("--work", help="where to build the stores (default: a temporary folder)")
     p.add_argument("--keep", action="store_true", help="keep the stores")
     p.add_argument("--chromium", default=CHROMIUM)
@@ -671,16 +673,19 @@ def main(argv=None) -> int:
     print(figures["uptime"][0], flush=True)
     browser = None
     try:
-        kept = os.path.join(work, "cell.parquet")
+        kept = os.path.join(work if args.work else tempfile.gettempdir(), CELL_FILE)
         if args.cell:
             cell = pq.read_table(args.cell)
         elif os.path.exists(kept):
             cell = pq.read_table(kept)
         else:
             cell = bench_store.real_cell(None, work)
-            pq.write_table(cell, kept)
+            pq.write_table(cell, kept + ".partial")
+            os.replace(kept + ".partial", kept)
         print(f"real cell: {cell.num_rows} rows, "
-              f"{len(cell['replicates'][0].as_py() or [])} replicates a row", flush=True)
+              f"{len(cell['replicates'][0].as_py() or [])} replicates a row"
+              + ("" if args.cell else f" ({kept}; delete it to run the example again)"),
+              flush=True)
         browser = Browser(args.chromium)
         if args.only in (None, "report"):
             figures["report"] = bench_report(args, cell, work, browser)
