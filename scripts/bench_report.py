@@ -38,7 +38,7 @@ recalculation, DOM nodes) are printed too, and ``--breakdown`` times the Python 
 view in this process (the view store's marks and paired take minutes).
 
     python scripts/bench_report.py                  # issue 45's sizes (~12 minutes)
-    python scripts/bench_report.py --quick          # small sizes (~25 s; the first, with the example, ~55 s)
+    python scripts/bench_report.py --quick          # small sizes (~25 s; first run ~55 s)
     python scripts/bench_report.py --only view --cell CELL.parquet --work /tmp/br --keep
 
 ``--cell FILE`` names a stored cell's parquet file; else the digits example is run once (~20 s)
