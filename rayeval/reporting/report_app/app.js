@@ -111,12 +111,19 @@
     var r = route();
     S.route = r;
     frame();
-    var main = clear(document.getElementById('main'));
+    // each render draws into its own container: a view that finishes after the reader moved
+    // on draws into a node no longer in the page
+    var main = el('div', { 'class': 'view' });
+    clear(document.getElementById('main')).appendChild(main);
     var view = { board: boardView, curves: curvesView, items: itemsView, compare: compareView,
                  about: aboutView, entry: entryView, item: itemPage }[r.view] || boardView;
     var hash = location.hash;
     document.body.removeAttribute('data-rendered');
-    var done = function () { if (location.hash === hash) document.body.setAttribute('data-rendered', hash || '#'); };
+    var done = function () {
+      if (location.hash !== hash) return;
+      document.body.setAttribute('data-rendered', hash || '#');
+      document.body.setAttribute('data-ready', '1');        // the first view is drawn
+    };
     var fail = function (e) { main.appendChild(el('p', { 'class': 'error', text: String(e.message || e) })); done(); };
     try {
       Promise.resolve(view(main, r)).then(done, fail);
@@ -178,17 +185,54 @@
       on: { change: function (e) { setParam('metric', e.target.value); } } })]));
     main.appendChild(bar);
     var cols = shownColumns(r), rows = shownEntries(r);
-    return marked(cols).then(function () { boardTable(main, r, cols, rows); });
+    var shown = pageOfColumns(main, r, cols);
+    var table = boardTable(main, r, shown, rows);
+    // a big store's board comes without marks: they fill in as the server computes them
+    marked(shown, function (names) { remark(table, shown, names); });
   }
 
-  function marked(cols) {
-    // a big store's board comes without marks: the server marks the columns shown
+  var COLUMN_PAGE = 60;      // columns drawn at once: 100 rows x 301 columns is 150,000 nodes
+  function pageOfColumns(main, r, cols) {
+    if (cols.length <= COLUMN_PAGE) return cols;
+    var page = Math.min(+(r.cols || 0), Math.ceil(cols.length / COLUMN_PAGE) - 1);
+    var p = el('div', { 'class': 'pager' });
+    p.appendChild(el('button', { disabled: page <= 0, text: '\u2190 columns', on: { click: function () { setParam('cols', String(page - 1)); } } }));
+    p.appendChild(el('span', { text: 'columns ' + (page * COLUMN_PAGE + 1) + '\u2013' + Math.min(cols.length, (page + 1) * COLUMN_PAGE) +
+      ' of ' + cols.length + ' (filter by evaluation or metric to see fewer)' }));
+    p.appendChild(el('button', { disabled: (page + 1) * COLUMN_PAGE >= cols.length, text: 'columns \u2192', on: { click: function () { setParam('cols', String(page + 1)); } } }));
+    main.appendChild(p);
+    return cols.slice(page * COLUMN_PAGE, (page + 1) * COLUMN_PAGE);
+  }
+
+  function marked(cols, then) {
+    // the marks of columns not marked yet, asked for a few columns at a time (each needs its
+    // rows' replicates read and compared); ``then(names)`` as each part arrives
     var b = S.board;
     var wanted = cols.map(function (i) { return b.columns[i].name; })
       .filter(function (n) { return b.marked.indexOf(n) < 0; });
     if (!wanted.length || VIEWS) return Promise.resolve();
-    return get(q('marks', { columns: wanted.join(',') })).then(function (m) {
-      b.columns.forEach(function (c) { if (m[c.name]) { c.marks = m[c.name]; b.marked.push(c.name); } });
+    var chunks = [];
+    for (var k = 0; k < wanted.length; k += 8) chunks.push(wanted.slice(k, k + 8));
+    return chunks.reduce(function (prev, chunk) {
+      return prev.then(function () {
+        return get(q('marks', { columns: chunk.join(',') })).then(function (m) {
+          b.columns.forEach(function (c) { if (m[c.name]) { c.marks = m[c.name]; b.marked.push(c.name); } });
+          if (then) then(chunk);
+        });
+      });
+    }, Promise.resolve());
+  }
+
+  function remark(table, cols, names) {
+    // redraw the cells of the newly marked columns in place
+    if (!table.isConnected) return;
+    var b = S.board;
+    cols.forEach(function (j, k) {
+      if (names.indexOf(b.columns[j].name) < 0) return;
+      Array.prototype.forEach.call(table.tBodies[0].rows, function (tr) {
+        var old = tr.cells[4 + k];
+        tr.replaceChild(boardCell(b.columns[j], +tr.dataset.entry, old.classList.contains('first')), old);
+      });
     });
   }
 
@@ -254,6 +298,7 @@
       body.appendChild(tr);
     });
     var table = el('table', { 'class': 'board' }, [el('thead', null, [head1, head2]), body]);
+    var rendered = table;
     main.appendChild(el('div', { 'class': 'scroll' }, [table]));
     main.appendChild(pager(page, pages, rows.length, 'checkpoint(s)'));
     var level = pct(S.meta.level);
@@ -266,6 +311,7 @@
     b.notes.forEach(function (n) {
       main.appendChild(el('p', { 'class': 'note' + (/^warning/.test(n) ? ' warning' : ''), text: n }));
     });
+    return rendered;
   }
 
   function sortHead(text, key, r) {
@@ -291,7 +337,7 @@
     var mark = c.marks ? c.marks.charAt(i) : '.';
     if (mark === '*') td.classList.add('best');
     if (mark === '~') td.classList.add('tied');
-    var low = c.low[i], high = c.high[i], kind = c.kind[i];
+    var low = c.low[i], high = c.high[i], kind = KINDS[c.kind.charAt(i)];
     td.appendChild(document.createTextNode(fmt(v)));
     td.appendChild(el('span', { 'class': 'mark', text: mark === '.' ? '' : mark }));
     var tip = c.name + ' = ' + fmt(v);
@@ -307,6 +353,7 @@
     return td;
   }
 
+  var KINDS = { b: 'bootstrap', e: 'exact', '.': '' };
   function columnRange(c) {
     if (c._range) return c._range;
     var lo = Infinity, hi = -Infinity;
@@ -889,7 +936,7 @@
       if (c.values[i] === null) return;
       var ev = c.evaluation, rec = evaluationsWithRecords().indexOf(ev) >= 0;
       t.appendChild(el('tr', null, [el('td', { 'class': 'name', text: c.name }), boardCell(c, i, false),
-        el('td', { text: c.low[i] === null ? '-' : '[' + fmt(c.low[i]) + ', ' + fmt(c.high[i]) + ']' + (c.kind[i] === 'exact' ? ' exact' : '') }),
+        el('td', { text: c.low[i] === null ? '-' : '[' + fmt(c.low[i]) + ', ' + fmt(c.high[i]) + ']' + (c.kind.charAt(i) === 'e' ? ' exact' : '') }),
         el('td', { text: c.n[i] === null ? '-' : String(c.n[i]) }), el('td', { 'class': 'mono', text: e.cells[ev] || '' }),
         el('td', null, [rec ? el('a', { href: '#items?evaluation=' + encodeURIComponent(ev) + '&entry=' + i, text: 'items' }) : ''])]));
     });
@@ -902,7 +949,6 @@
     S.meta = got[0]; S.board = got[1];
     S.board.columns.forEach(function (c) { if (S.board.marked.indexOf(c.name) < 0 && c.marks && /^\.*$/.test(c.marks)) c.marks = null; });
     render();
-    document.body.setAttribute('data-ready', '1');
   }).catch(function (e) {
     document.getElementById('main').appendChild(el('p', { 'class': 'error', text: 'The report could not load: ' + (e.message || e) }));
   });
