@@ -27,9 +27,11 @@ def serve(report: Report, port: int, title: str, ready=None) -> None:
 
 
 def make_server(report: Report, port: int, title: str) -> ThreadingHTTPServer:
-    """A server on 127.0.0.1:``port`` (0: a free one); views are computed one at a time (the
-    report's caches are not shared between threads)."""
-    lock = threading.Lock()
+    """A server on 127.0.0.1:``port`` (0: a free one). Views that read replicates (marks,
+    paired differences: seconds each on a big store) take one lock and those that read records
+    (items, a cell) another, so a reader's items never wait behind a board's marks; within
+    each kind, one at a time (their caches are not shared between threads)."""
+    locks = {name: threading.Lock() for name in ("replicates", "records")}
     shell = page(None, title).encode("utf-8")
     # what every page asks for first, made before the address is printed (the board of a
     # 100,000-cell store: ~2 s that would otherwise delay its first paint)
@@ -47,7 +49,7 @@ def make_server(report: Report, port: int, title: str) -> ThreadingHTTPServer:
             if name in ready and not query:
                 return self._send(200, "application/json", ready[name])
             try:
-                with lock:
+                with locks["records" if name in ("items", "cell") else "replicates"]:
                     body = embedded_json(report.view(name, query))
             except RayevalError as e:
                 return self._json(400, {"error": str(e)})

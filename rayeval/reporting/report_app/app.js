@@ -187,8 +187,10 @@
     var cols = shownColumns(r), rows = shownEntries(r);
     var shown = pageOfColumns(main, r, cols);
     var table = boardTable(main, r, shown, rows);
-    // a big store's board comes without marks: they fill in as the server computes them
-    marked(shown, function (names) { remark(table, shown, names); });
+    // a big store's board comes without marks: they fill in as the server computes them,
+    // until the reader leaves the board
+    marked(shown, function (names) { remark(table, shown, names); },
+           function () { return table.isConnected; });
   }
 
   var COLUMN_PAGE = 60;      // columns drawn at once: 100 rows x 301 columns is 150,000 nodes
@@ -204,7 +206,7 @@
     return cols.slice(page * COLUMN_PAGE, (page + 1) * COLUMN_PAGE);
   }
 
-  function marked(cols, then) {
+  function marked(cols, then, wanted_still) {
     // the marks of columns not marked yet, asked for a few columns at a time (each needs its
     // rows' replicates read and compared); ``then(names)`` as each part arrives
     var b = S.board;
@@ -215,6 +217,7 @@
     for (var k = 0; k < wanted.length; k += 8) chunks.push(wanted.slice(k, k + 8));
     return chunks.reduce(function (prev, chunk) {
       return prev.then(function () {
+        if (wanted_still && !wanted_still()) return null;
         return get(q('marks', { columns: chunk.join(',') })).then(function (m) {
           b.columns.forEach(function (c) { if (m[c.name]) { c.marks = m[c.name]; b.marked.push(c.name); } });
           if (then) then(chunk);
