@@ -564,6 +564,7 @@
       return;
     }
     var ev = r.evaluation && evs.indexOf(r.evaluation) >= 0 ? r.evaluation : evs[0];
+    if (r.entry !== undefined && !VIEWS) get(q('cell', { evaluation: ev, entry: +r.entry })).catch(function () {});  // beside the items
     return get(q('items', { evaluation: ev })).then(function (items) {
       if (!items) { main.appendChild(el('p', { text: 'This file holds no items of ' + ev + '; rayeval view STORE shows them.' })); return; }
       var holders = items.entries;
