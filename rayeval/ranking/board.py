@@ -173,16 +173,22 @@ def without_members_table(table):
     return table if all(keep) else table.filter(pa.array(keep))
 
 
+def with_replicates(board: Board, columns: list[Column]) -> None:
+    """Read the replicates of these columns' rows where the board was made without them (for
+    marks, or paired differences; the aggregate's rows carry theirs)."""
+    if board.read_replicates is None:
+        return
+    wanted = [e.rows[c.name] for c in columns if c.name != AGGREGATE
+              for e in board.entries if c.name in e.rows and "replicates" not in e.rows[c.name]]
+    if wanted:
+        board.read_replicates(wanted)
+
+
 def mark(board: Board, columns: list[Column]) -> None:
     """Set the marks of these columns, reading their rows' replicates first where the board
     was made without them."""
     columns = [c for c in columns if c.name not in board.marked]
-    if board.read_replicates is not None:
-        wanted = [e.rows[c.name] for c in columns if c.name != AGGREGATE
-                  for e in board.entries if c.name in e.rows
-                  and "replicates" not in e.rows[c.name]]
-        if wanted:
-            board.read_replicates(wanted)
+    with_replicates(board, columns)
     for c in columns:
         if c.name not in board.marked:
             _mark(board.entries, c.name, c.higher_is_better)

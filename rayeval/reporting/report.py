@@ -197,12 +197,13 @@ class Report:
         """Entry - reference on the same bootstrap replicates, per column: [difference, low,
         high] per entry, or None where they do not pair (``ranking.compare.paired``)."""
         from rayeval.io.store import confidence_of
-        from rayeval.ranking import mark, paired
+        from rayeval.ranking import paired
+        from rayeval.ranking.board import with_replicates
 
         entries = self.board.entries
         if not 0 <= ref < len(entries):
             raise StoreError(f"ref: no entry {ref} (the board has {len(entries)})")
-        mark(self.board, [c for c in self.board.columns])   # reads the rows' replicates
+        with_replicates(self.board, self.board.columns)
         base = entries[ref]
         out = {}
         for c in self.board.columns:
@@ -225,6 +226,8 @@ class Report:
     def items(self, evaluation: str) -> dict:
         """An evaluation's items, by id in one order, and the entries that kept records of
         it; what describes an item is read from the first of them."""
+        from rayeval.reporting.samples_page import data_uri
+
         holders = self.items_entries(evaluation)
         if not holders:
             raise StoreError(f"evaluation: {evaluation!r} kept no per-item records in this "
@@ -236,7 +239,7 @@ class Report:
                else list(range(table.num_rows))}
         for f in shown:
             values = table[f].to_pylist()
-            out[f] = [[_data_uri(p) for p in v] if v else v for v in values] \
+            out[f] = [[data_uri(p) for p in v] if v else v for v in values] \
                 if f == "thumbnails" else values
         out["metrics"] = self._item_metrics(table)
         out["right_or_wrong"] = _right_or_wrong(table, evaluation)
@@ -261,7 +264,7 @@ class Report:
                 out[f] = aligned[f].to_pylist()
         if "context" in table.column_names:      # another sweep's template: its own context
             shared = self._cell_table(evaluation, self.items_entries(evaluation)[0])
-            if not _same_column(aligned, shared, "context", first):
+            if not _same_column(aligned, shared, "context"):
                 out["context"] = aligned["context"].to_pylist()
         return out
 
@@ -367,7 +370,7 @@ def _cell_row(entry, evaluation: str) -> dict | None:
                  if r.get("dataset") == evaluation and r.get("samples")), None)
 
 
-def _same_column(a, b, name: str, order: list) -> bool:
+def _same_column(a, b, name: str) -> bool:
     return a[name].to_pylist() == b[name].to_pylist() if a.num_rows == b.num_rows else False
 
 
@@ -378,11 +381,6 @@ def _epoch(entry) -> int | None:
 def _number(v):
     return None if v is None or (isinstance(v, float) and math.isnan(v)) else v
 
-
-def _data_uri(png: bytes) -> str:
-    from rayeval.reporting.samples_page import data_uri
-
-    return data_uri(png)
 
 
 def _required(query: dict[str, str], key: str) -> str:
