@@ -384,7 +384,8 @@ class EvalSpec:
 # select) live in ``config.run_schema``; named here too, where the loader, the cache key, the
 # README test and every caller read the sweep's types.
 from rayeval.config.run_schema import (RUN_ID, WANDB_MODES, WATCH_ORDERS,  # noqa: F401
-                                       MlflowTracker, Parallelism, Recovery, Select, Trackers,
+                                       MlflowTracker, Parallelism, Recovery, Resume, Select,
+                                       Trackers,
                                        WandbTracker, WatchSpec)
 
 
@@ -446,6 +447,8 @@ class Sweep:
                                          numbers=True, default=CheckpointSpec())
     recovery: Recovery = setting("Restarts after a worker fails or stalls.", numbers=False,
                                  default=Recovery())
+    resume: Resume = setting("How a cell in progress is kept for a later run.",
+                             numbers=False, default=Resume())
     resources_per_worker: tuple[tuple[str, float], ...] = setting(
         "Ray resources each worker holds.", numbers=False, default=(), minimum=0,
         expected="a mapping of resource names to amounts (e.g. {CPU: 4, GPU: 1})")

@@ -13,6 +13,7 @@ pass itself is ``core.evaluate.Pass``.
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 
 import torch
 
@@ -34,8 +35,19 @@ from rayeval.plan.cells import Cell, CellOutcome, Evaluation, Plan
 
 _FAILED = "_failed"            # extra entries in the reduced vector: any rank failed the cell,
 _CACHE_OVERFLOW = "_overflow"  # any rank's shard was too big to keep,
-_STOP = "_stop"                # any rank was told to stop (the driver got SIGINT or SIGTERM)
-_FLAGS = (_FAILED, _CACHE_OVERFLOW, _STOP)
+_STOP = "_stop"                # any rank was told to stop (the driver got SIGINT or SIGTERM),
+_WALL = "_wall_us"             # the ranks' seconds in the pass, and in scoring (microseconds,
+_BUSY = "_busy_us"             # summed): what a segment of a cell costs (``resume.Schedule``)
+_FLAGS = (_FAILED, _CACHE_OVERFLOW, _STOP, _WALL, _BUSY)
+
+
+@dataclass(frozen=True)
+class Cost:
+    """What the last pass cost, the same on every rank (from the reduced sums): seconds of a
+    rank's pass and of its scoring (means over the ranks), and the rows this rank scored."""
+    wall: float = 0.0
+    busy: float = 0.0
+    rows: int = 0
 
 
 class CellScorer:
@@ -71,6 +83,7 @@ class CellScorer:
         self.samples_store = ResultStore(plan.sweep.output) if any(
             ev.spec.samples for ev in plan.evaluations) else None
         self.samples_tag = plan.run_id
+        self.cost = Cost()             # of the last pass (``score``)
 
     def start(self, evaluations) -> None:
         """Start the pipelines of these evaluations (while the first checkpoint loads)."""
@@ -94,12 +107,15 @@ class CellScorer:
                 if shard.decode.use(tokenizer):
                     shard.reset()
 
-    def score(self, model, cell: Cell, step, index: int, within
-              ) -> tuple[dict | None, CellOutcome | None]:
+    def score(self, model, cell: Cell, step, index: int, within, records: str | None = None,
+              done: int = 0) -> tuple[dict | None, CellOutcome | None]:
         """Pass and reduce one cell on every rank: (its merged states, None), or (None, its
         failed outcome on rank 0 / None on the others). ``index``: the cell's place in the
         ledger's progress; ``within``: only the rows of these bootstrap buckets [lo, hi)
-        (a race's round, the rest of a partial cell), None: every row."""
+        (a race's round, a segment of a cell, the rest of a partial cell), None: every row;
+        ``records``: the tag this pass's per-item records are written under (None: none are
+        kept); ``done``: the rows this rank counted before the pass, for the progress. What
+        the pass cost is ``self.cost`` afterwards."""
         ctx = self.ctx
         ev = self.plan.evaluation(cell.evaluation)
         shard = self.shards[ev.name]
@@ -107,19 +123,23 @@ class CellScorer:
         began = time.perf_counter()
         ctx.mark("pass", f"during the pass over {cell.checkpoint.location} on {ev.name}")
         with ctx.timer.span("pass", doing=first_rows(ev)):
-            states, error, stopped, samples = self.one_pass(model, cell, ev, index, within)
+            states, error, stopped, samples, busy, rows = self.one_pass(
+                model, cell, ev, index, within, records is not None, done)
+        wall = time.perf_counter() - began
         if streamed:
-            ctx.timer.add("streamed", time.perf_counter() - began)
+            ctx.timer.add("streamed", wall)
         if samples is not None and not error and not stopped:
             # before the reduce: once rank 0 publishes, every rank's records are in place
             with ctx.timer.span("publish"):
-                error = self.write_samples(cell, ev, samples)
+                error = self.write_samples(cell, ev, samples, records)
         if error:
             # before the reduce: rank 0 reads it
             ctx.ledger.cell_error(cell.key, error, ctx.details.get(cell.key))
         states[_FAILED] = torch.tensor(1 if error else 0, dtype=torch.int64)
         states[_CACHE_OVERFLOW] = torch.tensor(int(shard.overflowed), dtype=torch.int64)
         states[_STOP] = torch.tensor(int(stopped or ctx.ledger.stopping()), dtype=torch.int64)
+        states[_WALL] = torch.tensor(int(wall * 1e6), dtype=torch.int64)
+        states[_BUSY] = torch.tensor(int(busy * 1e6), dtype=torch.int64)
         where = f"the end of the pass over {cell.checkpoint.location} on {ev.name}"
         ctx.mark("reduce", f"during the all-reduce of the states of "
                            f"{cell.checkpoint.location} on {ev.name}")
@@ -128,6 +148,8 @@ class CellScorer:
             merged = dist.all_reduce_states(states, where, ctx.timeout)   # the one reduce
         if merged[_STOP]:
             raise Stop
+        self.cost = Cost(wall=int(merged[_WALL]) / 1e6 / ctx.world,
+                         busy=int(merged[_BUSY]) / 1e6 / ctx.world, rows=rows)
         shard.agree(bool(merged[_CACHE_OVERFLOW]))
         if not merged[_FAILED]:
             return {k: v for k, v in merged.items() if k not in _FLAGS}, None
@@ -141,35 +163,43 @@ class CellScorer:
             f"{cell.checkpoint.location}: evaluating {ev.name} failed on another worker; "
             "see the worker logs"))
 
-    def one_pass(self, model, cell: Cell, ev: Evaluation, index: int, within):
+    def one_pass(self, model, cell: Cell, ev: Evaluation, index: int, within,
+                 records: bool = False, done: int = 0):
         """This worker's states for one cell, the error that stopped it (the pass still drains
-        the shard: every rank must finish every pass over its split), and whether the driver
-        asked to stop (then the pass ends at once: the group is winding down). What the task
+        the shard: every rank must finish every pass over its split), whether the driver
+        asked to stop (then the pass ends at once: the group is winding down), its per-item
+        records (``records``), its seconds in scoring and the rows it scored. What the task
         runs beside the model for the pass (``Task.pass_service``) is started before it (a
         failure fails the cell) and closed after it."""
         service = tasks.get(ev.spec.task).pass_service(ev.spec, self.ctx.device,
                                                        self.backend.setup.model)
         if service is None:
-            return self._pass(model, cell, ev, index, within)
+            return self._pass(model, cell, ev, index, within, records, done)
         try:
-            return self._pass(model, cell, ev, index, within,
+            return self._pass(model, cell, ev, index, within, records, done,
                               self.scored(service.start, (), cell, ev))
         finally:
             service.close()
 
-    def _pass(self, model, cell: Cell, ev: Evaluation, index: int, within,
-              error: str | None = None):
+    def _pass(self, model, cell: Cell, ev: Evaluation, index: int, within, records: bool,
+              done: int, error: str | None = None):
         ctx = self.ctx
         skipped = 0                 # rows of batches that could not be decoded
+        busy = 0.0                  # seconds in scoring steps
         model_spec = self.backend.setup.model           # the sweep's model section
         p = Pass(self.backend, self.metrics[ev.name], ev.output_size, ctx.device,
                  ev.spec.task, ev.spec.bootstrap.k, ev.spec.dataset, text=self.tokenizer,
                  generation=ev.spec.generation, batch=ev.spec.batch_size,
-                 samples=ev.spec.samples and ctx.rank % ctx.tensor == 0 and within is None,
+                 samples=ev.spec.samples and ctx.rank % ctx.tensor == 0 and records,
                  share=model_spec.share_prefixes, tokens=model_spec.batch_tokens,
                  # progress counts rows as they are scored, not as they are read
-                 on_rows=lambda n: ctx.ledger.rows(index, ctx.counted(skipped + n)))
+                 on_rows=lambda n: ctx.ledger.rows(index, ctx.counted(done + skipped + n)))
         rows, stopped = 0, False
+        task = tasks.get(ev.spec.task)
+        # A segment's or a round's rows of several batches are scored together, full batches
+        # as without ``within`` (a task that holds rows, a text task, does so itself).
+        gather = Gather(task, ev.spec.batch_size) if within is not None and \
+            not task.held_rows(ev.spec.dataset) else None
         for batch in self.waited(self.shards[ev.name], ev):
             if ctx.ledger.stopping():
                 stopped = True
@@ -185,14 +215,23 @@ class CellScorer:
             if error:
                 continue
             rows += len(buckets)
-            if within is not None:        # a race's round: the rows of its buckets only
+            if within is not None:        # a race's round, a segment: its buckets' rows
                 x, y, buckets = _within(x, y, buckets, *within)
                 if not len(buckets):
                     continue
-            error = self.scored(p.update, (x, y, buckets), cell, ev)
+            for part in (gather.add(x, y, buckets) if gather else ((x, y, buckets),)):
+                began = time.perf_counter()
+                error = error or self.scored(p.update, part, cell, ev)
+                busy += time.perf_counter() - began
         if not error and not stopped:
-            error = self.scored(p.finish, (), cell, ev)
-        ctx.ledger.rows(index, ctx.counted(rows), force=True)
+            began = time.perf_counter()
+            for part in (gather.rest() if gather else ()):
+                error = error or self.scored(p.update, part, cell, ev)
+            error = error or self.scored(p.finish, (), cell, ev)
+            busy += time.perf_counter() - began
+        if within is not None:              # the rows of its buckets, not every row read
+            rows = skipped + p.scored_rows
+        ctx.ledger.rows(index, ctx.counted(done + rows), force=True)
         if self.lockstep is not None:        # peers of this replica may still have rows
             idle = tasks.get(ev.spec.task).idle_input(ev.spec.dataset, ev.data.shapes)
             self.lockstep.drain(model, None if idle is None else
@@ -201,7 +240,7 @@ class CellScorer:
         states = dict(p.abandon() if error else p.states)
         if ctx.rank % ctx.tensor:         # its engine's first rank counts these rows
             states = {k: torch.zeros_like(v) for k, v in states.items()}
-        return states, error, stopped, samples
+        return states, error, stopped, samples, busy, rows
 
     def waited(self, shard, ev: Evaluation):
         """The shard's batches, timing how long each took to arrive: the first batch apart
@@ -223,13 +262,12 @@ class CellScorer:
                 phase = "later batches"
             yield batch
 
-    def write_samples(self, cell: Cell, ev: Evaluation, table) -> str | None:
-        """This rank's per-item records of a cell; the message that fails the cell when
-        they cannot be written."""
+    def write_samples(self, cell: Cell, ev: Evaluation, table, tag: str) -> str | None:
+        """This rank's per-item records of a cell (of a pass: a segment's under its own
+        tag); the message that fails the cell when they cannot be written."""
         try:
             # one file per replica: an engine's ranks share their items (its first writes)
-            self.samples_store.write_samples(cell.key, self.samples_tag, *self.ctx.replica,
-                                             table)
+            self.samples_store.write_samples(cell.key, tag, *self.ctx.replica, table)
         except RayevalError as e:
             return f"{ev.name}: per-item records: {e.message}"
         return None
@@ -251,6 +289,34 @@ class CellScorer:
         return None
 
 _END = object()
+
+
+class Gather:
+    """Rows taken from several batches, given back as batches of ``size`` rows (or as they
+    came, for inputs that neither ``tasks.concat`` nor the task can join)."""
+
+    def __init__(self, task, size: int):
+        self.task, self.size = task, size
+        self.parts: list = []
+        self.rows = 0
+
+    def add(self, x, y, buckets) -> list:
+        self.parts.append((x, y, buckets))
+        self.rows += len(buckets)
+        return self.rest() if self.rows >= self.size else []
+
+    def rest(self) -> list:
+        parts, self.parts, self.rows = self.parts, [], 0
+        if len(parts) <= 1:
+            return parts
+        xs = [p[0] for p in parts]
+        x = tasks.concat(xs)
+        if x is None:
+            try:
+                x = self.task.join(xs)
+            except NotImplementedError:
+                return parts
+        return [(x, torch.cat([p[1] for p in parts]), torch.cat([p[2] for p in parts]))]
 
 
 def _within(x, y, buckets, lo: int, hi: int):

@@ -40,29 +40,31 @@ class Publish:
         self.store = ResultStore(plan.sweep.output) if ctx.rank == 0 else None
 
     def within(self, cell: Cell, ev: Evaluation):
-        """A partial cell (a race's) is completed with the buckets it lacks."""
-        return (cell.resume, ev.spec.bootstrap.k) if cell.resume else None
+        """Every row (a cell's segments are ``resume.Resumable``'s)."""
+        return None
 
     def take(self, cell: Cell, ev: Evaluation, merged: dict, step, layout,
-             start: float) -> CellOutcome | None:
+             start: float, records: str | None = None, resumed: int = 0
+             ) -> CellOutcome | None:
         if self.ctx.rank != 0:
             return None
         self.ctx.mark("publish", f"while publishing {cell.checkpoint.location} on {ev.name}")
         with self.ctx.timer.span("publish", doing=f"publishing {ev.name}"):
-            return self.publish(cell, ev, merged, step, layout, start)
+            return self.publish(cell, ev, merged, step, layout, start, records=records,
+                                resumed=resumed)
 
     def publish(self, cell: Cell, ev: Evaluation, merged, step, layout, start,
-                partial=None, metrics=None) -> CellOutcome:
+                partial=None, metrics=None, records: str | None = None, resumed: int = 0
+                ) -> CellOutcome:
         """Write a cell's rows; ``partial`` (``race.Stopped``): a raced checkpoint's cell
         with some of its items, under its own key; ``metrics``: what the states hold when
-        not the evaluation's own (a judged cell's: ``judging.metrics_of``)."""
+        not the evaluation's own (a judged cell's: ``judging.metrics_of``); ``records``: the
+        tag of its per-item records when not this run's own (a cell scored in segments:
+        ``resume.Resumable``; "": none for every row); ``resumed``: the rows of it an
+        earlier run scored."""
         ctx = self.ctx
-        resumed = 0
-        if cell.resume:                            # a partial cell's rows, kept
-            stored, _, _ = store_states.read(self.store, cell.key)
-            merged = {k: v + torch.from_numpy(stored[k]).to(v.dtype) if k in stored else v
-                      for k, v in merged.items()}
-            resumed = int(stored[ROWS])
+        tag = None if not ev.spec.samples else self.samples_tag if records is None else \
+            (records or None)
         counted = int(merged[ROWS])
         expected = ev.data.num_rows if partial is None else partial.items
         if counted != expected:
@@ -87,7 +89,7 @@ class Publish:
             higher_is_better={k: bool(getattr(m, "higher_is_better", True)) for k, m in metrics},
             num_samples=counted, num_tokens=tasks.get(ev.spec.task).scored_units(merged),
             world_size=ctx.world, bootstrap_key=ev.spec.bootstrap.key,
-            samples=self.samples_tag if ev.spec.samples and not cell.resume else None,
+            samples=tag,
             items_total=None if partial is None else partial.total,
             stopped=None if partial is None else str(partial)))
         return CellOutcome(

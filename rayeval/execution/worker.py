@@ -39,6 +39,7 @@ from rayeval.execution.ledger import SETTING_UP, WorkerLedger
 from rayeval.execution.profile import Timer
 from rayeval.execution.race import run_race
 from rayeval.execution.rank import RankContext
+from rayeval.execution.resume import Resumable
 from rayeval.execution.scorer import CellScorer
 from rayeval.execution.sinks import Publish
 from rayeval.plan.cells import Cell, CellOutcome, Plan, generated
@@ -112,6 +113,8 @@ class Worker:
             self.checkpoints.on_tokenizer = self.scorer.use_tokenizer
         self.publisher = Publish(ctx, plan, self.scorer.metrics, self.scorer.samples_tag,
                                  loaded_rss=lambda: self.checkpoints.loaded_rss)
+        # A plain run's cells are scored in segments and kept as they go (``resume``).
+        self.resumable = Resumable(ctx, self.scorer, self.publisher, sweep.resume.every)
         # Judged evaluations (docs/judges.md): their generations kept, then a judge stage.
         self.generations = Generations(ctx, plan, self.scorer.samples_tag)
         self.index_of = {c.key: i for i, c in enumerate(plan.cells)}
@@ -134,13 +137,32 @@ class Worker:
             if self.plan.sweep.select is not None:
                 self.race(self.plan)        # every pending cell: a restart races again
             else:
-                self.evaluate(self.plan, todo)
+                plan = self.plan if ctx.attempt <= 1 else self.kept_so_far(self.plan, todo)
+                self.evaluate(plan, todo)
         except Stop:
             pass
         finally:
             self.checkpoints.close()
             self.scorer.close()
         return self.outcomes
+
+    def kept_so_far(self, plan: Plan, todo: set[str]) -> Plan:
+        """A restarted group's plan: the cells in progress that the earlier attempt kept
+        (``resume``) go on from where it kept them. Rank 0 reads the store."""
+        from rayeval.io.store import ResultStore
+        from rayeval.plan.cells import resumed
+
+        found = None
+        if self.ctx.rank == 0:
+            left = [c for c in plan.cells if c.key in todo and not c.generation]
+            found = {c.key: (c.resume, c.kept) for c in resumed(
+                ResultStore(plan.sweep.output), left, plan.evaluations) if c.resume}
+        found = dist.broadcast(found, "the look-up of kept states", self.ctx.timeout)
+        if not found:
+            return plan
+        return dataclasses.replace(plan, cells=tuple(
+            dataclasses.replace(c, resume=found[c.key][0], kept=found[c.key][1])
+            if c.key in found else c for c in plan.cells))
 
     def evaluate(self, plan: Plan, todo: set[str]) -> None:
         """The cells of ``plan`` in ``todo``: each checkpoint's (a judged cell: its
@@ -163,8 +185,13 @@ class Worker:
         scored and given to ``sink`` (a judged cell's generations to ``Generations``)."""
         def score(model, cell: Cell, step, layout, start: float) -> CellOutcome | None:
             ev = plan.evaluation(cell.evaluation)
-            merged, failed = self.scorer.score(model, cell.generating(), step,
-                                               self.index_of[cell.key], sink.within(cell, ev))
+            index = self.index_of[cell.key]
+            if sink is self.publisher and not cell.generation:
+                return self.resumable.score(model, cell, ev, step, layout, start, index)
+            within = sink.within(cell, ev)
+            merged, failed = self.scorer.score(
+                model, cell.generating(), step, index, within,
+                self.scorer.samples_tag if within is None and ev.spec.samples else None)
             if merged is None:
                 return failed and dataclasses.replace(failed, key=cell.key)
             if cell.generation:

@@ -203,7 +203,12 @@ class ResultStore:
         return self._put(self.samples_dir(cell), sample_file(tag, rank, world), table)
 
     def read_samples(self, cell: str, tag: str) -> pa.Table:
-        """The per-item records of a published cell: every worker's file of its set."""
+        """The per-item records of a published cell: every worker's file of its set; a cell
+        scored in segments (``execution.resume``) names one set per segment, joined by "+"."""
+        if "+" in tag:
+            parts = [self.read_samples(cell, t) for t in tag.split("+")]
+            return pa.concat_tables([t for t in parts if t.num_columns] or parts[:1],
+                                    promote_options="default")
         folder = self.samples_dir(cell)
         try:
             infos = self.fs.get_file_info(pafs.FileSelector(folder, allow_not_found=True))

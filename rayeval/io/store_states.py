@@ -1,12 +1,16 @@
 """A partial cell's summed states, so that a later run completes it instead of starting over.
 
 A race (``execution.race``) stops scoring a checkpoint after the rows of the bootstrap buckets
-below some boundary; its cell is published partial, and its states (integer sums, merged over
-the workers) are kept here, one file per partial cell::
+below some boundary; its cell is published partial. A cell in progress (``execution.resume``)
+is kept as it goes, every ``resume.every`` seconds, with the buckets scored so far. Either way
+its states (integer sums, merged over the workers) are kept here, one file per partial cell,
+and removed once the complete cell is published::
 
     {root}/states/{cell}.parquet    columns name (string), shape (list<int64>), values (list<int64>);
                                     schema metadata: scored_below (the bucket boundary),
-                                    buckets (the evaluation's bucket count)
+                                    buckets (the evaluation's bucket count), samples (the
+                                    tags of the per-item records of those rows, joined by
+                                    "+"; absent: none were kept)
 
 Plain parquet (no pickle): states are int64 arrays. A later run without ``select:`` scores the
 buckets from the boundary on and adds these states before publishing the complete cell, which
@@ -85,3 +89,16 @@ def read(store, cell: str, folder: str = FOLDER, meta: dict | None = None
                                              table["shape"].to_pylist(),
                                              table["values"].to_pylist())}
     return states, int(found[b"scored_below"]), int(found[b"buckets"])
+
+
+def remove(store, cell: str, folder: str = FOLDER) -> None:
+    """Forget the kept states of ``cell`` (its complete cell is published); none: nothing."""
+    try:
+        store.fs.delete_file(f"{store.root}/{folder}/{cell}.parquet")
+    except FileNotFoundError:
+        pass
+    except OSError as e:
+        if "not found" in str(e).lower() or "no such" in str(e).lower():
+            return
+        raise StoreError(f"output: cannot write to result store: "
+                         f"{paths.explain(e, store.location)}") from None

@@ -49,9 +49,11 @@ class Cell:
     evaluation: str              # its name
     key: str                     # content key: the store's file name for this cell
     fingerprint: str = ""        # the checkpoint's: a changed file is a new cell
-    # A partial cell a race left (io.store_states): its rows of the buckets below this one
-    # are kept, so the pass scores the rest. 0: every row.
+    # A partial cell a race left, or a cell in progress kept (io.store_states): its rows of
+    # the buckets below this one are kept (``kept`` rows), so the pass scores the rest.
+    # 0: every row.
     resume: int = field(default=0, compare=False)
+    kept: int = field(default=0, compare=False)
     # A judged evaluation's cell (docs/judges.md): the key its generations are kept under
     # (``generation_key``), and whether the store holds them already (then only the judge
     # runs: the checkpoint is not loaded).
@@ -200,7 +202,7 @@ def make_plan(sweep: Sweep, evaluations: tuple[Evaluation, ...], store: ResultSt
     if not force and store is not None and staged:
         pending = generated(store, pending)
     if not force and store is not None and sweep.select is None:
-        pending = _resumed(store, pending, evaluations)
+        pending = resumed(store, pending, evaluations)
     return Plan(sweep=sweep, evaluations=tuple(evaluations), cells=tuple(pending),
                 cached=tuple(cached))
 
@@ -234,8 +236,11 @@ def generated(store: ResultStore, pending: list[Cell]) -> list[Cell]:
             for c in pending]
 
 
-def _resumed(store: ResultStore, pending: list[Cell], evaluations) -> list[Cell]:
-    """Pending cells a race left partial (their states kept): they score the rest only."""
+def resumed(store: ResultStore, pending: list[Cell], evaluations) -> list[Cell]:
+    """Pending cells with states kept (a race left them partial, or a run was stopped while
+    it scored them): they score the rest only. One listing of ``states/``, one read per
+    cell found."""
+    from rayeval.core.evaluate import ROWS
     from rayeval.io import store_states
 
     kept = store_states.kept(store, [c.key for c in pending])
@@ -245,8 +250,8 @@ def _resumed(store: ResultStore, pending: list[Cell], evaluations) -> list[Cell]
     out = []
     for c in pending:
         if c.key in kept:
-            _, below, k = store_states.read(store, c.key)
+            states, below, k = store_states.read(store, c.key)
             if k == buckets[c.evaluation] and 0 < below < k:
-                c = dataclasses.replace(c, resume=below)
+                c = dataclasses.replace(c, resume=below, kept=int(states[ROWS]))
         out.append(c)
     return out

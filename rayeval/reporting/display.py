@@ -258,7 +258,18 @@ def plan_line(plan: Plan) -> str:
     return (f"[rayeval] {plan.sweep.name}: {checkpoints} checkpoint(s) x "
             f"{len(plan.evaluations)} evaluation(s) [{evals}]: {total} cell(s), "
             f"{len(plan.cached)} already in the store{failed}, {len(plan.cells)} to evaluate"
-            + reused_generations(plan))
+            + reused_generations(plan) + resumed_cells(plan))
+
+
+def resumed_cells(plan: Plan) -> str:
+    """Cells in progress that an earlier run kept (``resume``): they score only the rest."""
+    resumed = [c for c in plan.cells if c.resume]
+    if not resumed:
+        return ""
+    rows = {e.name: e.data.num_rows for e in plan.evaluations}
+    share = sum(c.kept for c in resumed) / max(1, sum(rows[c.evaluation] for c in resumed))
+    cells = f"{len(resumed)} cell" + ("s" if len(resumed) != 1 else "")
+    return f"; {cells} resumed from {share:.0%} of their rows (--force starts them over)"
 
 
 def reused_generations(plan: Plan) -> str:

@@ -198,6 +198,7 @@ CACHED = [
     ("Bootstrap.buckets", "no_bootstrap", ("bootstrap.buckets", 8)),
     ("Recovery.max_restarts", "tensor", ("recovery.max_restarts", 0)),
     ("Recovery.stall_timeout_s", "tensor", ("recovery.stall_timeout_s", 5)),
+    ("Resume.every", "tensor", ("resume.every", 5)),
     ("Parallelism.shard", "tensor", lambda raw: {**raw, "workers": 2,
                                                   "parallelism": {"shard": 2}}),
     ("Parallelism.wrap", "tensor", ("parallelism.wrap", ["Linear"])),

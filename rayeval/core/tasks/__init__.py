@@ -34,7 +34,8 @@ from rayeval.config import plugins as _plugins
 
 from rayeval.core.tasks.base import (TASKS, TOKENS, Classification, Inputs, LanguageModeling,
                                      Recorded, Regression, Task, check_finite_inputs,
-                                     inputs_of, map_inputs, nbytes, pin, rows_of, take)
+                                     inputs_of, map_inputs, nbytes, pin, rows_of, take,
+                                     concat)
 # The plain torch helpers a task used to call itself now live with the backends; named here
 # too for the callers that move a batch or probe a model (the driver, a sharded replica).
 from rayeval.core.backends.torch import call_model, logits_of, move, repeat

@@ -37,7 +37,7 @@ from rayeval.core.backends.base import Backend, Context, Inputs, wrong_output
 from rayeval.core.tasks.rows import (SCAN_LIMIT_BYTES, Recorded, _check_finite,  # noqa: F401
                                      _column_bytes, _min_max, _raise_if_not_finite, _words,
                                      check_finite_inputs, inputs_of, map_inputs, nbytes, pin,
-                                     rows_of, take, transformed)
+                                     rows_of, take, transformed, concat)
 
 TOKENS = "_tokens"  # the state of scored target tokens that an LM pass keeps (evaluate.Accumulator)
 

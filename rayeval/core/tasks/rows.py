@@ -78,6 +78,24 @@ def take(x: Inputs, index: torch.Tensor, rows: int) -> Inputs:
     return dataclasses.replace(x, **changes)
 
 
+def concat(xs: list) -> Inputs | None:
+    """Several decoded batches' rows as one: tensors, mappings of tensors, and either with
+    records' items (the rows a segment or a race's round takes of several batches, scored
+    together); None for a batch object (its task's ``join`` does it)."""
+    first = xs[0]
+    if len(xs) == 1:
+        return first
+    if isinstance(first, Recorded):
+        inputs = concat([x.inputs for x in xs])
+        return None if inputs is None else Recorded(
+            inputs, {k: [v for x in xs for v in x.items[k]] for k in first.items})
+    if isinstance(first, torch.Tensor):
+        return torch.cat(xs)
+    if isinstance(first, Mapping):
+        return {k: torch.cat([x[k] for x in xs]) for k in first}
+    return None
+
+
 def nbytes(x: Inputs) -> int:
     if isinstance(x, Recorded):
         return nbytes(x.inputs) + _items_nbytes(x.items)
