@@ -17,6 +17,13 @@ one line naming the entry point and its package (a ``RegistryError``); that fail
 and raised again by every later call in the process, so a run never goes on with half a
 plugin. ``docs/plugins.md`` shows how to write one.
 
+Who registered what: while a plugin's register function runs (``registering``), every entry a
+registry takes is recorded as that plugin's (``config.registry.Registry.origin``), unless the
+object is rayeval's own (a built-in imported on the way); an entry registered outside it whose
+module lies in a loaded plugin's package is that plugin's too. A cell's content key holds the
+distribution's name and version and a digest of the plugin's source (``Origin.ident``) for each
+plugin entry the cell uses (``plan.cells.plugin_code``).
+
 The model is vLLM's ``load_general_plugins`` (group ``vllm.general_plugins``, a function per
 entry point, a flag per process). Entry points are loaded in name order, so which plugin's
 registration comes first does not depend on the order of folders on ``sys.path``.
@@ -30,9 +37,16 @@ Standard library and the errors only: the base layer, callable from every layer 
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
+import functools
+import hashlib
+import importlib.util
+import os
+import sys
 import threading
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Iterator
 
 from rayeval import errors
 from rayeval.errors import RayevalError, RegistryError
@@ -51,6 +65,11 @@ class Plugin:
 
     def __str__(self) -> str:
         return f"plugin {self.name!r} ({self.value} from {self.package} {self.version})"
+
+    @property
+    def top(self) -> str:
+        """The top-level import package (or module) its register function lives in."""
+        return self.value.partition(":")[0].split(".")[0]
 
 
 # What this process loaded (None: load_plugins has not run yet) and the failure that stopped
@@ -167,7 +186,8 @@ def _load(entry) -> Plugin:
                      "entry point at a function taking no arguments that registers what the "
                      "package adds")
     try:
-        register()
+        with registering(plugin):
+            register()
     except RegistryError as e:       # a name already taken: the registry's own line, prefixed
         raise RegistryError(f"{plugin}: {e.message}", errors.traceback_of(e),
                             **e.fields()) from None
@@ -190,3 +210,115 @@ def _error(plugin: Plugin, what: str, cause: BaseException | None = None) -> Reg
         fields.update(cause=type(cause).__name__, reason=errors.reason(cause))
     return RegistryError(f"{plugin} {what}",
                          errors.traceback_of(cause) if cause is not None else None, **fields)
+
+
+# --- who registered what ----------------------------------------------------------------------
+
+# The plugin whose register function runs now, in this thread (a Ray Data actor may look names
+# up in another thread meanwhile: its registrations are not the plugin's).
+_registering: contextvars.ContextVar[Plugin | None] = contextvars.ContextVar(
+    "rayeval_registering", default=None)
+
+
+@contextlib.contextmanager
+def registering(plugin: Plugin) -> Iterator[None]:
+    """Entries registered inside are ``plugin``'s (``load_plugins`` runs each register
+    function in it; a test marks a fake plugin's registrations with it)."""
+    token = _registering.set(plugin)
+    try:
+        yield
+    finally:
+        _registering.reset(token)
+
+
+@dataclass(frozen=True)
+class Origin:
+    """Who registered a registry's entry: the plugin, and the module the registered object is
+    defined in (a lazy entry's: its reference's)."""
+    plugin: Plugin
+    module: str
+
+    def ident(self) -> dict[str, str]:
+        """What a cell's key holds of it: the distribution, its version and the source digest."""
+        return {"package": self.plugin.package, "version": self.plugin.version,
+                "source": source_digest(self.plugin.top, self.module)}
+
+
+def registrant(module: str) -> Plugin | None:
+    """The plugin an entry defined in ``module`` is registered by now: the one whose register
+    function runs, or None outside one or for rayeval's own objects."""
+    return None if _ours(module) else _registering.get()
+
+
+def origin(plugin: Plugin | None, module: str) -> Origin | None:
+    """An entry's Origin from what its registry recorded (the plugin registering it then, and
+    its module); without a plugin then, the loaded plugin whose package holds the module (a
+    plugin module imported before ``load_plugins`` registers outside it). None: rayeval's own,
+    or a test's or a user's in-process registration."""
+    if _ours(module):
+        return None
+    if plugin is None:
+        top = module.split(".")[0]
+        plugin = next((p for p in loaded() if p.top == top), None)
+    return None if plugin is None else Origin(plugin, module)
+
+
+def _ours(module: str) -> bool:
+    return module == "rayeval" or module.startswith("rayeval.")
+
+
+@functools.lru_cache(maxsize=None)
+def source_digest(top: str, module: str) -> str:
+    """A digest of a plugin entry's source, hashed once per process (the code a process runs
+    is the code it imported): every ``.py`` file under the plugin's top-level package ``top``
+    (its relative path and bytes) when ``module`` is inside it, so an edit of the registered
+    class's module or of a helper it imports from the package is a new digest; only
+    ``module``'s own file when it is outside (an object a plugin registers from another
+    package). Empty when there is no source file (an extension module, a zip)."""
+    inside = module.split(".")[0] == top
+    file, folders = _where(top if inside else module)
+    h = hashlib.sha256()
+    found = False
+    for name, path in (_sources(folders) if inside and folders else
+                       [(os.path.basename(file), file)] if file else []):
+        try:
+            with open(path, "rb") as f:
+                data = f.read()
+        except OSError:
+            continue
+        h.update(f"{name}\0{len(data)}\0".encode() + data)
+        found = True
+    return h.hexdigest()[:16] if found else ""
+
+
+def forget_digests() -> None:
+    """Forget the source digests hashed so far: what a new process would hash (tests)."""
+    source_digest.cache_clear()
+
+
+def _where(name: str) -> tuple[str | None, list[str]]:
+    """A module's source file and, for a package, its folders; the imported module's first,
+    else found without importing it (a lazy entry's, not asked for yet)."""
+    mod = sys.modules.get(name)
+    if mod is not None:
+        return getattr(mod, "__file__", None), list(getattr(mod, "__path__", None) or [])
+    try:
+        spec = importlib.util.find_spec(name)
+    except (ImportError, ValueError):
+        return None, []
+    if spec is None:
+        return None, []
+    return (spec.origin if spec.has_location else None), list(
+        spec.submodule_search_locations or [])
+
+
+def _sources(folders: list[str]) -> list[tuple[str, str]]:
+    """Every .py file under a package's folders: (path relative to its folder, path), sorted,
+    so where the package is installed does not change the digest."""
+    found = []
+    for folder in folders:
+        for root, dirs, files in os.walk(folder):
+            dirs[:] = sorted(d for d in dirs if d != "__pycache__")
+            found += [(os.path.relpath(os.path.join(root, f), folder), os.path.join(root, f))
+                      for f in files if f.endswith(".py")]
+    return sorted(found)

@@ -19,7 +19,12 @@ a backend without importing what the backend needs until a sweep uses it::
 
     BACKENDS.add_lazy("echo", "my_plugin.echo:EchoBackend")
 
-Plain Python, no imports beyond the errors: every layer may hold a registry.
+Each entry remembers who registered it (``origin``): an installed plugin (while its register
+function runs, ``config.plugins.registering``) or rayeval itself; a cell's content key holds the
+code of the plugin entries it uses.
+
+Plain Python, no imports beyond the errors and the plugins' bookkeeping: every layer may hold a
+registry.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ import importlib
 from typing import Any, Callable, Generic, Iterator, TypeVar
 
 from rayeval import errors
+from rayeval.config import plugins
 from rayeval.errors import RegistryError
 
 T = TypeVar("T")
@@ -40,6 +46,9 @@ class Registry(Generic[T]):
     def __init__(self, kind: str):
         self.kind = kind
         self._items: dict[str, T] = {}
+        # name -> (the plugin whose register function ran when it was registered, or None;
+        # the module of what it registered): ``origin`` reads it.
+        self._registrants: dict[str, tuple[plugins.Plugin | None, str]] = {}
 
     def add(self, name: str, obj: T) -> T:
         """Register ``obj`` as ``name``; a name already taken is a RegistryError naming both."""
@@ -51,7 +60,17 @@ class Registry(Generic[T]):
                                 f"{_describe(self._items[name])} and by {_describe(obj)}; "
                                 "give one of them another name", kind=self.kind, name=name)
         self._items[name] = obj
+        module = _module_of(obj)
+        self._registrants[name] = (plugins.registrant(module), module)
         return obj
+
+    def origin(self, name: str) -> plugins.Origin | None:
+        """The plugin that registered ``name`` and the module it came from; None for
+        rayeval's own entries, a name registered in-process by a user or a test, or a name
+        this registry does not hold."""
+        if name not in self or name not in self._registrants:
+            return None
+        return plugins.origin(*self._registrants[name])
 
     def add_lazy(self, name: str, ref: str, *, instance: bool = False) -> None:
         """Register ``ref`` ("module:Class") as ``name``, imported when the name is first asked
@@ -131,6 +150,16 @@ class _Lazy:
                                 "provides it, or fix the reference", errors.traceback_of(e),
                                 kind=kind, name=name, cause=type(e).__name__,
                                 reason=errors.reason(e)) from None
+
+
+def _module_of(obj: Any) -> str:
+    """The module a registered object is defined in (a reference's module, an instance's
+    class's)."""
+    if isinstance(obj, _Lazy):
+        return obj.ref.partition(":")[0]
+    target = obj if isinstance(obj, type) or callable(obj) and hasattr(obj, "__qualname__") \
+        else type(obj)
+    return str(getattr(target, "__module__", None) or "")
 
 
 def _describe(obj: Any) -> str:

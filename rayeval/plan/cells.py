@@ -115,7 +115,9 @@ def cell_key(sweep: Sweep, evaluation: Evaluation, checkpoint: CheckpointRef,
     """Everything a cell's numbers depend on: the sweep's and the evaluation's fields declared
     to change them (walked from the schema, ``schema.numbers_of``, so a new field cannot be
     left out), the checkpoint's bytes (by fingerprint), the data set's and the tokenizer's,
-    the user's code and the version of rayeval's metric code. Not the batch size, the worker
+    the user's code, the installed plugins' code the cell runs (``plugin_code``: only when it
+    runs some, so the keys of cells without plugins stay what they were) and the version of
+    rayeval's metric code. Not the batch size, the worker
     count or anything else declared ``numbers=False``. The sweep name, the checkpoint's path
     and the evaluation's name are in it because the stored rows carry them. A judged
     evaluation's key has its judge's settings (walked with the rest), its judge's files'
@@ -134,6 +136,9 @@ def cell_key(sweep: Sweep, evaluation: Evaluation, checkpoint: CheckpointRef,
         "code": _code_digests(sweep, spec),
         "metrics_version": METRICS_VERSION,
     }
+    plugged = plugin_code(sweep, spec)
+    if plugged:
+        ident["plugins"] = plugged
     if spec.judge is not None:
         ident["judge_fingerprint"] = judge_print or checkpoint_fingerprint(spec.judge.model)
         if baseline:
@@ -170,6 +175,32 @@ def _code_digests(sweep: Sweep, spec: EvalSpec) -> list[str]:
         refs.append((spec.dataset.transform, sweep.base_dir))
     refs += [(m.name, m.base_dir) for m in spec.metrics if m.custom]
     return [source_digest(ref, base) for ref, base in refs]
+
+
+def plugin_code(sweep: Sweep, spec: EvalSpec) -> list[dict[str, str]]:
+    """The installed plugins' code a cell of ``spec`` runs, as its key holds it: for each
+    registry entry it uses that a plugin registered (``Registry.origin``), its kind and name,
+    the plugin's distribution and version and the digest of the plugin package's source
+    (``config.plugins.Origin.ident``). The entries used: the evaluation's task, its metrics, the
+    sweep's backend (and its judge's), and every layout a plugin registered, since a plugin's
+    detector is asked about every checkpoint on the worker, before the built-in layouts (the
+    driver does not open the checkpoints). Empty without plugins; rayeval's own entries are
+    covered by its metric version and the walked fields."""
+    from rayeval.core import backends, metrics
+    from rayeval.io import layouts
+
+    used = [("task", tasks.TASKS, spec.task)]
+    used += [("metric", metrics.for_task(m.task), m.name) for m in spec.metrics
+             if not m.custom]
+    names = [sweep.model.backend] + ([spec.judge.backend] if spec.judge is not None and
+                                     spec.judge.backend else [])
+    used += [("backend", backends.BACKENDS, n) for n in dict.fromkeys(names)]
+    used += [(kind, registry, n) for kind, registry in (("layout detector", layouts.DETECTORS),
+                                                        ("layout", layouts.READERS))
+             for n in registry.names()]
+    found = [(kind, name, registry.origin(name)) for kind, registry, name in used]
+    return [{"kind": kind, "name": name, **origin.ident()}
+            for kind, name, origin in found if origin is not None]
 
 
 def make_plan(sweep: Sweep, evaluations: tuple[Evaluation, ...], store: ResultStore | None,

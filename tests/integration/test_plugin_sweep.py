@@ -141,3 +141,66 @@ def test_a_sweep_on_ray_uses_the_plugin_s_task_and_metrics(plugin_cluster, tmp_p
             assert row["num_samples"] == ROWS and row["world_size"] == WORKERS
             exact = metric == "accuracy"
             assert row["value"] == pytest.approx(value, rel=0 if exact else 1e-6), (s, metric)
+
+
+def _as_a_new_process() -> None:
+    """This process as a new driver would start: the example plugin's registry entries (found
+    by their origin), its modules, the plugins loaded and the source digests hashed gone, so
+    the next ``load_sweep`` imports the installed files again."""
+    for registry in (TASKS, layouts.DETECTORS, layouts.READERS, *metrics.REGISTRY.values()):
+        for name in registry.names():
+            origin = registry.origin(name)
+            if origin is not None and origin.plugin.package == DISTRIBUTION:
+                del registry._items[name]
+    for name in [m for m in sys.modules if m.startswith("rayeval_example_plugin")]:
+        del sys.modules[name]
+    plugins._loaded = plugins._failure = None
+    plugins.forget_digests()
+    importlib.invalidate_caches()
+
+
+def test_editing_the_installed_plugin_evaluates_its_cells_again(plugin_cluster, tmp_path):
+    """The observed bug: a plugin's metric edited and reinstalled was served stale from the
+    store ("1 already in the store", the old number). The cell's key holds the plugin's source
+    digest: unchanged, a new driver finds the cell stored; edited (the installed hinge doubled),
+    it evaluates the cell again, on workers that load the edited plugin, and stores the new
+    number."""
+    write_model_module(str(tmp_path))
+    x, y = make_data(ROWS, seed=3)
+    write_parquet(str(tmp_path / "data.parquet"), x, y, row_group_size=97)
+    (tmp_path / "ckpts").mkdir()
+    torch.save(build_model(seed=SEEDS[0]).state_dict(), tmp_path / "ckpts" / "step_1.pt")
+    (tmp_path / "sweep.yaml").write_text(yaml.safe_dump({
+        "name": "edited", "model": {"factory": "tiny_models:build"}, "checkpoints": ["ckpts/*"],
+        "workers": WORKERS, "output": "out", "batch_size": 256,
+        "evals": [{"name": "classes", "task": "classification", "metrics": ["example_hinge"],
+                   "dataset": {"path": "data.parquet", "inputs": "x", "target": "y",
+                               "id": "row"}}]}))
+    hinge = references(SEEDS[0])["example_hinge"]
+
+    def run(expect_evaluated: int) -> float:
+        _as_a_new_process()
+        report = run_sweep(api.load_sweep(str(tmp_path / "sweep.yaml")))
+        assert (len(report.plan.cells), len(report.plan.cached)) == \
+            (expect_evaluated, 1 - expect_evaluated)
+        assert all(o.ok for o in report.outcomes), report.failures
+        (row,) = latest_rows(ResultStore(report.plan.sweep.output).read())
+        return row["value"]
+
+    assert run(1) == pytest.approx(hinge, rel=1e-6)
+    assert run(0) == pytest.approx(hinge, rel=1e-6), "unchanged: served from the store"
+
+    installed = importlib.util.find_spec("rayeval_example_plugin.ranking").origin
+    assert not os.path.realpath(installed).startswith(os.path.realpath(PLUGIN)), \
+        "the installed copy is edited, not the repository's"
+    original = open(installed, encoding="utf-8").read()
+    edited = original.replace("return (1.0 + others - true).clamp(min=0.0)",
+                              "return 2.0 * (1.0 + others - true).clamp(min=0.0)")
+    assert edited != original
+    try:
+        with open(installed, "w", encoding="utf-8") as f:   # a new size: no stale .pyc
+            f.write(edited)
+        assert run(1) == pytest.approx(2 * hinge, rel=1e-6), "the edited plugin's number"
+    finally:
+        with open(installed, "w", encoding="utf-8") as f:
+            f.write(original)
