@@ -68,18 +68,24 @@ MODEL_MODULE = textwrap.dedent('''
         """The tiny model, slowed by ``delay`` seconds a batch, with a one-shot trap for fault
         tests: once the file ``trap`` appears, the first worker to run a batch takes it
         (writing its rank to ``trap.fired``) and dies by SIGKILL (``action: kill``) or hangs
-        (``action: hang``)."""
+        (``action: hang``). Given a folder (``count``, or ``TRAP_COUNT`` in the environment),
+        each process appends the rows of every batch it scores to a file of its own there."""
 
-        def __init__(self, trap, action="kill", delay=0.0, features=8, hidden=16, classes=4):
+        def __init__(self, trap, action="kill", delay=0.0, features=8, hidden=16, classes=4,
+                     count=None):
             super().__init__(torch.nn.Linear(features, hidden), torch.nn.Tanh(),
                              torch.nn.Linear(hidden, classes))
-            self.trap, self.action, self.delay = trap, action, delay
+            self.trap, self.action, self.delay, self.count = trap, action, delay, count
 
         def forward(self, x):
             import os, signal, time
             import torch.distributed as d
 
             time.sleep(self.delay)
+            count = self.count or os.environ.get("TRAP_COUNT")  # the rows each process scored
+            if count:
+                with open(os.path.join(count, str(os.getpid())), "a") as f:
+                    f.write(f"{x.shape[0]}\\n")
             try:
                 os.rename(self.trap, self.trap + ".taken")     # atomic: one taker
             except FileNotFoundError:

@@ -137,8 +137,7 @@ class Worker:
             if self.plan.sweep.select is not None:
                 self.race(self.plan)        # every pending cell: a restart races again
             else:
-                plan = self.plan if ctx.attempt <= 1 else self.kept_so_far(self.plan, todo)
-                self.evaluate(plan, todo)
+                self.evaluate(self.kept_so_far(self.plan, todo), todo)
         except Stop:
             pass
         finally:
@@ -147,8 +146,9 @@ class Worker:
         return self.outcomes
 
     def kept_so_far(self, plan: Plan, todo: set[str]) -> Plan:
-        """A restarted group's plan: the cells in progress that the earlier attempt kept
-        (``resume``) go on from where it kept them. Rank 0 reads the store."""
+        """The plan with what the store keeps of its cells in progress now (``resume``): a
+        restarted group goes on from where the earlier attempt kept them. Rank 0 reads the
+        store (one listing) and tells the others: only rank 0 knows the attempt."""
         from rayeval.io.store import ResultStore
         from rayeval.plan.cells import resumed
 

@@ -277,12 +277,15 @@ def test_every_row_once_and_identical_results_for_1_2_3_workers(ray_cluster, tmp
 
 
 def _records(output: str, workers: int, accuracy: dict) -> dict[str, list]:
-    """A cell's records as one table, by id: one file per worker, and the mean of their
+    """A cell's records as one table, by id: one file per worker and segment of the cell
+    (``resume``: an evaluation's first cell is scored in two), and the mean of their
     per-item accuracy equal to the stored accuracy to the bit."""
     from rayeval.reporting.samples import read_cell_samples
 
     files = os.listdir(os.path.join(output, "samples", accuracy["cell"]))
-    assert len(files) == workers, files
+    tags = accuracy["samples"].split("+")
+    assert sorted(files) == sorted(f"{t}-{r:05d}-of-{workers:05d}.parquet"
+                                   for t in tags for r in range(workers)), files
     _, table = read_cell_samples(output, [accuracy], None)
     assert float(np.mean(table["accuracy"].to_numpy())) == accuracy["value"]
     return table.to_pydict()

@@ -134,9 +134,11 @@ def assert_undisturbed_numbers(sweep, x, y, seeds):
         "one result per cell and metric: no cell was published twice"
 
 
+# The third reduce is step_2's: an evaluation's first cell is scored in two segments (1/32 of
+# its buckets, then the rest: ``resume``), a later short cell in one.
 @pytest.mark.parametrize("kill, when", [
     ("load:1:1:2", r"while loading \S+/step_2\.pt"),
-    ("reduce:1:1:2", r"during the all-reduce of the states of \S+/step_2\.pt on \S+"),
+    ("reduce:1:1:3", r"during the all-reduce of the states of \S+/step_2\.pt on \S+"),
     ("publish:0:1:2", r"while publishing \S+/step_2\.pt on \S+"),
 ])
 def test_a_worker_lost_at_any_phase_is_replaced_and_the_numbers_are_exact(
@@ -273,3 +275,53 @@ def test_a_worker_lost_mid_round_of_a_race_races_again_with_exact_numbers(
                 assert row["value"] == pytest.approx(value, rel=1e-9), (s, metric)
             else:
                 assert 0 < row["num_samples"] < len(y) and row["items_total"] == len(y)
+
+
+def test_a_worker_killed_mid_cell_resumes_from_the_kept_states(ray_cluster, tmp_path):
+    """A cell kept every second (``resume``): a worker SIGKILLed once part of it is kept;
+    the restarted group scores only the rows left (it counts the kept ones as resumed) and
+    the cell equals the plain loop's."""
+    from rayeval.io import store_states
+
+    count = tmp_path / "count"
+    count.mkdir()
+    model = trap_model(tmp_path, "kill")
+    model["kwargs"].update(delay=0.15, count=str(count))   # about 5 s of batches on 2 workers
+    sweep, x, y = setup_sweep(tmp_path, 4000, seeds=(5,), workers=2, model=model,
+                              resume={"every": 1},
+                              recovery={"max_restarts": 2, "stall_timeout_s": 60})
+    states = os.path.join(sweep.output, "states")
+
+    first: set[str] = set()       # the first attempt's processes: each has scored rows
+
+    def arm():
+        deadline = time.monotonic() + 600
+        while time.monotonic() < deadline:
+            if os.path.isdir(states) and any(not n.startswith(".") for n in os.listdir(states)):
+                # not this process's: the driver probes the model's output size with it
+                first.update(set(os.listdir(count)) - {str(os.getpid())})
+                (tmp_path / "trap").write_text("armed")
+                return
+            time.sleep(0.02)
+
+    armer = threading.Thread(target=arm, daemon=True)
+    armer.start()
+    report = run_sweep(sweep)
+    armer.join(1)
+
+    assert (tmp_path / "trap.fired").exists(), "the trap fired: a worker was killed"
+    (outcome,) = report.outcomes
+    assert outcome.ok and outcome.attempt == 2, outcome
+    assert 0 < outcome.resumed < 4000, "the restarted group went on from the kept states"
+    assert len(first) == 2, first
+    again = sum(int(n) for p in count.iterdir() if p.name not in first
+                for n in p.read_text().split())
+    # only the rows left (a one-row batch runs as two rows: ``backends.torch``; a segment's
+    # last batch may have one)
+    assert 4000 - outcome.resumed <= again <= 4000 - outcome.resumed + 40, again
+    assert not store_states.kept(ResultStore(sweep.output), [outcome.key])
+    got = stored(sweep)
+    for metric, value in reference_metrics(build_model(seed=5), x, y).items():
+        row = got[("step_5.pt", metric)]
+        assert row["num_samples"] == len(y)
+        assert row["value"] == pytest.approx(value, rel=1e-9), metric

@@ -251,10 +251,17 @@ def test_per_item_records_equal_the_harness_items(example, checkpoints, harness,
             assert stored["token_perplexity"]["value"] == pytest.approx(math.exp(
                 -sum(r["loglikelihoods"][0] for r in docs) / sum(r["tokens"] for r in docs)),
                 rel=1e-9)
-    # 3 workers wrote 3 files per cell, none gathered; 1 worker, one
+    # 3 workers wrote 3 files per cell (per segment of it: an evaluation's first cell is
+    # scored in two, ``resume``), none gathered; 1 worker, one
     cells = list((ray_stores[3] / "samples").iterdir())
     assert len(cells) == len(checkpoints) * 3
-    assert all(len(list(cell.iterdir())) == 3 for cell in cells)
+    for cell in cells:
+        sets: dict[str, list[str]] = {}
+        for p in cell.iterdir():
+            tag, rank, _, world = p.stem.rsplit("-", 3)
+            sets.setdefault(tag, []).append(f"{rank}/{world}")
+        assert all(sorted(v) == ["00000/00003", "00001/00003", "00002/00003"]
+                   for v in sets.values()), sets
 
 
 @pytest.mark.ray

@@ -90,10 +90,16 @@ def concat(xs: list) -> Inputs | None:
         return None if inputs is None else Recorded(
             inputs, {k: [v for x in xs for v in x.items[k]] for k in first.items})
     if isinstance(first, torch.Tensor):
-        return torch.cat(xs)
+        return torch.cat(xs) if _same_rows(xs) else None
     if isinstance(first, Mapping):
+        if not all(_same_rows([x[k] for x in xs]) for k in first):
+            return None            # padded to each batch's own length
         return {k: torch.cat([x[k] for x in xs]) for k in first}
     return None
+
+
+def _same_rows(ts: list) -> bool:
+    return all(isinstance(t, torch.Tensor) and t.shape[1:] == ts[0].shape[1:] for t in ts)
 
 
 def nbytes(x: Inputs) -> int:
