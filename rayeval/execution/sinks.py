@@ -91,7 +91,9 @@ class Publish:
             world_size=ctx.world, bootstrap_key=ev.spec.bootstrap.key,
             samples=tag,
             items_total=None if partial is None else partial.total,
-            stopped=None if partial is None else str(partial)))
+            stopped=None if partial is None else str(partial),
+            limited_from=getattr(tasks.get(ev.spec.task), "limited_from", lambda spec: None)(
+                ev.spec)))
         return CellOutcome(
             key=cell.key, checkpoint=cell.checkpoint.location, evaluation=ev.name, step=step,
             values=tuple((k, r.value) for k, r in results.items()), rows=counted,

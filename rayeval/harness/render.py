@@ -35,6 +35,7 @@ from rayeval.config.schema import LmEvalSpec
 from rayeval.errors import SpecError
 from rayeval.config import names
 from rayeval.harness.groups import Group
+from rayeval.harness.store import LIMITED_FROM
 from rayeval.harness.requests import (AGGREGATIONS, NotMergeable, encode, filter_names, layout,
                                       table_schema)
 
@@ -130,12 +131,17 @@ def load_tasks(spec: LmEvalSpec, path: str) -> tuple[dict, list[Group]]:
     return tasks, found
 
 
-def _limit(task, limit: float | None) -> int | None:
-    """lm-eval's get_sample_size: a share below 1.0 of the documents, else a count."""
+def limit_count(task, limit: float | None) -> int | None:
+    """lm-eval's get_sample_size (lmms-eval's --limit is the same): a share below 1.0 of the
+    documents, else a count. Where that leaves documents out, the task keeps how many it has
+    (``store.LIMITED_FROM``), so that its cells are stored as n of N, not as the task."""
     if limit is None:
         return None
     n = len(task.eval_docs)
-    return int(math.ceil(n * limit)) if limit < 1.0 else int(limit)
+    count = int(math.ceil(n * limit)) if limit < 1.0 else int(limit)
+    if count < n:
+        setattr(task, LIMITED_FROM, n)
+    return count
 
 
 def chat_template(tokenizer):
@@ -197,7 +203,7 @@ def _render_task(spec, path, name, task, tokenizer) -> Rendered:
 
     try:
         task.build_all_requests(
-            limit=_limit(task, spec.limit), rank=0, world_size=1,
+            limit=limit_count(task, spec.limit), rank=0, world_size=1,
             system_instruction=spec.system_instruction,
             apply_chat_template=spec.apply_chat_template,
             fewshot_as_multiturn=spec.fewshot_as_multiturn,

@@ -37,6 +37,12 @@ _TASKS: dict[str, object] = {}
 UNWRITTEN: dict[str, tuple[str, object]] = {}
 
 
+# A rendered task whose entry's ``limit:`` left documents out keeps the task's document count
+# under this attribute (``render.limit_count`` sets it before the task is pickled, so the copy a
+# worker scores with has it too): the cell is stored as num_samples of that many.
+LIMITED_FROM = "_rayeval_limited_from"
+
+
 def location(output: str, digest: str) -> str:
     """Where a rendered task's files live in the result store."""
     return f"{output.rstrip('/')}/{REQUESTS_DIR}/{digest}"
@@ -158,3 +164,11 @@ def task_for(data: str):
         receive({data: rendered.blob})
         return _TASKS[data]
     return None
+
+
+def limited_from(data: str) -> int | None:
+    """The document count of the task a request table was rendered from, where its entry's
+    ``limit:`` kept only the first ones (the table's rows); None: every document, or no
+    rendered task there."""
+    task = task_for(data)
+    return None if task is None else getattr(task, LIMITED_FROM, None)

@@ -80,6 +80,11 @@ class Harness(TextTask):
     def only_generates(self, spec) -> bool:
         return lm_task(spec.dataset.path).OUTPUT_TYPE == "generate_until"
 
+    def limited_from(self, spec) -> int | None:
+        """The task's document count where the entry's ``limit:`` scored only the first ones
+        (its cells are stored as num_samples of that many); None: every document."""
+        return store.limited_from(spec.dataset.path)
+
     def check_schema(self, spec, schema):
         check_request_table(spec, schema, COLUMNS, "lm-eval")
 

@@ -48,6 +48,10 @@ SCHEMA = pa.schema([
     # complete; num_samples then says how many were scored) and why it stopped.
     pa.field("items_total", pa.int64()),
     pa.field("stopped", pa.string()),
+    # A cell scored on an lm-eval or lmms-eval entry's ``limit:``: the task's document count
+    # (num_samples: the first ones scored; null: every document). Not ``items_total``: such a
+    # cell is complete for what it asked, ranked, and never completed by a later run.
+    pa.field("limited_from", pa.int64()),
 ])
 
 
@@ -55,19 +59,22 @@ def cell_rows(*, sweep: str, checkpoint: str, step: int | None, evaluation: str,
               higher_is_better: dict[str, bool], num_samples: int, world_size: int,
               bootstrap_key: str, epoch: int | None = None, num_tokens: int | None = None,
               samples: str | None = None, items_total: int | None = None,
-              stopped: str | None = None) -> list[dict]:
+              stopped: str | None = None, limited_from: int | None = None) -> list[dict]:
     """A cell's stored rows, one per metric in the sweep's order (the leaderboard takes an
     evaluation's first row as its headline metric). ``results``: metric key -> an object with
     value, ci_low, ci_high, replicates and matrix (``evaluate.MetricResult``). ``num_tokens``:
     the scored target tokens, for tasks that score tokens rather than rows (None otherwise).
-    ``samples``: the tag of the cell's per-item record files (None: it kept none)."""
+    ``samples``: the tag of the cell's per-item record files (None: it kept none).
+    ``items_total``, ``stopped``: a race's partial cell; ``limited_from``: the task's document
+    count where a ``limit:`` scored only the first ``num_samples`` of them."""
     return [{"sweep": sweep, "checkpoint": checkpoint, "step": step, "epoch": epoch,
              "dataset": evaluation, "metric": key, "value": r.value, "ci_low": r.ci_low,
              "ci_high": r.ci_high, "num_samples": num_samples, "num_tokens": num_tokens,
              "world_size": world_size,
              "higher_is_better": higher_is_better[key], "replicates": r.replicates,
              "matrix": r.matrix, "bootstrap": bootstrap_key if r.replicates is not None else None,
-             "samples": samples, "items_total": items_total, "stopped": stopped}
+             "samples": samples, "items_total": items_total, "stopped": stopped,
+             "limited_from": limited_from}
             for key, r in results.items()]
 
 

@@ -30,7 +30,6 @@ import hashlib
 import inspect
 import io
 import json
-import math
 import os
 import sys
 from dataclasses import dataclass
@@ -42,7 +41,8 @@ from rayeval.config.schema import LmmsEvalSpec
 from rayeval.errors import SpecError, reason
 from rayeval.config import names
 from rayeval.harness.groups import Group
-from rayeval.harness.render import check_known, config_value, pickle_task, quiet
+from rayeval.harness.render import (check_known, config_value, limit_count, pickle_task,
+                                    quiet)
 from rayeval.lmms.requests import (AGGREGATIONS, NotMergeable, context_of, encode_messages,
                                    filter_names, layout, table_schema)
 
@@ -226,14 +226,6 @@ def _sources(fn) -> list[str]:
     return files
 
 
-def _limit(task, limit: float | None) -> int | None:
-    """lmms-eval's --limit: a share below 1.0 of the documents, else a count."""
-    if limit is None:
-        return None
-    n = len(task.eval_docs)
-    return int(math.ceil(n * limit)) if limit < 1.0 else int(limit)
-
-
 def render(spec: LmmsEvalSpec, path: str, judge: bool = False
            ) -> tuple[list[Rendered], list[Group]]:
     """Every task ``spec`` names (a group or tag: each of its tasks), rendered as its request
@@ -282,7 +274,7 @@ def _render_task(spec, path, name, task) -> Rendered:
     from importlib.metadata import version
 
     try:
-        task.build_all_requests(limit=_limit(task, spec.limit), rank=0, world_size=1)
+        task.build_all_requests(limit=limit_count(task, spec.limit), rank=0, world_size=1)
     except Exception as error:
         _fail(f"{path}.task", f"lmms-eval could not render the requests of {name!r}: "
                               f"{reason(error, typed=True)}")

@@ -69,6 +69,11 @@ class LmmsEval(ImageGeneration):
     def tokenize(self, table, spec, tok, decoder):
         return super().tokenize(table, spec, TemplatedChats(tok), decoder)
 
+    def limited_from(self, spec) -> int | None:
+        """As ``harness.task.Harness.limited_from``: the task's document count where the
+        entry's ``limit:`` scored only the first ones; None: every document."""
+        return store.limited_from(spec.dataset.path)
+
     def row_ids(self, table, spec, x, y):
         return data.id_values(table, "doc_id", f"{spec.key_path}.doc_id")
 

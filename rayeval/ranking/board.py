@@ -20,8 +20,9 @@ from dataclasses import dataclass, field
 from rayeval.errors import StoreError
 from rayeval.io.store import confidence_of, latest_rows  # noqa: F401 - the row's format
 from rayeval.ranking.aggregate import AGGREGATE, aggregates, averaged, ranked_of, scales_note
-from rayeval.ranking.columns import (AGGREGATE_COLUMN, Column, columns_of,  # noqa: F401
-                                     evaluations_of, ranked_rows, resolve_metric, value_of)
+from rayeval.ranking.columns import (AGGREGATE_COLUMN, LIMITED, Column,  # noqa: F401
+                                     columns_of, evaluations_of, limit_text, ranked_rows,
+                                     resolve_metric, value_of)
 from rayeval.ranking.compare import paired
 from rayeval.ranking.rules import codes, direction, shown
 
@@ -47,6 +48,10 @@ class Entry:
     best: bool = False
     marks: dict[str, str] = field(default_factory=dict)   # column name -> "*" best, "~" tied
     stopped: str | None = None    # a raced checkpoint's partial cells: why it stopped
+    # Column name -> "limit: 30 of 2,376 items": a cell scored on the first items of its task
+    # (an entry's ``limit:``, the row's ``limited_from``), marked LIMITED; the aggregate's
+    # when it averages one. Ranked like any other.
+    limited: dict[str, str] = field(default_factory=dict)
 
     def value(self, column: str) -> float | None:
         return value_of(self.rows.get(column))
@@ -95,6 +100,8 @@ def build_board(rows: list[dict], metric: str | None = None,
         e = entries.setdefault((r["sweep"], r["checkpoint"]),
                                Entry(r["sweep"], r["checkpoint"], r["step"]))
         e.rows[names[(r["dataset"], r["metric"])]] = r
+        if r.get("limited_from") is not None:
+            e.limited[names[(r["dataset"], r["metric"])]] = limit_text(r)
         if r.get("items_total") is not None and e.stopped is None:
             e.stopped = r.get("stopped") or f"partial: {r['num_samples']} of " \
                                              f"{r['items_total']} items"
@@ -104,12 +111,13 @@ def build_board(rows: list[dict], metric: str | None = None,
     ranked = _rank(list(entries.values()), rank_by)
     heads = averaged(rows)
     mean_of = [c for c in columns if heads.get(c.evaluation) == c.metric]
+    _limited_aggregates(ranked, mean_of)
     scales = scales_note(mean_of, rows)
     board = Board(columns=columns, rank_by=rank_by.name,
                   higher_is_better=rank_by.higher_is_better, entries=ranked,
                   evaluations=evaluations_of(rows), averaged=mean_of,
                   notes=small_data_notes(rows) + ([scales] if scales else []) + token_notes(rows)
-                  + stopped_notes(ranked))
+                  + stopped_notes(ranked) + limit_notes(rows, ranked))
     if marked:
         mark(board, columns)
     return board
@@ -225,6 +233,38 @@ def stopped_notes(entries: list[Entry]) -> list[str]:
     items it scored, below every complete one whatever their values)."""
     return [f"{os.path.basename(e.checkpoint.rstrip('/'))}: {e.stopped} (partial: its figures "
             "are estimates from the items scored)" for e in entries if e.stopped]
+
+
+def limit_notes(rows: list[dict], entries: list[Entry]) -> list[str]:
+    """A warning per evaluation with cells scored on an entry's ``limit:`` (marked LIMITED):
+    how many of the task's items they scored, and that they rank beside whole-task cells
+    where the column has both; one for the aggregate when it averages such cells."""
+    counts: dict[str, set[tuple[int, int]]] = {}
+    whole: set[str] = set()
+    for r in rows:
+        if r.get("limited_from") is None:
+            whole.add(r["dataset"])
+        else:
+            counts.setdefault(r["dataset"], set()).add((r["num_samples"], r["limited_from"]))
+    notes = [f"warning: {LIMITED} {name}: limit: "
+             + ", ".join(f"{n:,} of {of:,}" for n, of in sorted(found))
+             + " items scored, not the whole task (an entry's limit: is for trying a task; "
+             "its figures are not the task's)"
+             + ("; ranked here beside cells of the whole task" if name in whole else "")
+             for name, found in sorted(counts.items())]
+    if any(AGGREGATE in e.limited for e in entries):
+        notes.append(f"warning: {LIMITED} {AGGREGATE}: it averages evaluations scored on a "
+                     "limit: where marked")
+    return notes
+
+
+def _limited_aggregates(entries: list[Entry], averaged: list[Column]) -> None:
+    """Mark an entry's aggregate when a column it averages is scored on a ``limit:``."""
+    for e in entries:
+        parts = [c.name for c in averaged if c.name in e.limited]
+        if parts and AGGREGATE in e.rows:
+            e.limited[AGGREGATE] = "averages " + ", ".join(f"{name} ({e.limited[name]})"
+                                                           for name in parts)
 
 
 def _default_rank(columns: list[Column], entries: dict[tuple, Entry]) -> Column:

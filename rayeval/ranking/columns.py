@@ -57,6 +57,27 @@ def exact_binomial(value: float, n: int, confidence: float) -> tuple[float, floa
     return (0.0, 1.0 - edge, "exact") if value == 0.0 else (edge, 1.0, "exact")
 
 
+# --- a cell scored on a limit: -------------------------------------------------------------
+
+LIMITED = "\u2020"        # "†": a cell scored on the first items of a task (``limit:``)
+
+
+def limit_text(row: dict | None) -> str | None:
+    """"limit: 30 of 2,376 items" for a row scored on an lm-eval or lmms-eval entry's
+    ``limit:`` (the first ``num_samples`` of its task's ``limited_from`` documents); for an
+    aggregate, which of its parts were; None for a row of the whole task."""
+    if row is None:
+        return None
+    of = row.get("limited_from")
+    if of is not None:
+        return f"limit: {row['num_samples']:,} of {of:,} items"
+    parts = [p for p in row.get("parts") or () if p is not None and
+             p.get("limited_from") is not None]
+    if not parts:
+        return None
+    return "averages " + ", ".join(f"{p['dataset']} ({limit_text(p)})" for p in parts)
+
+
 # --- columns -------------------------------------------------------------------------------
 
 @dataclass(frozen=True)

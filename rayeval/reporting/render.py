@@ -15,7 +15,7 @@ import math
 from typing import TYPE_CHECKING
 
 from rayeval.io.store import confidence_of
-from rayeval.ranking.columns import shown_interval
+from rayeval.ranking.columns import LIMITED, shown_interval
 
 if TYPE_CHECKING:
     from rayeval.ranking import Board, Column, Entry
@@ -25,6 +25,7 @@ EXACT = "exact"          # ``shown_interval``'s kind for an all-0 or all-1 cell
 _NAMES = ("sweep", "dataset", "checkpoint")           # left-aligned text; may fold if need be
 _NAME_WIDTH = 32
 _LEGEND = "*: best; ~: not distinguishable from the best"
+_LIMIT_LEGEND = f"{LIMITED}: scored on the first items of its task only (limit:; see the notes)"
 
 
 def _missing(v) -> bool:
@@ -58,7 +59,7 @@ def _cell(e: Entry, column: str, intervals: bool = True, unmarked: str = "") -> 
     text = format_value(row["value"])
     if intervals:
         text += _interval_text(row)
-    return text + e.marks.get(column, unmarked)
+    return text + e.marks.get(column, unmarked) + (LIMITED if column in e.limited else "")
 
 
 def _interval_text(row: dict) -> str:
@@ -91,6 +92,10 @@ def interval_legend(board: Board, columns: list[Column]) -> str:
         text += ("; exact [low, high]: every item scored the same (0 or 1), which no resample "
                  "can vary, so the Clopper-Pearson exact binomial interval instead")
     return text
+
+
+def _any_limited(board: Board) -> bool:
+    return any(e.limited for e in board.entries)
 
 
 def _arrow(board: Board) -> str:
@@ -236,7 +241,7 @@ def _caption(board: Board, intervals: bool, hidden: list[Column]) -> str:
     parts = [f"ranked by {board.rank_by} ({_arrow(board)})"]
     if intervals:
         parts.append(interval_legend(board, board.columns))
-    lines = ["; ".join(parts + [_LEGEND])]
+    lines = ["; ".join(parts + [_LEGEND] + ([_LIMIT_LEGEND] if _any_limited(board) else []))]
     if board.averaged:
         lines.append(_aggregate_legend(board))
     if hidden:
@@ -258,14 +263,18 @@ def to_markdown(board: Board) -> str:
 
 def to_csv(board: Board) -> str:
     """One line per entry: full checkpoint locations, values as ``repr`` (every digit), then
-    ``<column>_ci_low``, ``<column>_ci_high`` and ``<column>_mark`` for every column."""
+    ``<column>_ci_low``, ``<column>_ci_high`` and ``<column>_mark`` for every column; where
+    some cell was scored on a ``limit:``, ``<column>_limit`` too ("limit: 30 of 2,376
+    items", or empty)."""
     single = len(board.evaluations) == 1
     names = board.metrics
+    limits = names if _any_limited(board) else []
     out = io.StringIO()
     w = csv.writer(out)
     w.writerow(["rank", "best", "sweep"] + (["dataset"] if single else [])
                + ["checkpoint", "step"] + names
-               + [f"{m}_{part}" for m in names for part in ("ci_low", "ci_high", "mark")])
+               + [f"{m}_{part}" for m in names for part in ("ci_low", "ci_high", "mark")]
+               + [f"{m}_limit" for m in limits])
 
     def num(v):
         return "" if _missing(v) else repr(v)
@@ -277,7 +286,8 @@ def to_csv(board: Board) -> str:
                    + [num(got[m].get("value")) for m in names]
                    + [x for m in names for x in (num(got[m].get("ci_low")),
                                                  num(got[m].get("ci_high")),
-                                                 e.marks.get(m, ""))])
+                                                 e.marks.get(m, ""))]
+                   + [e.limited.get(m, "") for m in limits])
     return out.getvalue()
 
 
@@ -297,6 +307,7 @@ th.frozen { z-index: 3; }
 td.best { font-weight: 700; background: #c6e9c6; box-shadow: inset 4px 0 #1f7a1f; }
 td.tied { background: #fbe3a1; }
 .mark { font-weight: 700; padding-left: .15em; }
+.mark.limited { color: #8a4b00; }
 th.rank-by { text-decoration: underline; }
 th .n { display: block; font-weight: normal; color: #555; font-size: 85%; }
 .ci { color: #555; font-size: 90%; font-weight: normal; }
@@ -420,8 +431,12 @@ def _html_cell(e: Entry, column: str, samples: dict[tuple[str, str], str]) -> st
     text += _interval_html(row)
     if mark:
         text += f'<span class="mark">{escape(mark)}</span>'
+    limited = e.limited.get(column)
+    if limited:
+        text += f'<span class="mark limited">{LIMITED}</span>'
     cls, said = _MARKED.get(mark, ("", ""))
     attrs = f' class="{cls}"' if cls else ""
+    said = "; ".join(x for x in (said, limited) if x)
     return f'<td{attrs} title="{escape(_hover(row, said))}">{text}</td>'
 
 
@@ -451,6 +466,8 @@ def _html_legend(board: Board) -> str:
              interval_legend(board, board.columns),
              "* bold with a green bar: the best value of its column; ~ shaded amber: not "
              "distinguishable from the best (the paired interval of the difference contains 0)"]
+    if _any_limited(board):
+        lines.append(_LIMIT_LEGEND)
     if board.averaged:
         lines.append(_aggregate_legend(board))
     return "<br>\n".join(escape(line) for line in lines)

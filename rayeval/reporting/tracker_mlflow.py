@@ -10,8 +10,8 @@ import logging
 import os
 
 from rayeval.config.schema import MlflowTracker
-from rayeval.reporting.tracker_sinks import (EXPERIMENT, SWEEP_TAG, TABLE, Point, Say, _Problem,
-                                             _Sink)
+from rayeval.reporting.tracker_sinks import (EXPERIMENT, LIMIT_TAG, SWEEP_TAG, TABLE, Point, Say,
+                                             _Problem, _Sink, _UNSAFE)
 
 
 class MlflowSink(_Sink):
@@ -85,7 +85,12 @@ class MlflowSink(_Sink):
                 Metric(p.key, p.value, p.timestamp_ms, p.step) for p in fresh[i:i + 1000]])
         for p in fresh:
             self.history[p.key].add((p.step, p.value))
-        self.values += sum(not p.bound for p in fresh)
+        self.values += sum(p.figure for p in fresh)
+
+    def _tag_limits(self, found: dict[str, str]) -> None:
+        for evaluation, text in found.items():
+            self.client.set_tag(self.run_id, f"{LIMIT_TAG}/{_UNSAFE.sub('_', evaluation)}",
+                                text)
 
     def _table(self, columns: list[str], data: list[list]) -> None:
         import csv

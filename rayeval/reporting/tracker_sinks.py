@@ -29,9 +29,16 @@ class Point:
     step: int
     timestamp_ms: int
     bound: bool = False                  # an interval's end, not a metric's value
+    count: bool = False                  # a limit:'s item count, not a metric's value
+
+    @property
+    def figure(self) -> bool:
+        """A metric's value (what a summary counts)."""
+        return not (self.bound or self.count)
 
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9_\-. /]")
+LIMIT_TAG = "rayeval.limit"       # + "/<evaluation>": a run's evaluations scored on a limit:
 
 
 def metric_name(evaluation: str, metric: str) -> str:
@@ -39,11 +46,19 @@ def metric_name(evaluation: str, metric: str) -> str:
     return f"eval/{_UNSAFE.sub('_', evaluation)}/{_UNSAFE.sub('_', metric)}"
 
 
+def limit_names(evaluation: str) -> tuple[str, str]:
+    """The points of a cell scored on an entry's ``limit:``: ``eval/<evaluation>/limit_n``
+    (the items scored) and ``eval/<evaluation>/limit_total`` (the task's items)."""
+    return metric_name(evaluation, "limit_n"), metric_name(evaluation, "limit_total")
+
+
 def points(rows: list[dict]) -> tuple[list[Point], int]:
     """The values of stored rows as (name, value, step) points, and how many rows were left out
     for having no training step (a checkpoint whose name has none): a chart needs a step.
-    Rows without a number (a confusion matrix) are not metrics to chart."""
-    out, unstepped = [], 0
+    Rows without a number (a confusion matrix) are not metrics to chart. A cell scored on a
+    ``limit:`` adds its item counts at its step (``limit_names``), once per cell, so that
+    its values are not taken for the whole task's."""
+    out, unstepped, counted = [], 0, set()
     for r in rows:
         if not _finite(r.get("value")):
             continue
@@ -57,7 +72,29 @@ def points(rows: list[dict]) -> tuple[list[Point], int]:
             if _finite(r.get(column)):
                 out.append(Point(base + suffix, float(r[column]), int(r["step"]), ms,
                                  bound=bool(suffix)))
+        of = r.get("limited_from")
+        if of is not None and (r["checkpoint"], r["dataset"], r["step"]) not in counted:
+            counted.add((r["checkpoint"], r["dataset"], r["step"]))
+            n_key, of_key = limit_names(r["dataset"])
+            out += [Point(n_key, float(r["num_samples"]), int(r["step"]), ms, count=True),
+                    Point(of_key, float(of), int(r["step"]), ms, count=True)]
     return out, unstepped
+
+
+def limits(rows: list[dict]) -> dict[str, str]:
+    """{evaluation: "limit: 30 of 2,376 items"} of the rows scored on an entry's ``limit:``
+    (the newest such row's, for an evaluation several sizes were tried on): what a tracker
+    tags its run with."""
+    from rayeval.ranking.columns import limit_text
+
+    found: dict[str, tuple] = {}
+    for r in rows:
+        if r.get("limited_from") is not None:
+            stamp = r.get("created_at")
+            key = (stamp is not None, stamp or 0)
+            if r["dataset"] not in found or key >= found[r["dataset"]][0]:
+                found[r["dataset"]] = (key, limit_text(r))
+    return {name: text for name, (_, text) in sorted(found.items())}
 
 
 def _finite(v) -> bool:
@@ -73,12 +110,13 @@ def board_table(rows: list[dict]) -> tuple[list[str], list[list]] | None:
         board = build_board(rows)
     except RayevalError:
         return None
-    columns = ["rank", "best", "sweep", "checkpoint", "step", "stopped"]
+    columns = ["rank", "best", "sweep", "checkpoint", "step", "stopped", "limited"]
     for c in board.metrics:
         columns += [c, f"{c}_ci_low", f"{c}_ci_high"]
     data = []
     for e in board.entries:           # stopped: a race's partial cells, why (else None)
-        line = [e.rank, e.best, e.sweep, e.checkpoint, e.step, e.stopped]
+        limited = "; ".join(f"{c}: {text}" for c, text in e.limited.items()) or None
+        line = [e.rank, e.best, e.sweep, e.checkpoint, e.step, e.stopped, limited]
         for c in board.metrics:
             got = e.rows.get(c) or {}
             line += [got.get(k) if _finite(got.get(k)) else None
@@ -103,6 +141,7 @@ class _Sink:
         self.values = 0
         self.unstepped = 0
         self.tabled = False
+        self.limited: dict[str, str] = {}     # evaluation -> its limit: as tagged on the run
 
     def guard(self, what: str, fn, *args) -> bool:
         if self.dead:
@@ -133,6 +172,14 @@ class _Sink:
             self._log(pts)
             self.cells += len({(r["checkpoint"], r["dataset"]) for r in rows
                                if r.get("step") is not None})
+        found = {k: v for k, v in limits(rows).items() if self.limited.get(k) != v}
+        if found:
+            self._tag_limits(found)
+            self.limited.update(found)
+
+    def _tag_limits(self, found: dict[str, str]) -> None:
+        """Say on the run which evaluations were scored on a ``limit:`` ({evaluation:
+        "limit: 30 of 2,376 items"}): a tag (MLflow), a config entry (W&B)."""
 
     def table(self, rows: list[dict]) -> None:
         """The leaderboard of stored rows, as a table."""

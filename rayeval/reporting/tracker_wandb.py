@@ -8,7 +8,8 @@ import hashlib
 import re
 
 from rayeval.config.schema import WandbTracker
-from rayeval.reporting.tracker_sinks import STEP_METRIC, SWEEP_TAG, TABLE, Point, Say, _Sink
+from rayeval.reporting.tracker_sinks import (LIMIT_TAG, STEP_METRIC, SWEEP_TAG, TABLE, Point, Say,
+                                             _Sink)
 
 
 class WandbSink(_Sink):
@@ -49,7 +50,11 @@ class WandbSink(_Sink):
             by_step.setdefault(p.step, {})[p.key] = p.value
         for step in sorted(by_step):
             self.run.log({STEP_METRIC: step, **by_step[step]})
-        self.values += sum(not p.bound for p in pts)
+        self.values += sum(p.figure for p in pts)
+
+    def _tag_limits(self, found: dict[str, str]) -> None:
+        self.run.config.update({f"{LIMIT_TAG}/{e}": text for e, text in found.items()},
+                               allow_val_change=True)
 
     def _table(self, columns: list[str], data: list[list]) -> None:
         import wandb

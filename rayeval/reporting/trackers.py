@@ -33,13 +33,13 @@ from rayeval.execution.callbacks import RunCallback
 # where the commands and the tests have always found them.
 from rayeval.reporting.tracker_mlflow import MlflowSink
 from rayeval.reporting.tracker_sinks import (EXPERIMENT, STEP_METRIC, SWEEP_TAG, TABLE, Point,
-                                             Say, _Sink, board_table, cause, metric_name,
-                                             points)
+                                             Say, _Sink, board_table, cause, limit_names,
+                                             limits, metric_name, points)
 from rayeval.reporting.tracker_wandb import WandbSink, wandb_run_id
 
 # The store columns a tracker needs (not the wide replicates and matrices).
 COLUMNS = ["sweep", "checkpoint", "step", "dataset", "metric", "value", "ci_low", "ci_high",
-           "created_at"]
+           "created_at", "num_samples", "limited_from"]
 
 
 def _stderr(text: str) -> None:

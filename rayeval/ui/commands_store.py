@@ -179,6 +179,7 @@ def _compare(args, out: Console) -> int:
     from rich.table import Table
     from rich.text import Text
 
+    from rayeval.ranking.columns import LIMITED
     from rayeval.ranking.compare import AGGREGATE, compare, find_checkpoint
     from rayeval.ranking.stored import with_replicates
 
@@ -194,6 +195,13 @@ def _compare(args, out: Console) -> int:
         raise StoreError(f"{what} ({r['checkpoint']}) has partial cells from a race "
                          f"({r['stopped'] or 'stopped early'}), which pair only with cells of the "
                          "same items: run the sweep again without select: to complete them")
+    limited = _limited_cells(found)
+    if all(c.paired is None for c in found) and limited:
+        (what, name), text = next(iter(limited.items()))
+        checkpoint = (a_rows if what == "A" else b_rows)[0]["checkpoint"]
+        raise StoreError(f"{what} ({checkpoint}) has cells scored on a limit: ({name}: {text}), "
+                         "which pair only with cells of the same items: evaluate both "
+                         "checkpoints with the same limit:, or both without one")
     if all(c.paired is None for c in found):
         raise StoreError("no bootstrap replicates to pair for these checkpoints; evaluate them "
                          "with bootstrap replicates on, with the same seed and buckets")
@@ -201,6 +209,9 @@ def _compare(args, out: Console) -> int:
     if partial:
         caption += ("; partial (a race's, stopped early): "
                     + ", ".join(sorted({w for w, _ in partial})) + ", over the items scored")
+    if limited:
+        caption += (f"; {LIMITED}: scored on the first items of the task only: "
+                    + ", ".join(f"{w} {name} ({text})" for (w, name), text in limited.items()))
     aggregate = next((c.a for c in found if c.name == AGGREGATE), None)
     if aggregate is not None:
         terms = [f"{e}/{m}" for e, m in zip(aggregate["evaluations"], aggregate["metrics"])]
@@ -212,12 +223,33 @@ def _compare(args, out: Console) -> int:
         table.add_column(h, justify="left" if h == "metric" else "right", no_wrap=True)
     for c in found:
         p = c.paired
-        cells = [format_value(c.a["value"]), format_value(c.b["value"])] + (
+        marks = [LIMITED if (w, _evaluation_of(c, row)) in limited else ""
+                 for w, row in (("A", c.a), ("B", c.b))]
+        cells = [format_value(c.a["value"]) + marks[0], format_value(c.b["value"]) + marks[1]] + (
             ["-", "-", "-"] if p is None else
             [f"{p.difference:+.4f}", f"[{p.ci_low:+.4f}, {p.ci_high:+.4f}]", f"{p.a_better:.3f}"])
         table.add_row(Text(c.name), *cells)
     out.print(table)
     return EXIT_OK
+
+
+def _evaluation_of(c, row: dict) -> str:
+    """The evaluation a compared row belongs to: its own, or the aggregate's name."""
+    return c.name if row.get("dataset") == "*" else row["dataset"]
+
+
+def _limited_cells(found) -> dict[tuple[str, str], str]:
+    """(A or B, evaluation or the aggregate) -> "limit: 30 of 2,376 items" for the compared
+    rows scored on an entry's ``limit:`` (``ranking.columns.limit_text``), in table order."""
+    from rayeval.ranking.columns import limit_text
+
+    out: dict[tuple[str, str], str] = {}
+    for c in found:
+        for what, row in (("A", c.a), ("B", c.b)):
+            text = limit_text(row)
+            if text is not None:
+                out.setdefault((what, _evaluation_of(c, row)), text)
+    return out
 
 
 def _samples(args, out: Console) -> int:

@@ -8,10 +8,12 @@ byte) and a chat-formatted generation task with multi-turn few-shot and a system
 lm-eval's ``simple_evaluate`` on the same Hugging Face folders is the reference: every metric
 and every document's record, in one process and on a real local Ray with 1, 2 and 3 workers
 (records: the 3-worker run's), and a 5-shot group of two tasks of different sizes; with shared
-prefixes (model.share_prefixes) on and off (one process: both; Ray: on for 2 workers).
+prefixes (model.share_prefixes) on and off (one process: both; Ray: on for 2 workers). One more
+entry has ``limit:`` (a share of the documents): lm-eval's --limit run, stored as n of N.
 """
 
 import dataclasses
+import math
 import os
 import pathlib
 import pickle
@@ -44,6 +46,7 @@ REL = 1e-4           # as test_text_tasks: float32 kernels differ with padding a
 PLAIN = ("arith_mc", "arith_gen", "arith_ll", "docs_ppl")
 CHAT = "arith_chat"
 GROUP = "grp"                      # the group arith_group: grp/arith_mc, grp/arith_half, grp
+LIMITED, LIMIT = "arith_mc_limited", 0.25     # arith_mc with limit: 0.25 (15 of its 60 docs)
 MEMBERS = ("arith_mc", "arith_half")
 KINDS = {"acc": "lm_mean", "acc_norm": "lm_mean", "exact_match": "lm_mean",
          "perplexity": "lm_perplexity", "word_perplexity": "lm_weighted_perplexity",
@@ -147,6 +150,8 @@ def example(tmp_path_factory, lm_example):
                                              **CHAT_OPTIONS}})
     evals.append({"name": GROUP, "lm_eval": {"task": "arith_group", "include_path": "tasks",
                                               "num_fewshot": 5}})
+    evals.append({"name": LIMITED, "lm_eval": {"task": "arith_mc", "include_path": "tasks",
+                                                "limit": LIMIT}})
     sweep = {"name": "harness-tasks", "checkpoints": ["ckpts/checkpoint-*"], "workers": 1,
              "output": "results", "bootstrap": {"replicates": 200}, "batch_size": 8,
              "evals": evals}
@@ -186,6 +191,8 @@ def reference(example, checkpoints):
         ref[c].update(_lm_eval(c, example / "tasks", [CHAT], **CHAT_OPTIONS))
         names = {"arith_group": GROUP, **{t: f"{GROUP}/{t}" for t in MEMBERS}}
         ref[c].update(_lm_eval(c, example / "tasks", ["arith_group"], names, num_fewshot=5))
+        ref[c].update(_lm_eval(c, example / "tasks", ["arith_mc"], {"arith_mc": LIMITED},
+                               limit=LIMIT))
     return ref
 
 
@@ -220,7 +227,7 @@ def test_one_process_equals_lm_eval(example, checkpoints, reference, share):
         for key, r in results.items():
             _check(key, float(r.value), _theirs(theirs, key))
         seen.add((ref.location, ev.name))
-    assert len(seen) == len(checkpoints) * (len(PLAIN) + 1 + len(MEMBERS))
+    assert len(seen) == len(checkpoints) * (len(PLAIN) + 1 + len(MEMBERS) + 1)
 
 
 def test_the_filters_and_the_chat_template_changed_something(reference, checkpoints):
@@ -313,8 +320,34 @@ def test_per_item_records_equal_lm_eval_samples(checkpoints, reference, ray_stor
                     assert r["acc"] == s["acc"]
     # every worker wrote its own items' file for every cell
     cells = list((out / "samples").iterdir())
-    assert len(cells) == len(checkpoints) * (len(PLAIN) + 1 + len(MEMBERS))
+    assert len(cells) == len(checkpoints) * (len(PLAIN) + 1 + len(MEMBERS) + 1)
     assert all(len(list(cell.iterdir())) == 3 for cell in cells)
+
+
+@pytest.mark.ray
+def test_a_limited_entry_is_stored_as_n_of_n_and_marked(example, reference, ray_stores):
+    """limit: 0.25 of arith_mc's documents (its values equal lm-eval's --limit run's, checked
+    with the others above): each cell is stored as the documents scored of the task's, not as
+    a race's partial cell, and the board ranks it, marked, with a warning under it. The
+    2-worker run: rank 0 has the task as the driver sent it."""
+    docs = pq.read_metadata(example / "data" / "mc.parquet").num_rows
+    scored = math.ceil(docs * LIMIT)
+    out = str(ray_stores[2])
+    rows = [r for r in latest_rows(ResultStore(out).read()) if r["dataset"] == LIMITED]
+    assert len(rows) == len(reference) * 2                             # acc, acc_norm
+    for r in rows:
+        assert (r["num_samples"], r["limited_from"]) == (scored, docs), r
+        assert len(reference[r["checkpoint"]][LIMITED]["samples"]) == scored
+        assert r["items_total"] is None and r["stopped"] is None
+    others = [r for r in latest_rows(ResultStore(out).read()) if r["dataset"] != LIMITED]
+    assert all(r["limited_from"] is None for r in others)
+    board = rayeval.leaderboard(out, evaluation=LIMITED)
+    assert all(e.rank for e in board.entries) and not any(e.stopped for e in board.entries)
+    assert [e.limited for e in board.entries] == [
+        {"acc": f"limit: {scored} of {docs} items", "acc_norm": f"limit: {scored} of {docs} "
+         "items"}] * len(reference)
+    assert f"warning: \u2020 {LIMITED}: limit: {scored} of {docs} items scored, not the whole " \
+           "task" in " ".join(board.notes)
 
 
 @pytest.mark.ray

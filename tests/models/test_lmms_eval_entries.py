@@ -92,6 +92,31 @@ def test_request_table_is_lmms_evals_chat_with_png_images(rendered):
         assert np.array_equal(got, want)
 
 
+def test_a_limit_keeps_the_tasks_document_count_for_the_stored_cell(tmp_path):
+    """limit: 2 of 5 documents: the table holds 2, and the task a worker receives (the
+    driver's pickle) still says the task has 5, which the cell is stored as n of
+    (``limited_from``); a limit that leaves nothing out is no limit."""
+    from rayeval.core import tasks
+    from rayeval.harness import store
+    from rayeval.plan.lm_eval_entries import UNWRITTEN
+
+    items = easy_vqa_items(n=5, seed=1)
+    _task(tmp_path, items)
+    found = {}
+    for limit in (2, 0.5, 5):
+        sweep = load_sweep(_sweep(tmp_path, {"name": "vqa", "lmms_eval": {
+            "task": "rayeval_easyvqa", "include_path": "tasks", "limit": limit,
+            "gen_kwargs": {"max_new_tokens": 3}}}, name=f"s{limit}.yaml"))
+        ev = sweep.evals[0]
+        rendered = UNWRITTEN[ev.dataset.path][1]
+        store.receive({ev.dataset.path: rendered.blob})            # as a worker gets it
+        try:
+            found[limit] = (rendered.table.num_rows, tasks.get("lmms_eval").limited_from(ev))
+        finally:
+            store._TASKS.pop(ev.dataset.path, None)
+    assert found == {2: (2, 5), 0.5: (3, 5), 5: (5, None)}
+
+
 def test_model_name_picks_the_tasks_specific_prompts(tmp_path):
     items = easy_vqa_items(n=2, seed=1)
     _task(tmp_path, items, edit={"lmms_eval_specific_kwargs:\n  default:\n":
