@@ -452,3 +452,14 @@ def lightning_ckpt(path, sd, attr="model", step=1234):
                 "loops": {}, "callbacks": {},
                 "optimizer_states": [{"state": {}, "param_groups": [{"lr": 0.1}]}],
                 "lr_schedulers": []}, path)
+
+
+def record_sets(cell_folder) -> dict[str, list[str]]:
+    """A cell's per-item record files under ``samples/{cell}``, by set: {tag: ["rank/world",
+    ...]}. A cell scored in segments (``resume``: an evaluation's first cell is scored in two)
+    has one set per segment, each with one file per worker."""
+    sets: dict[str, list[str]] = {}
+    for name in sorted(os.listdir(cell_folder)):
+        tag, rank, _, world = name[:-len(".parquet")].rsplit("-", 3)
+        sets.setdefault(tag, []).append(f"{int(rank)}/{int(world)}")
+    return sets

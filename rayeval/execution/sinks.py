@@ -92,8 +92,7 @@ class Publish:
             samples=tag,
             items_total=None if partial is None else partial.total,
             stopped=None if partial is None else str(partial),
-            limited_from=getattr(tasks.get(ev.spec.task), "limited_from", lambda spec: None)(
-                ev.spec)))
+            limited_from=tasks.get(ev.spec.task).limited_from(ev.spec)))
         return CellOutcome(
             key=cell.key, checkpoint=cell.checkpoint.location, evaluation=ev.name, step=step,
             values=tuple((k, r.value) for k, r in results.items()), rows=counted,

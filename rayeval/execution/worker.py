@@ -148,12 +148,13 @@ class Worker:
     def kept_so_far(self, plan: Plan, todo: set[str]) -> Plan:
         """The plan with what the store keeps of its cells in progress now (``resume``): a
         restarted group goes on from where the earlier attempt kept them. Rank 0 reads the
-        store (one listing) and tells the others: only rank 0 knows the attempt."""
+        store (one listing) and tells the others: only rank 0 knows the attempt. The first
+        attempt takes the plan's (none under --force)."""
         from rayeval.io.store import ResultStore
         from rayeval.plan.cells import resumed
 
         found = None
-        if self.ctx.rank == 0:
+        if self.ctx.rank == 0 and self.ctx.attempt > 1:   # the first: the plan knows (--force)
             left = [c for c in plan.cells if c.key in todo and not c.generation]
             found = {c.key: (c.resume, c.kept) for c in resumed(
                 ResultStore(plan.sweep.output), left, plan.evaluations) if c.resume}

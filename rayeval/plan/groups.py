@@ -45,6 +45,10 @@ def group_rows(group: GroupSpec, stored: dict[str, dict[str, dict]]) -> list[dic
                    value=sum(w * v for w, v in zip(weights, values)) / total,
                    ci_low=None, ci_high=None, replicates=None, samples=None,
                    num_samples=sum(int(p["num_samples"]) for p in parts),
+                   # members scored on a limit: the group's items of all of theirs
+                   limited_from=sum(int(p.get("limited_from") or p["num_samples"])
+                                    for p in parts)
+                   if any(p.get("limited_from") is not None for p in parts) else None,
                    world_size=max(int(p["world_size"]) for p in parts),
                    higher_is_better=gm.higher_is_better,
                    bootstrap=parts[0].get("bootstrap")

@@ -28,7 +28,7 @@ pytest.importorskip("transformers")
 pytest.importorskip("lm_eval")
 
 from harness import run_harness  # noqa: E402
-from support import (local_ray, rayeval_cli, rayeval_main,  # noqa: E402
+from support import (record_sets, local_ray, rayeval_cli, rayeval_main,  # noqa: E402
                      single_process_passes)
 
 from rayeval.plan import preflight  # noqa: E402
@@ -256,12 +256,8 @@ def test_per_item_records_equal_the_harness_items(example, checkpoints, harness,
     cells = list((ray_stores[3] / "samples").iterdir())
     assert len(cells) == len(checkpoints) * 3
     for cell in cells:
-        sets: dict[str, list[str]] = {}
-        for p in cell.iterdir():
-            tag, rank, _, world = p.stem.rsplit("-", 3)
-            sets.setdefault(tag, []).append(f"{rank}/{world}")
-        assert all(sorted(v) == ["00000/00003", "00001/00003", "00002/00003"]
-                   for v in sets.values()), sets
+        sets = record_sets(cell)
+        assert all(v == ["0/3", "1/3", "2/3"] for v in sets.values()), sets
 
 
 @pytest.mark.ray

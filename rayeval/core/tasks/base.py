@@ -184,6 +184,11 @@ class Task:
         """Outputs and targets in the shapes the task's metrics take."""
         return out.float(), y
 
+    def limited_from(self, spec) -> int | None:
+        """The task's whole item count when the evaluation scores only its first items (an
+        entry's ``limit:``), else None: the stored cell says n of N."""
+        return None
+
     def scored_units(self, states: Mapping[str, torch.Tensor]) -> int | None:
         """How many units were scored, from a cell's merged states, when that is not the row
         count (language modeling: unmasked target tokens); None when the rows are the units."""
