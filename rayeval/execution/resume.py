@@ -52,7 +52,10 @@ class Pace:
 
     @classmethod
     def of(cls, cost: Cost, buckets: int) -> "Pace":
-        return cls(per_bucket=cost.busy / max(1, buckets), fixed=max(0.0, cost.wall - cost.busy))
+        # A pass that read the shard from its source, now kept in memory, says nothing of
+        # what the next passes cost beyond their rows: the next segment measures it.
+        fixed = 0.0 if cost.first_read else max(0.0, cost.wall - cost.busy)
+        return cls(per_bucket=cost.busy / max(1, buckets), fixed=fixed)
 
 
 class Schedule:

@@ -44,10 +44,13 @@ _FLAGS = (_FAILED, _CACHE_OVERFLOW, _STOP, _WALL, _BUSY)
 @dataclass(frozen=True)
 class Cost:
     """What the last pass cost, the same on every rank (from the reduced sums): seconds of a
-    rank's pass and of its scoring (means over the ranks), and the rows this rank scored."""
+    rank's pass and of its scoring (means over the ranks), the rows this rank scored, and
+    whether the pass read the shard from its source while the next one reads the copy kept
+    in memory (then what a pass costs beyond its rows is not known yet)."""
     wall: float = 0.0
     busy: float = 0.0
     rows: int = 0
+    first_read: bool = False
 
 
 class CellScorer:
@@ -148,9 +151,10 @@ class CellScorer:
             merged = dist.all_reduce_states(states, where, ctx.timeout)   # the one reduce
         if merged[_STOP]:
             raise Stop
-        self.cost = Cost(wall=int(merged[_WALL]) / 1e6 / ctx.world,
-                         busy=int(merged[_BUSY]) / 1e6 / ctx.world, rows=rows)
         shard.agree(bool(merged[_CACHE_OVERFLOW]))
+        self.cost = Cost(wall=int(merged[_WALL]) / 1e6 / ctx.world,
+                         busy=int(merged[_BUSY]) / 1e6 / ctx.world, rows=rows,
+                         first_read=streamed and shard.use_cache)
         if not merged[_FAILED]:
             return {k: v for k, v in merged.items() if k not in _FLAGS}, None
         if ctx.rank != 0:

@@ -56,6 +56,11 @@ def test_a_short_cell_is_one_pass_once_its_pace_is_known_and_every_0_never_cuts(
         == [(1000, 1024)]
 
 
+def test_a_first_read_of_a_shard_now_kept_in_memory_is_no_segment_s_fixed_cost():
+    assert Pace.of(Cost(wall=3.0, busy=1.0, first_read=True), 10) == Pace(0.1, 0.0)
+    assert Pace.of(Cost(wall=3.0, busy=1.0), 10) == Pace(0.1, 2.0)      # read every pass
+
+
 def test_gather_gives_full_batches_of_a_segment_s_rows():
     g = Gather(task=None, size=4)
     parts = [(torch.arange(3 * i, 3 * i + 3).view(3, 1).float(), torch.arange(3),
