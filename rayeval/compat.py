@@ -151,16 +151,32 @@ def dashboard_url() -> str | None:
 PLACEMENT_GROUP_CLEANER = "PlacementGroupCleanerCallback"
 
 
+# Ray Train v2's SIGINT handler (ray 2.60, ray/train/v2/api/data_parallel_trainer.py):
+# ``DataParallelTrainer._initialize_and_run_controller`` calls ``_register_sigint_handler``
+# when fit() runs in the main thread, and that handler replaces the process's (rayeval's) for
+# good: it is never taken away when fit() returns. It aborts its controller on the first
+# SIGINT (a no-op once that fit is over: ``TrainController.abort`` returns at once in a
+# terminal state), does nothing on the second, and calls sys.exit(0) on the third (exit 0
+# with no line; SystemExit(1) when it lands inside a ray.get). Measured: a rayeval run on the
+# Ray of a process whose main thread ran a fit before ignored two SIGINTs and exited 0 on
+# the third (tests/e2e/test_signals_paths.py).
+TRAIN_SIGINT_HANDLER = "_register_sigint_handler"
+
+
 def trainer_class(callbacks: Callable[[list], list]) -> type:
-    """A ``TorchTrainer`` subclass whose default callbacks are ``callbacks(defaults)``. ray
-    2.60: ``TorchTrainer._create_default_callbacks`` (Train v2's DataParallelTrainer) builds
-    the controller's own callbacks; overriding it is the only way to leave one out."""
+    """A ``TorchTrainer`` subclass whose default callbacks are ``callbacks(defaults)`` and that
+    leaves the process's SIGINT handler alone. ray 2.60:
+    ``TorchTrainer._create_default_callbacks`` (Train v2's DataParallelTrainer) builds the
+    controller's own callbacks; overriding it is the only way to leave one out. Its
+    ``_register_sigint_handler`` (``TRAIN_SIGINT_HANDLER`` above) is a no-op here: SIGINT is
+    rayeval's (``execution.signals``), which stops the workers itself, wherever fit() runs."""
     from ray.train.torch import TorchTrainer
 
     class Trainer(TorchTrainer):
         def _create_default_callbacks(self):
             return callbacks(super()._create_default_callbacks())
 
+    setattr(Trainer, TRAIN_SIGINT_HANDLER, lambda self, controller: None)
     return Trainer
 
 

@@ -21,7 +21,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Callable, Iterable
 
-from rayeval.execution import recovery
+from rayeval.execution import recovery, signals
 from rayeval.plan import groups
 from rayeval.execution.callbacks import Callbacks, RunCallback
 from rayeval.execution.ledger import DriverLedger
@@ -119,8 +119,9 @@ class RunSequence:
             if outcomes is None:
                 return None
         written: list[str] = []
-        groups.publish(plan, written_keys=written)   # lm-eval groups whose members are all stored
-        consolidate(plan, written)                   # the run's cells into one part
+        with signals.held():          # a signal lets these finish whole, then stops the run
+            groups.publish(plan, written_keys=written)   # lm-eval groups, members all stored
+            consolidate(plan, written)                   # the run's cells into one part
         run.on_outcomes(outcomes)
         return outcomes
 

@@ -123,6 +123,11 @@ class RayLifecycle:
         not a clean exit): then Ray goes down with this process instead."""
         keys = list(keys)
         self.partial.update(keys)
+        # rayeval's handlers for the fit, whoever set theirs since Ray came up: Ray Train v2's
+        # SIGINT handler stays installed after any fit() that ran in this process's main
+        # thread (a user's, before a Python API call on the same Ray); it ignores the first
+        # two SIGINTs once that fit is over and sys.exit(0)s on the third (compat.trainer_class).
+        signals.install()
         try:
             yield
         except KeyboardInterrupt as e:
@@ -279,8 +284,8 @@ def follow(ledger, fit, callbacks=None, on_cell=None, done=None, keys=None) -> N
         try:
             finished = False
             while not finished:
-                fit.thread.join(0.5)
-                finished = not fit.alive or (done is not None and done())
+                signals.ensure()           # a handler set mid-run (a library's) is replaced
+                finished = _wait(fit, 0.5) or (done is not None and done())
                 snap = ledger.snapshot()
                 callbacks.on_progress(snap, time.monotonic() - began, finished)
                 if not callbacks.wants_cells or snap["done"] <= len(handed):
@@ -292,19 +297,37 @@ def follow(ledger, fit, callbacks=None, on_cell=None, done=None, keys=None) -> N
         finally:
             callbacks.on_fit_end()
     except KeyboardInterrupt as e:
-        raise _wind_down(e, ledger, fit.thread) from None
+        raise _wind_down(e, ledger, fit) from None
 
 
-def _wind_down(interrupt: KeyboardInterrupt, ledger, thread) -> KeyboardInterrupt:
+def _wait(fit, seconds: float) -> bool:
+    """Wait up to ``seconds`` for the fit to end; whether it has. The fit's thread is joined
+    in slices of 0.1 s with the signals held, and a signal takes effect between two slices:
+    CPython 3.11's ``Thread.join`` (and ``is_alive``), interrupted by a signal handler that
+    raises, marks a thread that still runs as stopped (python/cpython#90882:
+    ``_wait_for_tstate_lock`` releases the lock the running thread holds). A Ctrl-C during
+    the join made ``_wind_down`` see the fit as over at once: it did not wait for the workers
+    to stop at their sync point, and Ray was shut down under the fit."""
+    deadline = time.monotonic() + seconds
+    while True:
+        with signals.held():
+            fit.thread.join(max(0.0, min(0.1, deadline - time.monotonic())))
+            over = not fit.alive
+        if over or time.monotonic() >= deadline:
+            return over
+
+
+def _wind_down(interrupt: KeyboardInterrupt, ledger, fit) -> KeyboardInterrupt:
     """After SIGINT/SIGTERM: ask the workers to stop (they agree at their next sync point,
     publishing nothing half-done) and wait for the fit to return, so Ray is shut down with no
     thread inside it. ``group_stopped`` says whether that happened in time; a second signal
     while waiting gives up at once."""
-    stopped = not thread.is_alive()
+    stopped = False
     try:
-        DriverLedger.of(ledger).stop(timeout=5)
-        thread.join(STOP_GRACE_S)
-        stopped = not thread.is_alive()
+        stopped = _wait(fit, 0)
+        if not stopped:
+            DriverLedger.of(ledger).stop(timeout=5)
+            stopped = _wait(fit, STOP_GRACE_S)
     except KeyboardInterrupt:
         pass
     except Exception:           # noqa: BLE001 - Ray itself may be going down

@@ -1,10 +1,18 @@
 """SIGINT and SIGTERM end a run as one exception, in the main thread, wherever it is.
 
 Ray's core worker installs a native SIGTERM handler when it starts (it prints a stack trace and
-dies), so the handlers are installed again once Ray is up. Both signals raise ``Interrupted``
+dies), and Ray Train v2 installs its own SIGINT handler for a fit run in the main thread and
+never takes it away (``compat.trainer_class``), so the handlers are installed again once Ray is
+up and at the start of every fit (``lifecycle.RayLifecycle.following``), and the fit's progress
+loop puts them back if anything replaced them (``ensure``). Both signals raise ``Interrupted``
 (a KeyboardInterrupt), which unwinds through the driver's ``finally`` blocks: the worker group
 and Ray are shut down, temporary files of unfinished cells removed, and the CLI prints one line
 and exits 128 + the signal number.
+
+One rule, whatever the phase (docs/cluster.md): a signal is never ignored. Until rayeval has
+written its output it ends the command with 128 + the signal number and the one line; what
+was published before it stays, whole; what is being written when it lands is finished first
+(``held``: a teardown, the end-of-run steps, the board) or not begun.
 """
 
 from __future__ import annotations
@@ -29,7 +37,11 @@ class Interrupted(KeyboardInterrupt):
         return 128 + self.signum
 
 
+_last: list[int] = []            # the signal ``_raise`` took last (see ``interrupted``)
+
+
 def _raise(signum, frame):
+    _last[:] = [signum]
     raise Interrupted(signum)
 
 
@@ -40,6 +52,27 @@ def install() -> None:
             signal.signal(signum, _raise)
 
 
+def ensure() -> None:
+    """``install`` again if anything replaced rayeval's handlers (called while a fit is
+    followed: a tracker's or a library's handler set on the main thread mid-run would
+    otherwise take the signals)."""
+    if threading.current_thread() is threading.main_thread() and any(
+            signal.getsignal(s) is not _raise for s in (signal.SIGINT, signal.SIGTERM)):
+        install()
+
+
+def interrupted(error: KeyboardInterrupt) -> Interrupted:
+    """The ``Interrupted`` a KeyboardInterrupt stands for. A signal that lands while the main
+    thread waits inside Ray's client (``ray.get``) runs ``_raise`` there, but Ray catches the
+    exception and raises a bare ``KeyboardInterrupt()`` in its place (ray 2.60, _raylet.pyx:
+    ``check_signals`` turns it into ``CRayStatus.Interrupted``, ``check_status`` raises
+    ``KeyboardInterrupt()``): the signal is then the one ``_raise`` took last, so a SIGTERM
+    still exits 143."""
+    if isinstance(error, Interrupted):
+        return error
+    return Interrupted(_last[0] if _last else signal.SIGINT)
+
+
 @contextlib.contextmanager
 def held():
     """SIGINT and SIGTERM wait until the block (a teardown) is done, then take effect."""
@@ -48,8 +81,12 @@ def held():
         return
     unwinding = sys.exc_info()[0] is not None    # already stopping: the first reason stands
     received: list[int] = []
-    previous = {s: signal.signal(s, lambda signum, frame: received.append(signum))
-                for s in (signal.SIGINT, signal.SIGTERM)}
+
+    def note(signum, frame):
+        received.append(signum)
+        _last[:] = [signum]
+
+    previous = {s: signal.signal(s, note) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
         yield
     finally:
@@ -74,4 +111,9 @@ def restored():
 
 
 def exit_code(error: KeyboardInterrupt) -> int:
-    return getattr(error, "exit_code", 128 + signal.SIGINT)
+    return interrupted(error).exit_code
+
+
+def name(error: KeyboardInterrupt) -> str:
+    """"SIGINT" or "SIGTERM": the signal behind ``error`` (see ``interrupted``)."""
+    return interrupted(error).name
