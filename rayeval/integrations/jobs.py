@@ -246,6 +246,32 @@ def follow(jobs, job_id: str, stream=None) -> str:
     return str(call(f"job {job_id}", jobs.get_job_status, job_id))
 
 
+STOP_WAIT_S = 15.0              # how long a stopped job may take to say STOPPED
+
+
+def stop(jobs, job_id: str, wait_s: float = STOP_WAIT_S) -> str:
+    """Stop the job (Ctrl-C or SIGTERM to ``rayeval submit``) and wait, at most ``wait_s``,
+    for the cluster to say it ended; what became of it, in words, for the interrupted line.
+    Ray's job supervisor sends the entrypoint (``rayeval run``) SIGTERM, which stops it as a
+    local run stops (the workers at their next sync point, nothing half-written), and
+    SIGKILLs it 3 s later (RAY_JOB_STOP_WAIT_TIME_S) if it is still there."""
+    try:
+        call(f"job {job_id}", jobs.stop_job, job_id)
+        deadline = time.monotonic() + wait_s
+        status = str(call(f"job {job_id}", jobs.get_job_status, job_id)).rsplit(".", 1)[-1]
+        while status in ("PENDING", "RUNNING") and time.monotonic() < deadline:
+            time.sleep(0.25)
+            status = str(call(f"job {job_id}", jobs.get_job_status, job_id)).rsplit(".", 1)[-1]
+    except RunError as e:
+        return (f"could not stop job {job_id} ({e.message}); `rayeval jobs stop {job_id}` "
+                "stops it")
+    if status in ("PENDING", "RUNNING"):
+        return (f"asked the cluster to stop job {job_id}, which still says {status} after "
+                f"{wait_s:g} s; `rayeval jobs status {job_id}` shows when it ends")
+    return (f"job {job_id} {status}; every result written so far is complete, and submitting "
+            "the same sweep again evaluates the rest")
+
+
 def exit_code(jobs, job_id: str) -> int:
     info = call(f"job {job_id}", jobs.get_job_info, job_id)
     status = str(info.status)

@@ -231,8 +231,21 @@ def _tracker_flags(p: argparse.ArgumentParser) -> None:
 def console_main() -> None:
     """The ``rayeval`` command. After SIGINT or SIGTERM, Ray is already shut down; the
     process then ends at once, so no thread still inside Ray's client can crash the
-    interpreter's teardown."""
-    code = main()
+    interpreter's teardown. A signal is never ignored until the exit status is decided
+    (``execution.signals``): one that lands as ``main`` returns ends the command the same
+    way; once decided, the process only exits, and later signals are ignored (no traceback
+    from an exit hook)."""
+    code = None
+    while True:
+        try:
+            if code is None:
+                code = main()
+            for s in (signal.SIGINT, signal.SIGTERM):
+                signal.signal(s, signal.SIG_IGN)
+            break
+        except KeyboardInterrupt as e:      # landed between main's own handling and here
+            if code is None or not _said:
+                code = _interrupted(e, Console(stderr=True, highlight=False))
     if code in (128 + signal.SIGINT, 128 + signal.SIGTERM):
         sys.stdout.flush()
         sys.stderr.flush()
@@ -240,13 +253,39 @@ def console_main() -> None:
     sys.exit(code)
 
 
+_said: list[str] = []      # the interrupted line, once printed (a second signal adds none)
+_command: list[str] = []   # the command being run (its interrupted line)
+
+
+def _interrupted(error: KeyboardInterrupt, err: Console) -> int:
+    """The one line after SIGINT or SIGTERM (printed once, whatever else arrives meanwhile),
+    and the exit status, 128 + the signal. ``submit`` says what became of the job (``said``
+    on the exception, ``commands_run._submit``)."""
+    name = signals.name(error)
+    if _command == ["watch"]:
+        line = f"[rayeval] watch stopped ({name}); every result written so far is complete"
+    else:
+        said = getattr(error, "said", None) or (
+            "stopped; every result written so far is complete, and running the same command "
+            "again evaluates the rest")
+        line = f"[rayeval] interrupted ({name}): {said}"
+    with signals.held():                # unwinding: a signal meanwhile is dropped
+        if not _said:
+            _said.append(line)
+            err.print(line, markup=False, highlight=False, soft_wrap=True)
+    return signals.exit_code(error)
+
+
 def main(argv: list[str] | None = None) -> int:
     signals.install()
+    _said.clear()
+    _command.clear()
     args = _parser().parse_args(argv)
     # Not a terminal (CI, a pipe, Ray Job logs): wide enough that tables do not wrap.
     width = None if sys.stdout.isatty() else 200
     out = Console(highlight=False, width=width)
     err = Console(stderr=True, highlight=False, width=width)
+    _command.append(args.command)
     try:
         if args.command in ("run", "watch", "submit", "k8s", "inspect"):  # sweeps, checkpoints
             load_plugins()
@@ -290,10 +329,4 @@ def main(argv: list[str] | None = None) -> int:
             err.print(e.detail, markup=False, highlight=False, soft_wrap=True)
         return EXIT_BAD_INPUT
     except KeyboardInterrupt as e:
-        stopped = "stopped following the job; it goes on" if args.command == "submit" else \
-            "stopped; every result written so far is complete, and running the same command " \
-            "again evaluates the rest"
-        name = getattr(e, "name", "SIGINT")
-        err.print(f"[rayeval] interrupted ({name}): {stopped}", markup=False, highlight=False,
-                  soft_wrap=True)
-        return signals.exit_code(e)
+        return _interrupted(e, err)

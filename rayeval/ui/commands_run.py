@@ -42,8 +42,20 @@ def _run(args, out: Console, err: Console) -> int:
     rows = without_members([r for r in latest_rows(ResultStore(sweep.output).read())
                             if r["cell"] in keys or (r["sweep"] == sweep.name
                                                      and r["dataset"] in groups)])
-    if rows:
-        render_rich(build_board(rows), out, title=sweep.name)
+    # The board and the summary are written whole or not at all: a signal while they are
+    # written takes effect after them (the interrupted line, 130; docs/cluster.md, Signals).
+    board = build_board(rows) if rows else None
+    with signals.held():
+        _print_run(args, report, board, bool(rows), out, err)
+    return EXIT_CELLS_FAILED if report.failures else EXIT_OK
+
+
+def _print_run(args, report, board, stored: bool, out: Console, err: Console) -> None:
+    """``rayeval run``'s output after the run: the board, the summary, failures, --profile."""
+    plan = report.plan
+    sweep = plan.sweep
+    if board is not None:
+        render_rich(board, out, title=sweep.name)
     done = sum(1 for o in report.outcomes if o.ok)
     if plan.cells:
         ran = (f"{sweep.workers} worker(s)" + (f" on {report.nodes} node(s)" if report.nodes
@@ -55,7 +67,7 @@ def _run(args, out: Console, err: Console) -> int:
               f"{len(report.failures)} failed; {ran}"
               + (f"; {reused} judged from stored generations (their checkpoints not "
                  "loaded)" if reused else "")
-              + (f"; results in {sweep.output}" if rows else ""))
+              + (f"; results in {sweep.output}" if stored else ""))
     if report.raced is not None and report.outcomes:
         scored, full = report.raced
         partial = sum(1 for o in report.outcomes if o.ok and o.partial)
@@ -71,7 +83,6 @@ def _run(args, out: Console, err: Console) -> int:
         report.timer.add("imports", _STARTED.get("imports", 0.0))
         for line in render_profile(report.timer, report.worker_times, since_process_start()):
             err.print(line, markup=False, highlight=False, soft_wrap=True)
-    return EXIT_CELLS_FAILED if report.failures else EXIT_OK
 
 
 def _watch(args, out: Console, err: Console) -> int:
@@ -91,15 +102,11 @@ def _watch(args, out: Console, err: Console) -> int:
     def say(text: str) -> None:
         err.print(text, markup=False, highlight=False, soft_wrap=True)
 
-    try:
-        state = watch(sweep, interval_s=args.interval,
-                      settle_s=args.interval if args.settle is None else args.settle,
-                      address=args.address, verbose=args.verbose,
-                      display_for=lambda: make_display(mode, err), say=say)
-    except KeyboardInterrupt as e:
-        say(f"[rayeval] watch stopped ({getattr(e, 'name', 'SIGINT')}); every result written "
-            "so far is complete")
-        return signals.exit_code(e)
+    # Ctrl-C (or SIGTERM) is how a watch ends: cli.main says "watch stopped (SIGINT)".
+    state = watch(sweep, interval_s=args.interval,
+                  settle_s=args.interval if args.settle is None else args.settle,
+                  address=args.address, verbose=args.verbose,
+                  display_for=lambda: make_display(mode, err), say=say)
     return EXIT_OK if not state.failed else EXIT_CELLS_FAILED
 
 
@@ -113,15 +120,16 @@ def _submit(args, err: Console) -> int:
         print(job_id, flush=True)
         return EXIT_OK
     err.print(f"[rayeval] submitted job {job_id} ({pkg.bytes / (1 << 20):.1f} MiB of "
-              f"{pkg.folder}); following its log (Ctrl-C stops following, not the job)",
-              markup=False, highlight=False, soft_wrap=True)
+              f"{pkg.folder}); following its log (Ctrl-C stops the job; --no-wait leaves it "
+              "running)", markup=False, highlight=False, soft_wrap=True)
     try:
         status = jobs.follow(client, job_id)
     except KeyboardInterrupt as e:
-        err.print(f"[rayeval] stopped following; job {job_id} goes on: `rayeval jobs status "
-                  f"{job_id}` or `rayeval jobs stop {job_id}`", markup=False, highlight=False,
-                  soft_wrap=True)
-        return signals.exit_code(e)
+        # Ctrl-C stops the run, wherever it runs: the job gets SIGTERM from its supervisor
+        # and stops as a local run does (cli.main prints the line: 130, or 143).
+        with signals.held():            # unwinding: a second signal does not cut the stop
+            e.said = jobs.stop(client, job_id)
+        raise
     code = jobs.exit_code(client, job_id)
     err.print(f"[rayeval] job {job_id}: {status.rsplit('.', 1)[-1]}"
               + (f" (exit status {code})" if code else ""), markup=False, highlight=False)
