@@ -127,12 +127,9 @@ class Resumable:
                 if failure is not None:
                     return failure
                 saved, kept_now = time.monotonic(), True
-        records = "+".join(tags)
         if kept is not None:           # rank 0: the rows an earlier run scored
-            total = {n: v + torch.from_numpy(kept.states[n]).to(v.dtype)
-                     if n in kept.states else v for n, v in total.items()}
-            # records for every row, or none: a race kept its states without any
-            records = "+".join([kept.records] + tags) if kept.records and tags else ""
+            total = kept.added(total)
+        records = _records(kept, tags)
         outcome = self.publisher.take(cell, ev, total, step, layout, start, records=records,
                                       resumed=0 if kept is None else kept.rows)
         if outcome is not None and outcome.error is None and (kept_now or cell.resume):
@@ -145,14 +142,10 @@ class Resumable:
     def save(self, cell: Cell, ev: Evaluation, step, kept: "Kept | None", total: dict,
              below: int, tags: list[str]) -> CellOutcome | None:
         """Rank 0: the cell's states so far (the kept ones added) with their boundary."""
-        states = {n: v.numpy() for n, v in total.items()}
-        meta = {}
-        if kept is not None:
-            states = {n: v + kept.states[n] if n in kept.states else v
-                      for n, v in states.items()}
-        records = None if kept is None else kept.records
-        if ev.spec.samples and (kept is None or records is not None):
-            meta["samples"] = "+".join(([records] if records else []) + tags)
+        states = {n: v.numpy() for n, v in (total if kept is None else
+                                            kept.added(total)).items()}
+        records = _records(kept, tags)
+        meta = {"samples": records} if ev.spec.samples and records else {}
         with self.ctx.timer.span("publish", doing=f"keeping {ev.name} so far"):
             try:
                 store_states.write(self.publisher.store, cell.key, states, below,
@@ -171,3 +164,16 @@ class Kept:
         self.states, self.below, _ = store_states.read(store, cell.key, meta=meta)
         self.rows = int(self.states[ROWS])
         self.records = meta.get("samples")
+
+    def added(self, total: dict) -> dict:
+        """``total`` (this run's merged states) with the kept ones added."""
+        return {n: v + torch.from_numpy(self.states[n]).to(v.dtype) if n in self.states else v
+                for n, v in total.items()}
+
+
+def _records(kept: Kept | None, tags: list[str]) -> str:
+    """The records' tags of a cell so far, joined by "+": the kept part's, then this run's
+    segments'; "" where some rows have none (a race kept its states without records)."""
+    if kept is None:
+        return "+".join(tags)
+    return "+".join([kept.records] + tags) if kept.records and tags else ""

@@ -98,7 +98,5 @@ def remove(store, cell: str, folder: str = FOLDER) -> None:
     except FileNotFoundError:
         pass
     except OSError as e:
-        if "not found" in str(e).lower() or "no such" in str(e).lower():
-            return
         raise StoreError(f"output: cannot write to result store: "
                          f"{paths.explain(e, store.location)}") from None

@@ -134,12 +134,17 @@ def _copies(folder: str, into, n: int) -> None:
 def text_dir(tmp_path_factory):
     """The test_signals model (slowed by 0.15 s a batch) on 2,000 rows of local parquet, four
     checkpoints: each cell takes a few seconds."""
-    folder = tmp_path_factory.mktemp("text")
+    return inputs(tmp_path_factory.mktemp("text"), checkpoints=4)
+
+
+def inputs(folder, checkpoints: int):
+    """The tiny model's module, 2,000 rows of local parquet and ``checkpoints`` checkpoints
+    in ``folder``."""
     write_model_module(str(folder))
     x, y = make_data(2000, seed=1)
     write_parquet(str(folder / "data.parquet"), x, y)
     (folder / "ckpts").mkdir()
-    for s in range(1, 5):
+    for s in range(1, checkpoints + 1):
         torch.save(build_model(seed=s).state_dict(), folder / "ckpts" / f"step_{s}.pt")
     return folder
 
@@ -435,12 +440,7 @@ def test_ctrl_c_to_submit_stops_the_job(head, tmp_path, record_property):
 
     folder = tmp_path / "job"
     folder.mkdir()
-    write_model_module(str(folder))
-    x, y = make_data(2000, seed=1)
-    write_parquet(str(folder / "data.parquet"), x, y)
-    (folder / "ckpts").mkdir()
-    for s in range(1, 4):
-        torch.save(build_model(seed=s).state_dict(), folder / "ckpts" / f"step_{s}.pt")
+    inputs(folder, checkpoints=3)
     store = tmp_path / "store"
     sweep = write_sweep(str(folder), model=SLOW, batch_size=100, output=str(store))
     run = Run(["submit", sweep, "--address", head["dashboard"], "--output", str(store)],
