@@ -41,6 +41,13 @@ def closest(word: str, options: set[str]) -> str | None:
     return found[0] if found else None
 
 
+def did_you_mean(word: str, options) -> str:
+    """``"; did you mean 'x'?"`` with the nearest of ``options`` to a misspelt ``word`` (a
+    key, a metric, a factory's attribute), else ``""``: every unknown-name error's hint."""
+    hint = closest(word, set(options))
+    return f"; did you mean {hint!r}?" if hint else ""
+
+
 @functools.lru_cache(maxsize=None)
 def _hints(cls: type) -> dict[str, Any]:
     return typing.get_type_hints(cls)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 from typing import Callable
 
@@ -10,6 +11,7 @@ import torch
 
 from rayeval import errors
 from rayeval.errors import ModelError, traceback_of
+from rayeval.config.reader import did_you_mean
 from rayeval.config.schema import ModelSpec
 
 
@@ -23,22 +25,34 @@ def import_callable(ref: str, base_dir: str, what: str = "model.factory") -> Cal
     except ModuleNotFoundError as e:
         if e.name and module_name.startswith(e.name):
             raise ModelError(
-                f"{what}: cannot import module {module_name!r}: put {module_name}.py next to the "
-                f"sweep file ({base_dir}) or on PYTHONPATH") from None
+                f"{what}: cannot import module {module_name!r}"
+                f"{did_you_mean(module_name, _modules_in(base_dir))}; put {module_name}.py next "
+                f"to the sweep file ({base_dir}) or on PYTHONPATH") from None
         raise errors.wrap(e, ModelError, f"{what}: importing {module_name!r} failed",
                           detail=traceback_of(e), key_path=what) from None
     except Exception as e:  # the user's module raised while being imported
         raise errors.wrap(e, ModelError, f"{what}: importing {module_name!r} raised",
                           typed=True, sep=" ", detail=traceback_of(e), key_path=what) from None
-    obj = module
+    obj, done = module, []
     for part in attr.split("."):
         if not hasattr(obj, part):
-            raise ModelError(f"{what}: module {module_name!r} has no attribute {attr!r}; "
-                             "check the name after ':'")
+            names = {".".join([*done, n]) for n in dir(obj) if not n.startswith("_")}
+            raise ModelError(f"{what}: module {module_name!r} has no attribute {attr!r}"
+                             f"{did_you_mean('.'.join([*done, part]), names)}; check the name "
+                             "after ':'")
         obj = getattr(obj, part)
+        done.append(part)
     if not callable(obj):
         raise ModelError(f"{what}: {ref!r} is not callable")
     return obj
+
+
+def _modules_in(folder: str) -> list[str]:
+    """The modules a sweep's folder holds (``name.py``), the names a misspelt one is near."""
+    try:
+        return [n[:-3] for n in os.listdir(folder or ".") if n.endswith(".py")]
+    except OSError:
+        return []
 
 
 def build_model(spec: ModelSpec, base_dir: str, device: torch.device | str = "cpu"

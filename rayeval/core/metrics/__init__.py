@@ -36,6 +36,7 @@ import dataclasses
 from typing import Any
 
 from rayeval.config.schema import MetricSpec
+from rayeval.config.reader import did_you_mean
 from rayeval.config.registry import Registry
 from rayeval import errors
 from rayeval.errors import ModelError, RegistryError, SpecError
@@ -147,15 +148,17 @@ def parse_metric(item: Any, task: str, base_dir: str = "") -> MetricSpec:
         other = [t for t, reg in REGISTRY.items() if name in reg]
         if other:
             raise SpecError(f"metric {name!r} is for task {other[0]!r}, not {task!r}")
-        raise SpecError(f"unknown metric {name!r} for task {task!r}; choose from: "
-                        f"{', '.join(sorted(list(known) + [a for a in ALIASES if task == 'classification']))}"
+        names = sorted(list(known) + [a for a in ALIASES if task == "classification"])
+        raise SpecError(f"unknown metric {name!r} for task {task!r}"
+                        f"{did_you_mean(name, names)}; choose from: {', '.join(names)}"
                         " or a custom 'module:Class'")
     cls = known[name]
     params = {}
     for key, value in raw.items():
         if key not in cls.params:
             allowed = ", ".join(sorted(cls.params)) or "none"
-            raise SpecError(f"metric {name!r} has no parameter {key!r} (parameters: {allowed})")
+            raise SpecError(f"metric {name!r} has no parameter {key!r}"
+                            f"{did_you_mean(key, cls.params)} (parameters: {allowed})")
         typ, _default = cls.params[key]
         if isinstance(value, bool) or not isinstance(value, typ):
             raise SpecError(f"metric {name!r}: parameter {key!r} must be {typ.__name__}, "
