@@ -30,6 +30,7 @@ from rayeval.config.schema import Sweep, WatchSpec
 from rayeval.errors import RunError
 from rayeval.plan import preflight
 from rayeval.plan.cells import checkpoint_fingerprint
+from rayeval.plan.outcome import failure_lines
 from rayeval.reporting.display import DisplayCallback
 
 
@@ -143,8 +144,8 @@ class WatchMessages(RunCallback):
         self.workers = workers
 
     def on_plan(self, plan) -> None:
-        for o in plan.failed:
-            self.say(f"[rayeval] failed: {o.error}")
+        for line, _detail in failure_lines(plan.failed):
+            self.say(f"[rayeval] failed: {line}")
         if plan.cells:
             names = dict.fromkeys(c.checkpoint.name for c in plan.cells)
             self.say(f"[rayeval] {len(names)} new checkpoint(s): " + ", ".join(names))
@@ -160,8 +161,8 @@ class WatchMessages(RunCallback):
             if o.ok:
                 values = ", ".join(f"{k} {v:.4f}" for k, v in o.values if isinstance(v, float))
                 self.say(f"[rayeval] {name} (step {o.step}) on {o.evaluation}: {values}")
-            else:
-                self.say(f"[rayeval] failed: {o.error}")
+        for line, _detail in failure_lines(outcomes):
+            self.say(f"[rayeval] failed: {line}")
 
 
 def watch(sweep: Sweep, *, interval_s: float, settle_s: float, address: str | None = None,

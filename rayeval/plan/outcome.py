@@ -39,3 +39,20 @@ class CellOutcome:
     @property
     def ok(self) -> bool:
         return self.error is None
+
+
+def failure_lines(outcomes) -> list[tuple[str, str | None]]:
+    """Each distinct error of the failed ``outcomes`` once, with the evaluations it failed when
+    several share it, and its detail (the traceback for --debug): ``(line, detail)``. A
+    checkpoint that cannot be loaded fails every evaluation of it with one error, which
+    printed once per cell read as twice the fault on a two-evaluation sweep."""
+    grouped: dict[str, list[CellOutcome]] = {}
+    for o in outcomes:
+        if not o.ok:
+            grouped.setdefault(o.error, []).append(o)
+    lines = []
+    for error, cells in grouped.items():
+        evaluations = list(dict.fromkeys(o.evaluation for o in cells))
+        shared = f" (evaluations {', '.join(evaluations)})" if len(evaluations) > 1 else ""
+        lines.append((error + shared, next((o.detail for o in cells if o.detail), None)))
+    return lines

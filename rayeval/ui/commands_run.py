@@ -74,10 +74,12 @@ def _print_run(args, report, board, stored: bool, out: Console, err: Console) ->
         out.print(f"race on {sweep.select.metric}: {partial} cell(s) stopped early; "
                   f"{scored:,} of {full:,} item evaluations scored, "
                   f"{1 - scored / max(full, 1):.0%} saved")
-    for f in report.failures:
-        err.print(f"[bold red]failed:[/] {escape(f.error)}", soft_wrap=True)
-        if args.debug and f.detail:
-            err.print(f.detail, markup=False, highlight=False, soft_wrap=True)
+    from rayeval.plan.outcome import failure_lines
+
+    for line, detail in failure_lines(report.failures):     # a checkpoint's error once
+        err.print(f"[bold red]failed:[/] {escape(line)}", soft_wrap=True)
+        if args.debug and detail:
+            err.print(detail, markup=False, highlight=False, soft_wrap=True)
     if args.profile:
 
         report.timer.add("imports", _STARTED.get("imports", 0.0))

@@ -161,6 +161,8 @@ def test_bad_input_is_one_clear_line(project, case, capsys, monkeypatch):
 
 
 def test_a_checkpoint_of_another_architecture_fails_before_ray(project, capsys, monkeypatch):
+    """Its error is printed once, though it fails the cells of both evaluations (issue 47: it
+    was printed once per cell)."""
     import ray
 
     from rayeval.ui.cli import main
@@ -168,12 +170,20 @@ def test_a_checkpoint_of_another_architecture_fails_before_ray(project, capsys, 
     wide = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.Tanh(), torch.nn.Linear(32, 4))
     torch.save(wide.state_dict(), project / "ckpts" / "step_1.pt")
     monkeypatch.chdir(project)
-    code = main(["run", write_sweep(str(project))])
-    err = capsys.readouterr().err
+    evals = [{"name": name, "task": "classification", "metrics": ["accuracy"],
+              "dataset": {"path": "data.parquet", "inputs": "x", "target": "y"}}
+             for name in ("first", "second")]
+    code = main(["run", write_sweep(str(project), evals=evals, dataset=None, task=None,
+                                    metrics=None)])
+    captured = capsys.readouterr()
+    err = captured.err
     assert code == 1 and not ray.is_initialized(), err
+    assert "0 already in the store, 2 failed" in captured.out
     failed = [ln for ln in err.splitlines() if ln.startswith("failed: ")]
-    assert len(failed) == 1 and "step_1.pt: does not fit the model" in failed[0]
+    assert len(failed) == 1 and "step_1.pt: does not fit the model" in failed[0], err
     assert "0.weight [32, 8] vs model [16, 8]" in failed[0]
+    assert failed[0].endswith("(evaluations first, second)")
+    assert err.count("does not fit") == 1, err
     assert not (project / "out").exists(), "nothing written"
 
 
