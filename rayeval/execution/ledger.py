@@ -40,7 +40,8 @@ class RunLedger:
         self.problems: list[str] = []             # what failed the earlier attempts
         self.nodes: dict[int, str] = {}           # rank -> node id, the latest attempt's
         self.times: dict[int, dict] = {}          # rank -> its loop's timing (--profile)
-        self.queue: list = []                     # standing group: (index, Cell) to evaluate
+        self.queue: list = []                     # standing group: (index, key, Cell, base)
+        self.bases: dict[str, bytes] = {}         # standing group: base token -> its plan
         self.taken: list = []                     # handed to the group, maybe unfinished
         self.closed = False                       # standing group: no more cells will come
         self.phases: dict[int, str] = {}          # rank -> where it is, this attempt (a loss
@@ -62,23 +63,34 @@ class RunLedger:
 
     # --- a standing worker group (``rayeval watch``): cells are fed while it runs ----------
 
-    def add_cells(self, cells: list[tuple[str, str, int]], pending: list[bytes]) -> None:
+    def add_cells(self, cells: list[tuple[str, str, int]], pending: list[bytes],
+                  base: tuple[str, bytes] | None = None) -> None:
         """More cells for the standing group: (key, location, rows) for progress, and the
         plan's ``Cell`` objects pickled (this actor never unpickles them: that would import
-        the plan's modules, torch among them), queued in order."""
+        the plan's modules, torch among them), queued in order. ``base``: (token, pickled
+        plan without cells) of a plan other than the group's own (a service's next sweep):
+        the group sets itself up for it before its cells."""
+        token = None
+        if base is not None:
+            token = base[0]
+            self.bases[token] = base[1]
         for meta, blob in zip(cells, pending):
-            self.queue.append((len(self.cells), meta[0], blob))
+            self.queue.append((len(self.cells), meta[0], blob, token))
             self.cells.append(meta)
 
+    def base(self, token: str) -> bytes:
+        """A plan's pickle that cells were queued with (``add_cells``)."""
+        return self.bases[token]
+
     def take(self):
-        """The queued cells as (index, pickled Cell) pairs (rank 0 of the standing group
-        asks), [] when none is queued, or None when the group is to stop (the feed closed, or
-        a signal)."""
+        """The queued cells as (index, pickled Cell, base token or None) (rank 0 of the
+        standing group asks), [] when none is queued, or None when the group is to stop (the
+        feed closed, or a signal)."""
         if self.state.stopping or (self.closed and not self.queue):
             return None
         batch, self.queue = self.queue, []
         self.taken += batch
-        return [(index, blob) for index, _, blob in batch]
+        return [(index, blob, token) for index, _, blob, token in batch]
 
     def close(self) -> None:
         """No more cells: the standing group ends once the queue is empty."""
@@ -92,6 +104,10 @@ class RunLedger:
 
     def node_count(self) -> int:
         return len(set(self.nodes.values()))
+
+    def ranks_up(self) -> int:
+        """How many ranks said hello (a standing group is up once all have)."""
+        return len(self.nodes)
 
     def get_attempts(self) -> int:
         return self.state.attempts
@@ -278,6 +294,10 @@ class WorkerLedger:
         """Rank 0 of a standing group: the next cells (see ``RunLedger.take``)."""
         return self._get(self.ledger.take.remote())
 
+    def base(self, token: str) -> bytes:
+        """Rank 0 of a standing group: the plan its next cells belong to (``RunLedger.base``)."""
+        return self._get(self.ledger.base.remote(token))
+
     def timing(self, entered: float, left: float, phases: dict) -> None:
         if self.ledger is not None:
             self._get(self.ledger.timing.remote(self.rank, entered, left, phases), 5.0)
@@ -324,10 +344,16 @@ class DriverLedger:
     @classmethod
     def start(cls, cells: list[tuple[str, str, int]]) -> DriverLedger:
         """A new ledger actor for these cells ((key, location, rows), plan order). It holds
-        no CPU: it must never wait for the workers' resources."""
+        no CPU: it must never wait for the workers' resources. It lives on the driver's node,
+        as Ray Train's controller does: on any other node, the loss of that node would end a
+        run that the worker group survives (tests/e2e/test_lost_node.py: about one run in
+        three, before it was pinned)."""
         import ray
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-        return cls(ray.remote(RunLedger).options(num_cpus=0).remote(cells))
+        here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
+        return cls(ray.remote(RunLedger).options(num_cpus=0, scheduling_strategy=here)
+                   .remote(cells))
 
     @classmethod
     def of(cls, ledger) -> DriverLedger:
@@ -376,12 +402,15 @@ class DriverLedger:
         (``RunState.lost``), and the restarts so far."""
         return self._get(self.handle.lost.remote(loss, budget))
 
-    def add_cells(self, plan: Plan) -> None:
+    def ranks_up(self) -> int:
+        return self._get(self.handle.ranks_up.remote())
+
+    def add_cells(self, plan: Plan, base: tuple[str, bytes] | None = None) -> None:
         """The plan's cells for the standing group, pickled here (see ``RunLedger.add_cells``)."""
         import pickle
 
         self._get(self.handle.add_cells.remote(self.cells_of(plan),
-                                               [pickle.dumps(c) for c in plan.cells]))
+                                               [pickle.dumps(c) for c in plan.cells], base))
 
     def finished(self, keys: list[str]) -> bool:
         return self._get(self.handle.finished.remote(keys))
