@@ -49,7 +49,8 @@ def load_sweep(path: str | os.PathLike) -> Sweep:
 def run(sweep: Sweep | str | os.PathLike, *, workers: int | None = None,
         output: str | os.PathLike | None = None, address: str | None = None,
         force: bool = False, verbose: bool = False,
-        progress: bool | Console = False, trackers: Trackers | dict | None = None) -> RunReport:
+        progress: bool | Console = False, trackers: Trackers | dict | None = None,
+        standing=None) -> RunReport:
     """Evaluate every cell (checkpoint x evaluation) of a sweep that its result store does not
     hold yet, in one Ray Train run: what ``rayeval run`` does, without printing the board.
 
@@ -86,7 +87,8 @@ def run(sweep: Sweep | str | os.PathLike, *, workers: int | None = None,
     data, a model factory, a metric or a result store that cannot be used (all found before
     Ray starts), and ``RunError`` when the run fails as a whole (Ray cannot be reached, the
     worker group's restarts are spent); all are :class:`rayeval.RayevalError`. ``TypeError``
-    when ``sweep`` is neither a Sweep nor a path. SIGINT (Ctrl-C) or SIGTERM during the run
+    when ``sweep`` is neither a Sweep nor a path. ``standing``: the standing worker groups of a
+    ``rayeval serve`` this process is (``driver.StandingGroups``); None: a group for this run. SIGINT (Ctrl-C) or SIGTERM during the run
     stops the workers at their next sync point, shuts down the Ray this call started and
     raises ``KeyboardInterrupt``; every cell already stored is complete. The process's SIGINT
     and SIGTERM handlers are restored when the call returns.
@@ -105,7 +107,8 @@ def run(sweep: Sweep | str | os.PathLike, *, workers: int | None = None,
         sweep = sweep.replace(trackers=_trackers(trackers, sweep.trackers))
     # The run's lifecycle puts the process's signal handlers back when it ends.
     return run_sweep(sweep, address=address, force=force, verbose=verbose,
-                     callbacks=console_callbacks(progress), say=console_say(progress))
+                     callbacks=console_callbacks(progress), say=console_say(progress),
+                     standing=standing)
 
 
 def run_sweep(sweep: Sweep, *, callbacks=(), say=None, **options) -> RunReport:
@@ -161,14 +164,17 @@ def query(store: str | os.PathLike, sql: str, *, skip_damaged: bool = False) -> 
 def leaderboard(store: str | os.PathLike, *, metric: str | None = None,
                 sweep: str | None = None, evaluation: str | None = None,
                 checkpoint: str | None = None, members: bool = False, marks: bool = True,
-                rank: bool = True, _what: str = "store") -> Board:
+                rank: bool = True, aggregate=None, _what: str = "store") -> Board:
     """The board ``rayeval leaderboard`` shows, as data: one entry per (sweep, checkpoint),
     ranked, from the newest stored rows (:func:`results`, with the same ``store``, ``sweep``
     and ``evaluation`` filters).
 
     ``metric``: the column to rank by: ``EVAL/METRIC``, a bare ``METRIC`` stored for one
-    evaluation only, or ``aggregate``; default: the aggregate (the mean of each evaluation's
-    first metric, lower-is-better ones negated) with several evaluations, else the first metric.
+    evaluation only, or ``aggregate``; default: the aggregate with several evaluations, else
+    the first metric. ``aggregate``: how the aggregate combines each evaluation's first metric:
+    ``"win_rate"`` (default: per evaluation, the share of the board's other checkpoints beaten,
+    ties half, averaged), ``"mean"`` (lower-is-better ones negated), ``"EVAL=W,EVAL=W"``
+    (weighted mean), or a sweep's ``aggregate`` (``rayeval.ranking.aggregate``).
 
     Returns a ``Board`` (``rayeval.ranking.board.Board``): ``entries`` in rank order, each with
     ``rank``, ``sweep``, ``checkpoint``, ``step``, ``best``, ``value(column)``, ``rows[column]``
@@ -195,7 +201,8 @@ def leaderboard(store: str | os.PathLike, *, metric: str | None = None,
     from rayeval.ranking.board import board
 
     return board(store, metric=metric, sweep=sweep, evaluation=evaluation,
-                 checkpoint=checkpoint, members=members, marks=marks, rank=rank, what=_what)
+                 checkpoint=checkpoint, members=members, marks=marks, rank=rank, what=_what,
+                 aggregate=aggregate)
 
 
 def samples(store: str | os.PathLike, *, checkpoint: str, evaluation: str | None = None,

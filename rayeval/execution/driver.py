@@ -15,13 +15,14 @@ connected to).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import sys
 import time
 import uuid
 from dataclasses import dataclass, field
 from typing import Callable, Iterable
 
-from rayeval.execution import recovery, signals
+from rayeval.execution import recovery, signals, user_code
 from rayeval.plan import groups
 from rayeval.execution.callbacks import Callbacks, RunCallback
 from rayeval.execution.ledger import DriverLedger
@@ -29,6 +30,7 @@ from rayeval.execution.ledger import DriverLedger
 from rayeval.execution.lifecycle import RayLifecycle, follow, quick_health_checks, trainer
 from rayeval.ranking import suite
 from rayeval.config import entries
+from rayeval.config.run_schema import Parallelism, Recovery
 from rayeval.config.schema import Sweep
 from rayeval.errors import RayevalError, RunError, StoreError, reason
 from rayeval.plan.cells import CellOutcome, Plan
@@ -128,7 +130,7 @@ class RunSequence:
 
 def run_sweep(sweep: Sweep, *, address: str | None = None, force: bool = False,
               verbose: bool = False, callbacks: RunCallback | Iterable[RunCallback] = (),
-              ready=None) -> RunReport:
+              ready=None, standing: StandingGroups | None = None) -> RunReport:
     """Evaluate every cell of the sweep the store does not hold yet. ``callbacks``: what
     watches the run (``callbacks.RunCallback``: the plan line and progress display of
     ``rayeval.reporting.display``, the trackers' publisher that ``rayeval.api`` attaches, ...);
@@ -151,9 +153,18 @@ def run_sweep(sweep: Sweep, *, address: str | None = None, force: bool = False,
         report.worker_times = done.worker_times
         return done.outcomes
 
+    def on_standing(plan: Plan) -> list[CellOutcome]:
+        group = standing.group_for(plan, run)
+        if group is None:               # not for a standing group (Ray Data feeds it)
+            return fit(plan)
+        with timer.span("workers"):
+            outcomes = standing.run(group, plan, run)
+        report.nodes = group.ledger.node_count()
+        return outcomes
+
     with RayLifecycle(sweep, address=address, verbose=verbose, callbacks=run,
                       timer=timer) as life:
-        report.outcomes += RunSequence(life, fit)(plan)
+        report.outcomes += RunSequence(life, fit if standing is None else on_standing)(plan)
     report.outcomes = plan.in_order(report.outcomes)
     report.seconds = time.perf_counter() - start
     return report
@@ -246,30 +257,54 @@ class Fit:
         return self.thread.is_alive()
 
 
-def _trainer(plan: Plan, ledger, standing: bool = False):
-    """The evaluation TorchTrainer: the sweep's workers running ``worker.train_loop``."""
+@dataclass(frozen=True)
+class Shape:
+    """What a worker group is made of: a service's plan runs on a standing group of its
+    shape (``StandingGroups``)."""
+    workers: int
+    use_gpu: bool = False
+    resources: tuple = ()
+    parallelism: Parallelism = Parallelism()
+    recovery: Recovery = Recovery()
+
+    @classmethod
+    def of(cls, sweep: Sweep) -> Shape:
+        resources = tuple(sorted(dict(sweep.resources_per_worker).items()))
+        return cls(sweep.workers, sweep.use_gpu, resources, sweep.parallelism, sweep.recovery)
+
+
+def _trainer(plan: Plan | None, ledger, standing: bool = False, token: str | None = None,
+             shape: Shape | None = None):
+    """The evaluation TorchTrainer: the sweep's workers running ``worker.train_loop``
+    (``plan`` None: a service's standing group of ``shape``, set up for each plan it is
+    handed)."""
     import ray.train
     from ray.train.torch import TorchConfig
 
     from rayeval.execution import pipeline
     from rayeval.execution.worker import train_loop
 
-    sweep = plan.sweep
-    data = pipeline.datasets(plan)          # the evaluations that Ray Data feeds
+    shape = shape or Shape.of(plan.sweep)
+    data = pipeline.datasets(plan) if plan is not None else {}  # what Ray Data feeds
     return trainer(
         train_loop_per_worker=train_loop,
         train_loop_config={"plan": plan, "ledger": ledger, "standing": standing,
+                           "token": token,         # a service's group: the plan's token
+                           "tensor": shape.parallelism.tensor,
+                           "timeout": shape.recovery.stall_timeout_s,
                            "ray_data": sorted(data),
                            # what rendered entries' slices send the workers (lm-eval tasks)
-                           "shipped": entries.shipments(e.spec for e in plan.evaluations)},
+                           "shipped": entries.shipments(e.spec for e in plan.evaluations)
+                           if plan is not None else {}},
         datasets=data or None,
-        dataset_config=pipeline.exact_split(data, sweep.workers) if data else None,
-        torch_config=TorchConfig(timeout_s=sweep.recovery.stall_timeout_s),
+        dataset_config=pipeline.exact_split(data, shape.workers) if data else None,
+        torch_config=TorchConfig(timeout_s=shape.recovery.stall_timeout_s),
         scaling_config=ray.train.ScalingConfig(
-            num_workers=sweep.workers, use_gpu=sweep.use_gpu,
-            resources_per_worker=dict(sweep.resources_per_worker) or None),
+            num_workers=shape.workers, use_gpu=shape.use_gpu,
+            resources_per_worker=dict(shape.resources) or None),
         run_config=ray.train.RunConfig(
-            name=f"rayeval-{sweep.name}-{uuid.uuid4().hex[:8]}",
+            name=f"rayeval-{plan.sweep.name if plan is not None else 'serve'}-"
+                 f"{uuid.uuid4().hex[:8]}",
             failure_config=recovery.failure_config(),      # restarts: recovery.Restarting
             worker_runtime_env=recovery.worker_env()),
     )
@@ -301,17 +336,22 @@ class Standing:
     load and passes, not a new worker group. After a failure the caller starts another
     (``lifecycle.RayLifecycle.standing_group``)."""
 
-    def __init__(self, sweep: Sweep, evaluations):
+    def __init__(self, sweep: Sweep | None, evaluations=(), shape: Shape | None = None):
+        """``watch``'s group: the sweep and its evaluations. A service's (``shape``, no
+        sweep): set up for each plan it is handed, its cells queued with the plan."""
         self.sweep = sweep
+        self.shared = sweep is None
+        self.sent: set[str] = set()      # the plans (tokens) the ledger holds
         self.ledger = DriverLedger.start([])
-        plan = Plan(sweep=sweep, evaluations=tuple(evaluations), cells=(), cached=(),
-                    failed=())
+        plan = None if sweep is None else Plan(sweep=sweep, evaluations=tuple(evaluations),
+                                               cells=(), cached=(), failed=())
+        shape = shape or Shape.of(sweep)
         self.env = contextlib.ExitStack()                 # until close: see evaluate()
         self.env.enter_context(quick_health_checks())
         handle = self.ledger.handle
-        self.fit = Fit(recovery.Restarting(lambda: _trainer(plan, handle, standing=True),
-                                           self.ledger, sweep.recovery.max_restarts),
-                       "rayeval-standing")
+        self.fit = Fit(recovery.Restarting(
+            lambda: _trainer(plan, handle, standing=True, shape=shape), self.ledger,
+            shape.recovery.max_restarts), "rayeval-standing")
 
     @property
     def alive(self) -> bool:
@@ -321,14 +361,30 @@ class Standing:
         """Evaluate the plan's cells on the standing group; their outcomes in plan order.
         Raises as ``evaluate`` does when the group fails (then it is gone)."""
         keys = [c.key for c in plan.cells]
-        self.ledger.add_cells(plan)
+        self.ledger.add_cells(plan, self._base(plan) if self.shared else None)
         follow(self.ledger, self.fit, callbacks, keys=set(keys),
                done=lambda: self.ledger.finished(keys))
         finished = self.ledger.results()
         if not all(k in finished for k in keys):
-            _raise_failure(self.fit.error, self.ledger, self.sweep)
+            _raise_failure(self.fit.error, self.ledger, self.sweep or plan.sweep)
             raise RunError("the worker group ended before evaluating every cell")
         return [finished[k] for k in keys]
+
+    def _base(self, plan: Plan) -> tuple[str, bytes | None]:
+        """(token, pickled plan without cells and what its entries ship; None once the
+        ledger holds it). The token is the pickle's digest and the sweep's own source files'
+        (``user_code``): an edited ``my_models.py`` is a new plan for the workers too."""
+        import hashlib
+        import pickle
+
+        base = {"plan": dataclasses.replace(plan, cells=(), cached=(), failed=()),
+                "shipped": entries.shipments(e.spec for e in plan.evaluations)}
+        blob = pickle.dumps(base)
+        token = hashlib.sha256(blob + user_code.stamp().encode()).hexdigest()[:16]
+        if token in self.sent:
+            return token, None
+        self.sent.add(token)
+        return token, blob
 
     def close(self, timeout_s: float = 60.0) -> None:
         """No more cells: the group ends (bounded wait), and its ledger with it."""
@@ -345,3 +401,45 @@ class Standing:
 def _worker_error(e, restarts: int) -> RayevalError:
     """The most telling error from a failed worker group (``recovery.worker_group_error``)."""
     return recovery.worker_group_error(e, restarts)
+
+
+class StandingGroups:
+    """``rayeval serve``'s worker group, kept up from one sweep to the next: a plan whose
+    workers are alike (count, resources, GPUs, parallelism, recovery: ``Shape``) runs on the
+    group that is up; another shape closes it and starts its own. A plan that Ray Data feeds
+    has its own fit (its datasets are the trainer's). A group that failed is dropped."""
+
+    def __init__(self):
+        self.group: Standing | None = None
+        self.shape: Shape | None = None
+
+    def start(self, shape: Shape) -> Standing:
+        """A group of ``shape`` up now (the service's, before any sweep), this one closed."""
+        self.close()
+        self.group, self.shape = Standing(None, shape=shape), shape
+        return self.group
+
+    def group_for(self, plan: Plan, run: RunCallback) -> Standing | None:
+        """The standing group for ``plan`` (started if need be), or None for its own fit."""
+        from rayeval.execution import pipeline
+
+        if pipeline.datasets(plan):
+            return None
+        shape = Shape.of(plan.sweep)
+        if self.group is not None and self.shape == shape and self.group.alive:
+            return self.group
+        run.on_group_start()
+        return self.start(shape)
+
+    def run(self, group: Standing, plan: Plan, run: RunCallback) -> list[CellOutcome]:
+        """The plan's cells on ``group``; a group that fails (or a signal) is dropped."""
+        try:
+            return group.run(plan, run)
+        except BaseException:
+            self.close(timeout_s=5)
+            raise
+
+    def close(self, timeout_s: float = 60.0) -> None:
+        if self.group is not None:
+            self.group.close(timeout_s=timeout_s)
+        self.group = self.shape = None

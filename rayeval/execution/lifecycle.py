@@ -148,6 +148,11 @@ def start_ray(sweep: Sweep, address: str | None, verbose: bool) -> bool:
     them). Returns whether this call started Ray. First, the installed versions of the packages
     whose private hooks the run reaches (``compat.check_sweep``): one line, before Ray starts."""
     compat.check_sweep(sweep)
+    return start_ray_for(sweep.workers, sweep.use_gpu, address, verbose)
+
+
+def start_ray_for(workers: int, use_gpu: bool, address: str | None, verbose: bool) -> bool:
+    """``start_ray`` for this many workers (``rayeval serve``'s Ray, before any sweep)."""
     if address:
         _use_token_if_available()       # before Ray is imported: it reads the mode then
     import ray
@@ -166,19 +171,19 @@ def start_ray(sweep: Sweep, address: str | None, verbose: bool) -> bool:
                            "its token in RAY_AUTH_TOKEN or ~/.ray/auth_token") from None
         signals.install()
         return True
-    num_cpus = max(os.cpu_count() or 1, sweep.workers + 2)
+    num_cpus = max(os.cpu_count() or 1, workers + 2)
     # Train and its controller start several processes at once; without a higher
     # start-up concurrency the raylet warns about it on every run of a small machine.
     start_local_ray(**compat.with_system_config(
         dict(num_cpus=num_cpus, include_dashboard=False, **kwargs),
         worker_maximum_startup_concurrency=max(8, num_cpus)))
     signals.install()               # Ray's native SIGTERM handler would print a stack and die
-    if sweep.use_gpu:
+    if use_gpu:
         gpus = int(ray.cluster_resources().get("GPU", 0))
-        if gpus < sweep.workers:
+        if gpus < workers:
             ray.shutdown()
-            raise RunError(f"use_gpu: true needs {sweep.workers} GPU(s) for workers: "
-                           f"{sweep.workers}, this machine has {gpus}; lower workers or set "
+            raise RunError(f"use_gpu: true needs {workers} GPU(s) for workers: "
+                           f"{workers}, this machine has {gpus}; lower workers or set "
                            "use_gpu: false")
     return True
 

@@ -31,7 +31,7 @@ from rayeval.config import entries
 from rayeval.config.plugins import load_plugins
 from rayeval.core import backends
 from rayeval.errors import GroupError, RayevalError, RunError
-from rayeval.execution import dist
+from rayeval.execution import dist, user_code
 from rayeval.execution.checkpoints import CheckpointLoop, Stop
 from rayeval.core import judge_model
 from rayeval.execution.judging import Generations, JudgeStage
@@ -64,11 +64,19 @@ def train_loop(config: dict) -> list[CellOutcome]:
         return []          # an earlier attempt met bad input: a restart would meet it again
     try:
         load_plugins()         # this process resolves the plan's names too; a failure is fatal
+        if config.get("standing"):
+            user_code.mark()   # what a later plan's worker keeps (``_set_up``)
         timer = Timer(on_doing=ledger.doing)
+        if config.get("standing") and plan is None:      # a service's group, set up later
+            ctx = RankContext.of_ray_train(ledger, attempt, timer, config["tensor"],
+                                           config["timeout"])
+            outcomes = stand(ctx, None, None)
+            ledger.timing(entered, time.time(), timer.as_dict())
+            return outcomes
         with timer.span("setup", doing=SETTING_UP):
             worker = Worker(plan, ledger, attempt, timer, config.get("ray_data", ()))
         if config.get("standing"):
-            outcomes = worker.stand()
+            outcomes = stand(worker.ctx, worker, config.get("token"))
         elif plan.sweep.select is not None:      # a race publishes only at its end
             outcomes = worker.run(list(plan.cells))
         else:
@@ -141,8 +149,7 @@ class Worker:
         except Stop:
             pass
         finally:
-            self.checkpoints.close()
-            self.scorer.close()
+            self.close()
         return self.outcomes
 
     def kept_so_far(self, plan: Plan, todo: set[str]) -> Plan:
@@ -210,23 +217,46 @@ class Worker:
         if self.ctx.rank == 0:
             self.ctx.ledger.finish(outcome.key, outcome)
 
-    def stand(self) -> list[CellOutcome]:
-        """A standing group (``rayeval watch``): evaluate the cells the driver feeds through
-        the ledger as they come, until it closes the feed or asks to stop. Rank 0 takes
-        them and every rank gets the same batch; while none comes, rank 0 says so every few
-        seconds, so a long wait is never taken for a stall."""
+    def close(self) -> None:
+        """Let go of the checkpoints and the scorer's readers (the end of a run, or of a
+        standing group's plan: ``stand``)."""
         try:
-            return self._stand()
-        finally:
             self.checkpoints.close()
+        finally:
+            self.scorer.close()
 
-    def _stand(self) -> list[CellOutcome]:
-        import pickle
+    def _stand(self, cells: list[tuple[int, Cell]]) -> bool:
+        """One batch of a standing group's cells, on this worker's plan; True when the
+        group is to stop."""
+        base = self.plan
+        plan = dataclasses.replace(base, cells=tuple(c for _, c in cells))
+        self.index_of = {c.key: i for i, c in cells}
+        select = base.sweep.select       # a poll's new checkpoints race among themselves
+        try:
+            if select is not None and len(plan.by_checkpoint()) > select.top:
+                self.race(plan)
+            else:
+                self.evaluate(plan, {c.key for _, c in cells})
+        except Stop:
+            return True
+        return False
 
-        ctx, base = self.ctx, self.plan
-        wait = min(STANDING_POLL_S, ctx.timeout / 4)
+
+def stand(ctx: RankContext, worker: Worker | None, token: str | None) -> list[CellOutcome]:
+    """A standing group (``rayeval watch``, ``rayeval serve``): evaluate the cells the driver
+    feeds through the ledger as they come, until it closes the feed or asks to stop. Rank 0
+    takes them and every rank gets the same batch; while none comes, rank 0 says so every few
+    seconds, so a long wait is never taken for a stall. Cells queued with another plan (a
+    service's next sweep) are evaluated by a worker set up for that plan, in the same process
+    and process group (``_set_up``); ``worker``: the one set up for the plan ``token`` names
+    (None: a service's group that has seen no plan yet)."""
+    import pickle
+
+    outcomes = []
+    wait = min(STANDING_POLL_S, ctx.timeout / 4)
+    try:
         while True:
-            batch = []
+            batch, bases = [], {}
             if ctx.rank == 0:
                 deadline = time.monotonic() + wait
                 while True:
@@ -234,23 +264,39 @@ class Worker:
                     if batch is None or batch or time.monotonic() >= deadline:
                         break
                     time.sleep(0.1)
-            batch = dist.broadcast(batch, "the wait for checkpoints", ctx.timeout)
+                bases = {t: ctx.ledger.base(t) for t in {t for *_, t in batch or ()}
+                         if t is not None and t != token}
+            batch, bases = dist.broadcast((batch, bases), "the wait for checkpoints",
+                                          ctx.timeout)
             if batch is None:
-                return self.outcomes
+                break
             if not batch:
                 ctx.timer.doing("waiting for new checkpoints")
                 continue
-            cells = [(i, pickle.loads(blob)) for i, blob in batch]
-            plan = dataclasses.replace(base, cells=tuple(c for _, c in cells))
-            self.index_of = {c.key: i for i, c in cells}
-            select = base.sweep.select       # a poll's new checkpoints race among themselves
-            try:
-                if select is not None and len(plan.by_checkpoint()) > select.top:
-                    self.race(plan)
-                else:
-                    self.evaluate(plan, {c.key for _, c in cells})
-            except Stop:
-                return self.outcomes
+            for tok in dict.fromkeys(t for *_, t in batch):     # queued in order
+                if tok != token and tok is not None:
+                    if worker is not None:
+                        outcomes += worker.outcomes
+                        worker.close()
+                    worker, token = _set_up(ctx, pickle.loads(bases[tok])), tok
+                cells = [(i, pickle.loads(blob)) for i, blob, t in batch if t == tok]
+                if worker._stand(cells):
+                    return outcomes + worker.outcomes
+    finally:
+        if worker is not None:
+            worker.close()
+    return outcomes + (worker.outcomes if worker is not None else [])
+
+
+def _set_up(ctx: RankContext, base: dict) -> Worker:
+    """This rank's worker for a plan a standing group is handed (``base``: the plan without
+    cells and what its entries ship). The sweep's own modules imported so far are forgotten
+    first (``user_code.forget``): the next plan's may be other files of the same names, or the
+    same files edited."""
+    user_code.forget()
+    entries.receive(base["shipped"])
+    with ctx.timer.span("setup", doing=SETTING_UP):
+        return Worker(base["plan"], ctx.ledger, ctx.attempt, ctx.timer)
 
 
 def _generated(plan: Plan, cells: list[Cell]) -> list[Cell]:

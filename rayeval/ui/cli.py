@@ -48,7 +48,28 @@ def _parser() -> argparse.ArgumentParser:
                      help="print where the wall time went: start-up, Ray, workers, shutdown")
     run.add_argument("--quiet", action="store_true",
                      help="no progress display (only the results and errors)")
+    run.add_argument("--checkpoint", action="append", metavar="PATH",
+                     help="evaluate this checkpoint (repeatable; globs allowed) instead of the "
+                          "sweep's checkpoints:")
+    run.add_argument("--service", metavar="URL",
+                     help="the `rayeval serve` to run on (default: the one started on this "
+                          "machine, if any; docs/service.md)")
+    run.add_argument("--no-service", action="store_true",
+                     help="run in this process even when a `rayeval serve` is up")
     _tracker_flags(run)
+
+    sv = sub.add_parser("serve", help="keep Ray and a worker group up and take sweeps: "
+                                      "`rayeval run` on this machine then runs on it")
+    sv.add_argument("--workers", type=int, default=2,
+                    help="Ray Train workers of the standing group (default 2)")
+    sv.add_argument("--address", metavar="ADDR",
+                    help="an existing Ray cluster to serve on (default: start one in this "
+                         "process)")
+    sv.add_argument("--host", default="127.0.0.1",
+                    help="where the HTTP API listens (default 127.0.0.1, this machine only)")
+    sv.add_argument("--port", type=int, default=0,
+                    help="the HTTP API's port (default: any free one; `rayeval run` finds it)")
+    sv.add_argument("--verbose", action="store_true", help="show Ray's and the workers' logs")
 
     w = sub.add_parser("watch", help="evaluate checkpoints as a training run writes them, "
                                      "until stopped")
@@ -130,6 +151,11 @@ def _parser() -> argparse.ArgumentParser:
                          "'/'): e.g. '*/run-3/*'")
     lb.add_argument("--members", action="store_true",
                     help="also each lm-eval group's tasks (NAME/TASK), not only its aggregate")
+    lb.add_argument("--aggregate", metavar="HOW",
+                    help="how the aggregate column combines the evaluations' first metrics: "
+                         "win_rate (default: the mean over evaluations of the share of the "
+                         "other checkpoints beaten, ties half), mean (lower-is-better ones "
+                         "negated) or weights as EVAL=W,EVAL=W (e.g. val=2,ood=1)")
     lb.add_argument("--replicates", action="store_true",
                     help="with --format json: include each row's bootstrap replicate values")
     lb.add_argument("--plot", metavar="FILE",
@@ -174,6 +200,9 @@ def _parser() -> argparse.ArgumentParser:
     cmp.add_argument("--eval", "--dataset", dest="dataset", metavar="NAME",
                      help="only this evaluation (--dataset: the same, its older name)")
     cmp.add_argument("--sweep", metavar="NAME", help="only this sweep")
+    cmp.add_argument("--aggregate", metavar="HOW",
+                     help="the aggregate of A and B: win_rate (default: the share of the "
+                          "evaluations each wins), mean, or weights as EVAL=W,EVAL=W")
     cmp.add_argument("--items", action="store_true",
                      help="list the items one gets right and the other wrong (text and "
                           "classification tasks' per-item records; --metric picks the "
@@ -276,21 +305,43 @@ def _interrupted(error: KeyboardInterrupt, err: Console) -> int:
     return signals.exit_code(error)
 
 
+def parse(argv: list[str] | None) -> argparse.Namespace:
+    """The command line parsed (a usage error exits 2, as argparse does)."""
+    return _parser().parse_args(argv)
+
+
 def main(argv: list[str] | None = None) -> int:
     signals.install()
-    _said.clear()
-    _command.clear()
-    args = _parser().parse_args(argv)
+    args = parse(argv)
+    if args.command == "run" and not args.address and not args.no_service:
+        from rayeval.integrations import service_client
+
+        found = service_client.find(args.service)     # a `rayeval serve` here (docs/service.md)
+        if found is not None:
+            return service_client.run(found, sys.argv[1:] if argv is None else argv)
     # Not a terminal (CI, a pipe, Ray Job logs): wide enough that tables do not wrap.
     width = None if sys.stdout.isatty() else 200
     out = Console(highlight=False, width=width)
     err = Console(stderr=True, highlight=False, width=width)
+    return dispatch(args, out, err)
+
+
+def dispatch(args, out: Console, err: Console, standing=None, seen=None) -> int:
+    """Run one parsed command with these consoles, and its exit status: bad input is one line
+    and 2, a signal one line and 128 + its number. ``standing`` and ``seen``: ``rayeval serve``'s
+    standing worker groups and what hears of a run's report (``integrations.service``)."""
+    _said.clear()
+    _command.clear()
     _command.append(args.command)
     try:
-        if args.command in ("run", "watch", "submit", "k8s", "inspect"):  # sweeps, checkpoints
+        if args.command in ("run", "watch", "submit", "k8s", "inspect", "serve"):
             load_plugins()
         if args.command == "run":
-            return _run(args, out, err)
+            return _run(args, out, err, standing=standing, seen=seen)
+        if args.command == "serve":
+            from rayeval.integrations.service import serve
+
+            return serve(args, err)
         if args.command == "watch":
             return _watch(args, out, err)
         if args.command == "submit":

@@ -4,6 +4,7 @@ cluster. Ray, the driver and the integrations are imported inside each command, 
 
 from __future__ import annotations
 
+import os
 import sys
 
 from rich.console import Console
@@ -20,7 +21,7 @@ from rayeval.ui.exit_codes import EXIT_CELLS_FAILED, EXIT_OK
 _STARTED: dict[str, float] = {}     # python start to the run's modules imported (--profile)
 
 
-def _run(args, out: Console, err: Console) -> int:
+def _run(args, out: Console, err: Console, standing=None, seen=None) -> int:
     from rayeval import api  # noqa: F401 - imported here so --profile counts it as imports
     from rayeval.execution import driver
 
@@ -30,11 +31,16 @@ def _run(args, out: Console, err: Console) -> int:
     from rayeval.io.store import ResultStore
 
     sweep = args.sweep
-    if args.mlflow is not None or args.wandb is not None:
+    if args.mlflow is not None or args.wandb is not None or args.checkpoint:
         sweep = with_trackers(load_sweep(args.sweep), mlflow=args.mlflow, wandb=args.wandb)
+        if args.checkpoint:          # from this folder, as --output is
+            sweep = sweep.replace(checkpoints=tuple(
+                c if "://" in c else os.path.abspath(c) for c in args.checkpoint))
     report = api.run(sweep, workers=args.workers, output=args.output,
                      address=args.address, force=args.force, verbose=args.verbose,
-                     progress=False if args.quiet else err)
+                     progress=False if args.quiet else err, standing=standing)
+    if seen is not None:
+        seen(report)
     plan = report.plan
     sweep = plan.sweep                      # with --workers / --output applied
     keys = report.cell_keys
@@ -44,7 +50,7 @@ def _run(args, out: Console, err: Console) -> int:
                                                      and r["dataset"] in groups)])
     # The board and the summary are written whole or not at all: a signal while they are
     # written takes effect after them (the interrupted line, 130; docs/cluster.md, Signals).
-    board = build_board(rows) if rows else None
+    board = build_board(rows, aggregate=sweep.aggregate) if rows else None
     with signals.held():
         _print_run(args, report, board, bool(rows), out, err)
     return EXIT_CELLS_FAILED if report.failures else EXIT_OK
