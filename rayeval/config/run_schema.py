@@ -1,6 +1,6 @@
 """The sweep's sections that decide how a run goes and what watches it, never a cell's numbers:
-``watch:``, ``trackers:``, ``recovery:``, ``parallelism:``, ``select:``. Each field is declared
-with ``numbers=False``: none of it is in a cell's key.
+``watch:``, ``trackers:``, ``recovery:``, ``parallelism:``, ``select:``, ``aggregate:``. Each
+field is declared with ``numbers=False``: none of it is in a cell's key.
 
 Split from ``config.schema`` (which re-exports every name here, so ``schema.WatchSpec`` and the
 rest keep working) along that line: schema keeps what an evaluation is and computes (model,
@@ -10,7 +10,10 @@ holds both. A leaf module like schema: ``config.declarations`` only, no torch, n
 
 from __future__ import annotations
 
+import dataclasses
+import difflib
 from dataclasses import dataclass
+from typing import Any
 
 from rayeval.config.declarations import setting
 
@@ -124,11 +127,14 @@ class Select:
     """The sweep's ``select:`` section: race the checkpoints (docs/racing.md) and stop scoring
     those that cannot be among the ``top`` best on ``metric``. Which cells are complete
     changes, not a complete cell's numbers: none of it is in a cell's key."""
-    metric: str = setting(
+    metric: str | None = setting(
         "What is raced: EVALUATION (its first metric), EVALUATION/METRIC, or aggregate (the "
-        "leaderboard's mean over the evaluations' first metrics); means of per-item values "
-        "in a known range (accuracy, acc, acc_norm, exact_match).",
-        numbers=False, expected="an evaluation's name, or EVALUATION/METRIC")
+        "mean over the evaluations' first metrics, direction-adjusted: a race's guarantee is "
+        "on means, so it races that mean whatever the board's aggregate: is); means of "
+        "per-item values in a known range (accuracy, acc, acc_norm, exact_match). Left out: "
+        "what the board ranks by, the one evaluation's first metric, or aggregate with "
+        "several (``for_suite``).",
+        numbers=False, default=None, expected="an evaluation's name, or EVALUATION/METRIC")
     top: int = setting("How many best checkpoints to find.", numbers=False, default=1,
                        minimum=1)
     confidence: float = setting(
@@ -143,6 +149,13 @@ class Select:
         """Racing the leaderboard's aggregate: the mean of every evaluation's first metric."""
         return self.metric == "aggregate"
 
+    def for_suite(self, suite: list[str]) -> "Select":
+        """This section with ``metric`` given: as written, else what the board ranks by (the
+        one evaluation of ``suite``, the aggregate's evaluations, or ``aggregate``)."""
+        if self.metric is not None:
+            return self
+        return dataclasses.replace(self, metric=suite[0] if len(suite) == 1 else "aggregate")
+
     def target(self, evaluations: list[str]) -> tuple[str, str | None] | None:
         """(evaluation, metric key or None: its first) that ``metric`` names among these
         evaluation names (the longest that fits: a group member's is GROUP/TASK); None when
@@ -154,3 +167,70 @@ class Select:
             return None
         name = max(fits, key=len)
         return name, self.metric[len(name) + 1:]
+
+
+# --- aggregate: ------------------------------------------------------------------------------
+
+WIN_RATE, MEAN, WEIGHTS = "win_rate", "mean", "weights"
+AGGREGATES = (WIN_RATE, MEAN)            # and {weights: {EVAL: w, ...}}
+AGGREGATE_FORMS = "win_rate, mean or {weights: {EVALUATION: weight, ...}}"
+
+
+@dataclass(frozen=True)
+class Aggregate:
+    """The sweep's ``aggregate:`` (``ranking.aggregate`` computes it): how the board's
+    aggregate column combines the evaluations' headline metrics (their first). How a board is
+    read, never a cell's numbers. ``win_rate`` (default), ``mean``, or
+    ``{weights: {EVALUATION: weight, ...}}``."""
+    how: str = setting(
+        "win_rate: per evaluation, the share of the board's other checkpoints beaten on its "
+        "headline (ties half), averaged over evaluations: no scale dominates; mean: the mean "
+        "of the headlines, lower-is-better ones negated; weights: their weighted mean.",
+        numbers=False, default=WIN_RATE, yaml=None)
+    weights: tuple[tuple[str, float], ...] = setting(
+        "With weights: each evaluation of the suite (but a group's members) and its weight "
+        "(0 leaves it out).", numbers=False, default=(), minimum=0,
+        expected="a mapping of evaluation names to weights of 0 or more (e.g. {val: 2, ood: 1})")
+
+    @property
+    def name(self) -> str:
+        return self.how if self.how != WEIGHTS else \
+            "weights " + ", ".join(f"{e}={w:g}" for e, w in self.weights)
+
+
+def aggregate_of(r: Any, raw: Any, path: str = "aggregate") -> Aggregate:
+    """The ``aggregate:`` a sweep file gives (``r``: its ``config.reader.Reader``): a name, or a
+    mapping with ``weights``; left out or null, the default (win_rate)."""
+    if raw is None:
+        return Aggregate()
+    if isinstance(raw, str):
+        if raw in AGGREGATES:
+            return Aggregate(how=raw)
+        hint = difflib.get_close_matches(raw, AGGREGATES + (WEIGHTS,), n=1, cutoff=0.6)
+        r.fail(path, f"unknown aggregate {raw!r}"
+               + (f"; did you mean {hint[0]!r}?" if hint and hint[0] != WEIGHTS else "")
+               + f"; choose one of: {AGGREGATE_FORMS}")
+    if not isinstance(raw, dict):
+        r.fail(path, f"expected {AGGREGATE_FORMS}, got {raw!r} ({type(raw).__name__})")
+    given = r.section(Aggregate, raw, path, skip={"how"}, required={"weights"})
+    return Aggregate(how=WEIGHTS, **given)
+
+
+def check_weights(r: Any, spec: Aggregate, suite: list[str], path: str = "aggregate") -> None:
+    """``aggregate.weights`` names every evaluation of ``suite`` (the aggregate's: all but a
+    group's members) and no other, with a positive total."""
+    if spec.how != WEIGHTS:
+        return
+    given = dict(spec.weights)
+    for name in given:
+        if name not in suite:
+            hint = difflib.get_close_matches(name, suite, n=1, cutoff=0.6)
+            r.fail(f"{path}.weights.{name}", "no such evaluation in the aggregate"
+                   + (f"; did you mean {hint[0]!r}?" if hint else "")
+                   + f" (it averages: {', '.join(suite)})")
+    missing = [e for e in suite if e not in given]
+    if missing:
+        r.fail(f"{path}.weights", f"no weight for {', '.join(missing)}; give every evaluation "
+                                  "of the aggregate a weight (0 leaves one out)")
+    if not sum(given.values()) > 0:
+        r.fail(f"{path}.weights", "the weights sum to 0; give some evaluation a weight above 0")

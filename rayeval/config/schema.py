@@ -384,8 +384,8 @@ class EvalSpec:
 # select) live in ``config.run_schema``; named here too, where the loader, the cache key, the
 # README test and every caller read the sweep's types.
 from rayeval.config.run_schema import (RUN_ID, WANDB_MODES, WATCH_ORDERS,  # noqa: F401
-                                       MlflowTracker, Parallelism, Recovery, Resume, Select,
-                                       Trackers,
+                                       Aggregate, MlflowTracker, Parallelism, Recovery,
+                                       Resume, Select, Trackers,
                                        WandbTracker, WatchSpec)
 
 
@@ -464,6 +464,10 @@ class Sweep:
     select: Select | None = setting(
         "Race the checkpoints for the best few (docs/racing.md); none: score every item.",
         numbers=False, default=None)
+    aggregate: Aggregate = setting(
+        "How the board's aggregate column combines the evaluations: win_rate (default), mean "
+        "or {weights: {EVALUATION: weight}} (``ranking.aggregate``).", numbers=False,
+        default=Aggregate())
 
     def evaluation(self, name: str) -> EvalSpec:
         return next(e for e in self.evals if e.name == name)

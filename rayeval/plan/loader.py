@@ -20,6 +20,7 @@ import yaml
 from rayeval.config import schema
 from rayeval.config.entries import EntryContext, kinds
 from rayeval.config.reader import Reader, join, show as _show
+from rayeval.config.run_schema import aggregate_of, check_weights
 from rayeval.config.schema import (Bootstrap, DatasetSpec, EvalSpec, Generation, JudgeSpec,
                                    MlflowTracker, ModelSpec, Sweep, Trackers, WandbTracker,
                                    WatchSpec)
@@ -96,13 +97,17 @@ def parse_sweep(raw: Any, *, base_dir: str, source: str = "<sweep>") -> Sweep:
         evals = (_single_form(r, top, base_dir, defaults),)
     validation.tokenizer(r, model, evals)
     given = r.section(Sweep, top, "", extra=SWEEP_KEYS | SINGLE_FORM_KEYS,
-                      skip={"model", "evals", "watch", "trackers"})
+                      skip={"model", "evals", "watch", "trackers", "aggregate"})
+    given["aggregate"] = aggregate_of(r, top.get("aggregate"))
     given["watch"] = watch_spec(_given(top, "watch"), source=source)
     given["trackers"] = trackers_spec(_given(top, "trackers"), source=source)
     validation.settings(r, given)
     sweep = Sweep(**given, model=model, evals=evals, base_dir=base_dir, source=source,
                   groups=tuple(entries.groups))
     validation.backend_fits(r, sweep)
+    check_weights(r, sweep.aggregate, sweep.suite_evaluations())
+    if sweep.select is not None:        # select.metric left out: what the board ranks by
+        sweep = sweep.replace(select=sweep.select.for_suite(sweep.suite_evaluations()))
     validation.select(r, sweep)
     return sweep
 

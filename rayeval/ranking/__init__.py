@@ -4,8 +4,9 @@ shadow once imported.)
 
     rules      the headline rule (an evaluation's headline metric: a sweep's front door and
                stored rows'), the group-member rule, a metric's direction
-    aggregate  the suite aggregate over evaluations and its interval, from rows in hand or a
-               store's rows (with the suite files beside its parts)
+    aggregate  the suite aggregate over evaluations (the mean win rate by default; a mean or a
+               weighted mean as the sweep's aggregate: says) and its interval, from rows in
+               hand or a store's rows (with the suite files beside its parts)
     suite      those suite files, computed when a part is written
     columns    a board's columns and the one a user names
     board      the board: ``board(store, ...)``, the one entry that the API and every format
@@ -16,7 +17,8 @@ shadow once imported.)
 Importing this package imports neither torch nor Ray (intervals import torch when computed).
 """
 
-from rayeval.ranking.aggregate import AGGREGATE, aggregate_row, aggregates, stored_aggregates
+from rayeval.ranking.aggregate import (AGGREGATE, aggregate_row, aggregate_spec, aggregates,
+                                       stored_aggregates, win_rates, win_shares)
 from rayeval.ranking.board import (Board, Entry, board, build_board, latest_rows, mark,
                                    without_members)
 from rayeval.ranking.columns import (AGGREGATE_COLUMN, Column, columns_of, ranked_rows,
@@ -25,7 +27,7 @@ from rayeval.ranking.compare import Comparison, Paired, compare, find_checkpoint
 from rayeval.ranking.rules import direction, members, stored_headlines, sweep_headline
 
 __all__ = ["AGGREGATE", "AGGREGATE_COLUMN", "Board", "Column", "Comparison", "Entry", "Paired",
-           "aggregate_row", "aggregates", "board", "build_board", "columns_of", "compare",
+           "aggregate_row", "aggregate_spec", "aggregates", "board", "build_board", "columns_of", "compare",
            "direction", "find_checkpoint", "latest_rows", "mark", "members", "paired",
            "ranked_rows", "resolve_metric", "stored_aggregates", "stored_headlines",
-           "sweep_headline", "without_members"]
+           "sweep_headline", "win_rates", "win_shares", "without_members"]

@@ -19,7 +19,9 @@ from dataclasses import dataclass, field
 
 from rayeval.errors import StoreError
 from rayeval.io.store import confidence_of, latest_rows  # noqa: F401 - the row's format
-from rayeval.ranking.aggregate import AGGREGATE, aggregates, averaged, ranked_of, scales_note
+from rayeval.config.run_schema import Aggregate
+from rayeval.ranking.aggregate import (AGGREGATE, aggregate_notes, aggregate_spec, aggregates,
+                                       averaged, legend, ranked_of, weights_for)
 from rayeval.ranking.columns import (AGGREGATE_COLUMN, LIMITED, Column,  # noqa: F401
                                      columns_of, evaluations_of, limit_text, ranked_rows,
                                      resolve_metric, value_of)
@@ -64,7 +66,7 @@ class Board:
     higher_is_better: bool        # of rank_by
     entries: list[Entry]          # in rank order
     evaluations: list[str]        # by name
-    averaged: list[Column] = field(default_factory=list)   # what the aggregate averages
+    averaged: list[Column] = field(default_factory=list)   # what the aggregate combines
     notes: list[str] = field(default_factory=list)          # warnings shown with the board
     marked: set[str] = field(default_factory=set)           # columns whose marks are set
     # Made by ``board``: the rows shown as read (every column but the replicates, confusion
@@ -72,6 +74,9 @@ class Board:
     table: object = None
     aggregate_rows: list[dict] = field(default_factory=list)
     read_replicates: object = None
+    aggregate: Aggregate = field(default_factory=Aggregate)  # how it combines them
+    legend: str = ""                                          # that, in one line
+
 
     @property
     def metrics(self) -> list[str]:
@@ -82,12 +87,16 @@ class Board:
 
 
 def build_board(rows: list[dict], metric: str | None = None,
-                aggregate_rows: list[dict] | None = None, marked: bool = True) -> Board:
+                aggregate_rows: list[dict] | None = None, marked: bool = True,
+                aggregate: Aggregate | str | None = None) -> Board:
     """Rank one row per (sweep, checkpoint) by ``metric`` (a column name, see
     ``resolve_metric``); default: the aggregate when some checkpoint has one, else the first
-    metric. ``aggregate_rows``: the aggregates, worked out already (default: from ``rows``).
+    metric. ``aggregate``: how the aggregate combines the evaluations (the sweep's
+    ``aggregate:``, ``--aggregate``'s text; default: the mean win rate, ``ranking.aggregate``).
+    ``aggregate_rows``: the aggregates, worked out already that way (default: from ``rows``).
     ``marked``: each column's marks (from its rows' replicates) now; else ``mark`` sets
     them for the columns shown."""
+    how = aggregate_spec(aggregate)
     if not rows:
         raise StoreError("the result store holds no results yet; run a sweep first")
     rows = ranked_rows(rows)
@@ -105,19 +114,23 @@ def build_board(rows: list[dict], metric: str | None = None,
         if r.get("items_total") is not None and e.stopped is None:
             e.stopped = r.get("stopped") or f"partial: {r['num_samples']} of " \
                                              f"{r['items_total']} items"
-    for a in aggregates(rows) if aggregate_rows is None else aggregate_rows:
+    found = aggregates(rows, how) if aggregate_rows is None else aggregate_rows
+    for a in found:
         entries[(a["sweep"], a["checkpoint"])].rows[AGGREGATE] = a
     rank_by = resolve_metric(metric, columns) if metric else _default_rank(columns, entries)
     ranked = _rank(list(entries.values()), rank_by)
     heads = averaged(rows)
+    weights = weights_for(how, sorted(heads))
+    heads = {e: m for i, (e, m) in enumerate(sorted(heads.items()))
+             if weights is None or weights[i] > 0}
     mean_of = [c for c in columns if heads.get(c.evaluation) == c.metric]
     _limited_aggregates(ranked, mean_of)
-    scales = scales_note(mean_of, rows)
     board = Board(columns=columns, rank_by=rank_by.name,
                   higher_is_better=rank_by.higher_is_better, entries=ranked,
                   evaluations=evaluations_of(rows), averaged=mean_of,
-                  notes=small_data_notes(rows) + ([scales] if scales else []) + token_notes(rows)
-                  + stopped_notes(ranked) + limit_notes(rows, ranked))
+                  notes=small_data_notes(rows) + aggregate_notes(how, found, mean_of, rows)
+                  + token_notes(rows) + stopped_notes(ranked) + limit_notes(rows, ranked),
+                  aggregate=how, legend=legend(how, mean_of, found))
     if marked:
         mark(board, columns)
     return board
@@ -125,7 +138,8 @@ def build_board(rows: list[dict], metric: str | None = None,
 
 def board(store, *, metric: str | None = None, sweep: str | None = None,
           evaluation: str | None = None, checkpoint: str | None = None, members: bool = False,
-          marks: bool = True, rank: bool = True, what: str = "store") -> Board:
+          marks: bool = True, rank: bool = True, what: str = "store",
+          aggregate: Aggregate | str | None = None) -> Board:
     """The board of a store's newest rows: the one way every format of ``rayeval leaderboard``
     and ``rayeval.leaderboard`` make one. The rows are read without their replicates; the
     aggregate's intervals come from the suite files beside the store's parts where they cover
@@ -135,7 +149,10 @@ def board(store, *, metric: str | None = None, sweep: str | None = None,
 
     Filters: ``sweep``, ``evaluation``, ``checkpoint`` (a glob on the location); ``members``:
     also an lm-eval group's members. ``rank``: False gives the rows and columns only (no
-    entries, nothing ranked, no row as a dict: JSON of a store of any size)."""
+    entries, nothing ranked, no row as a dict: JSON of a store of any size). ``aggregate``:
+    how the aggregate combines the evaluations (``build_board``; default: the mean win rate
+    over the checkpoints these filters leave)."""
+    how = aggregate_spec(aggregate)
     from rayeval.io import paths
     from rayeval.io.store import SCHEMA, ResultStore, newest
     from rayeval.io.store_layout import figures
@@ -147,11 +164,12 @@ def board(store, *, metric: str | None = None, sweep: str | None = None,
     if not members:
         table = without_members_table(table)
     opened = ResultStore(paths.resolve(os.fspath(store), os.getcwd()))
-    found = stored_aggregates(table, opened, sweep)
+    found = stored_aggregates(table, opened, sweep, how)
     if not rank:
         return Board(columns=columns_of(_column_rows(table)), rank_by="", higher_is_better=True,
-                     entries=[], evaluations=[], table=table, aggregate_rows=found)
-    made = build_board(table.to_pylist(), metric, found, marked=False)
+                     entries=[], evaluations=[], table=table, aggregate_rows=found,
+                     aggregate=how)
+    made = build_board(table.to_pylist(), metric, found, marked=False, aggregate=how)
     made.table, made.aggregate_rows = table, found
     made.read_replicates = lambda wanted: with_replicates(store, wanted, sweep)
     if marks:

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from rayeval.errors import StoreError
 from rayeval.io.store import confidence_of
 from rayeval.ranking.aggregate import AGGREGATE
+from rayeval.ranking.rules import members
 
 
 def value_of(row: dict | None) -> float | None:
@@ -105,9 +106,11 @@ def evaluations_of(rows: list[dict]) -> list[str]:
 def columns_of(rows: list[dict]) -> list[Column]:
     """One column per (evaluation, metric): evaluations by name, each one's metrics in the
     order they are stored (a cell keeps the sweep's metric order); the aggregate first when
-    there are several evaluations."""
+    it combines several evaluations (a group's members are not counted: one lm-eval group
+    shown with its members, ``--members``, has no aggregate, not a column of '-')."""
     evaluations = evaluations_of(rows)
     qualified = len(evaluations) > 1
+    combined = len(set(evaluations) - members(evaluations)) > 1
     found: dict[tuple[str, str], Column] = {}
     for r in ranked_rows(rows):
         key = (r["dataset"], r["metric"])
@@ -115,7 +118,7 @@ def columns_of(rows: list[dict]) -> list[Column]:
             name = f"{key[0]}/{key[1]}" if qualified else key[1]
             found[key] = Column(name, key[0], key[1], bool(r["higher_is_better"]))
     columns = sorted(found.values(), key=lambda c: evaluations.index(c.evaluation))
-    return ([AGGREGATE_COLUMN] if qualified else []) + columns
+    return ([AGGREGATE_COLUMN] if combined else []) + columns
 
 
 def resolve_metric(name: str, columns: list[Column], what: str = "--metric") -> Column:
@@ -131,7 +134,10 @@ def resolve_metric(name: str, columns: list[Column], what: str = "--metric") -> 
         raise StoreError(f"{what}: {name!r} is stored for several evaluations; choose one of: "
                          f"{', '.join(c.name for c in bare + [AGGREGATE_COLUMN])}")
     if name == AGGREGATE:
+        shown = sorted({c.evaluation for c in columns})
+        kept = [e for e in shown if e not in members(shown)]
         raise StoreError(f"{what}: aggregate needs results on two or more evaluations; the rows "
-                         f"shown hold only {', '.join(sorted({c.evaluation for c in columns}))}")
+                         f"shown hold only {', '.join(kept)}"
+                         + (" (and its group's members)" if len(kept) < len(shown) else ""))
     raise StoreError(f"{what}: no results for metric {name!r}; the store has: "
                      f"{', '.join(c.name for c in columns) or 'nothing'}")

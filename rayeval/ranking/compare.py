@@ -12,8 +12,10 @@ import os
 from dataclasses import dataclass
 
 from rayeval.errors import StoreError
-from rayeval.io.store import bootstrap_params, confidence_of
-from rayeval.ranking.aggregate import AGGREGATE, aggregate_row, replicates_of
+from rayeval.config.run_schema import WIN_RATE, Aggregate
+from rayeval.io.store import confidence_of
+from rayeval.ranking.aggregate import (AGGREGATE, aggregate_row, aggregate_spec, replicates_of,
+                                       same_resamples, weights_for, win_rates)
 from rayeval.ranking.columns import (AGGREGATE_COLUMN, columns_of, evaluations_of, ranked_rows,
                                      resolve_metric)
 from rayeval.ranking.rules import direction, stored_headlines
@@ -41,15 +43,6 @@ def pairable(a: dict, b: dict) -> bool:
         return len(pa_) == len(pb_) and all(x is not None and y is not None and
                                             same_resamples(x, y) for x, y in zip(pa_, pb_))
     return same_resamples(a, b)
-
-
-def same_resamples(a: dict, b: dict) -> bool:
-    """Whether two stored rows' replicate b resample the same rows: same data, seed and
-    buckets (their replicates need not be read to know)."""
-    ka, kb = bootstrap_params(a.get("bootstrap")), bootstrap_params(b.get("bootstrap"))
-    ka.pop("confidence", None)
-    kb.pop("confidence", None)
-    return ka == kb and a["dataset"] == b["dataset"] and a["num_samples"] == b["num_samples"]
 
 
 def paired(a: dict, b: dict, confidence: float = 0.95) -> Paired | None:
@@ -81,10 +74,14 @@ class Comparison:
     paired: Paired | None         # None: no shared replicates
 
 
-def compare(a_rows: list[dict], b_rows: list[dict], metric: str | None = None
-            ) -> list[Comparison]:
+def compare(a_rows: list[dict], b_rows: list[dict], metric: str | None = None,
+            aggregate: Aggregate | str | None = None) -> list[Comparison]:
     """A - B for every (evaluation, metric) both checkpoints hold, plus the aggregate when they
-    share several evaluations; ``metric`` restricts to one column (``resolve_metric``)."""
+    share several evaluations; ``metric`` restricts to one column (``resolve_metric``).
+    The aggregate is a board's of A and B alone (``ranking.aggregate``, ``aggregate`` says
+    how; default the mean win rate: A's is the share of the evaluations on which A beats B,
+    ties half, and B's the rest)."""
+    how = aggregate_spec(aggregate)
     a_rows, b_rows = ranked_rows(a_rows), ranked_rows(b_rows)
     common = [e for e in evaluations_of(a_rows) if e in set(evaluations_of(b_rows))]
     if not common:
@@ -107,12 +104,27 @@ def compare(a_rows: list[dict], b_rows: list[dict], metric: str | None = None
     found = []
     for c in columns:
         if c.name == AGGREGATE:
-            a = aggregate_row([a_by[k] for k in headline], common)
-            b = aggregate_row([b_by[k] for k in headline], common)
+            a, b = _aggregates(how, headline, a_by, b_by)
         else:
             a, b = a_by[(c.evaluation, c.metric)], b_by[(c.evaluation, c.metric)]
         found.append(Comparison(c.name, a, b, paired(a, b, confidence_of(a))))
     return found
+
+
+def _aggregates(how: Aggregate, headline: list[tuple[str, str]], a_by: dict, b_by: dict
+                ) -> tuple[dict, dict]:
+    """The aggregate rows of A and B over the evaluations both hold (``headline``)."""
+    common = [e for e, _ in headline]
+    weights = weights_for(how, common)
+    if weights is not None:
+        headline = [k for k, w in zip(headline, weights) if w > 0]
+        weights = [w for w in weights if w > 0]
+    evaluations = [e for e, _ in headline]
+    a = aggregate_row([a_by[k] for k in headline], evaluations, weights=weights)
+    b = aggregate_row([b_by[k] for k in headline], evaluations, weights=weights)
+    if how.how == WIN_RATE:
+        win_rates([a, b])
+    return a, b
 
 
 def find_checkpoint(rows: list[dict], name: str, what: str) -> list[dict]:

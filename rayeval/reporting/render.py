@@ -103,9 +103,9 @@ def _arrow(board: Board) -> str:
 
 
 def _aggregate_legend(board: Board) -> str:
-    """What the aggregate column averages, lower-is-better metrics negated."""
-    terms = [c.name if c.higher_is_better else f"-{c.name}" for c in board.averaged]
-    return f"aggregate: mean of {', '.join(terms)}" if terms else ""
+    """What the aggregate column is (``ranking.aggregate.legend``: the mean win rate, a mean
+    or a weighted mean of the columns it combines, lower-is-better ones negated)."""
+    return board.legend
 
 
 def table_rows(board: Board, intervals: bool = True, columns: list[Column] | None = None,
@@ -489,7 +489,7 @@ def _html_notes(board: Board) -> str:
 
 _AGGREGATE_FIELDS = ("sweep", "checkpoint", "step", "dataset", "metric", "value", "ci_low",
                      "ci_high", "higher_is_better", "num_samples", "created_at", "bootstrap",
-                     "confidence", "evaluations", "metrics")
+                     "confidence", "aggregate", "evaluations", "metrics")
 
 
 def to_json(rows: list[dict], replicates: bool = False, aggregates: list[dict] = ()) -> str:
@@ -501,10 +501,13 @@ def to_json(rows: list[dict], replicates: bool = False, aggregates: list[dict] =
          "value": ..., "ci_low": ..., "ci_high": ..., "higher_is_better": true,
          "num_samples": <sum over the evaluations>, "created_at": <newest part>,
          "bootstrap": <the parts' key when they share one, else null>, "confidence": ...,
-         "evaluations": ["val", "ood"], "metrics": ["accuracy", "nll"]}
+         "aggregate": "win_rate", "evaluations": ["val", "ood"], "metrics": ["accuracy", "nll"]}
 
-    ``metrics[i]`` is the metric of ``evaluations[i]`` that is averaged (negated when lower is
-    better; null where the checkpoint lacks it). Missing numbers (NaN) are null.
+    ``aggregate`` says how it combines them (``ranking.aggregate``): ``win_rate`` (the mean
+    over the evaluations of the share of the board's other checkpoints beaten), ``mean`` (also
+    a win rate's board of one checkpoint) or ``weights``. ``metrics[i]`` is the metric of
+    ``evaluations[i]`` that is combined (negated when lower is better; null where the
+    checkpoint lacks it). Missing numbers (NaN) are null.
     """
     def clean(r: dict, keys) -> dict:
         out = {k: r.get(k) for k in keys}

@@ -45,14 +45,14 @@ class Report:
     checkpoint glob). The board is made once; views read records only when asked for."""
 
     def __init__(self, store: str, *, sweep: str | None = None, evaluation: str | None = None,
-                 checkpoint: str | None = None, marks: bool = True):
+                 checkpoint: str | None = None, marks: bool = True, aggregate=None):
         from rayeval.io import paths
         from rayeval.ranking import board
 
         self.store = paths.resolve(os.fspath(store), os.getcwd())
         self.filters = {"sweep": sweep, "evaluation": evaluation, "checkpoint": checkpoint}
         self.board = board(self.store, sweep=sweep, evaluation=evaluation,
-                           checkpoint=checkpoint, marks=marks)
+                           checkpoint=checkpoint, marks=marks, aggregate=aggregate)
         self._records: dict[tuple[str, int], object] = {}
         self._holders: dict[str, list[int]] | None = None
 
@@ -129,6 +129,7 @@ class Report:
             "marked": sorted(b.marked),
             "notes": list(b.notes),
             "aggregate": AGGREGATE if any(c.name == AGGREGATE for c in b.columns) else None,
+            "aggregate_legend": b.legend,           # how the aggregate combines (ranking)
         }
 
     def _column_values(self, name: str) -> dict:

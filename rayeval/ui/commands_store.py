@@ -35,7 +35,7 @@ def _board(args, **options):
 
     return leaderboard(args.store, sweep=args.sweep or None, evaluation=args.dataset or None,
                        checkpoint=args.checkpoint_glob, members=args.members, _what="STORE",
-                       **options)
+                       aggregate=getattr(args, "aggregate", None), **options)
 
 
 def _json_board(args):
@@ -187,7 +187,7 @@ def _compare(args, out: Console) -> int:
     a_rows = find_checkpoint(rows, args.a, "A")
     b_rows = find_checkpoint(rows, args.b, "B")
     with_replicates(args.store, a_rows + b_rows, getattr(args, "sweep", None) or None)
-    found = compare(a_rows, b_rows, args.metric)
+    found = compare(a_rows, b_rows, args.metric, getattr(args, "aggregate", None))
     partial = [(what, r) for what, rows_ in (("A", a_rows), ("B", b_rows)) for r in rows_
                if r.get("items_total") is not None]
     if all(c.paired is None for c in found) and partial:
@@ -214,9 +214,12 @@ def _compare(args, out: Console) -> int:
                     + ", ".join(f"{w} {name} ({text})" for (w, name), text in limited.items()))
     aggregate = next((c.a for c in found if c.name == AGGREGATE), None)
     if aggregate is not None:
-        terms = [f"{e}/{m}" for e, m in zip(aggregate["evaluations"], aggregate["metrics"])]
-        caption += ("; aggregate: mean over evaluations of " + ", ".join(terms)
-                    + " (lower-is-better ones negated)")
+        terms = ", ".join(f"{e}/{m}" for e, m in zip(aggregate["evaluations"],
+                                                     aggregate["metrics"]))
+        caption += ("; aggregate: share of the evaluations won (ties half) of " + terms
+                    if aggregate["aggregate"] == "win_rate" else
+                    f"; aggregate: {'weighted ' if aggregate.get('weights') else ''}mean over "
+                    f"evaluations of {terms} (lower-is-better ones negated)")
     table = Table(title=Text(f"A = {a_rows[0]['checkpoint']}\nB = {b_rows[0]['checkpoint']}"),
                   caption=Text(caption))
     for h in ("metric", "A", "B", "A - B", "interval", "P(A better)"):

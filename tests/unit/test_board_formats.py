@@ -292,7 +292,7 @@ def test_the_page_marks_each_columns_best_cell_not_the_best_row():
 
 def test_the_page_states_intervals_exact_cells_notes_and_freezes_the_names():
     stats = pytest.importorskip("scipy.stats")
-    board = build_board(hand_rows())
+    board = build_board(hand_rows(), aggregate="mean")     # a plain mean: the scales note
     html = to_html(board)
     page = parsed(html)
     high = stats.binomtest(0, 40).proportion_ci(0.95, method="exact").high
@@ -315,7 +315,7 @@ def test_the_page_states_intervals_exact_cells_notes_and_freezes_the_names():
 
 
 def test_the_text_formats_show_the_exact_interval_and_the_scales_note():
-    board = build_board(hand_rows())
+    board = build_board(hand_rows(), aggregate="mean")
     assert "| 0.0000 exact [0.0000, 0.0881]~ |" in to_markdown(board)
     shown = Console(file=io.StringIO(), width=400)
     render_rich(board, shown)

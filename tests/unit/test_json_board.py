@@ -130,11 +130,11 @@ def test_suite_files_hold_the_bits_the_replicates_give(tmp_path, monkeypatch):
     monkeypatch.setattr(ResultStore, "replicates",
                         lambda self, wanted, sweep=None: asked.append(wanted)
                         or read_replicates(self, wanted, sweep))
-    from_files = stored_aggregates(table, store)
+    from_files = stored_aggregates(table, store, how="mean")       # suite files: means
     assert asked == []                   # every complete aggregate came from a suite file
     for path in list_suites(store.fs, store.root):
         os.unlink(path)
-    from_replicates = stored_aggregates(table, store)
+    from_replicates = stored_aggregates(table, store, how="mean")
     assert len(asked) == 1 and len(asked[0]) == 5 * 3          # 5 complete x 3 evaluations
     with_interval = [r for r in from_files if r["ci_low"] is not None]
     assert len(kept) == 6 and len(with_interval) == 4     # b/2 lacks val; a/3: 8 vs 16

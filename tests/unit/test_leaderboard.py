@@ -125,8 +125,9 @@ def test_metric_names_resolve_or_fail_with_the_choices():
 # --- the aggregate -------------------------------------------------------------------------
 
 def test_aggregate_value_and_interval_match_a_direct_computation():
+    # the mean (aggregate: mean); the default win rate: tests/unit/test_win_rate.py
     rows = suite(CKPTS, SUITE)
-    board = build_board(rows)
+    board = build_board(rows, aggregate="mean")
     for loc in CKPTS:
         val_acc = reps_of(rows, loc, "val", "accuracy")
         ood_nll = reps_of(rows, loc, "ood", "nll")          # lower is better: enters negated
@@ -165,9 +166,11 @@ def test_aggregate_is_missing_without_every_evaluation_and_has_no_interval_witho
     # No replicates anywhere: a value without an interval.
     bare = [dict(r, replicates=None, bootstrap=None, ci_low=None, ci_high=None)
             for r in suite(CKPTS, SUITE)]
-    agg = build_board(bare).entries[0].rows["aggregate"]
+    agg = build_board(bare, aggregate="mean").entries[0].rows["aggregate"]
     assert agg["value"] == pytest.approx((0.72 - (2.5 - 1.44)) / 2)
     assert agg["ci_low"] is None and agg["replicates"] is None
+    agg = build_board(bare).entries[0].rows["aggregate"]           # the win rate: 2 of 2
+    assert agg["value"] == 1.0 and agg["ci_low"] is None and agg["replicates"] is None
 
 
 def test_aggregate_marks_best_and_not_distinguishable_from_paired_replicates():
@@ -205,14 +208,17 @@ def test_csv_markdown_html_and_json_carry_the_aggregate():
     html = to_html(board)
     # the ranking column underlined, with its n (summed over the evaluations averaged)
     assert '<th class="rank-by">aggregate<span class="n">n = 2,000 in all</span></th>' in html
-    assert "aggregate: mean of -ood/nll, val/accuracy" in html
+    assert "aggregate: mean win rate on -ood/nll, val/accuracy (per evaluation, the share of " \
+        "the other checkpoints beaten, ties half)" in html
+    assert "aggregate: mean of -ood/nll, val/accuracy" in to_html(build_board(rows, aggregate="mean"))
     out = json.loads(to_json(rows, aggregates=[e.rows["aggregate"] for e in board.entries]))
     assert len(out) == len(rows) + 3
     agg = [r for r in out if r["metric"] == "aggregate"]
     assert {r["checkpoint"] for r in agg} == set(CKPTS)
     assert set(agg[0]) == {"sweep", "checkpoint", "step", "dataset", "metric", "value",
                            "ci_low", "ci_high", "higher_is_better", "num_samples", "created_at",
-                           "bootstrap", "confidence", "evaluations", "metrics"}
+                           "bootstrap", "confidence", "aggregate", "evaluations", "metrics"}
+    assert agg[0]["aggregate"] == "win_rate"
     assert agg[0]["dataset"] == "*" and agg[0]["higher_is_better"] is True
     assert agg[0]["evaluations"] == ["ood", "val"] and agg[0]["num_samples"] == 2000
 
@@ -289,6 +295,14 @@ def test_cli_compare_on_several_evaluations_and_the_aggregate(store, capsys):
     lines = {ln.split("│")[1].strip(): [c.strip() for c in ln.split("│")[2:-1]]
              for ln in out.splitlines() if ln.startswith("│")}
     assert list(lines) == ["ood/nll", "ood/accuracy", "val/accuracy", "val/nll", "aggregate"]
+    # the default aggregate of A and B: the share of the evaluations each wins (600 wins both)
+    assert lines["aggregate"][:3] == ["1.0000", "0.0000", "+1.0000"]
+    assert "aggregate: share of the evaluations won (ties half) of ood/nll, val/accuracy" in \
+        " ".join(out.split())
+    code, out, _ = run_cli(capsys, "compare", location, "step_000600", "200", "--aggregate",
+                           "mean")
+    lines = {ln.split("│")[1].strip(): [c.strip() for c in ln.split("│")[2:-1]]
+             for ln in out.splitlines() if ln.startswith("│")}
     a, b = (next(loc for loc in ckpts if loc.endswith(n)) for n in ("600", "200.safetensors"))
 
     def agg(loc):

@@ -199,7 +199,8 @@ def test_compare_marks_limited_values_and_says_what_pairs(store, capsys):
     assert code == 0, got.err
     text = " ".join(got.out.split())
     assert f"0.4000{LIMITED}" in text and f"0.5500{LIMITED}" in text      # arith/acc
-    assert f"0.3500{LIMITED}" in text                                      # the aggregate
+    # the aggregate (the win rate of A and B: A loses both evaluations), marked too
+    assert f"0.0000{LIMITED}" in text and f"1.0000{LIMITED}" in text
     assert re.search(r"val/acc\s+│\s+0\.3000 │\s+0\.4000 │", got.out)        # whole: no mark
     assert f"{LIMITED}: scored on the first items of the task only: A arith ({LIMIT}), " \
            f"B arith ({LIMIT}), A aggregate (averages arith ({LIMIT}))" in text
