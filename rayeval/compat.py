@@ -205,6 +205,32 @@ def with_system_config(kwargs: dict[str, Any], **settings: Any) -> dict[str, Any
     return {**kwargs, "_system_config": system}
 
 
+# Ray Train's ``DataConfig.default_ingest_options`` (ray 2.60, ray/train/_internal/
+# data_config.py) passes ``exclude_resources=`` to ``ExecutionOptions`` on every call, and that
+# argument's setter warns (RayDeprecationWarning: "`ExecutionOptions.exclude_resources` is
+# deprecated ...") whatever the value, the default zero included: every run whose evaluation
+# goes through Ray Data (images, ``dataset.cpus``) printed it once per split, from Ray's code,
+# not rayeval's. Ray keeps ``ExecutionOptions._set_exclude_resources`` to set it "internally
+# for Train v1 without warning users" (ray/data/_internal/execution/interfaces/
+# execution_options.py).
+EXCLUDE_RESOURCES_SETTER = "_set_exclude_resources"
+
+
+def ingest_options():
+    """What ``DataConfig.default_ingest_options()`` returns (the current DataContext's
+    resource limits, excluded resources, order and progress options), without its
+    deprecation warning: a ``DataConfig`` subclass's ``default_ingest_options``."""
+    from ray.data import ExecutionOptions
+    from ray.data.context import DataContext
+
+    current = DataContext.get_current().execution_options
+    options = ExecutionOptions(resource_limits=current.resource_limits,
+                               preserve_order=current.preserve_order,
+                               verbose_progress=current.verbose_progress)
+    getattr(options, EXCLUDE_RESOURCES_SETTER)(current.exclude_resources)
+    return options
+
+
 def train_exceptions():
     """Ray Train v2's worker-group errors (``WorkerGroupStartupFailedError``, ...), which its
     controller raises and recovery tells from other failures. ray 2.60: they live in

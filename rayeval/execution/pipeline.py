@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING
 import pyarrow as pa
 from ray.data.datasource import Datasource    # loaded with ray.train anyway
 
+from rayeval import compat
 from rayeval.config.plugins import load_plugins
 from rayeval.core import prepared, samples
 from rayeval.errors import DataError
@@ -239,6 +240,8 @@ def exact_split(data: dict | None = None, world: int = 0):
     from ray.train import DataConfig
 
     class ExactSplit(DataConfig):
+        default_ingest_options = staticmethod(compat.ingest_options)   # Ray's warns
+
         def __init__(self):
             super().__init__()
             self.ready: dict = {}       # name -> the splits made before the group started

@@ -164,6 +164,30 @@ def test_ray_s_hooks_are_in_the_installed_ray():
         assert issubclass(getattr(errors, name), BaseException), name
 
 
+def test_ray_data_s_ingest_options_without_its_deprecation_warning():
+    """Ray Train 2.60's DataConfig.default_ingest_options warns (RayDeprecationWarning, on
+    every image run, issue 47); compat.ingest_options gives the same options silently, and
+    rayeval's exact split uses it."""
+    import warnings
+
+    from ray.data._internal.execution.interfaces import execution_options
+    from ray.train import DataConfig
+    from ray.util.annotations import RayDeprecationWarning
+
+    from rayeval.execution.pipeline import exact_split
+
+    assert callable(getattr(execution_options.ExecutionOptions, compat.EXCLUDE_RESOURCES_SETTER))
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always", RayDeprecationWarning)
+        ours = compat.ingest_options()
+        split = exact_split()._resolve_execution_options("data")
+        assert not [w for w in seen if issubclass(w.category, RayDeprecationWarning)]
+        rays = DataConfig.default_ingest_options()
+    assert [w for w in seen if issubclass(w.category, RayDeprecationWarning)], \
+        "Ray's no longer warns: compat.ingest_options can go"
+    assert ours == rays and split == rays
+
+
 def test_the_raylet_settings_are_in_the_installed_raylet():
     """The names ``_system_config`` sets are compiled into the raylet's config table: look
     for them in its library, without starting a node."""
