@@ -6,6 +6,10 @@ import pytest
 # test (and every CLI subprocess, which inherits this) runs the same way on any machine.
 os.environ.setdefault("RAY_AUTH_MODE", "token")
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+# A `rayeval serve` the developer left running must not take the tests' runs: a plain
+# `rayeval run` looks for one through this file (tests/e2e/test_service.py sets its own).
+os.environ.setdefault("RAYEVAL_SERVICE_FILE", os.path.join(
+    os.environ.get("TMPDIR", "/tmp"), f"rayeval-tests-no-service-{os.getpid()}.json"))
 
 
 def pytest_configure(config):

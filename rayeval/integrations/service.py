@@ -163,7 +163,13 @@ class Service:
                 try:
                     job = self._next()
                     if job is not None:
-                        self._execute(job)
+                        began = time.perf_counter()
+                        try:
+                            self._execute(job)
+                        finally:
+                            say(f"[rayeval] run {job.id}: rayeval {' '.join(job.argv)} (in "
+                                f"{job.cwd}): exit {job.exit}, "
+                                f"{time.perf_counter() - began:.1f} s")
                 except KeyboardInterrupt:
                     if time.monotonic() - self.last_cancel > 5:
                         raise

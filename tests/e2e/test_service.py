@@ -1,0 +1,169 @@
+"""``rayeval serve`` on a real local Ray (docs/service.md): two sweeps in a row handed by plain
+``rayeval run``, one of them with its own ``tiny_models.py`` of the same module name as the
+other's, bad input, a checkpoint submitted over the HTTP API and polled, all with the figures of
+a plain computation; a service killed under a run is one line for the client; Ctrl-C stops a
+service cleanly (no Ray process, no service file left)."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+
+import pytest
+import torch
+
+from rayeval.io.store import ResultStore
+from support import (build_model, make_data, reference_metrics, wait_for, write_model_module,
+                     write_parquet, write_sweep)
+
+pytestmark = pytest.mark.ray
+
+ROWS = 600
+
+
+def sweep_folder(folder, seeds, factory="tiny_models:build", extra_code="", **overrides):
+    (folder / "ckpts").mkdir(parents=True)
+    write_model_module(str(folder))
+    if extra_code:
+        with open(folder / "tiny_models.py", "a") as f:
+            f.write(extra_code)
+    write_parquet(str(folder / "data.parquet"), *make_data(ROWS, seed=5))
+    for s in seeds:
+        torch.save(build_model(seed=s, hidden=overrides.pop("hidden", 16)).state_dict(),
+                   folder / "ckpts" / f"step_{s}.pt")
+    return write_sweep(str(folder), workers=2, model={"factory": factory},
+                       output=str(folder / "store"), **overrides)
+
+
+def figures(store) -> dict:
+    rows = ResultStore(str(store)).read(["checkpoint", "metric", "value"]).to_pylist()
+    return {(os.path.basename(r["checkpoint"]), r["metric"]): r["value"] for r in rows}
+
+
+def expect(got: dict, seeds, hidden=16) -> None:
+    x, y = make_data(ROWS, seed=5)
+    for s in seeds:
+        for metric, value in reference_metrics(build_model(seed=s, hidden=hidden), x,
+                                               y).items():
+            assert got[(f"step_{s}.pt", metric)] == pytest.approx(value, rel=1e-9), (s, metric)
+
+
+class Service:
+    def __init__(self, tmp_path, workers=2):
+        self.file = tmp_path / "service.json"
+        self.env = {**os.environ, "RAYEVAL_SERVICE_FILE": str(self.file)}
+        self.log = tmp_path / "serve.log"
+        with open(self.log, "w") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "rayeval", "serve", "--workers", str(workers)],
+                stdout=log, stderr=subprocess.STDOUT, env=self.env, start_new_session=True)
+        wait_for(lambda: "ready" in self.log.read_text() or self.proc.poll() is not None,
+                 300, "the service's ready line", self.log)
+        assert self.proc.poll() is None and self.file.exists(), self.log.read_text()
+        self.info = json.loads(self.file.read_text())
+
+    def run(self, *args, cwd):
+        return subprocess.run([sys.executable, "-m", "rayeval", "run", *args], cwd=cwd,
+                              env=self.env, capture_output=True, text=True, timeout=600)
+
+    def call(self, method, path, body=None):
+        req = urllib.request.Request(self.info["url"] + path, method=method,
+                                     data=None if body is None else json.dumps(body).encode(),
+                                     headers={"Authorization": f"Bearer {self.info['token']}"})
+        with urllib.request.urlopen(req, timeout=30) as r:
+            return json.loads(r.read())
+
+    def stop(self, sig=signal.SIGINT):
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, sig)
+            try:
+                self.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(30)
+
+
+def test_a_service_takes_sweeps_in_a_row_and_over_http(tmp_path):
+    a = sweep_folder(tmp_path / "a", seeds=(1, 2))
+    # b: its own tiny_models.py, another file of the same module name with one more factory
+    b = sweep_folder(tmp_path / "b", seeds=(4,), factory="tiny_models:build_wide", hidden=24,
+                     extra_code="\n\ndef build_wide(**kw):\n    return build(hidden=24, **kw)\n")
+    bad = write_sweep(str(tmp_path / "a"), name="bad.yaml", workers=2,
+                      metrics=["acuracy"], output=str(tmp_path / "bad-store"))
+    service = Service(tmp_path)
+    try:
+        first = service.run(a, cwd=tmp_path / "a")
+        assert first.returncode == 0, first.stdout + first.stderr
+        assert "2 cell(s) evaluated" in first.stdout, first.stdout
+        expect(figures(tmp_path / "a" / "store"), (1, 2))
+
+        second = service.run(b, cwd=tmp_path / "b")
+        assert second.returncode == 0, second.stdout + second.stderr
+        expect(figures(tmp_path / "b" / "store"), (4,), hidden=24)
+
+        wrong = service.run(bad, cwd=tmp_path / "a")
+        assert wrong.returncode == 2, wrong.stdout + wrong.stderr
+        lines = wrong.stderr.strip().splitlines()
+        assert len(lines) == 1 and "acuracy" in lines[0] and "Traceback" not in wrong.stderr, \
+            wrong.stderr
+        assert not (tmp_path / "bad-store").exists()
+
+        # A training loop's submission: one new checkpoint, polled until its cell is done
+        new = tmp_path / "new" / "step_3.pt"
+        new.parent.mkdir()
+        torch.save(build_model(seed=3).state_dict(), new)
+        job = service.call("POST", "/runs", {"sweep": a, "checkpoints": [str(new)]})["id"]
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:
+            got = service.call("GET", f"/runs/{job}?wait=1")
+            if got["state"] not in ("queued", "running"):
+                break
+        assert got["state"] == "done" and got["exit"] == 0, got
+        (cell,) = got["cells"]
+        x, y = make_data(ROWS, seed=5)
+        ref = reference_metrics(build_model(seed=3), x, y)
+        assert cell["ok"] and cell["checkpoint"] == str(new)
+        assert {m: v["value"] for m, v in cell["metrics"].items()} == pytest.approx(ref,
+                                                                                    rel=1e-9)
+        log = service.log.read_text()
+        assert log.count(": exit 0,") == 3 and log.count(": exit 2,") == 1, log
+
+        # The service killed under a run: the client says so in one line
+        slow = write_sweep(str(tmp_path / "a"), name="slow.yaml", workers=2, batch_size=50,
+                           output=str(tmp_path / "slow-store"), model={
+                               "factory": "tiny_models:Trap", "kwargs": {
+                                   "trap": str(tmp_path / "no-trap"), "delay": 0.5}})
+        client = subprocess.Popen([sys.executable, "-m", "rayeval", "run", slow],
+                                  cwd=tmp_path / "a", env=service.env, text=True,
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        wait_for(lambda: "cell(s)" in service.log.read_text().split("exit 0")[-1] or
+                 client.poll() is not None or (tmp_path / "slow-store").exists(), 120,
+                 "the slow run under way", service.log)
+        time.sleep(1)
+        service.stop(signal.SIGKILL)
+        out, err = client.communicate(timeout=60)
+        assert client.returncode == 1, out + err
+        said = [line for line in err.splitlines() if "stopped answering" in line]
+        assert len(said) == 1 and "Traceback" not in err, err
+    finally:
+        service.stop(signal.SIGKILL)
+
+
+def test_ctrl_c_stops_a_service_cleanly(tmp_path):
+    service = Service(tmp_path, workers=1)
+    service.stop(signal.SIGINT)
+    assert service.proc.returncode == 130, service.log.read_text()
+    assert "service stopped (SIGINT)" in service.log.read_text()
+    assert not service.file.exists()
+    # a plain run afterwards is a local one: no service file, nothing to find
+    from rayeval.integrations import service_client
+
+    os.environ["RAYEVAL_SERVICE_FILE"], saved = str(service.file), os.environ.get(
+        "RAYEVAL_SERVICE_FILE")
+    try:
+        assert service_client.find(None) is None
+    finally:
+        os.environ["RAYEVAL_SERVICE_FILE"] = saved
