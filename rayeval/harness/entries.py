@@ -28,6 +28,7 @@ class LmEvalEntry(lm_store.RequestTables):
                     bootstrap: Bootstrap, samples: bool) -> list[EvalSpec]:
         """Entry ``m`` (at ``path``): one evaluation for a task; for a group, one per task
         (``NAME/TASK``) and the group's aggregates (``context.groups``)."""
+        from rayeval.harness import kept
         from rayeval.harness import render as lm_render      # pyarrow: only with lm_eval entries
 
         r = context.r
@@ -37,8 +38,14 @@ class LmEvalEntry(lm_store.RequestTables):
                                     "(docs/judges.md)")
         spec = r.build(LmEvalSpec, m["lm_eval"], f"{path}.lm_eval")
         where = f"{r.source}: {path}.lm_eval"
-        tasks, groups = lm_render.render(spec, where, tokenizer(context)
-                                         if spec.apply_chat_template else None)
+
+        def render():
+            return lm_render.render(spec, where, tokenizer(context)
+                                    if spec.apply_chat_template else None)
+
+        tasks, groups = kept.rendering("lm-eval", spec, where, render, PLAIN,
+                                       (lambda: chat_tokenizer(context))
+                                       if spec.apply_chat_template else None)
         common = dict(batch_size=batch_size, bootstrap=bootstrap, samples=samples,
                       lm_eval=spec, key_path=path)
         name = m["name"]
@@ -72,6 +79,28 @@ def tokenizer(context: EntryContext):
         what = "model.tokenizer" if context.model.tokenizer else "checkpoints"
         context.cache["tokenizer"] = load_tokenizer(folder, what=what).tokenizer
     return context.cache["tokenizer"]
+
+
+# What planning reads of a rendered task, kept by content (``kept``): a re-run of an entry
+# rendered before imports no lm-eval.
+PLAIN = ("task", "output_type", "metrics", "until", "max_gen_toks", "digest", "lm_keys",
+         "sampling")
+
+
+def chat_tokenizer(context: EntryContext) -> dict:
+    """What a chat template's rendering depends on of the tokenizer (``kept.tokenizer_files``),
+    from its folder, without loading it."""
+    folder = context.model.tokenizer
+    if folder is None:
+        found = [p for pattern in context.checkpoints for p in paths.glob(pattern)]
+        if not found:
+            from rayeval.harness.kept import NotKeyed
+
+            raise NotKeyed("no checkpoint")
+        folder = sorted(found)[0]
+    from rayeval.harness.kept import tokenizer_files
+
+    return tokenizer_files(folder)
 
 
 def _one(output: str, task, name: str, path: str, common: dict) -> EvalSpec:

@@ -164,17 +164,33 @@ def chat_template(tokenizer):
 def quiet():
     """lm-eval and the datasets library log and draw progress bars while a task is built;
     rayeval's own display is the run's, and its errors are one line."""
+    import threading
+
     loggers = [logging.getLogger(n)
                for n in ("lm_eval", "lm-eval", "lmms_eval", "datasets", "filelock")]
     levels = [lg.level for lg in loggers]
     for lg in loggers:
         lg.setLevel(logging.ERROR)
+    # Off the main thread (a kept rendering rendered again while a run's display draws),
+    # the streams are the display's: progress bars are turned off instead of swallowed.
+    main = threading.current_thread() is threading.main_thread()
+    bars = os.environ.get("TQDM_DISABLE")
     try:
-        with contextlib.redirect_stderr(io.StringIO()), contextlib.redirect_stdout(io.StringIO()):
+        if main:
+            with contextlib.redirect_stderr(io.StringIO()), \
+                    contextlib.redirect_stdout(io.StringIO()):
+                yield
+        else:
+            os.environ["TQDM_DISABLE"] = "1"
             yield
     finally:
         for lg, level in zip(loggers, levels):
             lg.setLevel(level)
+        if not main:
+            if bars is None:
+                os.environ.pop("TQDM_DISABLE", None)
+            else:
+                os.environ["TQDM_DISABLE"] = bars
 
 
 def render(spec: LmEvalSpec, path: str, tokenizer=None) -> tuple[list[Rendered], list[Group]]:

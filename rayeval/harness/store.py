@@ -61,6 +61,7 @@ class RequestTables:
         check_stored(tables, force)
 
     def shipment(self, specs) -> dict[str, bytes]:
+        render_kept([s.dataset.path for s in specs])
         return shipment([s.dataset.path for s in specs])
 
     def receive(self, shipped: dict[str, bytes]) -> None:
@@ -108,7 +109,10 @@ def mismatch(data: str, rendered: "Rendered") -> str | None:
             stored = f.read()
     except (FileNotFoundError, OSError):
         return f"{data}: the request table rendered for this sweep is missing"
-    want = hashlib.sha256(table_bytes(rendered)).hexdigest()
+    # A rendering kept by an earlier run (``kept.KeptTask``) knows its table's sha256 without
+    # rendering it again.
+    want = getattr(rendered, "table_sha256", None) or \
+        hashlib.sha256(table_bytes(rendered)).hexdigest()
     got = hashlib.sha256(stored).hexdigest()
     if got == want:
         return None
@@ -133,6 +137,17 @@ def check_stored(data_paths, force: bool = False) -> None:
         folder, name = data.rsplit("/", 1)
         fs, base = paths.filesystem(folder)
         paths.put(fs, base, name, table_bytes(rendered))
+
+
+def render_kept(data_paths) -> None:
+    """The tasks of the request tables among ``data_paths`` that were planned from kept
+    renderings (``kept.KeptTask``), rendered now (with lm-eval or lmms-eval) and checked
+    against what was kept: before Ray starts, when a run has cells to evaluate (the workers
+    need the task objects); ``shipment`` does it otherwise."""
+    for data in data_paths:
+        rendered = _RENDERED.get(data)
+        if rendered is not None and getattr(rendered, "is_rendered", True) is False:
+            rendered.rendered
 
 
 def shipment(data_paths) -> dict[str, bytes]:
@@ -170,5 +185,8 @@ def limited_from(data: str) -> int | None:
     """The document count of the task a request table was rendered from, where its entry's
     ``limit:`` kept only the first ones (the table's rows); None: every document, or no
     rendered task there."""
+    rendered = _RENDERED.get(data)
+    if data not in _TASKS and rendered is not None and hasattr(rendered, "limited_from"):
+        return rendered.limited_from          # a kept rendering's (``kept.KeptTask``)
     task = task_for(data)
     return None if task is None else getattr(task, LIMITED_FROM, None)

@@ -32,13 +32,17 @@ class LmmsEvalEntry(lm_store.RequestTables):
                     bootstrap: Bootstrap, samples: bool) -> list[EvalSpec]:
         """Entry ``m`` (at ``path``): one evaluation for an lmms-eval task; for a group (or a
         tag), one per task (``NAME/TASK``), the group's aggregates in ``context.groups``."""
+        from rayeval.harness import kept
         from rayeval.lmms import render as lmms_render     # pyarrow: only with lmms_eval entries
 
         r, output = context.r, context.output
         spec = r.build(LmmsEvalSpec, m["lmms_eval"], f"{path}.lmms_eval")
         judge = _judge(r, m.get("judge"), f"{path}.judge")
-        tasks, found = lmms_render.render(spec, f"{r.source}: {path}.lmms_eval",
-                                          judge=judge is not None)
+        where = f"{r.source}: {path}.lmms_eval"
+        tasks, found = kept.rendering(
+            "lmms-eval", spec, where,
+            lambda: lmms_render.render(spec, where, judge=judge is not None), PLAIN,
+            lambda: {"judge": judge is not None})      # it decides whether a judged task renders
         if judge is not None and not any(t.judged for t in tasks):
             r.fail(f"{path}.judge", f"lmms-eval task {spec.task!r} asks no judge (nothing in "
                                     "it calls lmms_eval.llm_judge); remove judge:")
@@ -53,6 +57,11 @@ class LmmsEvalEntry(lm_store.RequestTables):
 
     def sampling_problem(self, ev: EvalSpec) -> None:
         return None           # lmms-eval entries never sample (refused when rendered)
+
+
+# What planning reads of a rendered task, kept by content (``harness.kept``): a re-run of an
+# entry rendered before imports no lmms-eval.
+PLAIN = ("task", "metrics", "max_new_tokens", "digest", "lm_keys", "output_type", "judged")
 
 
 def _judge(r, raw, path: str) -> JudgeSpec | None:
