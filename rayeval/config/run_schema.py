@@ -159,7 +159,10 @@ class Select:
     def target(self, evaluations: list[str]) -> tuple[str, str | None] | None:
         """(evaluation, metric key or None: its first) that ``metric`` names among these
         evaluation names (the longest that fits: a group member's is GROUP/TASK); None when
-        it names none."""
+        it names none. ``metric`` left out (a Select built in Python; a sweep file's is
+        given by ``for_suite``): the one evaluation's first metric."""
+        if self.metric is None:
+            return (evaluations[0], None) if len(evaluations) == 1 else None
         if self.metric in evaluations:
             return self.metric, None
         fits = [e for e in evaluations if self.metric.startswith(e + "/")]

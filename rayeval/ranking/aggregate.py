@@ -411,33 +411,47 @@ def win_rates(rows: list[dict], reps_of: Callable[[dict], object] = None) -> Non
     of the board's other checkpoints that hold the evaluation's headline and that it beats
     (``win_shares``), averaged over the evaluations where it has another to beat; missing where
     a part is missing, as for the mean. The interval: the same computed on each replicate b
-    (``reps_of(part)``: its replicates, default its own), combined and its percentile interval
-    taken as for a mean (``fill_intervals``); none unless every checkpoint of every evaluation
-    averaged holds replicates of the same resamples.
+    (``reps_of(part)``: its replicates, default its own), and the percentile interval of those
+    means taken as a mean's is (``fill_intervals``); none unless every checkpoint of every
+    evaluation averaged holds replicates of the same resamples.
 
-    Fewer than two checkpoints: nothing to beat; the rows keep their plain mean."""
+    One evaluation at a time, summing each checkpoint's shares per replicate: memory of
+    checkpoints x replicates, not x evaluations. Fewer than two checkpoints: nothing to beat;
+    the rows keep their plain mean."""
     if len(rows) < 2:
         return
     reps_of = reps_of or replicates_of
-    count = len(rows[0]["evaluations"])
-    shares, replicated = [], []
+    n, count = len(rows), len(rows[0]["evaluations"])
+    complete = np.array([all(p is not None for p in r["parts"]) for r in rows])
+    total, counted = np.zeros(n), np.zeros(n, dtype=np.int64)
+    summed: np.ndarray | None = None        # checkpoints x B: the shares per replicate, summed
+    paired = True
     for k in range(count):
         parts = [r["parts"][k] for r in rows]
         values = [math.nan if p is None or p["value"] is None else
                   direction(p["higher_is_better"]) * p["value"] for p in parts]
-        shares.append(win_shares(values))
-        replicated.append(_replicate_shares(parts, values, reps_of))
+        shares = win_shares(values)
+        own = complete & ~np.isnan(shares)      # an evaluation where it has another to beat
+        total[own] += shares[own]
+        counted += own
+        if not paired or not own.any():
+            continue
+        replicated = _replicate_shares(parts, values, reps_of)
+        if replicated is None or (summed is not None and summed.shape[1] !=
+                                  replicated.shape[1]):
+            paired, summed = False, None
+            continue
+        summed = np.zeros_like(replicated) if summed is None else summed
+        summed[own] += replicated[own]
     deferred = []
     for i, row in enumerate(rows):
         row.update(aggregate=WIN_RATE, value=math.nan, ci_low=None, ci_high=None,
                    replicates=None)
-        own = [k for k in range(count) if not math.isnan(shares[k][i])]
-        if any(p is None for p in row["parts"]) or not own:
+        if not complete[i] or not counted[i]:
             continue
-        row["value"] = float(np.mean([shares[k][i] for k in own]))
-        if all(replicated[k] is not None for k in own):
-            reps = [replicated[k][i] for k in own]
-            deferred.append((row, reps, [1.0] * len(own)))
+        row["value"] = float(total[i] / counted[i])
+        if paired and summed is not None:
+            deferred.append((row, [summed[i] / counted[i]], [1.0]))
     fill_intervals(deferred)
 
 

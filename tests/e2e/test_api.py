@@ -205,12 +205,20 @@ def cli_out(capsys, *argv) -> str:
 
 
 def test_leaderboard_ranks_like_the_cli(suite_store, capsys):
+    # The default aggregate, the mean win rate: step_200 and step_600 each win one evaluation
+    # of two against each other and both against step_20: a tie at 0.75 crowns nobody.
     board = rayeval.leaderboard(suite_store)
+    assert {os.path.basename(e.checkpoint): e.value("aggregate") for e in board.entries} == \
+        {"step_200.pt": 0.75, "step_600.pt": 0.75, "step_20.pt": 0.0}
+    assert not any(e.best for e in board.entries)
+    # The plain mean (--aggregate mean), ranked alike by the API and every format.
+    board = rayeval.leaderboard(suite_store, aggregate="mean")
     assert isinstance(board, rayeval.Board)
     assert board.rank_by == "aggregate" and board.evaluations == ["ood", "val"]
     order = [os.path.basename(e.checkpoint) for e in board.entries]
     # JSON: the aggregate rows' values, highest first, give the same order and numbers.
-    data = json.loads(cli_out(capsys, "leaderboard", suite_store, "--format", "json"))
+    data = json.loads(cli_out(capsys, "leaderboard", suite_store, "--format", "json",
+                              "--aggregate", "mean"))
     agg = sorted((r for r in data if r["metric"] == "aggregate"), key=lambda r: -r["value"])
     assert [os.path.basename(r["checkpoint"]) for r in agg] == order
     for e, r in zip(board.entries, agg):
@@ -225,8 +233,8 @@ def test_leaderboard_ranks_like_the_cli(suite_store, capsys):
     assert order == ["step_600.pt", "step_200.pt", "step_20.pt"]
     # CSV: the same ranks and marks, here and with another ranking column.
     for metric in (None, "ood/nll", "val/accuracy"):
-        board = rayeval.leaderboard(suite_store, metric=metric)
-        argv = ["leaderboard", suite_store, "--format", "csv"] + \
+        board = rayeval.leaderboard(suite_store, metric=metric, aggregate="mean")
+        argv = ["leaderboard", suite_store, "--format", "csv", "--aggregate", "mean"] + \
             (["--metric", metric] if metric else [])
         lines = list(csv.DictReader(io.StringIO(cli_out(capsys, *argv))))
         assert [(int(ln["rank"]), ln["checkpoint"]) for ln in lines] == \

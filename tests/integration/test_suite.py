@@ -114,9 +114,10 @@ def test_three_evaluations_on_1_2_3_workers_equal_references_and_each_other(ray_
     assert "seed=5" in b["bootstrap"] and "replicates=200" in b["bootstrap"], \
         "an evaluation's bootstrap keys override the sweep's"
 
-    # The leaderboard's aggregate, against a direct computation from the stored replicates:
+    # The leaderboard's aggregate as a plain mean (--aggregate mean; the default win rate:
+    # tests/unit/test_win_rate.py), against a direct computation from the stored replicates:
     # the mean over evaluations of each one's first metric (nll enters negated).
-    args = ["leaderboard", str(tmp_path / "out2"), "--format", "json"]
+    args = ["leaderboard", str(tmp_path / "out2"), "--format", "json", "--aggregate", "mean"]
     import contextlib
     import io
 
