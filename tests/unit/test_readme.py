@@ -178,3 +178,17 @@ def test_the_link_check_sees_links_and_skips_code():
     found = re.findall(r"\]\(([^)\s]+)\)", prose(text))
     assert found == ["docs/x.md", "https://example.org"]
     assert "experiment-trackers-mlflow-weights--biases" in anchors("docs/trackers.md")
+
+
+def test_the_command_table_names_every_command():
+    """Every command of ``rayeval --help`` has a row in the README's command table (issue 47:
+    store and query had none)."""
+    import argparse
+
+    from rayeval.ui.cli import _parser
+
+    sub = next(a for a in _parser()._actions if isinstance(a, argparse._SubParsersAction))
+    table = read(os.path.join(REPO, "README.md")).split("## Commands", 1)[1].split("\n## ")[0]
+    first = [ln.split("|")[1] for ln in table.splitlines() if ln.startswith("| `rayeval ")]
+    named = {m.group(1) for cell in first for m in re.finditer(r"`rayeval ([a-z0-9]+)", cell)}
+    assert sorted(set(sub.choices) - named) == []
