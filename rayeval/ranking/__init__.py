@@ -27,7 +27,7 @@ from rayeval.ranking.compare import Comparison, Paired, compare, find_checkpoint
 from rayeval.ranking.rules import direction, members, stored_headlines, sweep_headline
 
 __all__ = ["AGGREGATE", "AGGREGATE_COLUMN", "Board", "Column", "Comparison", "Entry", "Paired",
-           "aggregate_row", "aggregate_spec", "aggregates", "board", "build_board", "columns_of", "compare",
-           "direction", "find_checkpoint", "latest_rows", "mark", "members", "paired",
+           "aggregate_row", "aggregate_spec", "aggregates", "board", "build_board", "columns_of",
+           "compare", "direction", "find_checkpoint", "latest_rows", "mark", "members", "paired",
            "ranked_rows", "resolve_metric", "stored_aggregates", "stored_headlines",
            "sweep_headline", "win_rates", "win_shares", "without_members"]

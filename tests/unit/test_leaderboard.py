@@ -210,7 +210,8 @@ def test_csv_markdown_html_and_json_carry_the_aggregate():
     assert '<th class="rank-by">aggregate<span class="n">n = 2,000 in all</span></th>' in html
     assert "aggregate: mean win rate on -ood/nll, val/accuracy (per evaluation, the share of " \
         "the other checkpoints beaten, ties half)" in html
-    assert "aggregate: mean of -ood/nll, val/accuracy" in to_html(build_board(rows, aggregate="mean"))
+    assert "aggregate: mean of -ood/nll, val/accuracy" in \
+        to_html(build_board(rows, aggregate="mean"))
     out = json.loads(to_json(rows, aggregates=[e.rows["aggregate"] for e in board.entries]))
     assert len(out) == len(rows) + 3
     agg = [r for r in out if r["metric"] == "aggregate"]
