@@ -99,7 +99,7 @@ class Worker:
     returns."""
 
     def __init__(self, plan: Plan, ledger: WorkerLedger, attempt: int,
-                 timer: Timer | None = None, ray_data=()):
+                 timer: Timer | None = None, ray_data=(), backend=None):
         sweep = plan.sweep
         self.plan = plan
         tensor = sweep.parallelism.tensor
@@ -110,7 +110,7 @@ class Worker:
         # model.backend: one for the whole sweep, serving each checkpoint in turn (vllm: one
         # engine; ``tensor`` consecutive ranks serve one engine, see the same rows, and only
         # the first of them counts them).
-        self.backend = self.checkpoints.backend = backends.create(
+        self.backend = self.checkpoints.backend = backend or backends.create(
             sweep.model.backend, backends.Setup(
                 model=sweep.model, device=ctx.device, tensor=tensor,
                 ident=f"{plan.run_id}-{attempt}",
@@ -278,7 +278,7 @@ def stand(ctx: RankContext, worker: Worker | None, token: str | None) -> list[Ce
                     if worker is not None:
                         outcomes += worker.outcomes
                         worker.close()
-                    worker, token = _set_up(ctx, pickle.loads(bases[tok])), tok
+                    worker, token = _set_up(ctx, pickle.loads(bases[tok]), worker), tok
                 cells = [(i, pickle.loads(blob)) for i, blob, t in batch if t == tok]
                 if worker._stand(cells):
                     return outcomes + worker.outcomes
@@ -288,15 +288,19 @@ def stand(ctx: RankContext, worker: Worker | None, token: str | None) -> list[Ce
     return outcomes + (worker.outcomes if worker is not None else [])
 
 
-def _set_up(ctx: RankContext, base: dict) -> Worker:
+def _set_up(ctx: RankContext, base: dict, before: Worker | None) -> Worker:
     """This rank's worker for a plan a standing group is handed (``base``: the plan without
     cells and what its entries ship). The sweep's own modules imported so far are forgotten
     first (``user_code.forget``): the next plan's may be other files of the same names, or the
-    same files edited."""
+    same files edited. The backend of the worker ``before`` it serves this plan too when the
+    model section is the same (a vLLM engine is not started again for the next run)."""
     user_code.forget()
     entries.receive(base["shipped"])
+    plan = base["plan"]
+    kept = before.backend if before is not None and before.plan.sweep.model == \
+        plan.sweep.model else None
     with ctx.timer.span("setup", doing=SETTING_UP):
-        return Worker(base["plan"], ctx.ledger, ctx.attempt, ctx.timer)
+        return Worker(plan, ctx.ledger, ctx.attempt, ctx.timer, backend=kept)
 
 
 def _generated(plan: Plan, cells: list[Cell]) -> list[Cell]:

@@ -36,7 +36,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlparse
 
 from rayeval.errors import RunError, SpecError
-from rayeval.integrations.service_client import service_file
+from rayeval.integrations.service_client import TOKEN_ENV, service_file
 from rayeval.ui.exit_codes import EXIT_BAD_INPUT, EXIT_CELLS_FAILED
 
 KEEP_JOBS = 200              # finished runs kept for polling
@@ -82,10 +82,11 @@ class _Stream(io.TextIOBase):
 
 class Service:
     def __init__(self, workers: int, host: str, port: int, address: str | None,
-                 verbose: bool):
+                 verbose: bool, use_gpu: bool = False):
         self.workers, self.host, self.port = workers, host, port
-        self.address, self.verbose = address, verbose
-        self.token = secrets.token_urlsafe(24)
+        self.address, self.verbose, self.use_gpu = address, verbose, use_gpu
+        # a cluster's service takes its token from a Secret; on one machine, a new one
+        self.token = os.environ.get(TOKEN_ENV) or secrets.token_urlsafe(24)
         self.cond = threading.Condition()
         self.jobs: dict[str, Job] = {}
         self.queue: list[Job] = []
@@ -201,10 +202,11 @@ class Service:
         from rayeval.ranking import build_board  # noqa: F401
 
         self.plugins = _plugin_digests(plugins)
-        self.started_ray = start_ray_for(self.workers, False, self.address, self.verbose)
+        self.started_ray = start_ray_for(self.workers, self.use_gpu, self.address,
+                                         self.verbose)
         signals.install()
         self.standing = driver.StandingGroups()
-        group = self.standing.start(driver.Shape(self.workers))
+        group = self.standing.start(driver.Shape(self.workers, self.use_gpu))
         user_code.mark()
         self._listen()
         deadline = time.monotonic() + READY_TIMEOUT_S
@@ -430,4 +432,5 @@ def serve(args, err) -> int:
     def say(text: str) -> None:
         err.print(text, markup=False, highlight=False, soft_wrap=True)
 
-    return Service(args.workers, args.host, args.port, args.address, args.verbose).serve(say)
+    return Service(args.workers, args.host, args.port, args.address, args.verbose,
+                   args.use_gpu).serve(say)

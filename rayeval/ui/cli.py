@@ -69,6 +69,9 @@ def _parser() -> argparse.ArgumentParser:
                     help="where the HTTP API listens (default 127.0.0.1, this machine only)")
     sv.add_argument("--port", type=int, default=0,
                     help="the HTTP API's port (default: any free one; `rayeval run` finds it)")
+    sv.add_argument("--use-gpu", action="store_true",
+                    help="the standing group's workers take a GPU each (a sweep with "
+                         "use_gpu: true runs on it)")
     sv.add_argument("--verbose", action="store_true", help="show Ray's and the workers' logs")
 
     w = sub.add_parser("watch", help="evaluate checkpoints as a training run writes them, "

@@ -1,7 +1,7 @@
 """``rayeval serve`` on a real local Ray (docs/service.md): two sweeps in a row handed by plain
 ``rayeval run``, one of them with its own ``tiny_models.py`` of the same module name as the
-other's, bad input, a checkpoint submitted over the HTTP API and polled, all with the figures of
-a plain computation; a service killed under a run is one line for the client; Ctrl-C stops a
+other's, a worker lost mid-run, bad input, a checkpoint submitted over the HTTP API and polled,
+all with the figures of a plain computation; a service killed under a run is one line for the client; Ctrl-C stops a
 service cleanly (no Ray process, no service file left)."""
 
 import json
@@ -104,6 +104,25 @@ def test_a_service_takes_sweeps_in_a_row_and_over_http(tmp_path):
         assert second.returncode == 0, second.stdout + second.stderr
         expect(figures(tmp_path / "b" / "store"), (4,), hidden=24)
 
+        # A worker lost mid-run: the standing group restarts, the run ends well, and the
+        # service goes on
+        trap = tmp_path / "trap"
+        trapped = write_sweep(str(tmp_path / "a"), name="trap.yaml", workers=2, batch_size=50,
+                              output=str(tmp_path / "trap-store"), model={
+                                  "factory": "tiny_models:Trap",
+                                  "kwargs": {"trap": str(trap), "delay": 0.05}})
+        said = tmp_path / "trap.log"
+        with open(said, "w") as f:        # the trap is set once planned (the probe runs it)
+            lost = subprocess.Popen([sys.executable, "-m", "rayeval", "run", trapped],
+                                    cwd=tmp_path / "a", env=service.env, stdout=f, stderr=f)
+            wait_for(lambda: "to evaluate" in said.read_text() or lost.poll() is not None, 120,
+                     "the trapped run's plan", said)
+            trap.write_text("")
+            assert lost.wait(600) == 0, said.read_text()
+        assert (tmp_path / "trap.fired").exists() and "restart" in said.read_text(), \
+            said.read_text()
+        expect(figures(tmp_path / "trap-store"), (1, 2))
+
         wrong = service.run(bad, cwd=tmp_path / "a")
         assert wrong.returncode == 2, wrong.stdout + wrong.stderr
         lines = wrong.stderr.strip().splitlines()
@@ -129,7 +148,7 @@ def test_a_service_takes_sweeps_in_a_row_and_over_http(tmp_path):
         assert {m: v["value"] for m, v in cell["metrics"].items()} == pytest.approx(ref,
                                                                                     rel=1e-9)
         log = service.log.read_text()
-        assert log.count(": exit 0,") == 3 and log.count(": exit 2,") == 1, log
+        assert log.count(": exit 0,") == 4 and log.count(": exit 2,") == 1, log
 
         # The service killed under a run: the client says so in one line
         slow = write_sweep(str(tmp_path / "a"), name="slow.yaml", workers=2, batch_size=50,

@@ -60,6 +60,11 @@ def validator(kind: str):
 
 
 def check(doc: dict) -> None:
+    if doc["kind"] == "Service":      # k8s/service.yaml's: the service's port, by its pod label
+        assert doc["apiVersion"] == "v1" and set(doc) == {"apiVersion", "kind", "metadata",
+                                                         "spec"}
+        assert set(doc["spec"]) == {"selector", "ports"}
+        return
     if doc["kind"] == "ConfigMap":
         assert doc["apiVersion"] == "v1" and set(doc) <= {"apiVersion", "kind", "metadata",
                                                          "data"}
@@ -82,7 +87,7 @@ def test_the_strict_schema_refuses_a_misspelled_field():
         check(doc)
 
 
-@pytest.mark.parametrize("name", ["raycluster.yaml", "rayjob.yaml"])
+@pytest.mark.parametrize("name", ["raycluster.yaml", "rayjob.yaml", "service.yaml"])
 def test_committed_manifests_are_valid(name):
     docs = [d for d in yaml.safe_load_all(open(os.path.join(REPO, "k8s", name))) if d]
     assert docs
@@ -150,3 +155,23 @@ def test_render_through_the_cli(tmp_path):
                        "--image", "x")
     assert bad.returncode == 2 and bad.stderr.startswith("error: ") and "Traceback" not in \
         bad.stderr and len(bad.stderr.strip().splitlines()) == 1
+
+
+def test_the_service_manifest_serves_on_the_head_and_selects_its_pod():
+    """k8s/service.yaml: the head pod's rayeval-serve container runs `rayeval serve` on the
+    head's Ray with its token from a Secret, and the Service's selector is that pod's label
+    and port (a Service that selects nothing would be valid and useless)."""
+    cluster, service = [d for d in yaml.safe_load_all(open(os.path.join(REPO, "k8s",
+                                                                         "service.yaml"))) if d]
+    pod = cluster["spec"]["headGroupSpec"]["template"]
+    (serve,) = [c for c in pod["spec"]["containers"] if c["name"] == "rayeval-serve"]
+    command = " ".join(serve["args"])
+    assert "rayeval serve --address 127.0.0.1:6379" in command and "--port 8000" in command
+    assert "--host 0.0.0.0" in command
+    assert {e["name"] for e in serve["env"]} >= {"RAYEVAL_SERVICE_TOKEN"}
+    assert service["spec"]["selector"].items() <= pod["metadata"]["labels"].items()
+    assert service["spec"]["ports"][0]["targetPort"] == serve["ports"][0]["containerPort"]
+    from rayeval.ui.cli import parse
+
+    args = parse(command.split("exec rayeval ", 1)[1].split())
+    assert (args.command, args.workers, args.use_gpu, args.port) == ("serve", 2, True, 8000)
