@@ -211,6 +211,9 @@ CACHED = [
         select=schema.Select(s.evals[0].name, confidence=0.9))),
     ("Select.min_items", "tensor", lambda s: s.replace(
         select=schema.Select(s.evals[0].name, min_items=100))),
+    # how the board's aggregate combines evaluations: reading, not scoring
+    ("Aggregate.weights", "tensor", lambda s: s.replace(aggregate=schema.Aggregate(
+        how="weights", weights=((s.evals[0].name, 2.0),)))),
     ("WatchSpec.ready", "tensor", ("watch.ready", "COMPLETE")),
     ("WatchSpec.order", "tensor", ("watch.order", "newest")),
     ("Trackers.mlflow", "tensor", ("trackers.mlflow", {})),
