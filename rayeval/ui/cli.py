@@ -13,19 +13,19 @@ import os
 import signal
 import sys
 
-from rich.console import Console
-from rich.markup import escape
+from typing import TYPE_CHECKING
 
 from rayeval import __version__
 from rayeval.execution import signals
-from rayeval.config.plugins import load_plugins
 from rayeval.errors import RayevalError
-from rayeval.ui.commands_inspect import _inspect
-from rayeval.ui.commands_report import _report, _view, add_parsers as _report_parsers
-from rayeval.ui.commands_run import _jobs, _run, _submit, _watch
-from rayeval.ui.commands_store import (_compact, _compare, _compare_items, _confusion,
-                                       _leaderboard, _query, _samples)
 from rayeval.ui.exit_codes import EXIT_BAD_INPUT, EXIT_CELLS_FAILED, EXIT_OK  # noqa: F401 - re-exported
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+# The commands' modules (and rich, pyarrow, pandas behind them) are imported when a command
+# runs, not to parse the line: a run handed to a `rayeval serve` imports none of them
+# (``integrations.service_client``; 1 s of a loaded 2-core machine's start, measured).
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -234,7 +234,9 @@ def _parser() -> argparse.ArgumentParser:
                      help="the memory a worker needs with the model sharded over N workers "
                           "(default: the sweep's parallelism.shard)")
 
-    _report_parsers(sub)
+    from rayeval.ui.commands_report import add_parsers
+
+    add_parsers(sub)
 
     cm = sub.add_parser("confusion", help="show a stored confusion matrix")
     cm.add_argument("store", metavar="STORE")
@@ -277,6 +279,8 @@ def console_main() -> None:
             break
         except KeyboardInterrupt as e:      # landed between main's own handling and here
             if code is None or not _said:
+                from rich.console import Console
+
                 code = _interrupted(e, Console(stderr=True, highlight=False))
     if code in (128 + signal.SIGINT, 128 + signal.SIGTERM):
         sys.stdout.flush()
@@ -322,6 +326,8 @@ def main(argv: list[str] | None = None) -> int:
         found = service_client.find(args.service)     # a `rayeval serve` here (docs/service.md)
         if found is not None:
             return service_client.run(found, sys.argv[1:] if argv is None else argv)
+    from rich.console import Console
+
     # Not a terminal (CI, a pipe, Ray Job logs): wide enough that tables do not wrap.
     width = None if sys.stdout.isatty() else 200
     out = Console(highlight=False, width=width)
@@ -336,6 +342,15 @@ def dispatch(args, out: Console, err: Console, standing=None, seen=None) -> int:
     _said.clear()
     _command.clear()
     _command.append(args.command)
+    from rich.markup import escape
+
+    from rayeval.config.plugins import load_plugins
+    from rayeval.ui.commands_inspect import _inspect
+    from rayeval.ui.commands_report import _report, _view
+    from rayeval.ui.commands_run import _jobs, _run, _submit, _watch
+    from rayeval.ui.commands_store import (_compact, _compare, _compare_items, _confusion,
+                                           _leaderboard, _query, _samples)
+
     try:
         if args.command in ("run", "watch", "submit", "k8s", "inspect", "serve"):
             load_plugins()

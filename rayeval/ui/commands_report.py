@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import os
 import sys
-
-from rich.console import Console
+from typing import TYPE_CHECKING
 
 from rayeval.errors import SpecError
 from rayeval.ui.exit_codes import EXIT_OK
+
+if TYPE_CHECKING:
+    from rich.console import Console     # the parser (cli) imports this module: no rich
 
 
 def _title(args) -> str:

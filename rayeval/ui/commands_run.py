@@ -25,7 +25,9 @@ def _run(args, out: Console, err: Console, standing=None, seen=None) -> int:
     from rayeval import api  # noqa: F401 - imported here so --profile counts it as imports
     from rayeval.execution import driver
 
-    _STARTED["imports"] = since_process_start()
+    # On a service (``standing``), the run starts here: its imports were the service's.
+    _STARTED["began"] = since_process_start() if standing is not None else 0.0
+    _STARTED["imports"] = since_process_start() - _STARTED["began"]
     from rayeval.ranking import build_board, latest_rows, without_members
     from rayeval.plan.loader import load_sweep, with_trackers
     from rayeval.io.store import ResultStore
@@ -89,7 +91,8 @@ def _print_run(args, report, board, stored: bool, out: Console, err: Console) ->
     if args.profile:
 
         report.timer.add("imports", _STARTED.get("imports", 0.0))
-        for line in render_profile(report.timer, report.worker_times, since_process_start()):
+        for line in render_profile(report.timer, report.worker_times,
+                                   since_process_start() - _STARTED.get("began", 0.0)):
             err.print(line, markup=False, highlight=False, soft_wrap=True)
 
 
