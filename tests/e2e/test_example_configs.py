@@ -23,9 +23,9 @@ after a ``<!-- file: PATH -->`` line, and the commands that run them in the bloc
   something).
 
 Each run starts its own local Ray, as ``rayeval run`` does for a user; most of a sweep's time
-is the worker group's start. Measured on the shared 2-core machine under a load of 15-35 (other
-suites beside it): the module 12 min (lm-eval example 281 s with its 3 references, lmms-eval
-example 425 s with the tiny model's build and lmms-eval's run); a lone sweep took ~1.5 min.
+is the worker group's start. Measured on the shared 2-core machine: the module 5.4 min at a load
+falling from 9 to 2 (lm-eval example 87 s with its 3 references, lmms-eval example 228 s with
+the tiny model's build and lmms-eval's run), 12 min under a load of 15-35.
 """
 
 import contextlib
