@@ -27,6 +27,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import example_files  # noqa: E402
+
 # 5x7 glyphs for 0-9, one string per row, '#' = ink.
 GLYPHS = [
     [" ### ", "#   #", "#  ##", "# # #", "##  #", "#   #", " ### "],
@@ -105,8 +108,7 @@ def main(argv=None) -> int:
         return 0
 
     ckpt_dir = os.path.join(args.out, "ckpts")
-    shutil.rmtree(ckpt_dir, ignore_errors=True)
-    os.makedirs(ckpt_dir)
+    example_files.clear(ckpt_dir)
     tx, ty = make_digits(4096, seed=2)
     tx, ty = torch.from_numpy(tx), torch.from_numpy(ty)
 
@@ -116,37 +118,39 @@ def main(argv=None) -> int:
     model = build_mlp(hidden=32)
     opt = torch.optim.Adam(model.parameters(), lr=3e-3)
     saves = {20: "torch_ddp", 60: "torch_wrapped", 200: "safetensors", 600: "dcp"}
-    for step in range(1, max(saves) + 1):
-        idx = torch.randint(0, len(ty), (64,))
-        loss = torch.nn.functional.cross_entropy(model(tx[idx]), ty[idx])
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        if step in saves:
-            save(model, opt, step, saves[step], ckpt_dir)
+    with example_files.threads():
+        for step in range(1, max(saves) + 1):
+            idx = torch.randint(0, len(ty), (64,))
+            loss = torch.nn.functional.cross_entropy(model(tx[idx]), ty[idx])
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            if step in saves:
+                save(model, opt, step, saves[step], ckpt_dir)
     print(f"wrote {args.clean_rows} clean and {args.rows} noisy rows and {len(saves)} "
           f"checkpoints under {args.out}")
     return 0
 
 
 def save(model, opt, step: int, layout: str, ckpt_dir: str) -> None:
+    """One checkpoint in ``layout``, written whole or not at all (example_files.whole)."""
     state = {k: v.detach().clone() for k, v in model.state_dict().items()}
-    if layout == "torch_ddp":      # DDP's module. prefix, bare state dict
-        torch.save({f"module.{k}": v for k, v in state.items()},
-                   os.path.join(ckpt_dir, f"step_{step:06d}.pt"))
-    elif layout == "torch_wrapped":  # a training checkpoint: compiled model under "model"
-        torch.save({"model": {f"_orig_mod.{k}": v for k, v in state.items()},
-                    "optimizer": opt.state_dict(), "step": step},
-                   os.path.join(ckpt_dir, f"step_{step:06d}.pt"))
-    elif layout == "safetensors":
-        from safetensors.torch import save_file
+    name = f"step_{step:06d}" + {"torch_ddp": ".pt", "torch_wrapped": ".pt",
+                                 "safetensors": ".safetensors", "dcp": ""}[layout]
+    with example_files.whole(os.path.join(ckpt_dir, name)) as path:
+        if layout == "torch_ddp":      # DDP's module. prefix, bare state dict
+            torch.save({f"module.{k}": v for k, v in state.items()}, path)
+        elif layout == "torch_wrapped":  # a training checkpoint: compiled model under "model"
+            torch.save({"model": {f"_orig_mod.{k}": v for k, v in state.items()},
+                        "optimizer": opt.state_dict(), "step": step}, path)
+        elif layout == "safetensors":
+            from safetensors.torch import save_file
 
-        save_file(state, os.path.join(ckpt_dir, f"step_{step:06d}.safetensors"))
-    elif layout == "dcp":
-        import torch.distributed.checkpoint as dcp
+            save_file(state, path)
+        elif layout == "dcp":
+            import torch.distributed.checkpoint as dcp
 
-        dcp.save({"model": state}, checkpoint_id=os.path.join(ckpt_dir, f"step_{step:06d}"),
-                 no_dist=True)
+            dcp.save({"model": state}, checkpoint_id=path, no_dist=True)
 
 
 if __name__ == "__main__":

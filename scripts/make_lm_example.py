@@ -25,12 +25,15 @@ from __future__ import annotations
 import argparse
 import os
 import random
-import shutil
+import sys
 import time
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import example_files  # noqa: E402
 
 EOS = "<|endoftext|>"
 CONTEXT = 64          # n_positions: the model's (and the tokenizer's) maximum length
@@ -210,8 +213,9 @@ def train(tokenizer, corpus: str, ckpt_dir: str, *, steps: int, saves: list[int]
         if step in saves:
             folder = os.path.join(ckpt_dir, f"checkpoint-{step}")
             model.eval()
-            model.save_pretrained(folder)
-            tokenizer.save_pretrained(folder)
+            with example_files.whole(folder) as partial:      # whole or not at all
+                model.save_pretrained(partial)
+                tokenizer.save_pretrained(partial)
             model.train()
             written.append(folder)
             print(f"  step {step:4d}  loss {loss.item():.3f}  -> {folder}")
@@ -234,16 +238,12 @@ def build(out_dir: str, *, checkpoints: int = 3, seed: int = 0, steps: int = 300
         pq.write_table(table, paths[name])
 
     ckpt_dir = os.path.join(out_dir, "ckpts")
-    shutil.rmtree(ckpt_dir, ignore_errors=True)   # a stale checkpoint would match the glob
+    example_files.clear(ckpt_dir)       # a stale checkpoint would match the glob
     saves = checkpoint_steps(steps, checkpoints)
     # One thread: the model is too small to gain from more, multi-threaded kernels slow down
     # badly on a busy machine, and a fixed count keeps the weights the same on any core count.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
+    with example_files.threads():
         folders = train(tokenizer, corpus, ckpt_dir, steps=steps, saves=saves, seed=seed)
-    finally:
-        torch.set_num_threads(threads)
 
     paths["sweep"] = os.path.join(out_dir, "sweep.yaml")
     with open(paths["sweep"], "w") as f:

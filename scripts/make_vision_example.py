@@ -28,6 +28,9 @@ import pyarrow.parquet as pq
 import torch
 from PIL import Image, ImageDraw
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import example_files  # noqa: E402
+
 SHIPPED = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..",
                                         "configs", "vision"))
 HAND_WRITTEN = ("models.py", "transforms.py", "sweep.yaml")
@@ -93,8 +96,7 @@ def main(argv=None) -> int:
                   brightness=brightness)
 
     ckpt_dir = os.path.join(args.out, "ckpts")
-    shutil.rmtree(ckpt_dir, ignore_errors=True)
-    os.makedirs(ckpt_dir)
+    example_files.clear(ckpt_dir)
     train_x, train_y = make_images(2048, seed=4)
     tx = torch.from_numpy(train_x.astype(np.float32) / 255).permute(0, 3, 1, 2).contiguous()
     ty = torch.from_numpy(train_y)
@@ -106,14 +108,15 @@ def main(argv=None) -> int:
     model = build_cnn(channels=8)
     opt = torch.optim.Adam(model.parameters(), lr=3e-3)
     saves = (10, 40, 300)
-    for step in range(1, max(saves) + 1):
-        idx = torch.randint(0, len(ty), (64,))
-        loss = torch.nn.functional.cross_entropy(model(tx[idx]), ty[idx])
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        if step in saves:
-            save(model, step, ckpt_dir)
+    with example_files.threads():
+        for step in range(1, max(saves) + 1):
+            idx = torch.randint(0, len(ty), (64,))
+            loss = torch.nn.functional.cross_entropy(model(tx[idx]), ty[idx])
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            if step in saves:
+                save(model, step, ckpt_dir)
     print(f"wrote {args.rows} + {args.dim_rows} images and {len(saves)} checkpoints under "
           f"{args.out}")
     return 0
@@ -121,12 +124,14 @@ def main(argv=None) -> int:
 
 def save(model: torch.nn.Module, step: int, ckpt_dir: str) -> None:
     state = {k: v.detach().clone() for k, v in model.state_dict().items()}
-    if step < 100:        # a training checkpoint with the model under "model"
-        torch.save({"model": state, "step": step}, os.path.join(ckpt_dir, f"step_{step:06d}.pt"))
-    else:
-        from safetensors.torch import save_file
+    name = f"step_{step:06d}" + (".pt" if step < 100 else ".safetensors")
+    with example_files.whole(os.path.join(ckpt_dir, name)) as path:    # whole or not at all
+        if step < 100:        # a training checkpoint with the model under "model"
+            torch.save({"model": state, "step": step}, path)
+        else:
+            from safetensors.torch import save_file
 
-        save_file(state, os.path.join(ckpt_dir, f"step_{step:06d}.safetensors"))
+            save_file(state, path)
 
 
 if __name__ == "__main__":

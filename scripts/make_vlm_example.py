@@ -8,8 +8,16 @@ PNG bytes in data/ (neither is committed: configs/vlm/.gitignore).
 Needs `pip install 'rayeval[vlm]' easy-vqa==1.0` (the items ship inside the easy-vqa wheel;
 nothing is downloaded). The model is tests/vlm_support.py's tiny Idefics3 (~0.55M parameters);
 training teaches it to answer ``<question>`` about a 64x64 shape with one of 13 words, the loss
-on the answer and the end-of-utterance token only. DESIGN.md measured 0.72 of 200 test items
-after ~4 minutes on one thread (chance 0.077, the question's most common answer alone 0.66).
+on the answer and the end-of-utterance token only (docs/vision-language.md: the last checkpoint
+scores 0.725 exact match on the 200 test items; chance 0.077, the question's most common answer
+alone 0.66).
+
+Training runs on one thread, which the script sets itself (``--threads``; scripts/
+example_files.py has the measurements): 332 s for the default 1,200 steps on the 2-core test
+machine while other sessions ran (load average 3 to 20), 12.5 s per 100 steps once it was
+quieter, so about 2.5 minutes on a quiet one. Checkpoints are written whole or not at all
+(example_files.whole): an interrupted run leaves none that configs/vlm/sweep.yaml's glob would
+match, and a re-run starts again from an empty ckpts/.
 """
 
 from __future__ import annotations
@@ -22,7 +30,9 @@ import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
+sys.path.insert(0, os.path.join(REPO, "scripts"))
 
+import example_files  # noqa: E402
 from tests.vlm_support import (EOS, build_tiny_vlm, easy_vqa_answers,  # noqa: E402
                                easy_vqa_items, item_texts)
 
@@ -57,13 +67,24 @@ def _batch(proc, items, images):
     return inputs, labels
 
 
-def train(out: str, steps: int, checkpoints: int, seed: int = 0, lr: float = 3e-3) -> list[str]:
+def train(out: str, steps: int, checkpoints: int, seed: int = 0, lr: float = 3e-3,
+          threads: int = example_files.THREADS) -> list[str]:
+    """Train and save ``checkpoints`` folders under out/ckpts (emptied first); their paths."""
+    import tempfile
+
+    train_items = easy_vqa_items("train")
+    ckpts = os.path.join(out, "ckpts")
+    example_files.clear(ckpts)
+    with example_files.threads(threads), tempfile.TemporaryDirectory() as tmp:
+        folder = build_tiny_vlm(os.path.join(tmp, "init"), item_texts(train_items), seed)
+        return _train(folder, ckpts, train_items, steps, checkpoints, seed, lr)
+
+
+def _train(folder, ckpts, train_items, steps, checkpoints, seed, lr) -> list[str]:
     import torch
     from PIL import Image
     from transformers import AutoModelForImageTextToText, AutoProcessor
 
-    train_items = easy_vqa_items("train")
-    folder = build_tiny_vlm(os.path.join(out, "ckpts", "init"), item_texts(train_items), seed)
     model = AutoModelForImageTextToText.from_pretrained(folder).float().train()
     proc = AutoProcessor.from_pretrained(folder)
     images = {p: Image.open(p).convert("RGB") for p in {it["image"] for it in train_items}}
@@ -85,14 +106,12 @@ def train(out: str, steps: int, checkpoints: int, seed: int = 0, lr: float = 3e-
             print(f"step {step}: loss {loss.item():.3f} ({time.perf_counter() - start:.0f} s)",
                   flush=True)
         if step in keep:
-            target = os.path.join(out, "ckpts", f"checkpoint-{step}")
-            model.eval().save_pretrained(target)
-            proc.save_pretrained(target)
+            target = os.path.join(ckpts, f"checkpoint-{step}")
+            with example_files.whole(target) as partial:
+                model.eval().save_pretrained(partial)
+                proc.save_pretrained(partial)
             model.train()
             written.append(target)
-    import shutil
-
-    shutil.rmtree(folder)
     return written
 
 
@@ -108,17 +127,20 @@ def write_items(out: str, n: int = TEST_ITEMS) -> str:
     for it in items:
         with open(it["image"], "rb") as f:
             images.append(f.read())
-    pq.write_table(pa.table({
+    table = pa.table({
         "id": [it["id"] for it in items], "image": images,
         "question": [it["question"] for it in items], "answer": [it["answer"] for it in items],
         "choices": [answers] * len(items),
-        "label": [answers.index(it["answer"]) for it in items]}), path)
+        "label": [answers.index(it["answer"]) for it in items]})
+    with example_files.whole(path) as partial:
+        pq.write_table(table, partial)
     return path
 
 
-def build(out: str, steps: int = 1200, checkpoints: int = 3) -> list[str]:
+def build(out: str, steps: int = 1200, checkpoints: int = 3,
+          threads: int = example_files.THREADS) -> list[str]:
     write_items(out)
-    return train(out, steps, checkpoints)
+    return train(out, steps, checkpoints, threads=threads)
 
 
 def main() -> None:
@@ -126,9 +148,13 @@ def main() -> None:
     parser.add_argument("--out", default=os.path.join(REPO, "configs", "vlm"))
     parser.add_argument("--steps", type=int, default=1200)
     parser.add_argument("--checkpoints", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=example_files.THREADS,
+                        help="torch's threads (one is fastest here: scripts/example_files.py)")
     args = parser.parse_args()
-    for path in build(args.out, args.steps, args.checkpoints):
+    start = time.perf_counter()
+    for path in build(args.out, args.steps, args.checkpoints, args.threads):
         print(path)
+    print(f"done in {time.perf_counter() - start:.0f} s", flush=True)
 
 
 if __name__ == "__main__":
