@@ -88,18 +88,16 @@ PLAIN = ("task", "output_type", "metrics", "until", "max_gen_toks", "digest", "l
 
 
 def chat_tokenizer(context: EntryContext) -> dict:
-    """What a chat template's rendering depends on of the tokenizer (``kept.tokenizer_files``),
-    from its folder, without loading it."""
+    """What a chat template's rendering depends on of the tokenizer
+    (``content_key.tokenizer_files``), from its folder, without loading it."""
+    from rayeval.harness.content_key import NotKeyed, tokenizer_files
+
     folder = context.model.tokenizer
     if folder is None:
         found = [p for pattern in context.checkpoints for p in paths.glob(pattern)]
         if not found:
-            from rayeval.harness.kept import NotKeyed
-
             raise NotKeyed("no checkpoint")
         folder = sorted(found)[0]
-    from rayeval.harness.kept import tokenizer_files
-
     return tokenizer_files(folder)
 
 

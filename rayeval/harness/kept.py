@@ -2,8 +2,8 @@
 entry rendered before imports neither library: a re-run whose cells are all in the store
 pays no rendering at all.
 
-What an entry renders to is decided by (the *key*, computed here without importing lm-eval or
-lmms-eval):
+What an entry renders to is decided by (the *key*, ``content_key``, computed without importing
+lm-eval or lmms-eval):
 
     the library's version (and datasets', pyarrow's, jinja2's, Python's) and rayeval's own
     rendering code (the source of ``harness``' and ``lmms``' render, requests, groups, store
@@ -44,33 +44,13 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import sys
 import threading
-from dataclasses import asdict
 
 from rayeval.errors import RunError
+from rayeval.harness.content_key import (FORMAT, SKIP, NotKeyed, Recording, fingerprint,
+                                         key, read_elsewhere)
 
-FORMAT = "kept-rendering-v1"
 ENV = "RAYEVAL_RENDER_CACHE"
-SMALL = 1 << 20                   # files up to this size are fingerprinted by their content
-MAX_FILES = 20_000                # a folder with more is not keyed (rendered every run)
-# datasets' packaged builders: a dataset_path of one of these reads data_files, not the Hub
-BUILDERS = {"json", "csv", "parquet", "text", "arrow", "pandas", "imagefolder", "audiofolder",
-            "videofolder", "webdataset", "xml", "sql"}
-# A chat template's tokenizer: the files of the folder it is loaded from
-TOKENIZER_FILES = ("tokenizer", "special_tokens_map", "added_tokens", "chat_template", "vocab",
-                   "merges", "spiece", "sentencepiece", "config.json")
-_HERE = os.path.dirname(os.path.abspath(__file__))
-CODE = tuple(os.path.join(_HERE, f) for f in ("render.py", "requests.py", "groups.py",
-                                               "store.py", "kept.py", "entries.py")) + tuple(
-    os.path.join(os.path.dirname(_HERE), "lmms", f)
-    for f in ("render.py", "requests.py", "entries.py", "judge_server.py"))
-VERSIONS = {"lm-eval": ("lm_eval", "datasets", "pyarrow", "jinja2"),
-            "lmms-eval": ("lmms_eval", "datasets", "pyarrow", "jinja2", "pillow")}
-
-
-class NotKeyed(Exception):
-    """The entry's rendering cannot be keyed by content (the reason, in words)."""
 
 
 def folder() -> str | None:
@@ -80,332 +60,6 @@ def folder() -> str | None:
         return None if env.strip().lower() in ("", "off", "0", "false", "no") else env
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return os.path.join(base, "rayeval", "rendered")
-
-
-# --- fingerprints -----------------------------------------------------------------------------
-
-def fingerprint(path: str) -> str:
-    """A file by its content (over ``SMALL``: size and modification time); a folder by its
-    files' (names, sizes, modification times); a missing path as missing."""
-    try:
-        st = os.stat(path)
-    except OSError:
-        return "missing"
-    if os.path.isdir(path):
-        parts = []
-        for name, sub in _walk(path, ()):
-            try:
-                s = os.stat(sub)
-            except OSError:
-                continue
-            parts.append(f"{name}:{s.st_size}:{s.st_mtime_ns}")
-        return "dir:" + hashlib.sha256("\n".join(parts).encode()).hexdigest()[:24]
-    if st.st_size > SMALL:
-        return f"stat:{st.st_size}:{st.st_mtime_ns}"
-    h = hashlib.sha256()
-    try:
-        with open(path, "rb") as f:
-            h.update(f.read())
-    except OSError:
-        return "unreadable"
-    return h.hexdigest()[:32]
-
-
-def _walk(root: str, skip: tuple[str, ...]):
-    """(path relative to ``root``, path) of every file under ``root``, sorted, leaving out
-    ``__pycache__``, hidden entries, lock files and the folders in ``skip``; NotKeyed past
-    ``MAX_FILES``."""
-    found = []
-    for here, dirs, files in os.walk(root):
-        dirs[:] = sorted(d for d in dirs if d != "__pycache__" and not d.startswith(".")
-                         and os.path.join(here, d) not in skip)
-        for name in files:
-            if name.startswith(".") or name.endswith((".pyc", ".lock")):
-                continue
-            path = os.path.join(here, name)
-            found.append((os.path.relpath(path, root), path))
-            if len(found) > MAX_FILES:
-                raise NotKeyed(f"more than {MAX_FILES} files under {root}")
-    return sorted(found)
-
-
-# --- the YAMLs ---------------------------------------------------------------------------------
-
-class _Tagged(str):
-    """A YAML scalar with a tag (lm-eval's ``!function utils.fn``)."""
-    tag = ""
-
-
-def _yaml_loader():
-    import yaml
-
-    class Loader(yaml.SafeLoader):
-        pass
-
-    def tagged(loader, suffix, node):
-        if isinstance(node, yaml.ScalarNode):
-            value = _Tagged(loader.construct_scalar(node))
-            value.tag = "!" + suffix
-            return value
-        if isinstance(node, yaml.SequenceNode):
-            return loader.construct_sequence(node, deep=True)
-        return loader.construct_mapping(node, deep=True)
-
-    Loader.add_multi_constructor("!", tagged)
-    return Loader
-
-
-def _strings(value):
-    """Every string in a YAML value (nested), with the key it is under."""
-    if isinstance(value, dict):
-        for k, v in value.items():
-            for key, s in _strings(v):
-                yield (key if key is not None else k), s
-    elif isinstance(value, (list, tuple)):
-        for v in value:
-            yield from _strings(v)
-    elif isinstance(value, str):
-        yield None, value
-
-
-class _Scan:
-    """The YAMLs under an include path and what they name outside it."""
-
-    def __init__(self, include_path: str):
-        self.root = os.path.abspath(include_path)
-        self.loader = _yaml_loader()
-        self.configs: list[tuple[str, dict]] = []      # (yaml file, its mapping)
-        self.outside: set[str] = set()                 # files named from outside the root
-        self.data: set[str] = set()                    # local data files and folders named
-        self.skip: set[str] = set()                    # datasets caches (written by a render)
-
-    def read(self, path: str, seen: set[str]) -> None:
-        import yaml
-
-        path = os.path.abspath(path)
-        if path in seen:
-            return
-        seen.add(path)
-        if not path.startswith(os.path.join(self.root, "")):
-            self.outside.add(path)
-        try:
-            with open(path, "rb") as f:
-                config = yaml.load(f, Loader=self.loader)   # noqa: S506 - SafeLoader's subclass
-        except (OSError, yaml.YAMLError) as e:
-            raise NotKeyed(f"{path} is not read as YAML here ({type(e).__name__})") from None
-        if not isinstance(config, dict):
-            return
-        self.configs.append((path, config))
-        base = os.path.dirname(path)
-        includes = config.get("include")
-        for inc in includes if isinstance(includes, list) else [includes] if includes else []:
-            if isinstance(inc, str):
-                self.read(inc if os.path.isabs(inc) else os.path.join(base, inc), seen)
-        for key, s in _strings(config):
-            if isinstance(s, _Tagged) and s.tag == "!function":
-                self.function(s, base)
-        self.datasets(config, base)
-
-    def function(self, qual: str, base: str) -> None:
-        """A ``!function``: ``base/a/b.py`` for ``a.b.fn`` (lm-eval's first choice), else an
-        importable module, which only the library's own may be."""
-        module, _, _ = str(qual).rpartition(".")
-        file = os.path.join(base, module.replace(".", "/") + ".py")
-        if os.path.isfile(file):
-            if not os.path.abspath(file).startswith(os.path.join(self.root, "")):
-                self.outside.add(os.path.abspath(file))
-            return
-        if module.split(".")[0] not in ("lm_eval", "lmms_eval"):
-            raise NotKeyed(f"!function {qual} is a module outside {self.root}")
-
-    def datasets(self, config: dict, base: str) -> None:
-        path = config.get("dataset_path")
-        kwargs = config.get("dataset_kwargs") if isinstance(config.get("dataset_kwargs"),
-                                                            dict) else {}
-        cache = kwargs.get("cache_dir")
-        if isinstance(cache, str):
-            self.skip.add(os.path.abspath(cache if os.path.isabs(cache)
-                                          else os.path.join(base, cache)))
-        named = [s for key, s in _strings(kwargs) if key != "cache_dir"]
-        if isinstance(path, str):
-            named.append(path)
-        for s in named:
-            for where in _places(s, base, self.root):
-                self.data.add(where)
-        if isinstance(path, str) and path not in BUILDERS and not _places(path, base, self.root):
-            raise NotKeyed(f"dataset_path {path!r} is not local (a Hub data set)")
-
-    def defines(self, name: str) -> bool:
-        """Whether some YAML here names ``name`` as its task, group or tag."""
-        for _, config in self.configs:
-            for key in ("task", "group", "tag"):
-                value = config.get(key)
-                values = value if isinstance(value, list) else [value]
-                if name in [v for v in values if isinstance(v, str)]:
-                    return True
-        return False
-
-
-def _places(s: str, base: str, root: str) -> list[str]:
-    """Where a string of a YAML's data set settings is a local file or folder (absolute, or
-    relative to the YAML, the include path or the working folder)."""
-    if not s or "\n" in s or "://" in s or len(s) > 4096:
-        return []
-    candidates = [s] if os.path.isabs(s) else [os.path.join(base, s), os.path.join(root, s),
-                                               os.path.abspath(s)]
-    out = []
-    for c in candidates:
-        c = os.path.abspath(c)
-        if c not in ("/", os.path.expanduser("~")) and os.path.exists(c):
-            out.append(c)
-    return sorted(set(out))
-
-
-# --- the key -----------------------------------------------------------------------------------
-
-_VERSIONS: dict[str, str] = {}
-_SKIP: dict[str, list[str]] = {}       # key -> folders whose files its key covers, or caches
-_CODE: list[str] = []
-
-
-def _versions(library: str) -> dict[str, str]:
-    from importlib.metadata import PackageNotFoundError, version
-
-    out = {}
-    for dist in VERSIONS[library]:
-        if dist not in _VERSIONS:
-            try:
-                _VERSIONS[dist] = version(dist)
-            except PackageNotFoundError:
-                _VERSIONS[dist] = "-"
-        out[dist] = _VERSIONS[dist]
-    return out
-
-
-def _code() -> list[str]:
-    if not _CODE:
-        _CODE.extend(fingerprint(p) for p in CODE)
-    return list(_CODE)
-
-
-def key(library: str, spec, extra: dict | None = None) -> str:
-    """The content key of an entry's rendering (``spec``: its LmEvalSpec or LmmsEvalSpec;
-    ``extra``: what else it renders with), or NotKeyed."""
-    if spec.include_path is None:
-        raise NotKeyed("a task without include_path (a Hub task)")
-    root = os.path.abspath(spec.include_path)
-    if not os.path.isdir(root):
-        raise NotKeyed(f"no folder at {root}")
-    scan = _Scan(root)
-    seen: set[str] = set()
-    for _, path in _walk(root, ()):
-        if path.endswith((".yaml", ".yml")):
-            scan.read(path, seen)
-    if not scan.defines(spec.task):
-        raise NotKeyed(f"{spec.task!r} is not defined by {root}'s YAMLs")
-    files = {name: fingerprint(path) for name, path in _walk(root, tuple(sorted(scan.skip)))}
-    ident = {
-        "format": FORMAT, "library": library, "versions": _versions(library),
-        "python": list(sys.version_info[:2]), "code": _code(),
-        "spec": asdict(spec), "extra": extra or {}, "include_path": root, "files": files,
-        "outside": {p: fingerprint(p) for p in sorted(scan.outside)},
-        "data": {p: fingerprint(p) for p in sorted(scan.data)
-                 if not p.startswith(os.path.join(root, "")) and p != root},
-    }
-    blob = json.dumps(ident, sort_keys=True, default=str).encode("utf-8")
-    k = hashlib.sha256(blob).hexdigest()[:32]
-    _SKIP[k] = [root, *sorted(scan.skip)]
-    return k
-
-
-def tokenizer_files(folder: str) -> dict:
-    """A chat template's tokenizer, as a kept rendering's key holds it: its folder and the
-    fingerprints of its tokenizer files (the model's weights left out)."""
-    from rayeval.io import paths
-
-    if paths.is_uri(folder):
-        raise NotKeyed(f"the tokenizer is at {folder}, not a local folder")
-    found = {}
-    for name in sorted(os.listdir(folder)):
-        if name.startswith(TOKENIZER_FILES):
-            found[name] = fingerprint(os.path.join(folder, name))
-    return {"tokenizer": os.path.abspath(folder), "files": found}
-
-
-# --- what rendering read -----------------------------------------------------------------------
-
-_RECORDING = threading.local()
-_HOOKED = []
-
-
-def _hook(event, args):
-    if event != "open":
-        return
-    files = getattr(_RECORDING, "files", None)
-    if files is None:
-        return
-    try:
-        path, mode, flags = args[0], args[1], args[2]
-        if not isinstance(path, str):
-            return
-        if mode is None:                  # os.open: by its flags
-            if flags & (os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_TRUNC):
-                return
-        elif any(c in str(mode) for c in "wax+"):
-            return
-        files.add(path)
-    except Exception:               # noqa: BLE001 - an audit hook must never raise
-        pass
-
-
-# Every file any rendering in this process opened: a module a task's ``utils.py`` imports
-# reads its files once per process, in whichever rendering imported it first, and every later
-# rendering depends on them as much (so each kept rendering lists them all).
-_READ: set[str] = set()
-
-
-class Recording:
-    """The files renderings in this process opened for reading (``files``), this block's
-    included."""
-
-    def __enter__(self):
-        if not _HOOKED:
-            sys.addaudithook(_hook)
-            _HOOKED.append(True)
-        self.files = _READ
-        _RECORDING.files = self.files
-        return self
-
-    def __exit__(self, *exc):
-        _RECORDING.files = None
-        return False
-
-
-def _read_elsewhere(files, roots: list[str]) -> dict[str, str]:
-    """Of the files rendering opened, those no key covers (outside ``roots``: the include
-    path; not the libraries' or Python's own, nor the datasets and Hugging Face caches), with
-    their fingerprints."""
-    import sysconfig
-
-    skip = {os.path.abspath(p) for p in (sys.prefix, sys.base_prefix, sys.exec_prefix,
-                                          *filter(None, (sysconfig.get_paths().get(k)
-                                                         for k in ("stdlib", "purelib",
-                                                                   "platlib"))))}
-    home = os.environ.get("HF_HOME") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"),
-        "huggingface")
-    skip |= {os.path.abspath(p) for p in (home, os.environ.get("HF_DATASETS_CACHE"),
-                                          os.environ.get("HF_HUB_CACHE"), folder()) if p}
-    skip |= {os.path.abspath(p) for p in sys.path if p and "site-packages" in p}
-    prefixes = tuple(os.path.join(p, "") for p in skip | {os.path.abspath(r) for r in roots})
-    out = {}
-    for f in sorted(files):
-        path = os.path.abspath(f)
-        if path.startswith(prefixes) or path.startswith(("/proc/", "/sys/", "/dev/", "/etc/")):
-            continue
-        if os.path.isfile(path):
-            out[path] = fingerprint(path)
-    return out
 
 
 # --- kept renderings ---------------------------------------------------------------------------
@@ -513,20 +167,14 @@ class KeptTask:
         return self._source.done is not None
 
 
-def table_sha256(rendered) -> str:
-    from rayeval.harness import store
-
-    return hashlib.sha256(store.table_bytes(rendered)).hexdigest()
-
-
 def plain_task(rendered, fields: tuple[str, ...]) -> dict:
     """What is kept of a rendered task: ``fields``, the table's sha256 and its ``limit:``
     count (``store.LIMITED_FROM``), as JSON values."""
-    from rayeval.harness.store import LIMITED_FROM
+    from rayeval.harness import store
 
     out = {f: getattr(rendered, f) for f in fields}
-    out["table_sha256"] = table_sha256(rendered)
-    out["limited_from"] = getattr(rendered.lm, LIMITED_FROM, None)
+    out["table_sha256"] = hashlib.sha256(store.table_bytes(rendered)).hexdigest()
+    out["limited_from"] = getattr(rendered.lm, store.LIMITED_FROM, None)
     return json.loads(json.dumps(out))
 
 
@@ -540,48 +188,33 @@ def task_fields(kept: dict) -> dict:
     return out
 
 
-def lookup(library: str, spec, extra_of=None) -> tuple[str | None, dict | None]:
-    """(key, kept rendering or None); key None: the entry cannot be keyed (rendered every
-    run). ``extra_of()``: what else the rendering depends on (NotKeyed when it cannot say)."""
-    if folder() is None:
-        return None, None
-    try:
-        k = key(library, spec, extra_of() if extra_of is not None else None)
-    except NotKeyed:
-        return None, None
-    return k, load(k)
-
-
-def render_and_keep(k: str | None, spec, render, plain):
-    """``render()`` recording what it reads; kept under ``k`` (``plain(tasks, groups)``: its
-    JSON form) when ``k`` is not None."""
-    if k is None:
-        return render()
-    with Recording() as rec:
-        tasks, groups = render()
-    save(k, *plain(tasks, groups), _read_elsewhere(rec.files, _SKIP.get(k, [spec.include_path])))
-    return tasks, groups
-
-
 def rendering(library: str, spec, where: str, render, fields: tuple[str, ...],
               extra_of=None) -> tuple[list, list]:
     """An entry's (tasks, groups) for planning: kept by an earlier run (``KeptTask``s, the
-    library not imported), else ``render()``'s, kept for the next run. ``fields``: the
-    attributes of a rendered task that planning reads (the entry kind's ``PLAIN``);
-    ``extra_of()``: what else the rendering depends on (``key``)."""
+    library not imported), else ``render()``'s, kept for the next run when the entry can be
+    keyed. ``fields``: the attributes of a rendered task that planning reads (the entry
+    kind's ``PLAIN``); ``extra_of()``: what else the rendering depends on (NotKeyed when it
+    cannot say)."""
     from rayeval.harness.groups import Group
 
-    k, found = lookup(library, spec, extra_of)
+    try:
+        k = None if folder() is None else \
+            key(library, spec, extra_of() if extra_of is not None else None)
+    except NotKeyed:
+        k = None
+    if k is None:
+        return render()
+    found = load(k)
     if found is not None:
         source = Source(k, library, where, render)
         return ([KeptTask(task_fields(t), source) for t in found["tasks"]],
                 [Group(g["name"], list(g["leaves"]),
                        [(m, f, bool(w)) for m, f, w in g["aggregates"]])
                  for g in found["groups"]])
-
-    def plain(tasks, groups):
-        return ([plain_task(t, fields) for t in tasks],
-                [{"name": g.name, "leaves": list(g.leaves),
-                  "aggregates": [list(a) for a in g.aggregates]} for g in groups])
-
-    return render_and_keep(k, spec, render, plain)
+    with Recording() as rec:
+        tasks, groups = render()
+    save(k, [plain_task(t, fields) for t in tasks],
+         [{"name": g.name, "leaves": list(g.leaves),
+           "aggregates": [list(a) for a in g.aggregates]} for g in groups],
+         read_elsewhere(rec.files, SKIP.get(k, [spec.include_path]), folder()))
+    return tasks, groups

@@ -176,6 +176,16 @@ def test_what_cannot_be_keyed_renders_every_time(folder):
         kept.key("lm-eval", LmEvalSpec(task="arc_easy"))
     with pytest.raises(kept.NotKeyed, match="not defined"):
         kept.key("lm-eval", LmEvalSpec(task="arc_easy", include_path=str(folder / "tasks")))
+    # a name only listed among a group's tasks: lm-eval's registry would have it
+    (folder / "tasks" / "mixed.yaml").write_text("group: mixed\ntask: [tiny_mc, arc_easy]\n")
+    with pytest.raises(kept.NotKeyed, match="not defined"):
+        kept.key("lm-eval", LmEvalSpec(task="arc_easy", include_path=str(folder / "tasks")))
+    (folder / "tasks" / "url.yaml").write_text(
+        "task: url_mc\ndataset_path: json\n"
+        "dataset_kwargs: {data_files: {test: 'https://example.org/mc.json'}}\n")
+    with pytest.raises(kept.NotKeyed, match="URL"):
+        kept.key("lm-eval", LmEvalSpec(task="tiny_mc", include_path=str(folder / "tasks")))
+    (folder / "tasks" / "url.yaml").unlink()
     (folder / "tasks" / "hub.yaml").write_text("task: hub_mc\ndataset_path: allenai/ai2_arc\n")
     with pytest.raises(kept.NotKeyed, match="Hub data set"):
         kept.key("lm-eval", LmEvalSpec(task="tiny_mc", include_path=str(folder / "tasks")))
