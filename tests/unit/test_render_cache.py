@@ -228,3 +228,36 @@ def test_the_stored_table_is_checked_against_the_kept_sha256(folder):
     with pytest.raises(StoreError, match="is not the one this sweep rendered"):
         store.RequestTables().prepare(sweep.evals[:1])
     assert not store._RENDERED[path].is_rendered
+
+
+def test_an_lmms_eval_entry_is_kept_and_an_image_it_reads_is_checked(tmp_path, monkeypatch):
+    """lmms-eval's entries are kept the same way; an image a document names by path (outside
+    the task folder, in no YAML) was read while rendering, so editing it renders again."""
+    pytest.importorskip("lmms_eval")
+    from PIL import Image
+
+    from lmms_reference import write_task
+    from rayeval.lmms import render as lmms_render
+
+    monkeypatch.setenv(kept.ENV, str(tmp_path / "kept"))
+    (tmp_path / "images").mkdir()
+    items = []
+    for i, color in enumerate(("red", "blue")):
+        path = tmp_path / "images" / f"{i}.png"
+        Image.new("RGB", (8, 8), color).save(path)
+        items.append({"id": i, "image": str(path), "question": "Which color?", "answer": color})
+    write_task(str(tmp_path / "tasks"), items, name="tiny_vqa")
+    (tmp_path / "ckpts" / "checkpoint-1").mkdir(parents=True)
+    (tmp_path / "sweep.yaml").write_text(yaml.safe_dump({
+        "name": "vqa", "checkpoints": ["ckpts/checkpoint-*"], "output": "results",
+        "evals": [{"name": "vqa", "lmms_eval": {"task": "tiny_vqa", "include_path": "tasks"}}]}))
+    calls = []
+    real = lmms_render.render
+    monkeypatch.setattr(lmms_render, "render",
+                        lambda *a, **k: calls.append(1) or real(*a, **k))
+    first, keys, _ = _plan(tmp_path)
+    again, keys_again, _ = _plan(tmp_path)
+    assert len(calls) == 1 and keys_again == keys and again.evals == first.evals
+    Image.new("RGB", (8, 8), "green").save(tmp_path / "images" / "0.png")
+    _, keys_after, _ = _plan(tmp_path)
+    assert len(calls) == 2 and keys_after["vqa"][1] != keys["vqa"][1]
