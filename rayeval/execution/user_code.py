@@ -31,10 +31,8 @@ def mark() -> None:
     _KEPT.update(sys.modules)
     _PATH[:] = sys.path
     paths = sysconfig.get_paths()
-    import rayeval
-
     places = {paths[k] for k in ("stdlib", "platstdlib", "purelib", "platlib") if k in paths}
-    places.add(os.path.dirname(os.path.abspath(rayeval.__file__)))
+    places.add(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))   # rayeval
     _INSTALLED = tuple(os.path.join(os.path.realpath(p), "") for p in places)
 
 

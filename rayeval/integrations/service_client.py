@@ -1,4 +1,4 @@
-"""The client side of ``rayeval serve`` (``integrations.service``): how ``rayeval run`` finds a
+"""The client side of ``rayeval serve`` (``ui.service``): how ``rayeval run`` finds a
 service and runs a sweep on it, printing what the service's run prints, as a local run would.
 
 Kept to the standard library: a run handed to a service costs the client only Python's start

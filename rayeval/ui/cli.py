@@ -338,7 +338,7 @@ def main(argv: list[str] | None = None) -> int:
 def dispatch(args, out: Console, err: Console, standing=None, seen=None) -> int:
     """Run one parsed command with these consoles, and its exit status: bad input is one line
     and 2, a signal one line and 128 + its number. ``standing`` and ``seen``: ``rayeval serve``'s
-    standing worker groups and what hears of a run's report (``integrations.service``)."""
+    standing worker groups and what hears of a run's report (``ui.service``)."""
     _said.clear()
     _command.clear()
     _command.append(args.command)
@@ -357,9 +357,10 @@ def dispatch(args, out: Console, err: Console, standing=None, seen=None) -> int:
         if args.command == "run":
             return _run(args, out, err, standing=standing, seen=seen)
         if args.command == "serve":
-            from rayeval.integrations.service import serve
+            from rayeval.ui.service import serve
 
-            return serve(args, err)
+            return serve(args, err, lambda argv, *consoles, **kw: dispatch(parse(argv), *consoles,
+                                                                           **kw))
         if args.command == "watch":
             return _watch(args, out, err)
         if args.command == "submit":

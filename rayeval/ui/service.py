@@ -5,8 +5,9 @@ other, so that a run costs its checkpoints' loads and passes, not a start (docs/
     rayeval run sweep.yaml             # elsewhere on this machine: runs on the service
 
 The service is one process. Its main thread runs the queued runs, each exactly as ``rayeval
-run`` would (``cli.dispatch``: the same pre-flight errors, board, summary and exit status),
-with what it prints sent to the client that asked (``service_client``); an HTTP/JSON API on
+run`` would (``cli.dispatch``, handed to ``serve``: the same pre-flight errors, board, summary
+and exit status), with what it prints sent to the client that asked (``service_client``),
+and the service sits on the command line's floor for that reason; an HTTP/JSON API on
 loopback (token-authenticated, ``service_client``'s docstring) takes the runs and answers the
 polls from a thread. The worker group stands between runs (``driver.StandingGroups``): a
 sweep whose workers are alike runs on it, its workers set up for that sweep's plan in the
@@ -81,8 +82,9 @@ class _Stream(io.TextIOBase):
 
 
 class Service:
-    def __init__(self, workers: int, host: str, port: int, address: str | None,
+    def __init__(self, command, workers: int, host: str, port: int, address: str | None,
                  verbose: bool, use_gpu: bool = False):
+        self.command = command     # the CLI's: (argv, out, err, standing=, seen=) -> status
         self.workers, self.host, self.port = workers, host, port
         self.address, self.verbose, self.use_gpu = address, verbose, use_gpu
         # a cluster's service takes its token from a Secret; on one machine, a new one
@@ -252,7 +254,6 @@ class Service:
         from rich.console import Console
 
         from rayeval.execution import user_code
-        from rayeval.ui import cli
 
         out, err = _Stream(self, job, "out"), _Stream(self, job, "err")
         consoles = [Console(file=f, width=job.width, force_terminal=job.color,
@@ -271,8 +272,7 @@ class Service:
                                           "`rayeval serve` started (a plugin's code is loaded "
                                           "once); restart the service", soft_wrap=True)
                     else:
-                        args = cli.parse(job.argv)
-                        code = cli.dispatch(args, *consoles, standing=self.standing,
+                        code = self.command(job.argv, *consoles, standing=self.standing,
                                             seen=lambda report: self._seen(job, report))
                 except SystemExit as e:                 # argparse's usage error
                     code = e.code if isinstance(e.code, int) else EXIT_BAD_INPUT
@@ -422,8 +422,9 @@ def _handler(service: Service):
     return Handler
 
 
-def serve(args, err) -> int:
-    """``rayeval serve``: see the module docstring."""
+def serve(args, err, command) -> int:
+    """``rayeval serve``: see the module docstring. ``command``: how the CLI runs a parsed
+    command line with given consoles (``cli.dispatch``), for each run."""
     if args.workers < 1:
         raise SpecError("--workers must be at least 1")
     if not 0 <= args.port < 65536:
@@ -432,5 +433,5 @@ def serve(args, err) -> int:
     def say(text: str) -> None:
         err.print(text, markup=False, highlight=False, soft_wrap=True)
 
-    return Service(args.workers, args.host, args.port, args.address, args.verbose,
+    return Service(command, args.workers, args.host, args.port, args.address, args.verbose,
                    args.use_gpu).serve(say)
