@@ -9,6 +9,10 @@ write the driver's own over it). The lm-eval task object a worker scores with (i
 ``process_results``, its documents) never goes through the store: the driver ships it with the
 plan through Ray (``shipment``/``receive``). A ``task.pkl`` an older rayeval left beside the
 table is never read.
+
+An entry planned from a rendering kept by an earlier run (``kept``) has no table or task in
+memory: its ``table_sha256`` is what the stored table is checked against, and its task is
+rendered again (``render_kept``) only when the workers need it or the table must be written.
 """
 
 from __future__ import annotations
@@ -142,8 +146,9 @@ def check_stored(data_paths, force: bool = False) -> None:
 def render_kept(data_paths) -> None:
     """The tasks of the request tables among ``data_paths`` that were planned from kept
     renderings (``kept.KeptTask``), rendered now (with lm-eval or lmms-eval) and checked
-    against what was kept: before Ray starts, when a run has cells to evaluate (the workers
-    need the task objects); ``shipment`` does it otherwise."""
+    against what was kept: the workers need the task objects. ``RequestTables.shipment``
+    calls it as the driver makes the trainer; a planner that knows cells are pending may call
+    it before Ray starts."""
     for data in data_paths:
         rendered = _RENDERED.get(data)
         if rendered is not None and getattr(rendered, "is_rendered", True) is False:
