@@ -70,6 +70,7 @@ def train_loop(config: dict) -> list[CellOutcome]:
         if config.get("standing") and plan is None:      # a service's group, set up later
             ctx = RankContext.of_ray_train(ledger, attempt, timer, config["tensor"],
                                            config["timeout"])
+            warm()
             outcomes = stand(ctx, None, None)
             ledger.timing(entered, time.time(), timer.as_dict())
             return outcomes
@@ -240,6 +241,19 @@ class Worker:
         except Stop:
             return True
         return False
+
+
+def warm() -> None:
+    """Import what a first checkpoint's load would (the layouts' readers), for a process that
+    waits for its first plan: a service's workers and its driver."""
+    import importlib
+
+    for name in ("safetensors.torch", "torch.distributed.checkpoint", "rayeval.io.layouts",
+                 "pyarrow.parquet"):
+        try:
+            importlib.import_module(name)
+        except ImportError:          # an optional layout's library: imported when used
+            pass
 
 
 def stand(ctx: RankContext, worker: Worker | None, token: str | None) -> list[CellOutcome]:

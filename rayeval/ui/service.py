@@ -203,6 +203,7 @@ class Service:
         from rayeval.plan import preflight  # noqa: F401
         from rayeval.ranking import build_board  # noqa: F401
 
+        _warm()
         self.plugins = _plugin_digests(plugins)
         self.started_ray = start_ray_for(self.workers, self.use_gpu, self.address,
                                          self.verbose)
@@ -340,6 +341,19 @@ class Service:
             import ray
 
             ray.shutdown()
+
+
+def _warm() -> None:
+    """What a first run would otherwise pay in the service: the planner's probe runs the
+    model on the meta device, whose first call imports torch._dynamo (1.6 s of a 2.3 s first
+    plan of the digits example, measured); the checkpoint layouts' readers."""
+    import torch
+
+    from rayeval.execution.worker import warm
+
+    with torch.device("meta"):
+        torch.nn.Linear(2, 2)(torch.empty(1, 2))
+    warm()
 
 
 def _plugin_digests(plugins) -> dict[str, str]:
