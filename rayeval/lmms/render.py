@@ -299,7 +299,7 @@ def _render_task(spec, path, name, task) -> Rendered:
     filters = filter_names(task)
     lm_keys = {names.metric_key(m, f): names.result_key(m, f, len(filters))
                for f in filters for m in task.aggregation()}
-    config = json.dumps(task.dump_config(), sort_keys=True, default=config_value)
+    config = json.dumps(_config(task), sort_keys=True, default=config_value)
     for part in (TABLE_FORMAT, version("lmms_eval"), version("pyarrow"), config,
                  spec.model_name, str(max_new_tokens)):
         digest.update(part.encode("utf-8"))
@@ -308,6 +308,17 @@ def _render_task(spec, path, name, task) -> Rendered:
     blob = pickle_task(task, spec)
     return Rendered(name, table, blob, metrics, max_new_tokens, digest.hexdigest()[:24],
                     lm_keys, lm=task)
+
+
+def _config(task) -> dict:
+    """The task's configuration as lmms-eval's ``dump_config`` gives it (its fields that are
+    set), with its functions kept as functions, which ``config_value`` names by their source.
+    ``dump_config`` writes ``str(fn)``, an address that differs in every process: the digest
+    differed from run to run, so a re-run rendered to a new request table and found none of
+    its cells in the store."""
+    from dataclasses import asdict
+
+    return {k: v for k, v in asdict(task.config).items() if v is not None}
 
 
 def chat_of(messages: list[dict], name: str, doc_id: int, path: str) -> tuple[list, list]:
