@@ -3,8 +3,9 @@
 For each mode (no service: `rayeval run --no-service`; service: `rayeval serve --workers 2`
 started first, then plain `rayeval run`), N times: the whole run into a new store (seconds from
 the command to its exit, and to the first cell file in the store: the first batch's cell
-published), then the same command again with every cell stored (a cached run). Prints the
-medians and each figure; --json writes them.
+published), then the same command again with every cell stored (a cached run). Then the
+lm-eval example (configs/lm_eval) filled once, and its cached run N times with and without the
+service. Prints the medians and each figure; --json writes them.
 
     python scripts/bench_service.py [--repeat 3] [--json FILE]
 """
@@ -86,6 +87,17 @@ def main(argv=None) -> int:
             print(f"service ready after {figures['service start']:.1f} s", flush=True)
             figures["service"] = series("service", lambda s: run + ["--output", s], env, REPO,
                                         root, args.repeat)
+            # lm-eval entries (configs/lm_eval, rendering kept by content): filled once, then
+            # the cached runs, on the service and without it
+            lm = [sys.executable, "-m", "rayeval", "run",
+                  os.path.join("configs", "lm_eval", "sweep.yaml"), "--quiet", "--output",
+                  os.path.join(root, "lm_eval")]
+            timed(lm, env, REPO)
+            figures["lm_eval cached"] = {
+                "service": [round(timed(lm, env, REPO)[0], 2) for _ in range(args.repeat)],
+                "no service": [round(timed(lm + ["--no-service"], env, REPO)[0], 2)
+                               for _ in range(args.repeat)]}
+            print(f"lm_eval cached: {figures['lm_eval cached']}", flush=True)
         finally:
             os.killpg(serve.pid, signal.SIGINT)
             serve.wait(120)
