@@ -2,6 +2,8 @@
 nearest real one, as a misspelt key does (``config.reader.did_you_mean``); with nothing near, the
 line is as before."""
 
+import sys
+
 import pytest
 import yaml
 
@@ -45,7 +47,11 @@ def test_a_misspelt_metric_names_the_nearest(tmp_path, metrics, message):
 
 
 @pytest.fixture
-def models(tmp_path):
+def models(tmp_path, monkeypatch):
+    # This folder's my_models, not one an earlier test of the run imported (the digits
+    # example's has no ConvNet): both put back after the test.
+    monkeypatch.delitem(sys.modules, "my_models", raising=False)
+    monkeypatch.setattr(sys, "path", list(sys.path))
     (tmp_path / "my_models.py").write_text(
         "import torch\n\n\nclass ConvNet(torch.nn.Module):\n    pass\n\n\n"
         "def build_mlp(hidden=8):\n    return torch.nn.Linear(64, hidden)\n\n\n"
