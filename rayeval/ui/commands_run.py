@@ -41,13 +41,14 @@ def _run(args, out: Console, err: Console, standing=None, seen=None) -> int:
     report = api.run(sweep, workers=args.workers, output=args.output,
                      address=args.address, force=args.force, verbose=args.verbose,
                      progress=False if args.quiet else err, standing=standing)
-    if seen is not None:
-        seen(report)
     plan = report.plan
     sweep = plan.sweep                      # with --workers / --output applied
     keys = report.cell_keys
     groups = {g.name for g in sweep.groups}
-    rows = without_members([r for r in latest_rows(ResultStore(sweep.output).read())
+    stored = latest_rows(ResultStore(sweep.output).read())     # read once, for both
+    if seen is not None:
+        seen(report, stored)
+    rows = without_members([r for r in stored
                             if r["cell"] in keys or (r["sweep"] == sweep.name
                                                      and r["dataset"] in groups)])
     # The board and the summary are written whole or not at all: a signal while they are

@@ -273,8 +273,9 @@ class Service:
                                           "`rayeval serve` started (a plugin's code is loaded "
                                           "once); restart the service", soft_wrap=True)
                     else:
-                        code = self.command(job.argv, *consoles, standing=self.standing,
-                                            seen=lambda report: self._seen(job, report))
+                        code = self.command(
+                            job.argv, *consoles, standing=self.standing,
+                            seen=lambda report, stored: self._seen(job, report, stored))
                 except SystemExit as e:                 # argparse's usage error
                     code = e.code if isinstance(e.code, int) else EXIT_BAD_INPUT
                 except Exception:                       # a bug: the run's, not the service's
@@ -292,10 +293,9 @@ class Service:
         if code in (130, 143) and not cancelled:
             raise KeyboardInterrupt    # the service's own Ctrl-C, mid-run: it stops too
 
-    def _seen(self, job: Job, report) -> None:
-        """The run's cells and their figures, for the API's polls."""
-        from rayeval.io.store import ResultStore
-
+    def _seen(self, job: Job, report, stored: list[dict]) -> None:
+        """The run's cells and their figures (from the store's rows the run's board was
+        built from), for the API's polls."""
         plan = report.plan
         cells = {c.key: {"key": c.key, "checkpoint": c.checkpoint.location,
                          "evaluation": c.evaluation, "ok": True, "error": None,
@@ -304,9 +304,7 @@ class Service:
         for o in report.outcomes:
             if o.key in cells:
                 cells[o.key].update(ok=o.ok, error=o.error, step=o.step)
-        rows = ResultStore(plan.sweep.output).read(
-            ["cell", "step", "metric", "value", "ci_low", "ci_high"]).to_pylist()
-        for r in rows:
+        for r in stored:
             if r["cell"] in cells:
                 cells[r["cell"]]["step"] = r["step"]
                 cells[r["cell"]]["metrics"][r["metric"]] = {
