@@ -10,6 +10,18 @@ os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 # `rayeval run` looks for one through this file (tests/e2e/test_service.py sets its own).
 os.environ.setdefault("RAYEVAL_SERVICE_FILE", os.path.join(
     os.environ.get("TMPDIR", "/tmp"), f"rayeval-tests-no-service-{os.getpid()}.json"))
+# One torch thread in the pytest process and in every process it starts (CLI runs, scripts, gloo
+# ranks, lm-eval's references; Ray's workers have one already), read by torch when it is first
+# imported. The suite's models have a few thousand weights, where a second intra-op thread
+# only adds synchronisation, and on the 2-core machine it spins against Ray's workers and the
+# other process of a pair: reference loops ran 7-8x slower under a Ray run on two threads
+# (the judge module's plain loop: 17 s on 2 threads, 2.3 s on 1).
+for _var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_var, "1")
+
+# The tiers that start no Ray: the session's Ray (support.shared_ray), up from an earlier tier,
+# is stopped before their first test, so its idle processes do not sit beside them.
+NO_RAY_TIERS = ("unit", "models")
 
 
 def pytest_configure(config):
@@ -28,14 +40,53 @@ def pytest_configure(config):
         f.write(secrets.token_hex(32))     # Ray's own format (authentication_token_generator)
 
 
+def pytest_runtest_setup(item):
+    if os.path.basename(os.path.dirname(str(item.fspath))) in NO_RAY_TIERS:
+        from support import stop_ray
+
+        stop_ray()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _session_ray_down():
+    """The session's Ray (support.shared_ray) stopped when the session ends."""
+    yield
+    from support import stop_ray
+
+    stop_ray()
+
+
 @pytest.fixture(scope="module")
 def ray_cluster():
-    """One local Ray cluster per test module, with logical CPUs beyond the largest worker count
-    so Ray Data can run beside the Train workers."""
-    from support import local_ray
+    """The session's one local Ray (support.shared_ray), with logical CPUs beyond the largest
+    worker count so Ray Data can run beside the Train workers: started by the first test that
+    asks, kept up for the next (one start per session instead of one per module). A module
+    after one that stopped it (``no_ray``, test_s3) starts it again."""
+    from support import shared_ray
 
-    with local_ray():
-        yield
+    shared_ray()
+    yield
+
+
+@pytest.fixture(scope="module")
+def standing(ray_cluster):
+    """The session's standing worker groups (support.StandingPool) on its Ray: hand a run to
+    them with ``rayeval.run(..., standing=standing)`` or ``run_sweep(..., standing=...)``,
+    as a ``rayeval serve`` takes a user's run. A test of the run's own fit (its restarts,
+    signals, timings, Ray's start) runs without."""
+    from support import POOL
+
+    yield POOL
+
+
+@pytest.fixture
+def no_ray():
+    """No Ray up in this process when the test starts: for a test that checks a run's own
+    start and shutdown of Ray. The next test that asks for ``ray_cluster`` starts it again."""
+    from support import stop_ray
+
+    stop_ray()
+    yield
 
 
 # --- what several modules build alike, built once per run ---------------------------------------
@@ -122,3 +173,33 @@ def one_torch_thread():
         yield
     finally:
         torch.set_num_threads(before)
+
+
+# --- each tier's time, printed at the end of every run ---------------------------------------
+
+_TIER_SECONDS: dict[str, float] = {}
+_TIER_TESTS: dict[str, int] = {}
+
+
+def _tier(path: str) -> str:
+    """The tier of a test file: the folder under tests/ it sits in (unit, models, ...)."""
+    parts = os.path.relpath(path, os.path.dirname(os.path.abspath(__file__))).split(os.sep)
+    return parts[0] if len(parts) > 1 else "tests"
+
+
+def pytest_runtest_logreport(report):
+    """Setup, call and teardown of every test, summed per tier: a module-scoped fixture's
+    cost (a model built, a reference run) is in the setup of its module's first test."""
+    tier = _tier(str(report.fspath))
+    _TIER_SECONDS[tier] = _TIER_SECONDS.get(tier, 0.0) + report.duration
+    if report.when == "call":
+        _TIER_TESTS[tier] = _TIER_TESTS.get(tier, 0) + 1
+
+
+def pytest_terminal_summary(terminalreporter):
+    if not _TIER_SECONDS:
+        return
+    terminalreporter.section("time per tier")
+    for tier, seconds in sorted(_TIER_SECONDS.items(), key=lambda kv: -kv[1]):
+        terminalreporter.write_line(f"{tier:<12} {_TIER_TESTS.get(tier, 0):5d} tests "
+                                    f"{seconds:8.1f} s")

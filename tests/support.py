@@ -319,24 +319,123 @@ def rayeval_main(*args: str, cwd: str | None = None, env: dict | None = None
     return subprocess.CompletedProcess(["rayeval", *args], code, out.getvalue(), err.getvalue())
 
 
-@contextlib.contextmanager
-def local_ray(num_cpus: int = 5):
-    """A local Ray cluster for the block, as the ``ray_cluster`` fixture starts one, shut down
-    after it: a fixture that runs several sweeps on it pays one Ray start instead of one per
-    ``rayeval run`` subprocess, and the module's later tests still see no Ray. ``num_cpus``:
-    logical CPUs, at least workers + 2 as ``rayeval run`` gives its own local Ray (Train's
-    controller and Ray Data run beside the workers)."""
+# The session's one local Ray: its logical CPUs, for the standing groups of StandingPool
+# (MAX_STANDING_WORKERS, idle between runs) beside a test's own fit: the largest worker count
+# of any test (4, test_sharded) plus Train's controller and Ray Data's stages.
+SESSION_CPUS = 12
+
+
+def shared_ray(num_cpus: int = SESSION_CPUS) -> None:
+    """The test session's one local Ray, up in this process: started on first use (~15-30 s on
+    the 2-core machine, which each module used to pay again) and left up for every later
+    test that asks for it; ``stop_ray`` ends it (the session's end, and a module that needs a
+    Ray of its own). A Ray this process has with fewer logical CPUs than ``num_cpus`` is
+    started again with them."""
     import ray
 
     from rayeval.execution.lifecycle import start_local_ray
 
+    num_cpus = max(num_cpus, SESSION_CPUS)
+    if ray.is_initialized():
+        if ray.cluster_resources().get("CPU", 0) >= num_cpus:
+            return
+        stop_ray()
     start_local_ray(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False,
                     logging_level="ERROR",
                     _system_config={"worker_maximum_startup_concurrency": 8})
+
+
+def stop_ray() -> None:
+    """The session's Ray down, where it is up: before a test that must start its own (its
+    workers inherit an environment set for it, or it checks a run's own start and shutdown)
+    and before the tiers that use no Ray."""
+    POOL.close()                        # its groups first: they live on that Ray
+    if "ray" in sys.modules and sys.modules["ray"].is_initialized():
+        sys.modules["ray"].shutdown()
+
+
+@contextlib.contextmanager
+def local_ray(num_cpus: int = SESSION_CPUS):
+    """The session's Ray (``shared_ray``) for the block, as the ``ray_cluster`` fixture gives
+    it: a fixture that runs several sweeps on it, or a module after another, pays no Ray start.
+    It stays up after the block; a test that checks that nothing started Ray asks
+    ``ray_starts`` instead of ``ray.is_initialized()``."""
+    shared_ray(num_cpus)
+    yield
+
+
+class StandingPool:
+    """Worker groups kept standing on the session's Ray, one per shape (worker count,
+    resources, parallelism, recovery: ``driver.Shape``), as ``rayeval serve`` keeps one: a
+    run handed to it (``rayeval.run(..., standing=pool)``, what a service does with a user's
+    run) costs its loads and passes, not a new worker group (~9 s a run on the 2-core machine
+    beside ~0.5 s; a test of a sweep's numbers checks them the same on either). The suite's
+    sweeps come in a few shapes, so each keeps its own group instead of the service's one
+    (which closes a group for the next shape: a GPU it holds is another run's); at most
+    ``MAX_STANDING_WORKERS`` workers stand, the oldest group closed for a new one, so that
+    a run of its own (its fit, Ray Data) always finds the session's logical CPUs free.
+
+    Runs fed by Ray Data have a fit of their own, as on a service (``group_for`` None)."""
+
+    def __init__(self):
+        self.groups: dict = {}           # Shape -> StandingGroups, oldest first
+
+    def group_for(self, plan, run):
+        from rayeval.execution import pipeline
+        from rayeval.execution.driver import Shape, StandingGroups
+
+        if pipeline.datasets(plan):
+            return None
+        shape = Shape.of(plan.sweep)
+        groups = self.groups.pop(shape, None) or StandingGroups()
+        while self.groups and sum(s.workers for s in self.groups) + shape.workers > \
+                MAX_STANDING_WORKERS:
+            self.groups.pop(next(iter(self.groups))).close(timeout_s=10)
+        self.groups[shape] = groups                      # the newest last
+        return groups.group_for(plan, run)
+
+    def run(self, group, plan, run):
+        for groups in self.groups.values():
+            if groups.group is group:
+                return groups.run(group, plan, run)
+        raise AssertionError("a group that is not the pool's")
+
+    def close(self) -> None:
+        while self.groups:
+            self.groups.popitem()[1].close(timeout_s=10)
+
+
+POOL = StandingPool()                    # the session's: the ``standing`` fixture gives it
+
+# Standing workers at most (the pool's groups together): the session's Ray has SESSION_CPUS
+# logical CPUs, and a test's own fit of up to 4 workers and its Ray Data stages need theirs.
+MAX_STANDING_WORKERS = 6
+
+
+@contextlib.contextmanager
+def ray_starts():
+    """The calls to rayeval's start of Ray (``lifecycle.start_ray``, what every run goes
+    through before its first fit) made in the block: "failed before Ray starts" is an empty
+    list here, whether or not the session's Ray is up. Where none was up before the block,
+    none may be up after it either (the check a test made when each module had its own)."""
+    import ray
+
+    from rayeval.execution import lifecycle
+
+    calls: list = []
+    real, up = lifecycle.start_ray, ray.is_initialized()
+
+    def counted(*args, **kwargs):
+        calls.append(args)
+        return real(*args, **kwargs)
+
+    lifecycle.start_ray = counted
     try:
-        yield
+        yield calls
     finally:
-        ray.shutdown()
+        lifecycle.start_ray = real
+    if not up and ray.is_initialized():
+        calls.append("ray.is_initialized() after the block")
 
 
 def load_stretch() -> float:

@@ -22,7 +22,7 @@ from rayeval.ui import cli
 from rayeval.errors import DataError, RayevalError, SpecError, StoreError
 from rayeval.ranking import latest_rows
 from rayeval.io.store import SCHEMA, ResultStore
-from support import (build_model, make_data, reference_metrics, write_model_module,
+from support import (build_model, make_data, ray_starts, reference_metrics, write_model_module,
                      write_parquet, write_sweep)
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -277,36 +277,35 @@ def project(tmp_path, monkeypatch):
 
 
 def test_bad_input_raises_and_prints_nothing(project, capfd):
-    import ray
-
     folder, _ = project
     before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
-    with pytest.raises(SpecError, match=r"wokers: unknown key; did you mean 'workers'"):
-        rayeval.run(write_sweep(str(folder), wokers=2))
-    with pytest.raises(SpecError, match=r"workers: must be at least 1, got 0"):
-        rayeval.run(write_sweep(str(folder)), workers=0)
-    with pytest.raises(DataError, match=r"dataset.inputs: no column 'pixels'"):
-        rayeval.run(write_sweep(str(folder), dataset={"path": "data.parquet",
-                                                      "inputs": "pixels", "target": "y"}))
-    with pytest.raises(StoreError, match="output: cannot write to the result store"):
-        (folder / "taken").write_text("a file")
-        rayeval.run(rayeval.load_sweep(write_sweep(str(folder))), output=folder / "taken")
-    with pytest.raises(TypeError, match="expected a rayeval.Sweep or the path"):
-        rayeval.run(42)
-    try:
-        rayeval.run(write_sweep(str(folder), batch_size=0))
-    except SystemExit:                                              # pragma: no cover
-        pytest.fail("the API must raise, not exit")
-    except RayevalError:
-        pass
+    with ray_starts() as started:
+        with pytest.raises(SpecError, match=r"wokers: unknown key; did you mean 'workers'"):
+            rayeval.run(write_sweep(str(folder), wokers=2))
+        with pytest.raises(SpecError, match=r"workers: must be at least 1, got 0"):
+            rayeval.run(write_sweep(str(folder)), workers=0)
+        with pytest.raises(DataError, match=r"dataset.inputs: no column 'pixels'"):
+            rayeval.run(write_sweep(str(folder), dataset={"path": "data.parquet",
+                                                          "inputs": "pixels", "target": "y"}))
+        with pytest.raises(StoreError, match="output: cannot write to the result store"):
+            (folder / "taken").write_text("a file")
+            rayeval.run(rayeval.load_sweep(write_sweep(str(folder))), output=folder / "taken")
+        with pytest.raises(TypeError, match="expected a rayeval.Sweep or the path"):
+            rayeval.run(42)
+        try:
+            rayeval.run(write_sweep(str(folder), batch_size=0))
+        except SystemExit:                                              # pragma: no cover
+            pytest.fail("the API must raise, not exit")
+        except RayevalError:
+            pass
     assert capfd.readouterr() == ("", ""), "nothing printed"
-    assert not ray.is_initialized(), "all found before Ray starts"
+    assert not started, "all found before Ray starts"
     assert not (folder / "out").exists(), "nothing written"
     assert {s: signal.getsignal(s) for s in before} == before
 
 
 @pytest.mark.ray
-def test_run_a_tiny_sweep_end_to_end(project):
+def test_run_a_tiny_sweep_end_to_end(project, no_ray):
     import ray
 
     folder, (x, y) = project

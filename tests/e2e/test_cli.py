@@ -9,8 +9,8 @@ import shutil
 import pytest
 import torch
 
-from support import (build_model, make_data, rayeval_cli, rayeval_main, write_model_module,
-                     write_parquet, write_sweep)
+from support import (build_model, make_data, ray_starts, rayeval_cli, rayeval_main,
+                     write_model_module, write_parquet, write_sweep)
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -150,21 +150,18 @@ def test_bad_input_is_one_clear_line(project, case, capsys, monkeypatch):
     monkeypatch.setattr(sys, "path", list(sys.path))          # the factory's folder is added
     for name in ("tiny_models", "nomod"):
         sys.modules.pop(name, None)
-    code = main(["run", sweep])
+    with ray_starts() as started:
+        code = main(["run", sweep])
     captured = capsys.readouterr()
     assert_one_line_error(subprocess.CompletedProcess([], code, captured.out, captured.err),
                           *fragments)
     assert not (project / "out").exists(), "nothing half-written"
-    import ray
-
-    assert not ray.is_initialized(), "found before Ray starts"
+    assert not started, "found before Ray starts"
 
 
 def test_a_checkpoint_of_another_architecture_fails_before_ray(project, capsys, monkeypatch):
     """Its error is printed once, though it fails the cells of both evaluations (issue 47: it
     was printed once per cell)."""
-    import ray
-
     from rayeval.ui.cli import main
 
     wide = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.Tanh(), torch.nn.Linear(32, 4))
@@ -173,11 +170,12 @@ def test_a_checkpoint_of_another_architecture_fails_before_ray(project, capsys, 
     evals = [{"name": name, "task": "classification", "metrics": ["accuracy"],
               "dataset": {"path": "data.parquet", "inputs": "x", "target": "y"}}
              for name in ("first", "second")]
-    code = main(["run", write_sweep(str(project), evals=evals, dataset=None, task=None,
-                                    metrics=None)])
+    with ray_starts() as started:
+        code = main(["run", write_sweep(str(project), evals=evals, dataset=None, task=None,
+                                        metrics=None)])
     captured = capsys.readouterr()
     err = captured.err
-    assert code == 1 and not ray.is_initialized(), err
+    assert code == 1 and not started, err
     assert "0 already in the store, 2 failed" in captured.out
     failed = [ln for ln in err.splitlines() if ln.startswith("failed: ")]
     assert len(failed) == 1 and "step_1.pt: does not fit the model" in failed[0], err

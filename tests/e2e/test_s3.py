@@ -16,7 +16,7 @@ from rayeval.plan.loader import load_sweep, with_overrides
 from rayeval.io.store import ResultStore
 from rayeval.io.store_layout import list_suites
 from s3server import CREDENTIALS, FlakyProxy, MotoServer
-from support import rayeval_cli, rayeval_main
+from support import rayeval_cli, rayeval_main, stop_ray
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DIGITS = os.path.join(REPO, "configs", "digits")
@@ -26,7 +26,10 @@ pytestmark = pytest.mark.ray
 @pytest.fixture(scope="module")
 def s3():
     """moto's server on loopback, with the environment a user would set for an S3 endpoint.
-    Requested before ray_cluster, so Ray's workers inherit the environment too."""
+    Requested before ray_cluster, so Ray's workers inherit the environment too: the session's
+    Ray is stopped first (a Ray of the module's own, started with this environment) and
+    after the module (no later module's workers see an endpoint that is gone)."""
+    stop_ray()
     server = MotoServer()
     saved = {k: os.environ.get(k) for k in [*CREDENTIALS, "AWS_ENDPOINT_URL"]}
     os.environ.update(CREDENTIALS, AWS_ENDPOINT_URL=server.url)
@@ -45,6 +48,7 @@ def s3():
         else:
             os.environ[k] = v
     server.stop()
+    stop_ray()
 
 
 def s3_sweep(tmp_path, output="s3://rayeval-example/evals", **extra):

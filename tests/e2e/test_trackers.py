@@ -29,7 +29,8 @@ from rayeval.errors import SpecError
 from rayeval.plan.loader import parse_sweep, trackers_spec, with_trackers
 from rayeval.io.store import ResultStore
 from rayeval.reporting.trackers import metric_name, points, wandb_run_id
-from support import build_model, make_data, rayeval_cli, write_model_module, write_parquet
+from support import (build_model, make_data, ray_starts, rayeval_cli, write_model_module,
+                     write_parquet)
 
 STEPS = (100, 200)
 EVALS = ("clean", "noisy")
@@ -457,12 +458,11 @@ def test_a_missing_package_is_one_line_before_anything_starts(store, tmp_path, m
     monkeypatch.setitem(sys.modules, "wandb", None)
     sweep = tmp_path / "s.yaml"
     sweep.write_text(yaml.safe_dump(sweep_dict(trackers={"wandb": {"project": "p"}})))
-    with pytest.raises(SpecError, match=r"trackers\.wandb: the wandb package is not "
-                                        r"installed; pip install 'rayeval\[wandb\]'"):
+    with ray_starts() as started, pytest.raises(
+            SpecError, match=r"trackers\.wandb: the wandb package is not "
+                             r"installed; pip install 'rayeval\[wandb\]'"):
         rayeval.run(str(sweep))           # the checkpoints do not even exist: it fails first
-    import ray
-
-    assert not ray.is_initialized()
+    assert not started
 
 
 # --- the sweep's trackers: key ---------------------------------------------------------------

@@ -30,7 +30,7 @@ pytest.importorskip("transformers")
 pytest.importorskip("lm_eval")
 
 from harness import offline_env  # noqa: E402
-from support import (record_sets, local_ray, rayeval_cli, rayeval_main,  # noqa: E402
+from support import (record_sets, local_ray, ray_starts, rayeval_cli, rayeval_main,  # noqa: E402
                      single_process_passes)
 
 from rayeval.core.evaluate import finalize  # noqa: E402
@@ -374,10 +374,9 @@ def _fails(ex, evals):
     sweep = yaml.safe_load((ex / "sweep.yaml").read_text())
     sweep["evals"] = evals
     (ex / "sweep.yaml").write_text(yaml.safe_dump(sweep))
-    import ray
-
-    proc = rayeval_main("run", str(ex / "sweep.yaml"), env=offline_env({}))   # in process
-    assert proc.returncode != 0 and not ray.is_initialized()        # before Ray
+    with ray_starts() as started:
+        proc = rayeval_main("run", str(ex / "sweep.yaml"), env=offline_env({}))  # in process
+    assert proc.returncode != 0 and not started                     # before Ray
     lines = [line for line in proc.stderr.strip().splitlines() if line.strip()]
     assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
     assert not (ex / "results").exists()                  # nothing written
@@ -457,10 +456,9 @@ def test_a_pickle_planted_in_the_store_never_runs(example, tmp_path):
                              "choices": pa.array([["x"]]), "instances": [payload]}), data)
     (folder / "task.pkl").write_bytes(payload)
 
-    import ray
-
-    proc = rayeval_main("run", str(ex / "sweep.yaml"), env=offline_env({}))   # in process
-    assert proc.returncode != 0 and not ray.is_initialized()        # before Ray
+    with ray_starts() as started:
+        proc = rayeval_main("run", str(ex / "sweep.yaml"), env=offline_env({}))  # in process
+    assert proc.returncode != 0 and not started                     # before Ray
     lines = [line for line in proc.stderr.strip().splitlines() if line.strip()]
     assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
     assert data in lines[0] and "not trusted" in lines[0] and "--force" in lines[0]

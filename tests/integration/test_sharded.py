@@ -25,7 +25,7 @@ import pytest
 import torch
 import yaml
 
-from support import local_ray, rayeval_main, script, single_process_passes
+from support import local_ray, ray_starts, rayeval_main, script, single_process_passes
 
 import rayeval
 from rayeval.ranking import latest_rows
@@ -125,12 +125,11 @@ def test_parallelism_errors_name_the_keys_before_ray(tmp_path):
         assert message in str(e.value)
         assert not (tmp_path / "results").exists()
     # The command line (its main(), in this process): the same, as its one line, before Ray.
-    import ray
-
-    proc = rayeval_main("run", str(path))
+    with ray_starts() as started:
+        proc = rayeval_main("run", str(path))
     lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
     assert proc.returncode != 0 and len(lines) == 1, proc.stderr
-    assert not ray.is_initialized()
+    assert not started
     assert "parallelism.wrap: the model has no module of class Block" in lines[0]
     assert "Traceback" not in proc.stderr
 

@@ -28,7 +28,7 @@ pytest.importorskip("transformers")
 pytest.importorskip("lm_eval")
 
 from harness import run_harness  # noqa: E402
-from support import (record_sets, local_ray, rayeval_cli, rayeval_main,  # noqa: E402
+from support import (record_sets, local_ray, ray_starts, rayeval_cli, rayeval_main,  # noqa: E402
                      single_process_passes)
 
 from rayeval.plan import preflight  # noqa: E402
@@ -334,10 +334,9 @@ def _fails(folder, *, sweep="sweep.yaml", env=None):
     """The one line of a run that fails before Ray; in this process (see rayeval_main), or as
     a subprocess when ``env`` (the whole environment) must differ."""
     if env is None:
-        import ray
-
-        proc = rayeval_main("run", str(folder / sweep), cwd=str(folder))
-        assert not ray.is_initialized(), "failed before Ray starts"
+        with ray_starts() as started:
+            proc = rayeval_main("run", str(folder / sweep), cwd=str(folder))
+        assert not started, "failed before Ray starts"
     else:
         proc = rayeval_cli("run", str(folder / sweep), cwd=str(folder), timeout=120, env=env)
     assert proc.returncode != 0
