@@ -245,7 +245,7 @@ def test_the_filters_and_the_chat_template_changed_something(reference, checkpoi
 
 
 @pytest.fixture(scope="module")
-def ray_stores(example, tmp_path_factory):
+def ray_stores(example, tmp_path_factory, standing):
     """1, 2 and 3 workers; the 2-worker run shares prefixes (``model.share_prefixes:
     true``), the others score each request on its own (the default)."""
     root = tmp_path_factory.mktemp("harness_stores")
@@ -257,7 +257,8 @@ def ray_stores(example, tmp_path_factory):
         for workers in (1, 2, 3):
             out = root / f"store{workers}"
             name = "sweep-shared.yaml" if workers == 2 else "sweep.yaml"
-            report = rayeval.run(str(example / name), workers=workers, output=str(out))
+            report = rayeval.run(str(example / name), workers=workers, output=str(out),
+                                 standing=standing)
             assert report.outcomes and not report.failures, report.failures
             stores[workers] = out
     return stores

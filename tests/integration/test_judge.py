@@ -47,34 +47,34 @@ def loop(built):
 
 
 @pytest.fixture(scope="module")
-def runs(built):
+def runs(built, standing):
     """The three runs, and the edited prompt judged again on the 3-worker run's store."""
     reports = {}
     with local_ray():
         for workers, batch in RUNS:
             path = judge_support.sweep(built, workers=workers, batch_size=batch,
                                        name=f"sweep{workers}.yaml", output=f"out{workers}")
-            reports[workers] = rayeval.run(path)
+            reports[workers] = rayeval.run(path, standing=standing)
         # the 3-worker run's store, copied: its generations serve the edited judge
         shutil.copytree(os.path.join(built["folder"], "out3"),
                         os.path.join(built["folder"], "edited"))
         edited = judge_support.sweep(built, workers=1, batch_size=16, prompt=EDITED,
                                      name="edited.yaml", output="edited")
-        reports["edited"] = rayeval.run(edited)
+        reports["edited"] = rayeval.run(edited, standing=standing)
         # pairwise against the first checkpoint, from the 2-worker run's generations
         shutil.copytree(os.path.join(built["folder"], "out2"),
                         os.path.join(built["folder"], "pairwise"))
         pairwise = judge_support.sweep(built, workers=2, batch_size=3, prompt=PAIRWISE,
                                        name="pairwise.yaml", output="pairwise",
                                        baseline=built["checkpoints"][0])
-        reports["pairwise"] = rayeval.run(pairwise)
+        reports["pairwise"] = rayeval.run(pairwise, standing=standing)
         # a worker killed as the judge stage begins: the restarted group judges the
         # generations its first attempt kept
         killed = judge_support.sweep(built, workers=2, batch_size=16, name="killed.yaml",
                                      output="killed")
         os.environ["RAYEVAL_TEST_KILL"] = "judge:1:1"
         try:
-            reports["killed"] = rayeval.run(killed)
+            reports["killed"] = rayeval.run(killed)      # its own fit: restarted
         finally:
             del os.environ["RAYEVAL_TEST_KILL"]
     return reports

@@ -90,12 +90,13 @@ def test_the_reference_is_not_degenerate(reference):
 
 
 @pytest.fixture(scope="module")
-def ray_store(example, ray_cluster):
+def ray_store(example, standing):
     from rayeval.execution.driver import run_sweep
 
     sweep = load_sweep(str(example / "sweep.yaml"))
     out = example / "store2"
-    report = run_sweep(dataclasses.replace(sweep, workers=2, output=str(out)))
+    report = run_sweep(dataclasses.replace(sweep, workers=2, output=str(out)),
+                       standing=standing)
     assert all(o.ok for o in report.outcomes), report.outcomes
     return out
 

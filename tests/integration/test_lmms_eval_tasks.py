@@ -123,14 +123,15 @@ def test_llava_in_one_process_equals_lmms_evals_llava_hf(llava, batch_size):
 
 
 @pytest.fixture(scope="module")
-def ray_stores(example, ray_cluster):
+def ray_stores(example, standing):
     from rayeval.execution.driver import run_sweep
 
     sweep = load_sweep(str(example / "sweep.yaml"))
     stores = {}
     for workers in (1, 2, 3):
         out = example / f"store{workers}"
-        report = run_sweep(dataclasses.replace(sweep, workers=workers, output=str(out)))
+        report = run_sweep(dataclasses.replace(sweep, workers=workers, output=str(out)),
+                           standing=standing)
         assert all(o.ok for o in report.outcomes), report.outcomes
         stores[workers] = out
     return stores

@@ -25,7 +25,7 @@ import pytest
 import torch
 import yaml
 
-from support import local_ray, ray_starts, rayeval_main, script, single_process_passes
+from support import ray_starts, rayeval_main, script, single_process_passes
 
 import rayeval
 from rayeval.ranking import latest_rows
@@ -232,17 +232,8 @@ def _set(sweep_path, **changes) -> None:
         yaml.safe_dump(raw, f)
 
 
-@pytest.fixture(scope="module")
-def ray_for_runs():
-    """One local Ray for the module's Ray runs (rayeval.run: what `rayeval run` calls), 6
-    logical CPUs for 4 workers: the DCP test's run through the command line started a Ray of
-    its own, ~10 s more. The tests that check nothing started Ray come before these."""
-    with local_ray(num_cpus=6):
-        yield
-
-
 @pytest.mark.ray
-def test_text_tasks_sharded_over_2_and_4_ranks_equal_the_whole_model(tmp_path, ray_for_runs):
+def test_text_tasks_sharded_over_2_and_4_ranks_equal_the_whole_model(tmp_path, standing):
     pytest.importorskip("transformers")
     script("make_lm_example").build(str(tmp_path), checkpoints=1, steps=40)
     for name in ("mc", "docs", "gen"):          # 12 items each: enough for uneven shards
@@ -253,7 +244,7 @@ def test_text_tasks_sharded_over_2_and_4_ranks_equal_the_whole_model(tmp_path, r
     for shard in (2, 4):
         _set(sweep, workers=4, parallelism={"shard": shard})
         out = tmp_path / f"store{shard}"
-        report = rayeval.run(str(sweep), output=str(out))
+        report = rayeval.run(str(sweep), output=str(out), standing=standing)
         assert report.outcomes and not report.failures, report.failures
         _same(_stored(out), expected, world=4)
 
@@ -262,7 +253,7 @@ def test_text_tasks_sharded_over_2_and_4_ranks_equal_the_whole_model(tmp_path, r
 
 @pytest.mark.ray
 def test_a_dcp_checkpoint_from_4_fsdp_ranks_evaluates_on_2_sharded_workers(ranks, tmp_path,
-                                                                         ray_for_runs):
+                                                                         standing):
     """A factory model (tied head, non-persistent buffer) from the DCP folder that 4 FSDP
     ranks wrote, on 2 workers sharing one copy: the numbers of the whole model."""
     folder, _ = ranks
@@ -281,6 +272,6 @@ def test_a_dcp_checkpoint_from_4_fsdp_ranks_evaluates_on_2_sharded_workers(ranks
                    "dataset": {"path": "tokens.parquet", "inputs": "tokens", "id": "id"},
                    "metrics": ["nll", "perplexity", "token_accuracy"]}]}))
     expected = single_process(str(sweep))
-    report = rayeval.run(str(sweep))
+    report = rayeval.run(str(sweep), standing=standing)
     assert report.outcomes and not report.failures, report.failures
     _same(_stored(tmp_path / "results"), expected, world=2)

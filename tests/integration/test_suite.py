@@ -138,9 +138,9 @@ def test_three_evaluations_on_1_2_3_workers_equal_references_and_each_other(ray_
         assert (got["ci_low"], got["ci_high"]) == pytest.approx((lo, hi), rel=1e-12)
 
 
-def test_bad_data_in_one_evaluation_fails_only_its_cells(ray_cluster, tmp_path):
+def test_bad_data_in_one_evaluation_fails_only_its_cells(standing, tmp_path):
     sweep, _ = make_suite(tmp_path, 2, "out", transform="shapes:flaky")
-    report = run_sweep(sweep)
+    report = run_sweep(sweep, standing=standing)
     by_eval = {}
     for o in report.outcomes:
         by_eval.setdefault(o.evaluation, []).append(o)
@@ -152,5 +152,5 @@ def test_bad_data_in_one_evaluation_fails_only_its_cells(ray_cluster, tmp_path):
         assert "raise ValueError" in o.detail, "the traceback, for --debug"
     got = stored(sweep)
     assert {k[1] for k in got} == {"a", "b"}, "nothing published for the failed evaluation"
-    again = run_sweep(sweep)                   # the good cells are cached, the failed retried
+    again = run_sweep(sweep, standing=standing)     # the good cells cached, the failed retried
     assert len(again.plan.cached) == 4 and len(again.plan.cells) == 2

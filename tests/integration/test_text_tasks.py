@@ -165,7 +165,7 @@ def test_progress_counts_items_as_they_are_scored(example):
 
 
 @pytest.fixture(scope="module")
-def ray_stores(example, tmp_path_factory):
+def ray_stores(example, tmp_path_factory, standing):
     """The example on a real local Ray with 1 and 3 workers; the 1-worker run keeps no
     per-item records for docs (``evals[1].samples: false``) and shares prefixes
     (``model.share_prefixes: true``), the 3-worker run scores each request on its own."""
@@ -179,7 +179,8 @@ def ray_stores(example, tmp_path_factory):
     with local_ray():       # one Ray start for both runs (rayeval.run is what `run` calls)
         for workers, sweep_path in ((1, one), (3, example / "sweep.yaml")):
             out = root / f"store{workers}"
-            report = rayeval.run(str(sweep_path), workers=workers, output=str(out))
+            report = rayeval.run(str(sweep_path), workers=workers, output=str(out),
+                                 standing=standing)
             assert report.outcomes and not report.failures, report.failures
             stores[workers] = out
     return stores

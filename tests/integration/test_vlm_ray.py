@@ -64,7 +64,7 @@ def example(tmp_path_factory, tiny_vlm):
 
 @pytest.mark.ray
 def test_1_and_3_workers_and_batch_sizes_1_and_16_equal_transformers_item_by_item(
-        example, ray_cluster):
+        example, standing):
     import rayeval
 
     out, ref = example
@@ -78,7 +78,8 @@ def test_1_and_3_workers_and_batch_sizes_1_and_16_equal_transformers_item_by_ite
     for workers in (1, 3):
         store = out / f"store{workers}"
         sweep = load_sweep(str(out / "sweep.yaml"))
-        report = run_sweep(dataclasses.replace(sweep, workers=workers, output=str(store)))
+        report = run_sweep(dataclasses.replace(sweep, workers=workers, output=str(store)),
+                           standing=standing)
         assert all(o.ok for o in report.outcomes), [o.error for o in report.outcomes]
         rows = latest_rows(ResultStore(str(store)).read())
         assert len(rows) == 4

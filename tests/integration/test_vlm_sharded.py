@@ -82,7 +82,7 @@ def test_the_image_encoder_is_never_a_unit(example):
 
 
 @pytest.mark.ray
-def test_sharded_over_2_ranks_equals_transformers_item_by_item(example, ray_cluster):
+def test_sharded_over_2_ranks_equals_transformers_item_by_item(example, standing):
     import rayeval
 
     out, ref = example
@@ -94,7 +94,8 @@ def test_sharded_over_2_ranks_equals_transformers_item_by_item(example, ray_clus
             "acc_norm": sum(ref["acc_norm"].values()) / N}
     sweep = load_sweep(str(out / "sweep.yaml"))
     assert sweep.parallelism.shard == 2 and sweep.workers == 2
-    report = run_sweep(dataclasses.replace(sweep, output=str(out / "store")))
+    report = run_sweep(dataclasses.replace(sweep, output=str(out / "store")),
+                       standing=standing)
     assert report.outcomes and all(o.ok for o in report.outcomes), [
         o.error for o in report.outcomes]
     rows = latest_rows(ResultStore(str(out / "store")).read())
