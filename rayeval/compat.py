@@ -189,8 +189,11 @@ def without_placement_group_cleaner(callbacks: list) -> list:
 # argument; the names are the raylet's config table, src/ray/common/ray_config_def.h, ray 2.60):
 # worker_maximum_startup_concurrency: how many workers start at once (Train and its
 #   controller start several together);
-# worker_niceness: the workers' priority relative to the driver's.
-SYSTEM_CONFIG_KEYS = ("worker_maximum_startup_concurrency", "worker_niceness")
+# worker_niceness: the workers' priority relative to the driver's;
+# prestart_worker_first_driver: whether the first driver's connection starts one idle worker
+#   per logical CPU before anything asks for one.
+SYSTEM_CONFIG_KEYS = ("worker_maximum_startup_concurrency", "worker_niceness",
+                      "prestart_worker_first_driver")
 
 
 def with_system_config(kwargs: dict[str, Any], **settings: Any) -> dict[str, Any]:

@@ -1,4 +1,5 @@
 import os
+import pathlib
 
 import pytest
 
@@ -94,66 +95,115 @@ def no_ray():
 # the modules read them and write their own outputs elsewhere.
 
 @pytest.fixture(scope="session")
-def lm_example(tmp_path_factory):
+def disk_cache(request):
+    """support.DiskCache in pytest's cache folder (none with ``-p no:cacheprovider``)."""
+    from support import DiskCache
+
+    cache = getattr(request.config, "cache", None)
+    return DiskCache(None if cache is None else str(cache.mkdir("rayeval-fixtures")))
+
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SCRIPTS = os.path.join(os.path.dirname(HERE), "scripts")
+
+
+@pytest.fixture(scope="session")
+def lm_example(disk_cache):
     """scripts/make_lm_example.py's ``build(checkpoints=2)`` (a tiny GPT-2 trained 300 steps,
-    ~11 s) made once: a function copying it into a module's folder and returning what
+    ~11 s) made once, and kept on disk under the key of its script and torch's, transformers'
+    and tokenizers' versions: a function copying it into a module's folder and returning what
     ``build`` returns, its paths there. The copy is the build's bytes; a module may change it."""
+    import json
     import shutil
 
-    made = {}
+    from support import content_key, script, versions
+
+    def build(folder):
+        made = script("make_lm_example").build(folder, checkpoints=2)
+        rel = {k: ([os.path.relpath(p, folder) for p in v] if k == "checkpoints" else
+                   os.path.relpath(v, folder) if isinstance(v, str) else v)
+               for k, v in made.items()}
+        with open(os.path.join(folder, "build.json"), "w") as f:
+            json.dump(rel, f)
+
+    key = content_key(pathlib.Path(SCRIPTS, "make_lm_example.py"),
+                      pathlib.Path(SCRIPTS, "example_files.py"),
+                      versions("torch", "transformers", "tokenizers"))
+    src = disk_cache.folder("lm_example", key, build)
+    with open(os.path.join(src, "build.json")) as f:
+        rel = json.load(f)
 
     def copy(out) -> dict:
-        from support import script
-
-        if not made:
-            src = str(tmp_path_factory.mktemp("lm_example"))
-            made.update(script("make_lm_example").build(src, checkpoints=2), root=src)
-        src, out = made["root"], str(out)
+        out = str(out)
         for name in os.listdir(src):
+            if name == "build.json":
+                continue
             path = os.path.join(src, name)
             if os.path.isdir(path):
                 shutil.copytree(path, os.path.join(out, name))
             else:
                 shutil.copy2(path, os.path.join(out, name))
-
-        def moved(p):
-            return os.path.join(out, os.path.relpath(p, src))
-
-        return {k: ([moved(p) for p in v] if k == "checkpoints" else moved(v) if
-                    isinstance(v, str) else v) for k, v in made.items() if k != "root"}
+        return {k: ([os.path.join(out, p) for p in v] if k == "checkpoints" else
+                    os.path.join(out, v) if isinstance(v, str) else v) for k, v in rel.items()}
 
     return copy
 
 
 @pytest.fixture(scope="session")
-def tiny_vlm(tmp_path_factory):
+def tiny_vlm(disk_cache):
     """The tiny untrained Idefics3 of tests/vlm_support.py whose tokenizer is trained on 500
-    easy-vqa train items (seed 0), made once: its folder, ``.../ckpts/checkpoint-1``. Read it,
+    easy-vqa train items (seed 0), made once and kept on disk under the key of vlm_support.py
+    and the versions of what builds it: its folder, ``.../ckpts/checkpoint-1``. Read it,
     never write into it."""
     pytest.importorskip("transformers")
     pytest.importorskip("easy_vqa")
+    from support import content_key, versions
     from vlm_support import build_tiny_vlm, easy_vqa_items, item_texts
 
-    root = tmp_path_factory.mktemp("tiny_vlm")
-    return build_tiny_vlm(root / "ckpts" / "checkpoint-1",
-                          item_texts(easy_vqa_items("train", n=500)))
+    def build(folder):
+        build_tiny_vlm(os.path.join(folder, "ckpts", "checkpoint-1"),
+                       item_texts(easy_vqa_items("train", n=500)))
+
+    key = content_key(pathlib.Path(HERE, "vlm_support.py"),
+                      versions("torch", "transformers", "tokenizers", "easy-vqa", "pillow"))
+    return os.path.join(disk_cache.folder("tiny_vlm", key, build), "ckpts", "checkpoint-1")
 
 
 @pytest.fixture(scope="session")
-def lmms_suite(tmp_path_factory, tiny_vlm):
+def lmms_suite(tmp_path_factory, tiny_vlm, disk_cache):
     """The lmms-eval references of test_lmms_eval_tasks, test_lmms_eval_groups and
     test_vllm_images from one lmms-eval run on ``tiny_vlm`` (tests/lmms_reference.py,
     ``write_suite``): {"model": the folder, "tasks": {"single", "group", "images": folder},
     "reference": {the same keys: lmms-eval's results}}. One lmms-eval start (~10 s) instead
-    of one per module."""
+    of one per module, kept on disk under the key of the model's bytes, lmms_reference.py and
+    vlm_support.py (the items) and the versions of lmms-eval and what it runs on; the task
+    folders are copied into this session's folder (the runs read them from there)."""
     pytest.importorskip("lmms_eval")
+    import pickle
+    import shutil
+
     from lmms_reference import OFFLINE_ENV, run_suite, write_suite
+    from support import content_key, versions
 
     for key, value in OFFLINE_ENV.items():
         os.environ.setdefault(key, value)
+
+    def build(folder):
+        write_suite(folder)
+        with open(os.path.join(folder, "reference.pickle"), "wb") as f:
+            pickle.dump(run_suite(tiny_vlm, folder), f)
+
+    key = content_key(pathlib.Path(tiny_vlm), pathlib.Path(HERE, "lmms_reference.py"),
+                      pathlib.Path(HERE, "vlm_support.py"),
+                      versions("lmms_eval", "torch", "transformers", "easy-vqa", "pillow"))
+    kept = disk_cache.folder("lmms_suite", key, build)
+    with open(os.path.join(kept, "reference.pickle"), "rb") as f:
+        reference = pickle.load(f)
     root = str(tmp_path_factory.mktemp("lmms_suite"))
-    folders = write_suite(root)
-    return {"model": tiny_vlm, "tasks": folders, "reference": run_suite(tiny_vlm, root)}
+    folders = {}
+    for name in ("single", "group", "images"):
+        folders[name] = shutil.copytree(os.path.join(kept, name), os.path.join(root, name))
+    return {"model": tiny_vlm, "tasks": folders, "reference": reference}
 
 
 @pytest.fixture(scope="module")

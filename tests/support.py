@@ -562,3 +562,89 @@ def record_sets(cell_folder) -> dict[str, list[str]]:
         tag, rank, _, world = name[:-len(".parquet")].rsplit("-", 3)
         sets.setdefault(tag, []).append(f"{int(rank)}/{int(world)}")
     return sets
+
+
+# --- fixtures kept on disk under a content key ----------------------------------------------
+
+def versions(*packages: str) -> str:
+    """The installed versions of ``packages`` ("-" for one that is missing): a cache key's part
+    for whatever they compute."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    found = []
+    for name in packages:
+        try:
+            found.append(f"{name}={version(name)}")
+        except PackageNotFoundError:
+            found.append(f"{name}=-")
+    return ",".join(found)
+
+
+def content_key(*parts) -> str:
+    """A digest of ``parts``: strings as they are, and paths (``os.PathLike``) by the bytes of
+    every file under them, with their relative names."""
+    import hashlib
+
+    h = hashlib.sha256()
+    for part in parts:
+        if isinstance(part, os.PathLike):
+            root = os.fspath(part)
+            files = [root] if os.path.isfile(root) else sorted(
+                os.path.join(d, f) for d, _, names in os.walk(root) for f in names)
+            for path in files:
+                h.update(os.path.relpath(path, root).encode() + b"\0")
+                with open(path, "rb") as f:
+                    h.update(hashlib.sha256(f.read()).digest())
+        else:
+            h.update(str(part).encode() + b"\0")
+    return h.hexdigest()[:20]
+
+
+class DiskCache:
+    """What a fixture builds or computes once, kept on disk under a key taken from everything
+    it depends on (the builder's source, its inputs' bytes, the packages' versions), so a
+    second ``pytest`` in the same clone reads it instead (pytest's cache folder,
+    ``.pytest_cache/d/rayeval-fixtures``; ``pytest --cache-clear`` empties it). A key that
+    misses is computed honestly, as without the cache; an entry counts only once whole (a
+    folder's ``.done`` mark, a value's rename)."""
+
+    def __init__(self, root: str | None):
+        self.root = root            # None: nothing kept (pytest -p no:cacheprovider)
+
+    def folder(self, name: str, key: str, build) -> str:
+        """The folder ``build(path)`` fills, built once per key."""
+        if self.root is None:
+            import tempfile
+
+            path = tempfile.mkdtemp(prefix=f"{name}-")
+            build(path)
+            return path
+        path = os.path.join(self.root, f"{name}-{key}")
+        done = os.path.join(self.root, f"{name}-{key}.done")
+        if not os.path.exists(done):
+            import shutil
+
+            # Built in its final place (what it writes may name its own paths: lmms-eval's
+            # task YAMLs do), and marked whole by the .done file only once built.
+            shutil.rmtree(path, ignore_errors=True)
+            os.makedirs(path)
+            build(path)
+            open(done, "w").close()
+        return path
+
+    def value(self, name: str, key: str, compute):
+        """``compute()``'s result (picklable), computed once per key."""
+        import pickle
+
+        if self.root is None:
+            return compute()
+        path = os.path.join(self.root, f"{name}-{key}.pickle")
+        if os.path.exists(path):
+            with open(path, "rb") as f:
+                return pickle.load(f)
+        value = compute()
+        partial = f"{path}.{os.getpid()}.partial"
+        with open(partial, "wb") as f:
+            pickle.dump(value, f)
+        os.replace(partial, path)
+        return value

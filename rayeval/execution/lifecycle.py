@@ -192,7 +192,8 @@ def start_local_ray(attempts: int = 3, **kwargs) -> None:
     """``ray.init`` for a new local node, tried again when the node times out during start-up:
     Ray gives its raylet a fixed 30 s to register, which a machine under heavy load overruns,
     and a second try on the same machine then starts in seconds. Its workers run at the calling
-    process's priority, not Ray's 15 steps below it (constants.RAY_WORKER_NICENESS_ENV).
+    process's priority, not Ray's 15 steps below it (constants.RAY_WORKER_NICENESS_ENV), and
+    none is started before a run asks (constants.RAY_PRESTART_ENV); a user's variable wins.
     Always a new node (``address="local"``): without an address, ``ray.init`` joins the
     cluster a ``ray start`` left on this machine (/tmp/ray/ray_current_cluster), where
     ``num_cpus`` is refused and the run would share another cluster's workers."""
@@ -202,6 +203,8 @@ def start_local_ray(attempts: int = 3, **kwargs) -> None:
 
     if constants.RAY_WORKER_NICENESS_ENV not in os.environ:
         kwargs = compat.with_system_config(kwargs, worker_niceness=constants.LOCAL_WORKER_NICENESS)
+    if constants.RAY_PRESTART_ENV not in os.environ:        # constants: why none are prestarted
+        kwargs = compat.with_system_config(kwargs, prestart_worker_first_driver=False)
     for attempt in range(1, attempts + 1):
         try:
             ray.init(**kwargs)

@@ -24,6 +24,7 @@ class Calls:
 
 def install(monkeypatch, failures):
     monkeypatch.delenv("RAY_worker_niceness", raising=False)     # the user's choice is kept
+    monkeypatch.delenv("RAY_prestart_worker_first_driver", raising=False)
     calls = Calls(failures)
     monkeypatch.setattr(ray, "init", calls.init)
     monkeypatch.setattr(ray, "shutdown", calls.shutdown)
@@ -38,7 +39,8 @@ def timeout():
 def test_a_node_that_times_out_during_start_up_is_started_again(monkeypatch):
     calls = install(monkeypatch, [timeout()])
     start_local_ray(num_cpus=3)
-    same = {"num_cpus": 3, "_system_config": {"worker_niceness": 0}, "address": "local"}
+    same = {"num_cpus": 3, "address": "local", "_system_config": {
+        "worker_niceness": 0, "prestart_worker_first_driver": False}}
     assert calls.inits == [same, same]
     assert calls.shutdowns == 1            # the half-started node's processes first
 
@@ -57,11 +59,14 @@ def test_other_errors_are_not_retried(monkeypatch):
     assert len(calls.inits) == 1 and calls.shutdowns == 0
 
 
-def test_workers_run_at_the_caller_s_priority_unless_the_user_chose(monkeypatch):
+def test_workers_run_at_the_caller_s_priority_none_prestarted_unless_the_user_chose(
+        monkeypatch):
     calls = install(monkeypatch, [])
     start_local_ray(num_cpus=3, _system_config={"worker_maximum_startup_concurrency": 8})
     assert calls.inits[-1]["_system_config"] == {"worker_maximum_startup_concurrency": 8,
-                                                 "worker_niceness": 0}
+                                                 "worker_niceness": 0,
+                                                 "prestart_worker_first_driver": False}
     monkeypatch.setenv("RAY_worker_niceness", "10")      # the user's choice is Ray's to read
+    monkeypatch.setenv("RAY_prestart_worker_first_driver", "1")
     start_local_ray(num_cpus=3)
     assert calls.inits[-1] == {"num_cpus": 3, "address": "local"}
