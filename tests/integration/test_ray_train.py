@@ -209,21 +209,17 @@ def test_returned_metrics_name_each_evaluation_and_add_the_suites_aggregate(proj
 # --- a real TorchTrainer with validation ---------------------------------------------------------
 
 @pytest.fixture(scope="module")
-def ray_local():
-    import ray
-
-    # 1 training worker + rayeval's 1 validation worker + Ray Data's CPUs beside them
+def ray_local(ray_cluster):
+    """The user's own Ray, which the session's is (support.shared_ray: a Ray this process
+    started, its workers at the test's priority as rayeval's local Ray has them; Ray's
+    default, 15 steps nicer, is starved by other work on a busy machine), with room for 1
+    training worker + rayeval's 1 validation worker + Ray Data's CPUs beside them."""
     from ray import cloudpickle
 
-    # The user's own Ray; its workers at the test's priority as rayeval's local Ray has them
-    # (Ray's default, 15 steps nicer, is starved by other work on a busy machine).
-    ray.init(num_cpus=6, include_dashboard=False, log_to_driver=False, logging_level="ERROR",
-             _system_config={"worker_maximum_startup_concurrency": 8, "worker_niceness": 0})
     # The training loop below is sent by value: Ray's workers cannot import this test module.
     cloudpickle.register_pickle_by_value(sys.modules[__name__])
     yield
     cloudpickle.unregister_pickle_by_value(sys.modules[__name__])
-    ray.shutdown()
 
 
 def _train_loop(config):
