@@ -1,4 +1,5 @@
-"""The README's Quickstart block holds exactly two commands, and CI runs the second; the sweep
+"""The README's Quickstart block holds exactly two commands, and CI makes the second's install
+and runs its test command; the sweep
 file reference (docs/sweep-file.md) documents exactly the schema's keys in its table; every page
 of docs/ is linked from the README, and every relative link of the README and docs/ leads to a
 file and a heading that exist."""
@@ -29,8 +30,18 @@ def test_quickstart_has_two_commands_pinning_cpu_torch():
 
 
 def test_ci_runs_the_readme_test_command():
+    """The Quickstart's second line is an install and the test command: .ci/run makes the same
+    install once (the same torch pin and editable project, its extras with vLLM's CPU build's
+    beside the test extra, in one resolution) and runs the test command as a line of its own."""
     ci = open(os.path.join(REPO, ".ci", "run"), encoding="utf-8").read().splitlines()
-    assert quickstart_commands()[1] in ci
+    install, test = quickstart_commands()[1].split(" && ")
+    assert test == "python -m pytest" and test in ci
+    m = re.fullmatch(r"(pip install torch==2\.13\.0 -e )'\.\[([\w,-]+)\]'", install)
+    assert m, install
+    installs = [ln for ln in ci if ln.startswith(m.group(1))]
+    assert len(installs) == 1, installs                  # the project installed once
+    extras = re.fullmatch(re.escape(m.group(1)) + r"'\.\[([\w,-]+)\]'", installs[0])
+    assert extras and set(m.group(2).split(",")) <= set(extras.group(1).split(",")), installs
 
 
 WALKED = "walked"
