@@ -114,3 +114,30 @@ def test_a_registered_backend_is_a_sweep_s_model_backend_and_an_unknown_one_is_o
         _sweep_with_backend("tgi")
     assert str(bad.value).startswith("sweep.yaml: model.backend: unknown backend 'tgi'; "
                                      "choose one of: hf, vllm, ")
+
+
+def test_a_row_s_outputs_do_not_depend_on_the_rows_beside_it():
+    """A batch of a few rows (a shard's or a resumed segment's last) runs padded to MIN_ROWS:
+    each row's outputs are the bits it gets inside a full batch. Unpadded, batches of 1-3 rows
+    took other kernels here (an AVX-512 EPYC: 566-578 of 594 rows differed), and a resumed
+    cell's nll moved in its 11th digit (tests/e2e/test_resume.py)."""
+    from rayeval.core.backends.torch import MIN_ROWS, TorchBackend, first_rows, repeat
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 4))
+    backend = TorchBackend()
+    backend.serve(model)
+    x = torch.randn(64, 8)
+    with torch.no_grad():
+        full = backend.forward(x, None)
+        for size in range(1, MIN_ROWS + 2):
+            for start in range(0, 64 - size + 1, 7):
+                part = backend.forward(x[start:start + size], None)
+                assert part.shape == (size, 4)
+                assert torch.equal(part, full[start:start + size]), (size, start)
+    # the padding repeats a batch's rows in turn; the outputs are cut back to its own
+    assert repeat({"a": torch.arange(3)}, 8)["a"].tolist() == [0, 1, 2, 0, 1, 2, 0, 1]
+    out = (torch.zeros(8, 2), {"logits": torch.ones(8, 3), "n": 5}, torch.zeros(2))
+    cut = first_rows(out, 3, 8)
+    assert cut[0].shape == (3, 2) and cut[1]["logits"].shape == (3, 3) and cut[1]["n"] == 5
+    assert cut[2].shape == (2,)
