@@ -231,16 +231,17 @@ _TIER_SECONDS: dict[str, float] = {}
 _TIER_TESTS: dict[str, int] = {}
 
 
-def _tier(path: str) -> str:
-    """The tier of a test file: the folder under tests/ it sits in (unit, models, ...)."""
-    parts = os.path.relpath(path, os.path.dirname(os.path.abspath(__file__))).split(os.sep)
-    return parts[0] if len(parts) > 1 else "tests"
+def _tier(nodeid: str) -> str:
+    """The tier of a test: the folder under tests/ its file sits in (unit, models, ...), from
+    its node id (relative to the project, whatever folder a test has moved into)."""
+    parts = nodeid.split("::")[0].split("/")
+    return parts[1] if len(parts) > 2 and parts[0] == "tests" else "tests"
 
 
 def pytest_runtest_logreport(report):
     """Setup, call and teardown of every test, summed per tier: a module-scoped fixture's
     cost (a model built, a reference run) is in the setup of its module's first test."""
-    tier = _tier(str(report.fspath))
+    tier = _tier(report.nodeid)
     _TIER_SECONDS[tier] = _TIER_SECONDS.get(tier, 0.0) + report.duration
     if report.when == "call":
         _TIER_TESTS[tier] = _TIER_TESTS.get(tier, 0) + 1
