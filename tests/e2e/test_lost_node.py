@@ -34,7 +34,7 @@ from test_cluster import own_ports, user_env
 
 pytestmark = pytest.mark.ray
 
-ROWS = 1011              # 505 + 506 rows on 2 workers: no one-row batch (one runs as two rows)
+ROWS = 1011              # 505 + 506 rows on 2 workers (the Trap counts distinct rows)
 SEEDS = (1, 2, 3)        # one cell each: one published before the kill, one in flight, one left
 RUN_S = 240.0            # the submitted run, kill and restart included (stretched by the load)
 

@@ -316,8 +316,8 @@ def test_a_worker_killed_mid_cell_resumes_from_the_kept_states(ray_cluster, tmp_
     assert len(first) == 2, first
     again = sum(int(n) for p in count.iterdir() if p.name not in first
                 for n in p.read_text().split())
-    # only the rows left (a one-row batch runs as two rows: ``backends.torch``; a segment's
-    # last batch may have one)
+    # only the rows left (the Trap counts a batch's distinct rows: a batch of a few runs
+    # padded with their copies, ``backends.torch.MIN_ROWS``)
     assert 4000 - outcome.resumed <= again <= 4000 - outcome.resumed + 40, again
     assert not store_states.kept(ResultStore(sweep.output), [outcome.key])
     got = stored(sweep)
