@@ -257,9 +257,11 @@ def reference_metrics(model: torch.nn.Module, x: np.ndarray, y: np.ndarray) -> d
     """accuracy, macro F1 (scikit-learn's definition: classes present in targets or
     predictions) and NLL, in numpy, float64, in one process."""
     with torch.no_grad():
-        # at least 8 rows in the batch, as rayeval's backend runs them (backends.torch.MIN_ROWS):
-        # here a batch of 1-3 rows takes other kernels, whose rounding differs in float32
-        rows = torch.from_numpy(x)[torch.arange(max(len(x), 8)) % len(x)]
+        # at least MIN_ROWS rows in the batch, as rayeval's backend runs them: here a batch of
+        # 1-3 rows takes other kernels, whose rounding differs in float32
+        from rayeval.core.backends.torch import MIN_ROWS
+
+        rows = torch.from_numpy(x)[torch.arange(max(len(x), MIN_ROWS)) % len(x)]
         logits = model(rows)[:len(x)].double().numpy()
     pred = logits.argmax(axis=1)
     shifted = logits - logits.max(axis=1, keepdims=True)
@@ -608,8 +610,8 @@ class DiskCache:
     it depends on (the builder's source, its inputs' bytes, the packages' versions), so a
     second ``pytest`` in the same clone reads it instead (pytest's cache folder,
     ``.pytest_cache/d/rayeval-fixtures``; ``pytest --cache-clear`` empties it). A key that
-    misses is computed honestly, as without the cache; an entry counts only once whole (a
-    folder's ``.done`` mark, a value's rename)."""
+    misses is built honestly, as without the cache; a folder counts only once whole (its
+    ``.done`` mark)."""
 
     def __init__(self, root: str | None):
         self.root = root            # None: nothing kept (pytest -p no:cacheprovider)
@@ -634,20 +636,3 @@ class DiskCache:
             build(path)
             open(done, "w").close()
         return path
-
-    def value(self, name: str, key: str, compute):
-        """``compute()``'s result (picklable), computed once per key."""
-        import pickle
-
-        if self.root is None:
-            return compute()
-        path = os.path.join(self.root, f"{name}-{key}.pickle")
-        if os.path.exists(path):
-            with open(path, "rb") as f:
-                return pickle.load(f)
-        value = compute()
-        partial = f"{path}.{os.getpid()}.partial"
-        with open(partial, "wb") as f:
-            pickle.dump(value, f)
-        os.replace(partial, path)
-        return value
