@@ -56,11 +56,28 @@ class LmEvalEntry(lm_store.RequestTables):
         return [_one(context.output, t, names.member(name, t.task), path, common)
                 for t in tasks]
 
+    def coverage(self, include_path: str | None, backend: str, pattern: str | None = None
+                 ) -> list:
+        """Every leaf task of lm-eval's registry (and ``include_path``'s YAMLs) judged by the
+        rules a run applies (``render.refusal``) on model.backend ``backend``: a list of
+        ``coverage.Verdict`` (``pattern``: only the names it matches)."""
+        from lm_eval.api.task import ConfigurableTask, Task
+        from lm_eval.tasks import TaskManager
+
+        from rayeval.harness import coverage
+        from rayeval.harness import render as lm_render
+
+        with lm_render.quiet():
+            manager = TaskManager(include_path=include_path)
+        with coverage.without_data([ConfigurableTask]), lm_render.quiet():
+            return coverage.check(coverage.matching(manager.all_subtasks, pattern),
+                                  lambda name: manager.load([name]), Task,
+                                  lambda task, name: lm_render.refusal(task, name, backend))
+
     def sampling_problem(self, ev: EvalSpec) -> tuple[str, str]:
-        return (f"{ev.key_path}.lm_eval.gen_kwargs",
-                f"lm-eval task {ev.name!r} samples (do_sample or temperature > 0), which "
-                "runs on model.backend: vllm (each document seeded); set it, or decode "
-                "greedily: gen_kwargs: {do_sample: false, temperature: 0}")
+        from rayeval.harness.render import samples_problem
+
+        return f"{ev.key_path}.lm_eval.gen_kwargs", samples_problem(ev.name)
 
 
 def tokenizer(context: EntryContext):

@@ -117,11 +117,11 @@ def load_tasks(spec: LmEvalSpec, path: str) -> tuple[dict, list[Group]]:
         found.append(Group(str(name), [t.task_name for t in group.get_all_tasks()], aggs))
     found.sort(key=lambda g: g.name != spec.task)
     for name, task in tasks.items():
-        if getattr(task, "UNSAFE_CODE", False) or getattr(task, "MULTIMODAL", False):
-            _fail(f"{path}.task", f"lm-eval task {name!r} runs code or needs images; rayeval "
-                                  "scores text requests only")
         if task.get_config("output_type") == "generate_until" and spec.gen_kwargs:
             task.set_config(key="generation_kwargs", value=dict(spec.gen_kwargs), update=True)
+        refused = refusal(task, name)
+        if refused:
+            _fail(f"{path}.{refused[0]}", refused[1])
         if spec.num_fewshot is not None:
             if task.get_config("num_fewshot") != 0:       # lm-eval keeps a task's explicit 0
                 task.set_config(key="num_fewshot", value=spec.num_fewshot)
@@ -129,6 +129,40 @@ def load_tasks(spec: LmEvalSpec, path: str) -> tuple[dict, list[Group]]:
             task.set_config(key="num_fewshot", value=0)
         task.set_fewshot_seed(seed=spec.fewshot_seed)
     return tasks, found
+
+
+def refusal(task, name: str, backend: str | None = None) -> tuple[str, str] | None:
+    """The first reason rayeval cannot run lm-eval task ``name`` as lm-eval does, from what
+    the task object holds before its documents are loaded (its class, output type,
+    generation_kwargs and aggregations): (the entry's key at fault, the message), or None.
+    A run applies it to every task it loads; ``rayeval tasks --check`` to every task of the
+    registry (``coverage``), so the two never disagree. ``backend``: the model's, where
+    sampling is asked about (None: the loader says it, per evaluation)."""
+    if getattr(task, "UNSAFE_CODE", False) or getattr(task, "MULTIMODAL", False):
+        return "task", f"lm-eval task {name!r} runs code or needs images; rayeval scores " \
+                       "text requests only"
+    if task.get_config("output_type") == "generate_until":
+        kwargs = dict(task.get_config("generation_kwargs") or {})
+        unknown = sorted(set(kwargs) - GENERATION_KEYS)
+        if unknown:
+            return "gen_kwargs", f"lm-eval task {name!r} sets generation_kwargs {unknown} " \
+                                 "that rayeval cannot honour; until, max_gen_toks, " \
+                                 "do_sample, temperature and top_p apply"
+        if backend is not None and backend != "vllm" and sampling_of(kwargs, 1)[0] > 0:
+            return "gen_kwargs", samples_problem(name)
+    try:
+        layout(task)
+    except NotMergeable as e:
+        return "task", f"lm-eval task {name!r}: {e}, which needs every item in one place; " \
+                       f"rayeval merges exact sums ({', '.join(AGGREGATIONS)})"
+    return None
+
+
+def samples_problem(name: str) -> str:
+    """Why lm-eval task ``name``, which samples, cannot run on a backend other than vLLM."""
+    return (f"lm-eval task {name!r} samples (do_sample or temperature > 0), which runs on "
+            "model.backend: vllm (each document seeded); set it, or decode greedily: "
+            "gen_kwargs: {do_sample: false, temperature: 0}")
 
 
 def limit_count(task, limit: float | None) -> int | None:
@@ -248,7 +282,7 @@ def _render_task(spec, path, name, task, tokenizer) -> Rendered:
         rows["instances"].append(_encode(output_type, instances, path, name))
     table = pa.table(rows, schema=table_schema())
     until, max_gen_toks, sampling = _generation(task, by_doc, path, name)
-    metrics = _metrics(task, path, name)
+    metrics = layout(task)        # one that does not merge was refused (``refusal``)
     filters = filter_names(task)
     lm_keys = {names.metric_key(m, f): names.result_key(m, f, len(filters))
                for f in filters for m in task.aggregation()}
@@ -336,26 +370,20 @@ def _generation(task, by_doc, path, name) -> tuple[tuple[str, ...], int, tuple]:
                               "document; rayeval decodes one way per task")
     first = next(iter(by_doc.values()))[0]
     kwargs = dict(first.args[1])
-    unknown = sorted(set(kwargs) - GENERATION_KEYS)
-    if unknown:
-        _fail(f"{path}.gen_kwargs", f"lm-eval task {name!r} sets generation_kwargs {unknown} "
-                                    "that rayeval cannot honour; until, max_gen_toks, "
-                                    "do_sample, temperature and top_p apply")
-    temperature = float(kwargs.get("temperature", 0.0) or 0.0)
-    if kwargs.get("do_sample") and temperature == 0:
-        temperature = 1.0
-    elif kwargs.get("do_sample") is False:
-        temperature = 0.0
-    sampling = (temperature, float(kwargs.get("top_p", 1.0) or 1.0),
-                max(1, int(first.repeats or 1)) if temperature > 0 else 1)
+    sampling = sampling_of(kwargs, first.repeats)
     until = kwargs.get("until") or []
     until = [until] if isinstance(until, str) else list(until)
     return tuple(until), int(kwargs.get("max_gen_toks", 256)), sampling
 
 
-def _metrics(task, path, name) -> list[tuple[str, str, int, bool]]:
-    try:
-        return layout(task)
-    except NotMergeable as e:
-        _fail(f"{path}.task", f"lm-eval task {name!r}: {e}, which needs every item in one "
-                              f"place; rayeval merges exact sums ({', '.join(AGGREGATIONS)})")
+def sampling_of(kwargs: dict, repeats) -> tuple[float, float, int]:
+    """(temperature, top_p, repeats) of lm-eval generation_kwargs; temperature 0 when greedy
+    (lm-eval's HF model samples when do_sample is true, at temperature 1 unless one is given)."""
+    temperature = float(kwargs.get("temperature", 0.0) or 0.0)
+    if kwargs.get("do_sample") and temperature == 0:
+        temperature = 1.0
+    elif kwargs.get("do_sample") is False:
+        temperature = 0.0
+    return (temperature, float(kwargs.get("top_p", 1.0) or 1.0),
+            max(1, int(repeats or 1)) if temperature > 0 else 1)
+

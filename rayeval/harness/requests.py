@@ -99,10 +99,17 @@ def metric_layout(task, metrics_module, aggregations: dict) -> list[tuple[str, s
         for metric, agg in task.aggregation().items():
             fn = known.get(agg)
             if fn is None:
-                raise NotMergeable(f"{metric} aggregates with "
-                                   f"{getattr(agg, '__name__', agg)}")
+                raise NotMergeable(f"{metric} aggregates with {function_name(agg)}")
             kind, width = aggregations[fn]
             key = names.result_key(metric, filter_name, len(filters))
             out.append((key, kind, column, bool(higher.get(metric, True))))
             column += width
     return out
+
+
+def function_name(fn) -> str:
+    """A task's aggregation by name, the same in every process (a ``functools.partial`` by its
+    function's name, never an address)."""
+    inner = getattr(fn, "func", None)
+    name = getattr(fn, "__name__", None) or getattr(inner, "__name__", None)
+    return name or str(fn)

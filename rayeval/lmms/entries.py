@@ -55,6 +55,34 @@ class LmmsEvalEntry(lm_store.RequestTables):
         return [_one(output, t, names.member(name, t.task), path, common, judge)
                 for t in tasks]
 
+    def coverage(self, include_path: str | None, backend: str, pattern: str | None = None
+                 ) -> list:
+        """Every leaf task of lmms-eval's registry (and ``include_path``'s YAMLs), built for a
+        chat model as a run builds it, judged by the rules a run applies (``render.refusal``)
+        for an entry with a ``judge:``; an accepted task that asks the judge says so. A list
+        of ``harness.coverage.Verdict`` (``pattern``: only the names it matches)."""
+        from lmms_eval.api.task import ConfigurableTask, Task
+        from lmms_eval.tasks import TaskManager
+
+        from rayeval.harness import coverage
+        from rayeval.lmms import judge_server
+        from rayeval.lmms import render as lmms_render
+
+        def note(task, name: str) -> str:
+            found = lmms_render._judge(task)
+            return "" if found is None else \
+                f"judged ({found[0]}): give the entry judge: {{model: FOLDER}}"
+
+        with lmms_render._silent():
+            manager = TaskManager("ERROR", include_path=include_path)
+        with coverage.without_data([ConfigurableTask]), lmms_render._silent(), \
+                judge_server.rendering():
+            return coverage.check(
+                coverage.matching(manager.all_subtasks, pattern),
+                lambda name: manager.load_task_or_group([name], task_type="chat"), Task,
+                lambda task, name: lmms_render.refusal(task, name, judge=True), note,
+                library="lmms-eval")
+
     def sampling_problem(self, ev: EvalSpec) -> None:
         return None           # lmms-eval entries never sample (refused when rendered)
 

@@ -31,6 +31,7 @@ import inspect
 import io
 import json
 import os
+import re
 import sys
 from dataclasses import dataclass
 
@@ -155,25 +156,76 @@ def load_tasks(spec: LmmsEvalSpec, path: str) -> tuple[dict, list[tuple]]:
 
 
 def check_task(task, name: str, path: str, judge: bool = False) -> str | None:
-    """What rayeval cannot do the way lmms-eval's run does it, in one line; where the task
-    asks lmms-eval's judge (served when the entry has a ``judge``, else refused)."""
+    """``refusal``'s reason as a one-line error at the entry's key; else where the task asks
+    lmms-eval's judge (served when the entry has a ``judge``), or None."""
+    refused = refusal(task, name, judge)
+    if refused:
+        _fail(f"{path}.{refused[0]}", refused[1])
+    found = _judge(task)
+    return None if found is None else found[0]
+
+
+def refusal(task, name: str, judge: bool = False) -> tuple[str, str] | None:
+    """The first reason rayeval cannot run lmms-eval task ``name`` as lmms-eval does, from
+    what the task object holds before its documents are loaded (output type, judge,
+    generation_kwargs, aggregations): (the entry's key at fault, the message), or None. A run
+    applies it to every task it loads and ``rayeval tasks --check`` to every task of the
+    registry (``harness.coverage``), so the two never disagree. ``judge``: the entry serves
+    a judge (``judge: {model: ...}``)."""
     kind = task.OUTPUT_TYPE
     if kind != "generate_until":
-        _fail(f"{path}.task", f"lmms-eval task {name!r} has output_type {kind!r}; rayeval "
-                              "evaluates generate_until tasks (what lmms-eval's chat models do)")
+        return "task", f"lmms-eval task {name!r} has output_type {kind!r}; rayeval " \
+                       "evaluates generate_until tasks (what lmms-eval's chat models do)"
+    media = _media(task)
+    if media:
+        return "task", f"lmms-eval task {name!r} gives its model {media}; rayeval " \
+                       "evaluates images and text (video and audio are not supported)"
     found = _judge(task)
-    if found is None:
-        return None
-    where, served = found
-    said = f"lmms-eval task {name!r} is judged by an API model ({where}); rayeval does not " \
-           "call API judges"
-    if not served:
-        _fail(f"{path}.task", said + ("; it calls the API itself, not through lmms-eval's "
-                                      "llm_judge, so a judge: cannot serve it" if judge else ""))
-    if not judge:
-        _fail(f"{path}.task", f"{said}: give the entry judge: {{model: FOLDER}}, a local model "
-                              "rayeval serves it (docs/lmms-judges.md)")
-    return where
+    if found is not None:
+        where, served = found
+        said = f"lmms-eval task {name!r} is judged by an API model ({where}); rayeval does " \
+               "not call API judges"
+        if not served:
+            return "task", said + ("; it calls the API itself, not through lmms-eval's "
+                                   "llm_judge, so a judge: cannot serve it" if judge else "")
+        if not judge:
+            return "task", f"{said}: give the entry judge: {{model: FOLDER}}, a local model " \
+                           "rayeval serves it (docs/lmms-judges.md)"
+    kwargs = dict(task.get_config("generation_kwargs") or {})
+    problem = _generation_problem(kwargs, name)
+    if problem:
+        return "gen_kwargs", problem
+    try:
+        layout(task)
+    except NotMergeable as e:
+        return "task", f"lmms-eval task {name!r}: {e}, which needs every item in one place; " \
+                       f"rayeval merges exact sums ({', '.join(AGGREGATIONS)})"
+    return None
+
+
+# What a task's document functions read when they give the model video or audio (measured on
+# lmms-eval 0.7.3's registry: these name every video and audio task that builds without its
+# documents, 71 of them, and no image task).
+VIDEO_MARKS = re.compile(r"video|\.mp4|decord|VideoReader|frames", re.IGNORECASE)
+AUDIO_MARKS = re.compile(r"audio|librosa|soundfile|\.wav", re.IGNORECASE)
+
+
+def _media(task) -> str | None:
+    """Video or audio, where the task's documents give its model that (its dataset_kwargs
+    say video, or the source of its doc_to_visual, doc_to_messages or doc_to_audio reads it),
+    said with where it was seen; None for images and text."""
+    if (task.get_config("dataset_kwargs") or {}).get("video"):
+        return "video (dataset_kwargs.video)"
+    for key in ("doc_to_visual", "doc_to_messages", "doc_to_audio"):
+        try:
+            source = inspect.getsource(task.get_config(key))
+        except (TypeError, OSError, AttributeError):
+            continue
+        for what, marks in (("video", VIDEO_MARKS), ("audio", AUDIO_MARKS)):
+            found = marks.search(source)
+            if found:
+                return f"{what} ({key} reads {found.group(0)!r})"
+    return None
 
 
 def _judge(task) -> tuple[str, bool] | None:
@@ -295,7 +347,7 @@ def _render_task(spec, path, name, task) -> Rendered:
             digest.update(b"\0")
     table = pa.table(rows, schema=table_schema())
     max_new_tokens = _generation(instances, path, name)
-    metrics = _metrics(task, path, name)
+    metrics = layout(task)        # one that does not merge was refused (``refusal``)
     filters = filter_names(task)
     lm_keys = {names.metric_key(m, f): names.result_key(m, f, len(filters))
                for f in filters for m in task.aggregation()}
@@ -378,20 +430,19 @@ def _generation(instances, path, name) -> int:
         _fail(f"{path}.task", f"lmms-eval task {name!r} asks for different generation_kwargs "
                               "per document; rayeval decodes one way per task")
     kwargs = dict(instances[0].args[2] or {})
-    unknown = sorted(set(kwargs) - GENERATION_KEYS)
-    if unknown:
-        _fail(f"{path}.gen_kwargs", f"lmms-eval task {name!r} sets generation_kwargs {unknown} "
-                                    "that rayeval cannot honour; max_new_tokens applies")
-    if float(kwargs.get("temperature", 0) or 0) > 0 or int(kwargs.get("num_beams", 1) or 1) > 1:
-        _fail(f"{path}.gen_kwargs", f"lmms-eval task {name!r} samples or searches beams "
-                                    "(temperature above 0 or num_beams above 1); rayeval decodes "
-                                    "lmms-eval tasks greedily: gen_kwargs: {temperature: 0}")
+    problem = _generation_problem(kwargs, name)
+    if problem:                 # a document's own kwargs, where the task sets them per item
+        _fail(f"{path}.gen_kwargs", problem)
     return int(kwargs.get("max_new_tokens", DEFAULT_MAX_NEW_TOKENS))
 
 
-def _metrics(task, path, name) -> list:
-    try:
-        return layout(task)
-    except NotMergeable as e:
-        _fail(f"{path}.task", f"lmms-eval task {name!r}: {e}, which needs every item in one "
-                              f"place; rayeval merges exact sums ({', '.join(AGGREGATIONS)})")
+def _generation_problem(kwargs: dict, name: str) -> str | None:
+    unknown = sorted(set(kwargs) - GENERATION_KEYS)
+    if unknown:
+        return f"lmms-eval task {name!r} sets generation_kwargs {unknown} that rayeval " \
+               "cannot honour; max_new_tokens applies"
+    if float(kwargs.get("temperature", 0) or 0) > 0 or int(kwargs.get("num_beams", 1) or 1) > 1:
+        return f"lmms-eval task {name!r} samples or searches beams (temperature above 0 or " \
+               "num_beams above 1); rayeval decodes lmms-eval tasks greedily: " \
+               "gen_kwargs: {temperature: 0}"
+    return None

@@ -235,8 +235,10 @@ def _parser() -> argparse.ArgumentParser:
                           "(default: the sweep's parallelism.shard)")
 
     from rayeval.ui.commands_report import add_parsers
+    from rayeval.ui.commands_tasks import add_parser as add_tasks
 
     add_parsers(sub)
+    add_tasks(sub)
 
     cm = sub.add_parser("confusion", help="show a stored confusion matrix")
     cm.add_argument("store", metavar="STORE")
@@ -352,7 +354,7 @@ def dispatch(args, out: Console, err: Console, standing=None, seen=None) -> int:
                                            _leaderboard, _query, _samples)
 
     try:
-        if args.command in ("run", "watch", "submit", "k8s", "inspect", "serve"):
+        if args.command in ("run", "watch", "submit", "k8s", "inspect", "serve", "tasks"):
             load_plugins()
         if args.command == "run":
             return _run(args, out, err, standing=standing, seen=seen)
@@ -384,6 +386,10 @@ def dispatch(args, out: Console, err: Console, standing=None, seen=None) -> int:
             return _confusion(args, out)
         if args.command == "inspect":
             return _inspect(args, out)
+        if args.command == "tasks":
+            from rayeval.ui.commands_tasks import _tasks
+
+            return _tasks(args, out)
         if args.command == "store":
             return _compact(args, out)
         if args.command == "query":

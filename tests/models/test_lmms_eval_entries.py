@@ -136,8 +136,8 @@ BAD = {
                      "'rayeval_easyvqa'?)"),
     "video": ({"task": "rayeval_easyvqa", "include_path": "tasks"},
               {'return [Image.open(doc["image"]).convert("RGB")]': 'return ["clip.mp4"]'},
-              "gives document 0 a video input; rayeval evaluates images and text (video and "
-              "audio are not supported)"),
+              "gives its model video (doc_to_visual reads '.mp4'); rayeval evaluates images "
+              "and text (video and audio are not supported)"),
     "api judge": ({"task": "rayeval_easyvqa", "include_path": "tasks"},
                   {"from PIL import Image\n": "from PIL import Image\n\n\ndef judge(doc):\n"
                                               "    from lmms_eval.llm_judge import get_server"
