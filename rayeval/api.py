@@ -32,18 +32,20 @@ if TYPE_CHECKING:                               # types only: importing these pu
 __all__ = ["run", "load_sweep", "results", "query", "leaderboard"]
 
 
-def load_sweep(path: str | os.PathLike) -> Sweep:
+def load_sweep(path: str | os.PathLike, *, output: str | os.PathLike | None = None) -> Sweep:
     """Read and validate a sweep file (YAML).
 
     Returns the frozen, typed :class:`rayeval.Sweep`; relative paths in the file are resolved
-    from the file's own folder. Raises :class:`rayeval.SpecError` naming the file and the key
+    from the file's own folder. ``output``: the result store in place of the file's
+    ``output:``, which the file may then leave out (a relative folder is taken from the current
+    one, as ``--output`` is). Raises :class:`rayeval.SpecError` naming the file and the key
     path at fault (a missing file, invalid YAML, an unknown, missing or mistyped key, a bad
     value). Nothing is evaluated, no data is read and no Ray is started.
     """
     from rayeval.plan.loader import load_sweep as _load
 
     load_plugins()                       # the sweep may name a plugin's task or metric
-    return _load(os.fspath(path))
+    return _load(os.fspath(path), output=None if output is None else os.fspath(output))
 
 
 def run(sweep: Sweep | str | os.PathLike, *, workers: int | None = None,
@@ -97,7 +99,7 @@ def run(sweep: Sweep | str | os.PathLike, *, workers: int | None = None,
     from rayeval.reporting.display import console_callbacks, console_say
 
     if isinstance(sweep, (str, os.PathLike)):
-        sweep = load_sweep(sweep)
+        sweep = load_sweep(sweep, output=output)
     elif not isinstance(sweep, Sweep):
         raise TypeError(f"sweep: expected a rayeval.Sweep or the path of a sweep file, got "
                         f"{type(sweep).__name__}")

@@ -205,7 +205,8 @@ def submit(sweep_path: str, address: str | None, *, workers: int | None = None,
            wandb: str | None = None) -> tuple[object, str, Package]:
     """Validate here, then submit; returns (client, job id, package). The trackers' packages
     are the cluster's business: its `rayeval run` checks them."""
-    sweep = with_trackers(with_overrides(load_sweep(sweep_path), workers=workers),
+    sweep = with_trackers(with_overrides(load_sweep(sweep_path, output=output),
+                                         workers=workers),
                           mlflow=mlflow, wandb=wandb)
     pkg = package(sweep_path, sweep, output)
     jobs = client(address)

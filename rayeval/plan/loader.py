@@ -56,8 +56,10 @@ class _Defaults:
     samples: bool
 
 
-def load_sweep(path: str) -> Sweep:
-    """Read and validate a sweep file; raises SpecError naming the key path at fault."""
+def load_sweep(path: str, output: str | None = None) -> Sweep:
+    """Read and validate a sweep file; raises SpecError naming the key path at fault.
+    ``output``: the result store in place of the file's ``output:`` (``--output``; a relative
+    folder is taken from the current one), which the file may then leave out."""
     source = os.fspath(path)
     try:
         with open(source, encoding="utf-8", newline="") as f:   # its line ends as written:
@@ -76,6 +78,8 @@ def load_sweep(path: str) -> Sweep:
         problem = getattr(e, "problem", None) or "invalid YAML"
         raise SpecError(f"{source}: not valid YAML{where}: {problem}") from None
     base_dir = os.path.dirname(os.path.abspath(source))
+    if output is not None and isinstance(raw, dict):     # before the entries read the store
+        raw = {**raw, "output": paths.resolve(os.fspath(output), os.getcwd())}
     return parse_sweep(raw, base_dir=base_dir, source=source).replace(text=text)
 
 

@@ -34,7 +34,8 @@ def _run(args, out: Console, err: Console, standing=None, seen=None) -> int:
 
     sweep = args.sweep
     if args.mlflow is not None or args.wandb is not None or args.checkpoint:
-        sweep = with_trackers(load_sweep(args.sweep), mlflow=args.mlflow, wandb=args.wandb)
+        sweep = with_trackers(load_sweep(args.sweep, output=args.output), mlflow=args.mlflow,
+                              wandb=args.wandb)
         if args.checkpoint:          # from this folder, as --output is
             sweep = sweep.replace(checkpoints=tuple(
                 c if "://" in c else os.path.abspath(c) for c in args.checkpoint))
@@ -103,7 +104,8 @@ def _watch(args, out: Console, err: Console) -> int:
 
     if args.interval <= 0 or (args.settle is not None and args.settle < 0):
         raise SpecError("--interval must be above 0 and --settle at least 0 seconds")
-    sweep = with_overrides(load_sweep(args.sweep), workers=args.workers, output=args.output)
+    sweep = with_overrides(load_sweep(args.sweep, output=args.output), workers=args.workers,
+                           output=args.output)
     sweep = with_trackers(sweep, mlflow=args.mlflow, wandb=args.wandb)
     given = {k: v for k, v in (("ready", args.ready), ("order", args.order)) if v is not None}
     if given:

@@ -68,6 +68,37 @@ def test_fewer_rows_than_workers(standing, tmp_path):
     assert_matches_reference(sweep, x, y, (1,), 3)
 
 
+def test_output_flag_gives_the_store_of_a_sweep_without_one(standing, tmp_path, monkeypatch):
+    """``rayeval run SWEEP --output DIR`` on a sweep file with no ``output:`` (issue 56: it
+    failed with "output: missing required key"), through the CLI's own dispatch on the
+    session's standing workers; a relative DIR is taken from the current folder."""
+    from rich.console import Console
+
+    from rayeval.ui import cli
+
+    write_model_module(str(tmp_path))
+    x, y = make_data(64, seed=64)
+    write_parquet(str(tmp_path / "data.parquet"), x, y)
+    (tmp_path / "ckpts").mkdir()
+    torch.save(build_model(seed=1).state_dict(), tmp_path / "ckpts" / "step_1.pt")
+    write_sweep(str(tmp_path), output=None)
+    assert "output" not in open(tmp_path / "sweep.yaml").read()
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "here").mkdir()
+    monkeypatch.chdir(tmp_path / "here")
+    out, err = Console(record=True, width=200), Console(record=True, width=200)
+    code = cli.dispatch(cli.parse(["run", str(tmp_path / "sweep.yaml"), "--output", "store"]),
+                        out, err, standing=standing)
+    assert code == 0, err.export_text()
+    assert "Traceback" not in err.export_text()
+    assert_matches_reference(load_sweep(str(tmp_path / "sweep.yaml"),
+                                        output=str(tmp_path / "here" / "store")), x, y, (1,), 1)
+    # and without --output, the one line it always was
+    code = cli.dispatch(cli.parse(["run", str(tmp_path / "sweep.yaml")]), out, err,
+                        standing=standing)
+    assert code == 2 and "output: missing required key" in err.export_text()
+
+
 def _dcp_two_ranks(rank, rendezvous, path):
     import torch.distributed as tdist
 
