@@ -311,19 +311,17 @@ def _rank(entries: list[Entry], column: Column) -> list[Entry]:
 
 
 def _mark(entries: list[Entry], column: str, higher: bool) -> None:
-    """'*' on the best value of a column, '~' on those whose paired interval of the difference
-    to the best contains zero (not distinguishable from it). When several share the best value
-    exactly, none is marked best: all are '~'."""
+    """'*' on the best value of a column, on every checkpoint that has it exactly (a tie at
+    the top is the best twice, issue 56: it showed '~' on both and '*' on none); '~' on those
+    whose paired interval of the difference to the best contains zero (not distinguishable
+    from it)."""
     group = [e for e in entries if e.value(column) is not None and not e.stopped]
     if not group:
         return
     best = max(group, key=lambda e: direction(higher) * e.value(column))
     ties = [e for e in group if e.value(column) == best.value(column)]
-    if len(ties) > 1:             # equal values: none is the best, none is distinguishable
-        for e in ties:
-            e.marks[column] = "~"
-    else:
-        best.marks[column] = "*"
+    for e in ties:
+        e.marks[column] = "*"
     for e in group:
         if e in ties:
             continue

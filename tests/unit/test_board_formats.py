@@ -275,8 +275,12 @@ def test_the_page_marks_each_columns_best_cell_not_the_best_row():
         marked = [text.endswith("*") for _, text in cells]
         assert [("best" in c.split()) for c, _ in cells] == marked, column.name
         assert [("tied" in c.split()) for c, t in cells] == [t.endswith("~") for _, t in cells]
-        if any(marked):
-            assert best == [min(values) if not column.higher_is_better else max(values)]
+        if any(marked):           # every cell with the best value, and only those (ties too)
+            exact = [e.value(column.name) for e in board.entries]
+            top = (min if not column.higher_is_better else max)(
+                v for v in exact if v is not None)
+            assert marked == [v == top for v in exact], column.name
+            assert len(set(best)) == 1, column.name
     ppl = names.index("docs/word_perplexityn = 1,000")
     assert [text.split()[0] for c, text in (row[ppl] for row in page.rows)
             if "best" in c] == ["3.1000"]                   # b's, not the top row's 13.2
@@ -297,7 +301,8 @@ def test_the_page_states_intervals_exact_cells_notes_and_freezes_the_names():
     page = parsed(html)
     high = stats.binomtest(0, 40).proportion_ci(0.95, method="exact").high
     hard = [text for classes, text in page.head].index("hard/accn = 40")
-    assert {row[hard][1] for row in page.rows} == {f"0.0000 exact [0.0000, {high:.4f}]~"}
+    # every checkpoint scores 0 on it: all tied at the best, all '*'
+    assert {row[hard][1] for row in page.rows} == {f"0.0000 exact [0.0000, {high:.4f}]*"}
     assert "[0.0000, 0.0000]" not in html
     assert "[low, high]: 95% bootstrap interval" in html and "Clopper-Pearson" in html
     assert 'title="n = 40; 95% Clopper-Pearson exact interval' in html
@@ -316,11 +321,11 @@ def test_the_page_states_intervals_exact_cells_notes_and_freezes_the_names():
 
 def test_the_text_formats_show_the_exact_interval_and_the_scales_note():
     board = build_board(hand_rows(), aggregate="mean")
-    assert "| 0.0000 exact [0.0000, 0.0881]~ |" in to_markdown(board)
+    assert "| 0.0000 exact [0.0000, 0.0881]* |" in to_markdown(board)    # tied at the best
     shown = Console(file=io.StringIO(), width=400)
     render_rich(board, shown)
     text = shown.file.getvalue()
-    assert "0.0000 exact [0.0000, 0.0881]~" in text and "95% bootstrap interval" in text
+    assert "0.0000 exact [0.0000, 0.0881]*" in text and "95% bootstrap interval" in text
     assert "the aggregate averages metrics on different scales" in " ".join(text.split())
 
 

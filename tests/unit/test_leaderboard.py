@@ -523,9 +523,11 @@ def test_plot_keeps_one_colour_per_sweep_and_the_title_clear_of_the_panels():
         plt.close(fig)
 
 
-def test_tiny_data_warns_and_identical_values_crown_nobody():
+def test_tiny_data_warns_and_identical_best_values_are_all_marked_best():
     """A 1-row data set gives [1, 1] intervals to every checkpoint that gets the row right:
-    no best mark on a tie, and a warning that says why the numbers mean little."""
+    both share the best value, so both are marked '*' (issue 56: a tie showed '~' on both and
+    '*' on none), the rank's crown goes to neither, and a warning says why the numbers mean
+    little."""
     from rich.console import Console
     import io
 
@@ -541,13 +543,14 @@ def test_tiny_data_warns_and_identical_values_crown_nobody():
 
     board = build_board([row("a.pt", 1, 1.0), row("b.pt", 2, 1.0), row("c.pt", 3, 0.0)])
     assert not any(e.best for e in board.entries)
-    assert [e.marks.get("accuracy") for e in board.entries] == ["~", "~", None]
+    assert [e.marks.get("accuracy") for e in board.entries] == ["*", "*", None]
     assert board.notes == ["warning: one has only 1 row(s); with fewer than 30 the intervals "
                            "and the ranking on it mean little"]
     out = io.StringIO()
     render_rich(board, Console(file=out, width=120, force_terminal=False))
     text = out.getvalue()
-    assert "warning: one has only 1 row(s)" in text and "1 *" not in text
+    assert "warning: one has only 1 row(s)" in text
+    assert text.count("1.0000 exact [0.0250, 1.0000]*") == 2, text
     unique = build_board([row("a.pt", 1, 1.0), row("c.pt", 3, 0.0)])
     assert unique.entries[0].best and unique.entries[0].marks["accuracy"] == "*"
 
