@@ -228,7 +228,14 @@ class ResultStore:
             tables = []
             for name in names:
                 with self.fs.open_input_file(f"{folder}/{name}") as f:
-                    tables.append(pq.read_table(f))
+                    try:
+                        tables.append(pq.read_table(f))
+                    except pa.ArrowInvalid as e:      # the file named, not pyarrow's '<Buffer>'
+                        why = str(e).splitlines()[0].rpartition("': ")[2][:160]
+                        raise StoreError(
+                            f"cannot read per-item records: {folder}/{name} is damaged ({why}); "
+                            "the cell's results are whole, and `rayeval run --force` writes "
+                            "them and their records again") from None
         except (pa.ArrowInvalid, OSError) as e:
             raise StoreError(f"cannot read per-item records: "
                              f"{paths.explain(e, self.location)}") from None

@@ -260,3 +260,24 @@ def test_per_item_records_of_a_worker_given_no_rows_are_read_with_the_others(tmp
     store.write_samples("cell", "tag", 2, 3, records_table([]))
     got = store.read_samples("cell", "tag")
     assert got.equals(rows_of) and isinstance(got, pa.Table)
+
+
+def test_a_damaged_records_file_is_one_line_naming_it(tmp_path):
+    """Issue 56: a damaged records file gave "Could not open Parquet input source '<Buffer>'",
+    naming no file; the line names it and what brings the records back."""
+    from rayeval.core.samples import records_table
+    from rayeval.errors import StoreError
+
+    store = ResultStore(str(tmp_path / "out"))
+    store.write_samples("cell", "tag", 0, 2, records_table([{"id": [1], "response": ["a"]}]))
+    store.write_samples("cell", "tag", 1, 2, records_table([{"id": [2], "response": ["b"]}]))
+    assert store.read_samples("cell", "tag").num_rows == 2
+    damaged = tmp_path / "out" / "samples" / "cell" / "tag-00001-of-00002.parquet"
+    damaged.write_bytes(b"\0" * 200)
+    with pytest.raises(StoreError) as error:
+        store.read_samples("cell", "tag")
+    line = str(error.value)
+    assert line.startswith(f"cannot read per-item records: {damaged} is damaged (")
+    assert line.endswith("; the cell's results are whole, and `rayeval run --force` writes "
+                         "them and their records again")
+    assert "\n" not in line and "<Buffer>" not in line
