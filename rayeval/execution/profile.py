@@ -46,6 +46,21 @@ class Timer:
         return {k: (v, self.counts[k]) for k, v in self.seconds.items()}
 
 
+_COMMAND_START: list[float] = []      # time.monotonic() when the command being run began
+
+
+def command_started(whole_process: bool) -> None:
+    """Mark the start of the command being run: the process's own start where the process
+    was started for it (the console script: its interpreter start and imports are the user's
+    wait too), else now (a service's run, a command called from Python)."""
+    _COMMAND_START[:] = [time.monotonic() - (since_process_start() if whole_process else 0.0)]
+
+
+def since_command_start() -> float | None:
+    """Seconds since the command being run began (``command_started``); None if unmarked."""
+    return time.monotonic() - _COMMAND_START[0] if _COMMAND_START else None
+
+
 def since_process_start() -> float:
     """Seconds since this process started: what imports and start-up took before ``main``."""
     try:

@@ -271,6 +271,7 @@ def console_main() -> None:
     (``execution.signals``): one that lands as ``main`` returns ends the command the same
     way; once decided, the process only exits, and later signals are ignored (no traceback
     from an exit hook)."""
+    _CONSOLE.append(True)          # this process runs one command: its start is the command's
     code = None
     while True:
         try:
@@ -292,6 +293,7 @@ def console_main() -> None:
 
 
 _said: list[str] = []      # the interrupted line, once printed (a second signal adds none)
+_CONSOLE: list[bool] = []  # started as the console script (console_main), not called in Python
 _command: list[str] = []   # the command being run (its interrupted line)
 
 
@@ -344,6 +346,9 @@ def dispatch(args, out: Console, err: Console, standing=None, seen=None) -> int:
     _said.clear()
     _command.clear()
     _command.append(args.command)
+    from rayeval.execution.profile import command_started
+
+    command_started(whole_process=bool(_CONSOLE) and standing is None)
     from rich.markup import escape
 
     from rayeval.config.plugins import load_plugins
