@@ -83,6 +83,21 @@ def task_manager(spec: LmEvalSpec, path: str):
     return TaskManager()
 
 
+def build_failure(error: BaseException) -> str:
+    """Why lm-eval (or lmms-eval) could not build a task, in one line: the error under a
+    tenacity ``RetryError`` (lmms-eval retries its dataset loads; issue 56: it said
+    "RetryError[<Future ...>]"), and for a missing file the folder a relative ``data_files``
+    path is taken from (the one rayeval runs in, not the YAML's)."""
+    last = getattr(error, "last_attempt", None)
+    if last is not None and last.exception() is not None:
+        error = last.exception()
+    said = f"{type(error).__name__}: {(str(error).splitlines() or [''])[0][:300]}"
+    if isinstance(error, FileNotFoundError):
+        said += (f"; a relative path in the task's data_files is taken from the folder "
+                 f"rayeval runs in ({os.getcwd()})")
+    return said
+
+
 def check_known(manager, task: str, path: str, tool: str, what: str) -> None:
     """One line, with the nearest name it knows, where ``tool``'s (lm-eval's or lmms-eval's)
     TaskManager knows no ``what`` (a task, or a task or group) of the name ``task``."""
@@ -102,8 +117,7 @@ def load_tasks(spec: LmEvalSpec, path: str) -> tuple[dict, list[Group]]:
     try:
         loaded = manager.load([spec.task])
     except Exception as error:                        # lm-eval's own message says what
-        _fail(f"{path}.task", f"lm-eval could not build {spec.task!r}: "
-                              f"{type(error).__name__}: {str(error).splitlines()[0][:300]}")
+        _fail(f"{path}.task", f"lm-eval could not build {spec.task!r}: {build_failure(error)}")
     tasks = dict(loaded["tasks"])
     found = []
     for name, group in (loaded.get("groups") or {}).items():

@@ -42,8 +42,8 @@ from rayeval.config.schema import LmmsEvalSpec
 from rayeval.errors import SpecError, reason
 from rayeval.config import names
 from rayeval.harness.groups import Group
-from rayeval.harness.render import (check_known, config_value, limit_count, pickle_task,
-                                    quiet)
+from rayeval.harness.render import (build_failure, check_known, config_value, limit_count,
+                                    pickle_task, quiet)
 from rayeval.lmms.requests import (AGGREGATIONS, NotMergeable, context_of, encode_messages,
                                    filter_names, layout, table_schema)
 
@@ -128,7 +128,7 @@ def load_tasks(spec: LmmsEvalSpec, path: str) -> tuple[dict, list[tuple]]:
         loaded = manager.load_task_or_group([spec.task], task_type="chat")
     except Exception as error:                        # lmms-eval's own message says what
         _fail(f"{path}.task", f"lmms-eval could not build {spec.task!r}: "
-                              f"{reason(error, typed=True)}")
+                              f"{build_failure(error)}")
     tasks: dict = {}
     groups: list[tuple] = []
 

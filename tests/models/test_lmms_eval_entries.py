@@ -161,6 +161,12 @@ BAD = {
                     "from lmms-eval; remove the key"),
     "no folder": ({"task": "rayeval_easyvqa", "include_path": "nowhere"}, None,
                   "evals[0].lmms_eval.include_path: no folder at"),
+    # lmms-eval retries its data load: the file under tenacity's RetryError, and where a
+    # relative data_files path is read from (issue 56)
+    "missing data": ({"task": "rayeval_easyvqa", "include_path": "tasks"},
+                     {"  data_files: {test: ": "  data_files: {test: \"elsewhere/items.jsonl\"}"
+                                               "\n#"},
+                     "lmms-eval could not build 'rayeval_easyvqa': FileNotFoundError: "),
 }
 
 
@@ -184,6 +190,11 @@ def test_bad_input_is_one_line_before_ray(tmp_path, case):
     assert message in str(error.value)
     assert "\n" not in str(error.value)
     assert not (tmp_path / "results").exists()          # nothing written
+    if case == "missing data":
+        assert "elsewhere/items.jsonl" in str(error.value), str(error.value)
+        assert "RetryError" not in str(error.value)
+        assert str(error.value).endswith("; a relative path in the task's data_files is taken "
+                                         f"from the folder rayeval runs in ({os.getcwd()})")
 
 
 def test_lmms_eval_missing_is_one_line_naming_the_install(tmp_path):
