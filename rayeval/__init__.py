@@ -28,14 +28,15 @@ _plugins.builtin("lmms_eval", "rayeval.lmms:register")
 from rayeval.api import leaderboard, load_sweep, query, results, run, samples
 from rayeval.config.schema import Sweep
 from rayeval.errors import (CheckpointError, DataError, EngineError, GroupError, MetricError,
-                            ModelError, RayevalError, RunError, SpecError, StoreError)
+                            ModelError, RayevalError, RegistryError, RunError, SpecError,
+                            StoreError, VersionError)
 
 __all__ = [
     "__version__",
     "run", "load_sweep", "results", "query", "leaderboard", "samples",
     "RunReport", "Board", "Sweep",
     "RayevalError", "SpecError", "DataError", "ModelError", "MetricError", "CheckpointError",
-    "EngineError", "StoreError", "RunError", "GroupError",
+    "EngineError", "StoreError", "RunError", "GroupError", "RegistryError", "VersionError",
     "validation_config", "RayevalValidation",
 ]
 

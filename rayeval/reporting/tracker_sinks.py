@@ -101,13 +101,14 @@ def _finite(v) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
-def board_table(rows: list[dict]) -> tuple[list[str], list[list]] | None:
+def board_table(rows: list[dict], aggregate=None) -> tuple[list[str], list[list]] | None:
     """The leaderboard of ``rows`` as (columns, data): rank, sweep, checkpoint, step, then each
-    column's value and interval; None when nothing there is ranked."""
+    column's value and interval; None when nothing there is ranked. ``aggregate``: the sweep's
+    ``aggregate:`` (None: the board's default), so a tracker ranks as the run's board does."""
     from rayeval.ranking import build_board
 
     try:
-        board = build_board(rows)
+        board = build_board(rows, aggregate=aggregate)
     except RayevalError:
         return None
     columns = ["rank", "best", "sweep", "checkpoint", "step", "stopped", "limited"]
@@ -181,12 +182,13 @@ class _Sink:
         """Say on the run which evaluations were scored on a ``limit:`` ({evaluation:
         "limit: 30 of 2,376 items"}): a tag (MLflow), a config entry (W&B)."""
 
-    def table(self, rows: list[dict]) -> None:
-        """The leaderboard of stored rows, as a table."""
-        self.guard(f"logging the leaderboard to run {self.run_id}", self._board, rows)
+    def table(self, rows: list[dict], aggregate=None) -> None:
+        """The leaderboard of stored rows, as a table (``aggregate``: the sweep's)."""
+        self.guard(f"logging the leaderboard to run {self.run_id}", self._board, rows,
+                   aggregate)
 
-    def _board(self, rows: list[dict]) -> None:
-        got = board_table(rows)
+    def _board(self, rows: list[dict], aggregate=None) -> None:
+        got = board_table(rows, aggregate)
         if got is not None:
             self._table(*got)
             self.tabled = True

@@ -114,8 +114,8 @@ class Publisher:
             self.warn(f"[rayeval] warning: trackers: cannot read the store for the "
                       f"leaderboard: {e.message}")
             return
-        for s in self.sinks:
-            s.table(rows)
+        for s in self.sinks:     # ranked by the sweep's aggregate, as the terminal's board
+            s.table(rows, self.sweep.aggregate)
 
     def close(self) -> None:
         for s in self.sinks:

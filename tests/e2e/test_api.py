@@ -67,8 +67,11 @@ def test_every_public_name_resolves_and_the_errors_form_one_tree():
     from rayeval.ranking import Board
 
     assert rayeval.RunReport is RunReport and rayeval.Board is Board
+    errors = {n for n, v in vars(importlib.import_module("rayeval.errors")).items()
+              if isinstance(v, type) and issubclass(v, rayeval.RayevalError)}
+    assert errors <= set(rayeval.__all__), errors - set(rayeval.__all__)   # every one public
     for name in ("SpecError", "DataError", "ModelError", "MetricError", "CheckpointError",
-                 "StoreError", "RunError", "GroupError"):
+                 "StoreError", "RunError", "GroupError", "RegistryError", "VersionError"):
         assert issubclass(getattr(rayeval, name), rayeval.RayevalError), name
     # Importing a subpackage binds its name on rayeval: none may shadow a public function.
     importlib.import_module("rayeval.ranking.board")

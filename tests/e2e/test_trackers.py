@@ -222,7 +222,7 @@ def evaluated(tmp_path_factory, mlflow_uri, client):
     for step in (100, 200, 300):
         client.log_metric(training, "train/loss", 1.0 / step, step=step)
     sweep = folder / "sweep.yaml"
-    sweep.write_text(yaml.safe_dump(sweep_dict(trackers={
+    sweep.write_text(yaml.safe_dump(sweep_dict(aggregate="mean", trackers={
         "mlflow": {"uri": dead_uri(), "run_id": training},
         "wandb": {"project": "placeholder", "mode": "offline"}})))
     (folder / "plain.yaml").write_text(yaml.safe_dump(sweep_dict()))    # same cells, no trackers
@@ -273,7 +273,14 @@ def test_run_logs_the_leaderboard_as_a_table_artifact(evaluated, client, tmp_pat
         line = by_step[r["step"]]
         assert float(line[f"{r['dataset']}/{r['metric']}"]) == r["value"]
         assert float(line[f"{r['dataset']}/{r['metric']}_ci_low"]) == r["ci_low"]
-    assert "aggregate" in lines[0]
+    # ranked by the sweep's aggregate: mean, as the terminal's board (issue 57: the trackers
+    # used the default win rate whatever the sweep said)
+    mean = {e.step: e.value("aggregate") for e in
+            rayeval.leaderboard(evaluated["store"], aggregate="mean").entries}
+    wins = {e.step: e.value("aggregate") for e in
+            rayeval.leaderboard(evaluated["store"]).entries}
+    assert mean != wins                   # the two rules differ here: the check can fail
+    assert {step: float(line["aggregate"]) for step, line in by_step.items()} == mean
 
 
 @pytest.mark.ray
