@@ -15,6 +15,10 @@ instance=True)``. The object registered has
     sampling_problem(ev) -> (key path, message) | None
                   why evaluation ``ev`` cannot sample on a backend other than vLLM, in the
                   kind's own words (None: the loader's general message)
+    coverage(include_path, backend, pattern) -> list
+                  optional: every task of the library's registry (``pattern``: those whose
+                  names match) judged by the rules a run applies, ``harness.coverage.Verdict``
+                  each (``rayeval tasks --check``)
     prepare(specs, force)
                   before a run (no Ray): what its evaluations ``specs`` read is in the store
                   and is what this process rendered (``force``: written again)
