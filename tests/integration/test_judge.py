@@ -209,7 +209,9 @@ def test_a_pairwise_judge_equals_the_loop_in_both_orders(built, runs):
 
 def test_a_worker_lost_while_judging_is_survived_without_generating_again(built, runs):
     report = runs["killed"]
-    assert not report.failures, report.failures
+    # the cells' own errors (a CellOutcome's repr cuts them off): it failed once in three full
+    # runs of the suite, with attempt 1 and no error text to read
+    assert not report.failures, [(o.attempt, o.error) for o in report.failures]
     assert {o.attempt for o in report.outcomes} == {2}          # the restarted group's
     # it judged what the first attempt generated, loading no checkpoint again
     assert {o.layout for o in report.outcomes} == {"judge"}
