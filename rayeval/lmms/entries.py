@@ -69,7 +69,7 @@ class LmmsEvalEntry(lm_store.RequestTables):
         from rayeval.lmms import render as lmms_render
 
         def note(task, name: str) -> str:
-            found = lmms_render._judge(task)
+            found = lmms_render.judge_route(task)
             return "" if found is None else \
                 f"judged ({found[0]}): give the entry judge: {{model: FOLDER}}"
 

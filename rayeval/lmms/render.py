@@ -158,11 +158,10 @@ def load_tasks(spec: LmmsEvalSpec, path: str) -> tuple[dict, list[tuple]]:
 def check_task(task, name: str, path: str, judge: bool = False) -> str | None:
     """``refusal``'s reason as a one-line error at the entry's key; else where the task asks
     lmms-eval's judge (served when the entry has a ``judge``), or None."""
-    refused = refusal(task, name, judge)
+    refused, route = verdict(task, name, judge)
     if refused:
         _fail(f"{path}.{refused[0]}", refused[1])
-    found = _judge(task)
-    return None if found is None else found[0]
+    return None if route is None else route[0]
 
 
 def refusal(task, name: str, judge: bool = False) -> tuple[str, str] | None:
@@ -172,15 +171,25 @@ def refusal(task, name: str, judge: bool = False) -> tuple[str, str] | None:
     applies it to every task it loads and ``rayeval tasks --check`` to every task of the
     registry (``harness.coverage``), so the two never disagree. ``judge``: the entry serves
     a judge (``judge: {model: ...}``)."""
+    return verdict(task, name, judge)[0]
+
+
+def verdict(task, name: str, judge: bool = False) -> tuple[tuple[str, str] | None,
+                                                             tuple[str, bool] | None]:
+    """(``refusal``'s answer, ``judge_route``'s), the task's sources read once."""
     kind = task.OUTPUT_TYPE
     if kind != "generate_until":
-        return "task", f"lmms-eval task {name!r} has output_type {kind!r}; rayeval " \
-                       "evaluates generate_until tasks (what lmms-eval's chat models do)"
+        return ("task", f"lmms-eval task {name!r} has output_type {kind!r}; rayeval "
+                        "evaluates generate_until tasks (what lmms-eval's chat models do)"), None
     media = _media(task)
     if media:
-        return "task", f"lmms-eval task {name!r} gives its model {media}; rayeval " \
-                       "evaluates images and text (video and audio are not supported)"
-    found = _judge(task)
+        return ("task", f"lmms-eval task {name!r} gives its model {media}; rayeval "
+                        "evaluates images and text (video and audio are not supported)"), None
+    found = judge_route(task)
+    return _refused(task, name, judge, found), found
+
+
+def _refused(task, name: str, judge: bool, found) -> tuple[str, str] | None:
     if found is not None:
         where, served = found
         said = f"lmms-eval task {name!r} is judged by an API model ({where}); rayeval does " \
@@ -204,8 +213,8 @@ def refusal(task, name: str, judge: bool = False) -> tuple[str, str] | None:
 
 
 # What a task's document functions read when they give the model video or audio (measured on
-# lmms-eval 0.7.3's registry: these name every video and audio task that builds without its
-# documents, 71 of them, and no image task).
+# lmms-eval 0.7.3's registry: every video and audio task that the other rules accepted, 71 of
+# them, and no image task).
 VIDEO_MARKS = re.compile(r"video|\.mp4|decord|VideoReader|frames", re.IGNORECASE)
 AUDIO_MARKS = re.compile(r"audio|librosa|soundfile|\.wav", re.IGNORECASE)
 
@@ -228,7 +237,7 @@ def _media(task) -> str | None:
     return None
 
 
-def _judge(task) -> tuple[str, bool] | None:
+def judge_route(task) -> tuple[str, bool] | None:
     """Where a task calls a judge, and whether through lmms-eval's ``llm_judge`` (which a
     served judge answers): its functions' modules asking it, else its config's judge model or
     a module importing an API client."""
