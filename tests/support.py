@@ -626,13 +626,21 @@ class DiskCache:
             return path
         path = os.path.join(self.root, f"{name}-{key}")
         done = os.path.join(self.root, f"{name}-{key}.done")
-        if not os.path.exists(done):
-            import shutil
+        if os.path.exists(done):
+            return path
+        import fcntl
+        import shutil
 
-            # Built in its final place (what it writes may name its own paths: lmms-eval's
-            # task YAMLs do), and marked whole by the .done file only once built.
-            shutil.rmtree(path, ignore_errors=True)
-            os.makedirs(path)
-            build(path)
-            open(done, "w").close()
+        # One builder at a time: the two lanes of a parallel run (conftest.py) ask for the
+        # same fixtures at about the same time, and the second waits for the first's folder
+        # instead of building it again over it.
+        with open(os.path.join(self.root, f"{name}-{key}.lock"), "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if not os.path.exists(done):
+                # Built in its final place (what it writes may name its own paths: lmms-eval's
+                # task YAMLs do), and marked whole by the .done file only once built.
+                shutil.rmtree(path, ignore_errors=True)
+                os.makedirs(path)
+                build(path)
+                open(done, "w").close()
         return path
