@@ -73,6 +73,12 @@ def _parser() -> argparse.ArgumentParser:
                     help="the standing group's workers take a GPU each (a sweep with "
                          "use_gpu: true runs on it)")
     sv.add_argument("--verbose", action="store_true", help="show Ray's and the workers' logs")
+    sv.add_argument("--status", action="store_true",
+                    help="say whether this environment's service is up, and what it runs; "
+                         "exit 0 if it is, 1 if not")
+    sv.add_argument("--stop", action="store_true",
+                    help="stop this environment's service (as Ctrl-C on it would) and wait "
+                         "until it is down")
 
     w = sub.add_parser("watch", help="evaluate checkpoints as a training run writes them, "
                                      "until stopped")
@@ -324,6 +330,10 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     signals.install()
     args = parse(argv)
+    if args.command == "serve" and (args.status or args.stop):
+        from rayeval.integrations import service_client       # the standard library only
+
+        return service_client.stop() if args.stop else service_client.status()
     if args.command == "run" and not args.address and not args.no_service:
         from rayeval.integrations import service_client
 

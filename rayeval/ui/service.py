@@ -96,6 +96,7 @@ class Service:
         self.cancelling: str | None = None        # the running job a cancel was sent to
         self.last_cancel = -1e9                   # when (monotonic) the last one was sent
         self.plugins: dict[str, str] = {}
+        self.identity: dict = {}                  # service_client.identity() at the start
         self.standing = None
         self.http: ThreadingHTTPServer | None = None
         self.url = ""
@@ -103,6 +104,14 @@ class Service:
     # --- the API's side (the HTTP thread) -------------------------------------------------
 
     def submit(self, body: dict) -> Job:
+        from rayeval.integrations import service_client
+
+        client = body.get("identity")     # `rayeval run`'s; the HTTP API's callers send none
+        why = service_client.differs(self.identity, client) if client else None
+        if why:
+            raise SpecError(f"the rayeval service at {self.url} (pid {os.getpid()}) cannot take "
+                            f"this run: {why}; restart it (`rayeval serve --stop`, then "
+                            "`rayeval serve`) or run here with --no-service")
         argv, cwd = _argv(body), body.get("cwd") or os.getcwd()
         if not os.path.isdir(cwd):
             raise SpecError(f"cwd: {cwd!r} is not a folder")
@@ -143,7 +152,7 @@ class Service:
         with self.cond:
             return {"ok": True, "workers": self.workers, "queued": len(self.queue),
                     "running": self.running.id if self.running else None,
-                    "pid": os.getpid()}
+                    "pid": os.getpid(), "identity": self.identity}
 
     def _job(self, job_id: str) -> Job:
         job = self.jobs.get(job_id)
@@ -160,8 +169,10 @@ class Service:
         self._refuse_a_second()
         try:
             self._start(say)
-            say(f"[rayeval] service ready on {self.url} ({self.workers} worker(s)): "
-                "`rayeval run SWEEP` on this machine runs here; Ctrl-C stops it")
+            say(f"[rayeval] service ready on {self.url} ({self.workers} worker(s), rayeval "
+                f"{self.identity['version']}): `rayeval run SWEEP` in this Python environment "
+                f"runs here (its file: {service_file()}); Ctrl-C or `rayeval serve --stop` "
+                "stops it")
             while True:
                 try:
                     job = self._next()
@@ -187,7 +198,7 @@ class Service:
     def _refuse_a_second(self) -> None:
         from rayeval.integrations import service_client
 
-        if self.host in ("127.0.0.1", "localhost") and service_client.find(None) is not None:
+        if self.host in ("127.0.0.1", "localhost") and service_client.local() is not None:
             raise SpecError(f"a rayeval service is already up on this machine "
                             f"({service_file()}); stop it first, or set "
                             f"{service_client.SERVICE_FILE_ENV} to keep another's file apart")
@@ -203,8 +214,11 @@ class Service:
         from rayeval.plan import preflight  # noqa: F401
         from rayeval.ranking import build_board  # noqa: F401
 
+        from rayeval.integrations.service_client import identity
+
         _warm()
         self.plugins = _plugin_digests(plugins)
+        self.identity = identity()
         self.started_ray = start_ray_for(self.workers, self.use_gpu, self.address,
                                          self.verbose)
         signals.install()
@@ -239,7 +253,7 @@ class Service:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as f:
             json.dump({"url": self.url, "token": self.token, "pid": os.getpid(),
-                       "workers": self.workers}, f)
+                       "workers": self.workers, "identity": self.identity}, f)
         os.replace(tmp, path)
 
     def _next(self) -> Job | None:
@@ -437,13 +451,13 @@ def _handler(service: Service):
 def serve(args, err, command) -> int:
     """``rayeval serve``: see the module docstring. ``command``: how the CLI runs a parsed
     command line with given consoles (``cli.dispatch``), for each run."""
+    def say(text: str) -> None:
+        err.print(text, markup=False, highlight=False, soft_wrap=True)
+
     if args.workers < 1:
         raise SpecError("--workers must be at least 1")
     if not 0 <= args.port < 65536:
         raise SpecError(f"--port {args.port}: a port is 0 (any free one) to 65535")
-
-    def say(text: str) -> None:
-        err.print(text, markup=False, highlight=False, soft_wrap=True)
-
     return Service(command, args.workers, args.host, args.port, args.address, args.verbose,
                    args.use_gpu).serve(say)
+

@@ -6,6 +6,7 @@ service cleanly (no Ray process, no service file left)."""
 
 import json
 import os
+import pathlib
 import signal
 import subprocess
 import sys
@@ -24,7 +25,8 @@ pytestmark = pytest.mark.ray
 ROWS = 600
 
 
-def sweep_folder(folder, seeds, factory="tiny_models:build", extra_code="", **overrides):
+def sweep_folder(folder, seeds, factory="tiny_models:build", extra_code="", workers=2,
+                 **overrides):
     (folder / "ckpts").mkdir(parents=True)
     write_model_module(str(folder))
     if extra_code:
@@ -34,7 +36,7 @@ def sweep_folder(folder, seeds, factory="tiny_models:build", extra_code="", **ov
     for s in seeds:
         torch.save(build_model(seed=s, hidden=overrides.pop("hidden", 16)).state_dict(),
                    folder / "ckpts" / f"step_{s}.pt")
-    return write_sweep(str(folder), workers=2, model={"factory": factory},
+    return write_sweep(str(folder), workers=workers, model={"factory": factory},
                        output=str(folder / "store"), **overrides)
 
 
@@ -52,22 +54,38 @@ def expect(got: dict, seeds, hidden=16) -> None:
 
 
 class Service:
-    def __init__(self, tmp_path, workers=2):
-        self.file = tmp_path / "service.json"
-        self.env = {**os.environ, "RAYEVAL_SERVICE_FILE": str(self.file)}
-        self.log = tmp_path / "serve.log"
+    def __init__(self, tmp_path, workers=2, env=None, name="service"):
+        """``env``: the service's environment, its clients' too (default: this one, with a
+        service file of its own in ``tmp_path``); with ``env``, the file is the one the
+        environment's HOME holds (the default file's place)."""
+        self.file = tmp_path / f"{name}.json"
+        if env is not None:
+            self.file = None
+        self.env = env or {**os.environ, "RAYEVAL_SERVICE_FILE": str(self.file)}
+        self.log = tmp_path / f"{name}.log"
         with open(self.log, "w") as log:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "rayeval", "serve", "--workers", str(workers)],
                 stdout=log, stderr=subprocess.STDOUT, env=self.env, start_new_session=True)
         wait_for(lambda: "ready" in self.log.read_text() or self.proc.poll() is not None,
                  300, "the service's ready line", self.log)
+        if self.file is None:
+            (self.file,) = (pathlib.Path(self.env["HOME"]) / ".rayeval").iterdir()
         assert self.proc.poll() is None and self.file.exists(), self.log.read_text()
         self.info = json.loads(self.file.read_text())
 
-    def run(self, *args, cwd):
+    def run(self, *args, cwd, env=None):
         return subprocess.run([sys.executable, "-m", "rayeval", "run", *args], cwd=cwd,
-                              env=self.env, capture_output=True, text=True, timeout=600)
+                              env=env or self.env, capture_output=True, text=True, timeout=600)
+
+    def serve(self, flag, env=None):
+        return subprocess.run([sys.executable, "-m", "rayeval", "serve", flag], env=env or
+                              self.env, capture_output=True, text=True, timeout=300)
+
+    def named_in(self, stderr: str) -> bool:
+        """Whether a client's output says, first, that it ran on this service."""
+        return stderr.startswith(f"[rayeval] on the rayeval service at {self.info['url']} "
+                                 f"(pid {self.proc.pid}, ")
 
     def call(self, method, path, body=None):
         req = urllib.request.Request(self.info["url"] + path, method=method,
@@ -98,6 +116,7 @@ def test_a_service_takes_sweeps_in_a_row_and_over_http(tmp_path):
         first = service.run(a, cwd=tmp_path / "a")
         assert first.returncode == 0, first.stdout + first.stderr
         assert "2 cell(s) evaluated" in first.stdout, first.stdout
+        assert service.named_in(first.stderr), first.stderr
         expect(figures(tmp_path / "a" / "store"), (1, 2))
 
         second = service.run(b, cwd=tmp_path / "b")
@@ -125,9 +144,9 @@ def test_a_service_takes_sweeps_in_a_row_and_over_http(tmp_path):
 
         wrong = service.run(bad, cwd=tmp_path / "a")
         assert wrong.returncode == 2, wrong.stdout + wrong.stderr
-        lines = wrong.stderr.strip().splitlines()
-        assert len(lines) == 1 and "acuracy" in lines[0] and "Traceback" not in wrong.stderr, \
-            wrong.stderr
+        lines = wrong.stderr.strip().splitlines()       # which service, then the one line
+        assert service.named_in(lines[0]) and len(lines) == 2 and "acuracy" in lines[1] and \
+            "Traceback" not in wrong.stderr, wrong.stderr
         assert not (tmp_path / "bad-store").exists()
 
         # A training loop's submission: one new checkpoint, polled until its cell is done
@@ -186,3 +205,73 @@ def test_ctrl_c_stops_a_service_cleanly(tmp_path):
         assert service_client.find(None) is None
     finally:
         os.environ["RAYEVAL_SERVICE_FILE"] = saved
+
+
+def _plugin_dist(folder) -> str:
+    """A folder that, on PYTHONPATH, gives a process one more ``rayeval.plugins`` entry point
+    (a distribution's metadata only: the client compares entry points, it loads none)."""
+    info = folder / "rayeval_extra-1.0.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: rayeval-extra\nVersion: 1.0\n")
+    (info / "entry_points.txt").write_text("[rayeval.plugins]\nextra = rayeval_extra:register\n")
+    return str(folder)
+
+
+def test_a_run_goes_to_its_own_environments_service_only_and_says_so(tmp_path):
+    """Two services on one machine, under two service files (two environments, as the file
+    of each environment is its own): a run goes to the one its environment names, never the
+    other; under CI it uses neither unless told; a client whose rayeval differs (here: a
+    plugin the service did not start with) is refused in one line; --status and --stop find
+    and stop a service."""
+    a = sweep_folder(tmp_path / "a", seeds=(1,), workers=1)      # the services' shape
+    bad = write_sweep(str(tmp_path / "a"), name="bad.yaml", workers=1, metrics=["acuracy"],
+                      output=str(tmp_path / "bad-store"))
+    home = tmp_path / "home"                 # B: the default file of a user's environment
+    env_b = {k: v for k, v in os.environ.items() if k not in ("RAYEVAL_SERVICE_FILE", "CI")}
+    env_b["HOME"] = str(home)
+    one = Service(tmp_path, workers=1, name="one")
+    try:
+        two = Service(tmp_path, workers=1, env=env_b, name="two")
+        assert two.file.name.startswith("service-") and two.info["url"] != one.info["url"]
+
+        on_one = one.run(a, cwd=tmp_path / "a")
+        assert on_one.returncode == 0 and one.named_in(on_one.stderr), on_one.stderr
+        on_two = two.run(bad, cwd=tmp_path / "a")
+        assert on_two.returncode == 2 and two.named_in(on_two.stderr), on_two.stderr
+        assert "acuracy" in on_two.stderr
+        logs = one.log.read_text(), two.log.read_text()       # one line per run taken
+        assert logs[0].count("): exit ") == 1 and logs[1].count("): exit ") == 1, logs
+        assert f"run {a} " in logs[0] and "bad.yaml" in logs[1] and ": exit 2," in logs[1]
+
+        # Under CI, the default file is not looked for: the same bad sweep fails here
+        ci = two.run(bad, cwd=tmp_path / "a", env={**env_b, "CI": "true"})
+        assert ci.returncode == 2 and "rayeval service" not in ci.stderr, ci.stderr
+        assert len(ci.stderr.strip().splitlines()) == 1 and "acuracy" in ci.stderr
+        assert two.log.read_text().count("): exit ") == 1
+
+        # A client with a plugin the service did not start with: refused, in one line
+        pp = _plugin_dist(tmp_path / "extra")
+        other = one.run(a, cwd=tmp_path / "a", env={
+            **one.env, "PYTHONPATH": os.pathsep.join(filter(None, [pp, os.environ.get(
+                "PYTHONPATH")]))})
+        lines = other.stderr.strip().splitlines()
+        assert other.returncode == 2 and len(lines) == 2 and one.named_in(lines[0]), \
+            other.stderr
+        assert lines[1].startswith(f"error: the rayeval service at {one.info['url']}") and \
+            "without the plugin(s) extra = rayeval_extra:register" in lines[1] and \
+            "rayeval serve --stop" in lines[1] and "--no-service" in lines[1], lines[1]
+        assert one.log.read_text().count("): exit ") == 1       # never queued
+
+        status = one.serve("--status")
+        assert status.returncode == 0 and one.info["url"] in status.stderr and \
+            f"pid {one.proc.pid}" in status.stderr, status.stderr
+        stop = two.serve("--stop")
+        assert stop.returncode == 0 and f"pid {two.proc.pid}" in stop.stderr, stop.stderr
+        assert two.proc.wait(30) == 143 and not two.file.exists()
+        gone = two.serve("--status")
+        assert gone.returncode == 1 and "no rayeval service is up" in gone.stderr, gone.stderr
+        assert one.proc.poll() is None and one.serve("--status").returncode == 0
+    finally:
+        for service in (one, locals().get("two")):
+            if service is not None:
+                service.stop(signal.SIGKILL)
