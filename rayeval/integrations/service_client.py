@@ -79,10 +79,8 @@ def identity() -> dict:
     import importlib.util
     from importlib.metadata import entry_points
 
-    import rayeval
-
-    root = os.path.dirname(os.path.abspath(rayeval.__file__))
-    return {"version": rayeval.__version__, "where": root, "source": source_digest(root),
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))      # rayeval/
+    return {"version": _version(), "where": root, "source": source_digest(root),
             "extras": [m for m in OPTIONAL if importlib.util.find_spec(m) is not None],
             "plugins": sorted(f"{e.name} = {e.value}"
                               for e in entry_points(group="rayeval.plugins"))}
@@ -106,11 +104,18 @@ def source_digest(root: str) -> str:
 def _identity(found: Found) -> dict:
     """What the client sends: its whole ``identity`` to this environment's service, its
     version to one named by URL."""
-    if found.local:
-        return identity()
-    import rayeval
+    return identity() if found.local else {"version": _version()}
 
-    return {"version": rayeval.__version__}
+
+def _version() -> str:
+    """rayeval's installed version (its distribution's metadata: this module does not import
+    the package above it)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("rayeval")
+    except PackageNotFoundError:
+        return "unknown"
 
 
 def differs(service: dict, client: dict) -> str | None:
