@@ -361,9 +361,10 @@ class Standing:
         """Evaluate the plan's cells on the standing group; their outcomes in plan order.
         Raises as ``evaluate`` does when the group fails (then it is gone)."""
         keys = [c.key for c in plan.cells]
-        self.ledger.add_cells(plan, self._base(plan) if self.shared else None)
+        first = self.ledger.add_cells(plan, self._base(plan) if self.shared else None)
+        # a service's run counts its own cells; watch's progress spans its polls
         follow(self.ledger, self.fit, callbacks, keys=set(keys),
-               done=lambda: self.ledger.finished(keys))
+               done=lambda: self.ledger.finished(keys), since=first if self.shared else 0)
         finished = self.ledger.results()
         if not all(k in finished for k in keys):
             _raise_failure(self.fit.error, self.ledger, self.sweep or plan.sweep)

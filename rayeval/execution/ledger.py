@@ -64,19 +64,22 @@ class RunLedger:
     # --- a standing worker group (``rayeval watch``): cells are fed while it runs ----------
 
     def add_cells(self, cells: list[tuple[str, str, int]], pending: list[bytes],
-                  base: tuple[str, bytes] | None = None) -> None:
+                  base: tuple[str, bytes] | None = None) -> int:
         """More cells for the standing group: (key, location, rows) for progress, and the
         plan's ``Cell`` objects pickled (this actor never unpickles them: that would import
         the plan's modules, torch among them), queued in order. ``base``: (token, pickled
         plan without cells) of a plan other than the group's own (a service's next sweep):
-        the group sets itself up for it before its cells."""
+        the group sets itself up for it before its cells. The index of the first of them
+        (``snapshot(since=)``)."""
         token = None
         if base is not None:
             token = base[0]
             self.bases[token] = base[1]
+        first = len(self.cells)
         for meta, blob in zip(cells, pending):
             self.queue.append((len(self.cells), meta[0], blob, token))
             self.cells.append(meta)
+        return first
 
     def base(self, token: str) -> bytes:
         """A plan's pickle that cells were queued with (``add_cells``)."""
@@ -193,17 +196,22 @@ class RunLedger:
     def timings(self) -> dict:
         return dict(self.times)
 
-    def snapshot(self) -> dict:
-        current = [i for i, _ in self.in_flight.values()
-                   if self.cells[i][0] not in self.outcomes]
+    def snapshot(self, since: int = 0) -> dict:
+        """The progress of the cells from the ``since``-th on (a service's run: its own, added
+        at that index, not those of the runs before it on the same group)."""
+        cells = self.cells[since:]
+        mine = {key for key, _, _ in cells}
+        outcomes = {k: o for k, o in self.outcomes.items() if not since or k in mine}
+        flying = [(i, r) for i, r in self.in_flight.values()
+                  if i >= since and self.cells[i][0] not in self.outcomes]
+        current = [i for i, _ in flying]
         return {
-            "total": len(self.cells),
-            "done": len(self.outcomes),
-            "failed": sum(1 for o in self.outcomes.values() if not o.ok),
-            "rows_done": sum(rows for key, _, rows in self.cells if key in self.outcomes),
-            "rows_in_flight": sum(r for i, r in self.in_flight.values()
-                                  if self.cells[i][0] not in self.outcomes),
-            "rows_total": sum(rows for _, _, rows in self.cells),
+            "total": len(cells),
+            "done": len(outcomes),
+            "failed": sum(1 for o in outcomes.values() if not o.ok),
+            "rows_done": sum(rows for key, _, rows in cells if key in outcomes),
+            "rows_in_flight": sum(r for _, r in flying),
+            "rows_total": sum(rows for _, _, rows in cells),
             "current": self.cells[min(current)][1] if current else None,
             "attempts": self.state.attempts,
             "problems": list(self.problems),
@@ -371,8 +379,8 @@ class DriverLedger:
 
         return ray.get(ref, timeout=timeout)
 
-    def snapshot(self) -> dict:
-        return self._get(self.handle.snapshot.remote())
+    def snapshot(self, since: int = 0) -> dict:
+        return self._get(self.handle.snapshot.remote(since))
 
     def results(self) -> dict[str, CellOutcome]:
         return self._get(self.handle.results.remote())
@@ -405,12 +413,13 @@ class DriverLedger:
     def ranks_up(self) -> int:
         return self._get(self.handle.ranks_up.remote())
 
-    def add_cells(self, plan: Plan, base: tuple[str, bytes] | None = None) -> None:
-        """The plan's cells for the standing group, pickled here (see ``RunLedger.add_cells``)."""
+    def add_cells(self, plan: Plan, base: tuple[str, bytes] | None = None) -> int:
+        """The plan's cells for the standing group, pickled here (see ``RunLedger.add_cells``);
+        the index of the first."""
         import pickle
 
-        self._get(self.handle.add_cells.remote(self.cells_of(plan),
-                                               [pickle.dumps(c) for c in plan.cells], base))
+        return self._get(self.handle.add_cells.remote(
+            self.cells_of(plan), [pickle.dumps(c) for c in plan.cells], base))
 
     def finished(self, keys: list[str]) -> bool:
         return self._get(self.handle.finished.remote(keys))

@@ -275,9 +275,11 @@ def trainer(**kwargs):
     return compat.trainer_class(defaults)(**kwargs)
 
 
-def follow(ledger, fit, callbacks=None, on_cell=None, done=None, keys=None) -> None:
+def follow(ledger, fit, callbacks=None, on_cell=None, done=None, keys=None,
+           since: int = 0) -> None:
     """Follow a fit (``driver.Fit``) every 0.5 s until it ends or ``done()`` says so: the
-    ledger's progress to ``callbacks.on_progress``, each finished cell (of ``keys``, else
+    ledger's progress (of its cells from the ``since``-th on) to ``callbacks.on_progress``,
+    each finished cell (of ``keys``, else
     any) once to ``callbacks.on_cell`` (and to ``on_cell``, a plain function), between
     ``on_fit_start`` and ``on_fit_end``. ``callbacks``: a ``RunCallback`` or several (the
     parameter ``driver.evaluate`` calls ``display``). SIGINT or SIGTERM winds the worker group
@@ -294,7 +296,7 @@ def follow(ledger, fit, callbacks=None, on_cell=None, done=None, keys=None) -> N
             while not finished:
                 signals.ensure()           # a handler set mid-run (a library's) is replaced
                 finished = _wait(fit, 0.5) or (done is not None and done())
-                snap = ledger.snapshot()
+                snap = ledger.snapshot(since)
                 callbacks.on_progress(snap, time.monotonic() - began, finished)
                 if not callbacks.wants_cells or snap["done"] <= len(handed):
                     continue

@@ -268,6 +268,8 @@ def stand(ctx: RankContext, worker: Worker | None, token: str | None) -> list[Ce
 
     outcomes = []
     wait = min(STANDING_POLL_S, ctx.timeout / 4)
+    # a service's group (no plan of its own) waits for runs; watch's for checkpoints
+    idle = "waiting for a run's cells" if worker is None else "waiting for new checkpoints"
     try:
         while True:
             batch, bases = [], {}
@@ -285,7 +287,7 @@ def stand(ctx: RankContext, worker: Worker | None, token: str | None) -> list[Ce
             if batch is None:
                 break
             if not batch:
-                ctx.timer.doing("waiting for new checkpoints")
+                ctx.timer.doing(idle)
                 continue
             for tok in dict.fromkeys(t for *_, t in batch):     # queued in order
                 if tok != token and tok is not None:

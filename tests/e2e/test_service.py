@@ -7,6 +7,7 @@ service cleanly (no Ray process, no service file left)."""
 import json
 import os
 import pathlib
+import re
 import signal
 import subprocess
 import sys
@@ -61,7 +62,9 @@ class Service:
         self.file = tmp_path / f"{name}.json"
         if env is not None:
             self.file = None
-        self.env = env or {**os.environ, "RAYEVAL_SERVICE_FILE": str(self.file)}
+        # progress lines every 0.5 s in what the service's runs print (its environment's)
+        self.env = env or {**os.environ, "RAYEVAL_SERVICE_FILE": str(self.file),
+                           "RAYEVAL_PROGRESS_INTERVAL_S": "0.5"}
         self.log = tmp_path / f"{name}.log"
         with open(self.log, "w") as log:
             self.proc = subprocess.Popen(
@@ -122,6 +125,12 @@ def test_a_service_takes_sweeps_in_a_row_and_over_http(tmp_path):
         second = service.run(b, cwd=tmp_path / "b")
         assert second.returncode == 0, second.stdout + second.stderr
         expect(figures(tmp_path / "b" / "store"), (4,), hidden=24)
+        # each run's progress counts its own cells (2, then 1), not the service's so far,
+        # and says nothing of watching for checkpoints
+        for run, cells in ((first, "2"), (second, "1")):
+            totals = re.findall(r"\[rayeval\] \d+/(\d+) cells", run.stderr)
+            assert totals and set(totals) == {cells}, run.stderr
+            assert "checkpoints" not in run.stderr.split("cell(s), ", 1)[-1], run.stderr
 
         # A worker lost mid-run: the standing group restarts, the run ends well, and the
         # service goes on
