@@ -41,32 +41,6 @@ def pytest_configure(config):
         f.write(secrets.token_hex(32))     # Ray's own format (authentication_token_generator)
 
 
-# --- two lanes on two cores ---------------------------------------------------------------------
-# `python -m pytest` runs on two pytest-xdist workers (pyproject's addopts: -n 2), one lane each:
-# the end-to-end and browser tiers in one, the integration tier in the other, each in the order of
-# a serial run, with its own session Ray. A serial run left a core idle ~45% of the time
-# (measured over tests/e2e: 56% of 2 cores busy; the rest is waiting: Ray's start, a controller's
-# health checks, a killed run's processes going away), and each lane is about half of the
-# suite's time. The quick and models tiers have no lane: their tests go one by one to whichever
-# worker is free (at the end, when a lane has drained). `-n 0` runs serially. (xdist's own
-# `--dist loadgroup` does not group on pytest 9.2: pytest-xdist issue #1386.)
-LANES = {"e2e": "lane-a", "browser": "lane-a", "integration": "lane-b"}
-
-
-def pytest_xdist_make_scheduler(config, log):
-    """xdist's scope scheduler with a laned tier's tests as one scope per lane (a scope goes to
-    one worker whole, in collection order), every other test a scope of its own."""
-    if config.getvalue("dist") != "load":
-        return None
-    from xdist.scheduler import LoadScopeScheduling
-
-    class Lanes(LoadScopeScheduling):
-        def _split_scope(self, nodeid):
-            return LANES.get(_tier(nodeid), nodeid)
-
-    return Lanes(config, log)
-
-
 def pytest_runtest_setup(item):
     if os.path.basename(os.path.dirname(str(item.fspath))) in NO_RAY_TIERS:
         from support import stop_ray

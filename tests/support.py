@@ -631,9 +631,9 @@ class DiskCache:
         import fcntl
         import shutil
 
-        # One builder at a time: the two lanes of a parallel run (conftest.py) ask for the
-        # same fixtures at about the same time, and the second waits for the first's folder
-        # instead of building it again over it.
+        # One builder at a time: two pytest-xdist workers (`-n 2`) may ask for the same
+        # fixture at about the same time; the second waits for the first's folder instead of
+        # building it again over it.
         with open(os.path.join(self.root, f"{name}-{key}.lock"), "w") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
             if not os.path.exists(done):
