@@ -10,7 +10,6 @@ place (readers skip hidden names); object-store writes are single PUTs, which ar
 
 from __future__ import annotations
 
-import io
 import os
 import uuid
 from datetime import datetime, timezone
@@ -19,7 +18,6 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.fs as pafs
-import pyarrow.parquet as pq
 
 from rayeval.io import paths, store_layout as layout, store_sweeps
 from rayeval.errors import StoreError
@@ -229,8 +227,8 @@ class ResultStore:
             for name in names:
                 with self.fs.open_input_file(f"{folder}/{name}") as f:
                     try:
-                        tables.append(pq.read_table(f))
-                    except pa.ArrowInvalid as e:      # the file named, not pyarrow's '<Buffer>'
+                        tables.append(layout.read_parquet(f))
+                    except (pa.ArrowInvalid, OSError) as e:     # the file named, not '<Buffer>'
                         why = str(e).splitlines()[0].rpartition("': ")[2][:160]
                         raise StoreError(
                             f"cannot read per-item records: {folder}/{name} is damaged ({why}); "
@@ -245,10 +243,8 @@ class ResultStore:
     def _put(self, folder: str, name: str, table: pa.Table) -> str:
         """Write a parquet file atomically (local: a hidden temporary renamed into place;
         object storage: one PUT)."""
-        buf = io.BytesIO()
-        pq.write_table(table, buf)
         try:
-            return paths.put(self.fs, folder, name, buf.getvalue())
+            return paths.put(self.fs, folder, name, layout.to_parquet(table))
         except OSError as e:
             raise StoreError(f"output: cannot write to result store: "
                              f"{paths.explain(e, self.location)}; check the path and its "
@@ -391,7 +387,7 @@ class ResultStore:
         for path in files:
             try:
                 with self.fs.open_input_file(path) as f:
-                    tables.append(pq.read_table(f))
+                    tables.append(layout.read_parquet(f))
             except (pa.ArrowInvalid, OSError):
                 continue
         return pa.concat_tables(tables) if tables else None

@@ -13,7 +13,6 @@ and removed by the next compaction).
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import socket
@@ -205,9 +204,7 @@ def _publish(fs, root: str, sweep: str, rows: pa.Table,
 
 
 def _parquet(table: pa.Table) -> bytes:
-    buf = io.BytesIO()
-    pq.write_table(table, buf, row_group_size=layout.ROW_GROUP)
-    return buf.getvalue()
+    return layout.to_parquet(table, row_group_size=layout.ROW_GROUP)
 
 
 def _remove_if_unchanged(fs, info: pafs.FileInfo) -> bool:

@@ -74,7 +74,8 @@ def query(store: str | os.PathLike, sql: str, *, damaged: str = "refuse") -> pa.
 
 def _run(duckdb, opened: ResultStore, location: str, names: list[str], sql: str) -> pa.Table:
     schema = layout.part_schema(SCHEMA)
-    results = pads.dataset(names, filesystem=opened.fs, format="parquet", schema=schema) \
+    results = pads.dataset(names, filesystem=opened.fs, format=layout.parquet_format(),
+                           schema=schema) \
         if names else schema.empty_table()
     cells = pa.table({"path": [paths.to_location(opened.fs, n, location) for n in names],
                       "kind": ["part" if n.startswith(f"{opened.root}/parts/") else "cell"

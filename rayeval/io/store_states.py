@@ -19,15 +19,13 @@ equals a full run's (states add bucket by bucket). ``torch`` is imported by the 
 
 from __future__ import annotations
 
-import io
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.fs as pafs
-import pyarrow.parquet as pq
 
 from rayeval.errors import StoreError
-from rayeval.io import paths
+from rayeval.io import paths, store_layout as layout
 
 FOLDER = "states"
 # A judged evaluation's generations (docs/judges.md): the generation stage's merged states,
@@ -48,10 +46,9 @@ def write(store, cell: str, states: dict, scored_below: int, buckets: int,
                                        ("values", pa.list_(pa.int64()))]))
     table = table.replace_schema_metadata({"scored_below": str(scored_below),
                                            "buckets": str(buckets), **(meta or {})})
-    buf = io.BytesIO()
-    pq.write_table(table, buf)
     try:
-        paths.put(store.fs, f"{store.root}/{folder}", f"{cell}.parquet", buf.getvalue())
+        paths.put(store.fs, f"{store.root}/{folder}", f"{cell}.parquet",
+                  layout.to_parquet(table))
     except OSError as e:
         raise StoreError(f"output: cannot write to result store: "
                          f"{paths.explain(e, store.location)}") from None
@@ -76,7 +73,7 @@ def read(store, cell: str, folder: str = FOLDER, meta: dict | None = None
     path = f"{store.root}/{folder}/{cell}.parquet"
     try:
         with store.fs.open_input_file(path) as f:
-            table = pq.read_table(f)
+            table = layout.read_parquet(f)
     except (OSError, pa.ArrowInvalid) as e:
         raise StoreError(f"the kept states of partial cell {cell} cannot be read ({path}: "
                          f"{e}); evaluate it again with --force") from None

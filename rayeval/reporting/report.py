@@ -235,9 +235,12 @@ class Report:
                              "store")
         table = self._cell_table(evaluation, holders[0])
         shown = [f for f in ITEM_FIELDS if f in table.column_names]
+        # ids travel as text: a data set without an id column has 64-bit hashed ids, which a
+        # JSON number loses in JavaScript (-9219662817155844128 showed as ...844000, and two
+        # items could share one)
         out = {"evaluation": evaluation, "entries": holders,
-               "id": table["id"].to_pylist() if "id" in table.column_names
-               else list(range(table.num_rows))}
+               "id": [str(i) for i in (table["id"].to_pylist() if "id" in table.column_names
+                                       else range(table.num_rows))]}
         for f in shown:
             values = table[f].to_pylist()
             out[f] = [[data_uri(p) for p in v] if v else v for v in values] \

@@ -140,3 +140,25 @@ def test_the_server_answers_views_and_refuses_bad_ones(store):
         server.shutdown()
         thread.join(timeout=10)
         server.server_close()
+
+
+def test_item_ids_travel_as_exact_text(tmp_path):
+    """64-bit ids (a data set without an id column gets hashed ones) reach the page as the
+    same digits: a JSON number would round them in JavaScript."""
+    from rayeval.core.evaluate import MetricResult
+    from rayeval.core.samples import records_table
+    from rayeval.io.store import cell_rows
+
+    ids = [-9219662817155844128, 2**62 + 1, 7]
+    s = ResultStore(str(tmp_path / "out"))
+    table = records_table([{"id": ids, "context": ["a", "b", "c"], "target": ["x"] * 3,
+                            "response": ["x", "y", "x"], "exact_match": [1.0, 0.0, 1.0]}])
+    s.write_samples("c1", "tag", 0, 1, table)
+    s.write_cell("c1", cell_rows(sweep="s", checkpoint="/c/ckpt-1", step=1, evaluation="ev",
+                                 results={"exact_match": MetricResult(2 / 3)},
+                                 higher_is_better={"exact_match": True}, num_samples=3,
+                                 world_size=1, bootstrap_key="k", samples="tag"))
+    items = Report(str(tmp_path / "out")).items("ev")
+    assert items["id"] == [str(i) for i in sorted(ids)]
+    sent = json.loads(embedded_json(items))
+    assert sent["id"] == ["-9219662817155844128", "7", str(2**62 + 1)]

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from rayeval.errors import StoreError
-from rayeval.io.store import ResultStore, newest
+from rayeval.io.store import SCHEMA, ResultStore, newest
 from rayeval.io.store_layout import sweep_folder
 from rayeval.reporting.render import dumps_indented
 from rayeval.ui import cli
@@ -214,3 +214,35 @@ def test_a_file_moved_into_a_part_while_a_reader_lists_is_read_from_the_part(tmp
     with pytest.raises(StoreError, match="cannot read result store"):
         layout.read_files(store.fs, stale, SCHEMA, str(tmp_path), ["cell"])
     assert len(store.read(["cell"])) == 24
+
+
+def test_zeroed_bytes_inside_a_part_are_found_and_named(tmp_path, capsys):
+    """Every page of a part carries a checksum that a read verifies: 200 zeroed bytes inside
+    the part's pages (which decoded as other numbers, unnoticed, without one) fail the read in
+    one line that names the file and says truthfully what moving it away does."""
+    from rayeval.io import store_layout as layout
+
+    store = ResultStore(str(tmp_path))
+    for n in range(40):
+        store.write_cell(f"c{n:02d}", cell("a", f"/ck/a/step_{n}", "val", n, 0.5, reps=1000,
+                                           seed=n))
+    assert store.compact().cells == 40
+    (part,) = [i.path for i in layout.list_parts(store.fs, store.root)]
+    figures = layout.figures_of(part)
+    want = {r["cell"]: r["value"] for r in store.read().to_pylist()}
+    for path, said in ((part, "its cells are evaluated again on the next run"),
+                       (figures, "a copy of its part's figures: the part is read instead, "
+                                 "nothing is evaluated again")):
+        whole = open(path, "rb").read()
+        damaged = bytearray(whole)
+        middle = len(whole) // 2
+        damaged[middle:middle + 200] = bytes(200)
+        with open(path, "wb") as f:
+            f.write(damaged)
+        with pytest.raises(StoreError) as e:
+            layout.read_files(store.fs, [path], SCHEMA, str(tmp_path))
+        assert e.value.message.startswith(f"damaged file in the result store: {path} (") and \
+            e.value.message.endswith(f"; move it away ({said})"), e.value.message
+        with open(path, "wb") as f:
+            f.write(whole)
+    assert {r["cell"]: r["value"] for r in store.read().to_pylist()} == want
