@@ -97,6 +97,7 @@ class Service:
         self.last_cancel = -1e9                   # when (monotonic) the last one was sent
         self.plugins: dict[str, str] = {}
         self.identity: dict = {}                  # service_client.identity() at the start
+        self.guard: int | None = None             # the pipe only this process holds open
         self.standing = None
         self.http: ThreadingHTTPServer | None = None
         self.url = ""
@@ -219,6 +220,8 @@ class Service:
         _warm()
         self.plugins = _plugin_digests(plugins)
         self.identity = identity()
+        if not self.address:
+            self.guard = _guard()      # its Ray goes down with it (service_guard)
         self.started_ray = start_ray_for(self.workers, self.use_gpu, self.address,
                                          self.verbose)
         signals.install()
@@ -353,6 +356,20 @@ class Service:
             import ray
 
             ray.shutdown()
+
+
+def _guard() -> int:
+    """Start ``service_guard`` (its docstring: the local Ray goes down with this process,
+    even a SIGKILLed one); the pipe's end it waits on, held open until this process ends."""
+    import subprocess
+    import sys
+
+    read, write = os.pipe()          # not inherited by anything started later (PEP 446)
+    try:
+        subprocess.Popen([sys.executable, "-m", "rayeval.ui.service_guard"], stdin=read)
+    finally:
+        os.close(read)
+    return write
 
 
 def _warm() -> None:
