@@ -220,6 +220,9 @@ def test_names_stay_in_view_at_800_px(browser, page, report_file):
 
 
 def test_view_serves_the_same_app_from_the_store_and_stops_on_ctrl_c(browser, page, store):
+    from rayeval.io.store import confidence_of
+    from rayeval.ranking import board, paired
+
     proc = subprocess.Popen([sys.executable, "-m", "rayeval", "view", store, "--port", "0"],
                             stderr=subprocess.PIPE, text=True)
     try:
@@ -227,8 +230,21 @@ def test_view_serves_the_same_app_from_the_store_and_stops_on_ctrl_c(browser, pa
         url = re.search(r"http://127\.0\.0\.1:\d+/", line).group(0)
         p = page()
         p.open(url)
-        p.show("#compare?evaluation=facts_mc")
+        # A vs B: the counts at once, the paired difference when the server has computed it
+        # (it stayed blank while that ran: seconds to a minute on a big store), as the file's
+        entries = _entries(p)
+        a = next(c for c in entries if c.endswith("checkpoint-300"))
+        b = next(c for c in entries if c.endswith("checkpoint-30"))
+        p.show(f"#compare?evaluation=facts_mc&a={entries[a]}&b={entries[b]}")
         assert int(p.page.text_content("[data-count=a_only]")) >= 0
+        p.page.wait_for_selector(".paired[data-difference]", timeout=60_000)
+        rows = {e.checkpoint: e.rows["facts_mc/acc"] for e in board(store).entries
+                if "facts_mc/acc" in e.rows}
+        want = paired(rows[a], rows[b], confidence_of(rows[b]))
+        got = {k: float(p.page.get_attribute(".paired", f"data-{k}"))
+               for k in ("difference", "low", "high")}
+        assert got == pytest.approx({"difference": want.difference, "low": want.ci_low,
+                                     "high": want.ci_high}, abs=1e-12)
         p.show("#curves?ref=0")
         assert p.page.locator(".panel svg polyline").count() > 0
         assert p.errors == []

@@ -849,8 +849,11 @@
       bar.appendChild(select('a', 'A', opts, String(a)));
       bar.appendChild(select('b', 'B', opts, String(b)));
       main.appendChild(bar);
-      return Promise.all([loadCells(ev, [a, b]), get(q('paired', { ref: b }))]).then(function (got) {
-        var ca = got[0][0], cb = got[0][1], paired = got[1];
+      // rayeval view computes the paired difference on the store when asked (up to a minute on a
+      // big one): the counts are shown without waiting for it, the line filled when it comes
+      var served = !VIEWS;
+      return Promise.all([loadCells(ev, [a, b]), served ? null : get(q('paired', { ref: b }))]).then(function (got) {
+        var ca = got[0][0], cb = got[0][1];
         var metric = rightOrWrong(items, ca);
         if (!metric) { main.appendChild(el('p', { text: ev + "'s items have no right-or-wrong metric to count." })); return; }
         var n = { both_right: 0, a_only: 0, b_only: 0, both_wrong: 0 }, aOnly = [], bOnly = [];
@@ -872,12 +875,20 @@
           ' discordant items): p = ' + (p < 1e-4 ? p.toExponential(2) : p.toFixed(4)) }));
         var colName = S.board.columns.filter(function (c) { return c.evaluation === ev && c.metric === metric; })[0];
         var line = el('p', { 'class': 'paired' });
-        if (!VIEWS || paired) {
-          var d = paired && colName ? paired.columns[colName.name][a] : null;
-          line.textContent = d ? 'Paired bootstrap: A \u2212 B on ' + colName.name + ' = ' + fmt(d[0]) + ' [' + fmt(d[1]) + ', ' + fmt(d[2]) + '] (' + pct(S.meta.level) + ')' :
-            'No paired bootstrap difference: the two cells do not share resamples.';
-          if (d) { line.setAttribute('data-difference', String(d[0])); line.setAttribute('data-low', String(d[1])); line.setAttribute('data-high', String(d[2])); }
-        } else line.textContent = 'The paired bootstrap difference to this B is not in this file; rayeval view STORE computes it.';
+        var fill = function (paired) {
+          if (served || paired) {
+            var d = paired && colName ? paired.columns[colName.name][a] : null;
+            line.textContent = d ? 'Paired bootstrap: A \u2212 B on ' + colName.name + ' = ' + fmt(d[0]) + ' [' + fmt(d[1]) + ', ' + fmt(d[2]) + '] (' + pct(S.meta.level) + ')' :
+              'No paired bootstrap difference: the two cells do not share resamples.';
+            if (d) { line.setAttribute('data-difference', String(d[0])); line.setAttribute('data-low', String(d[1])); line.setAttribute('data-high', String(d[2])); }
+          } else line.textContent = 'The paired bootstrap difference to this B is not in this file; rayeval view STORE computes it.';
+        };
+        if (served) {
+          line.textContent = 'Paired bootstrap: computing A \u2212 B on the store\u2026';
+          line.setAttribute('data-pending', '');
+          get(q('paired', { ref: b })).then(function (paired) { line.removeAttribute('data-pending'); fill(paired); },
+            function (e) { line.removeAttribute('data-pending'); line.textContent = 'No paired bootstrap difference: ' + e.message; });
+        } else fill(got[1]);
         main.appendChild(line);
         main.appendChild(el('p', null, ['A: ' + entryLabel(a) + '; B: ' + entryLabel(b) + '. ',
           el('a', { href: '#items?evaluation=' + encodeURIComponent(ev) + '&entry=' + a + '&b=' + b + '&flipped=1', text: 'every flipped item, searchable' })]));
