@@ -127,6 +127,18 @@ def test_item_search_and_the_wrong_only_filter(browser, page, report_file, store
     ids = p.page.eval_on_selector_all(".item[data-id]", "xs => xs.map(x => +x.dataset.id)")
     assert ids == [r["id"] for r in rows if "7 +" in r["context"]
                    or any("7 +" in c for c in r["choices"])]
+    # typing narrows without Enter, and the box keeps the caret for the next key
+    p.show(f"#items?evaluation=facts_mc&entry={entries[ckpt]}")
+    box = p.page.locator("input[type=search]")
+    box.click()
+    box.type("8 +", delay=30)
+    p.page.wait_for_selector("body[data-rendered*='q=8%20%2B']")
+    ids = p.page.eval_on_selector_all(".item[data-id]", "xs => xs.map(x => +x.dataset.id)")
+    assert ids and ids == [r["id"] for r in rows if "8 +" in r["context"]
+                           or any("8 +" in c for c in r["choices"])]
+    assert p.page.evaluate("document.activeElement.name") == "q"
+    p.page.keyboard.type("x")                      # still typing into the box
+    p.page.wait_for_selector("body[data-rendered*='q=8%20%2Bx']")
     p.show(f"#items?evaluation=facts_mc&entry={entries[ckpt]}&wrong=1")
     ids = p.page.eval_on_selector_all(".item[data-id]", "xs => xs.map(x => +x.dataset.id)")
     assert ids == [r["id"] for r in rows if r["acc"] == 0.0]

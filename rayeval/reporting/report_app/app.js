@@ -575,7 +575,12 @@
       bar.appendChild(select('entry', 'Checkpoint', holders.map(function (i) { return [String(i), entryLabel(i)]; }), String(a)));
       bar.appendChild(select('b', 'Against', [['', 'none']].concat(holders.map(function (i) { return [String(i), entryLabel(i)]; })), bsel === null ? '' : String(bsel)));
       var search = el('input', { type: 'search', name: 'q', placeholder: 'Search items (text, id, answer)', value: r.q || '' });
-      search.addEventListener('change', function () { setParam('q', search.value); });
+      search.addEventListener('change', function () { clearTimeout(S.typing); setParam('q', search.value); });
+      // narrows as one types: a pause of 250 ms applies it; the new view's box keeps the caret
+      search.addEventListener('input', function () {
+        clearTimeout(S.typing);
+        S.typing = setTimeout(function () { S.typed = true; setParam('q', search.value); }, 250);
+      });
       bar.appendChild(el('label', null, ['Search ', search]));
       if (items.right_or_wrong) {          // perplexity items are not right or wrong
         bar.appendChild(check('wrong', 'wrong only', r));
@@ -587,6 +592,7 @@
         ['metric', 'by metric, worst first'], ['margin', 'by log-likelihood margin'], ['confidence', 'by confidence, most confident first']];
       bar.appendChild(select('order', 'Sort', orders, r.order || ''));
       main.appendChild(bar);
+      if (S.typed) { S.typed = false; search.focus(); search.setSelectionRange(search.value.length, search.value.length); }
       var wanted = [a].concat(bsel === null ? [] : [bsel]);
       return loadCells(ev, wanted).then(function (cells) {
         var cell = cells[0], other = bsel === null ? null : cells[1];
