@@ -122,3 +122,54 @@ def item_differences(a: pa.Table, b: pa.Table, evaluation: str,
     b_only = both.filter(pc.and_(pc.equal(both["a"], 0.0), pc.equal(both["b"], 1.0)))
     return ItemDifference(evaluation, name, a_only.select(shown), b_only.select(shown),
                           both.num_rows)
+
+
+# --- a judge whose verdicts could not be read -----------------------------------------------
+
+JUDGE_FAILED_SHARE = 0.5       # above this share of an evaluation's judged items: a warning
+
+
+def judge_warnings(sweep, rows: list[dict], location: str) -> list[str]:
+    """One line per judged evaluation of ``sweep`` whose judge gave no readable verdict for
+    more than half of the items judged in ``rows`` (a run's own cells): how many, the
+    verdict rule, and one judge text that missed it (from the first such cell's records). A
+    verdict rule that never matches gave exit 0 and a blank ``judge`` column before, with
+    nothing to say why (issue 56)."""
+    rules = {e.name: e.judge.verdict for e in sweep.evals
+             if e.judge is not None and e.judge.verdict}
+    lines = []
+    for name, verdict in rules.items():
+        failed = [r for r in rows if r["dataset"] == name and r["metric"] == "judge_failed"
+                  and r.get("value") is not None]
+        missed = sum(int(r["value"]) for r in failed)
+        judged = sum(int(r["num_samples"] or 0) for r in failed)
+        if not judged or missed <= JUDGE_FAILED_SHARE * judged:
+            continue
+        rule = (f"the pattern {verdict['pattern']!r}'s group" if set(verdict) == {"pattern"}
+                else "the first of the words " + ", ".join(repr(str(w)) for w in verdict)
+                + " (any case, whole word)")
+        said = _a_missed_verdict(location, [r for r in failed if r["value"]])
+        lines.append(f"warning: {name}: the judge's verdict could not be read in {missed:,} of "
+                     f"{judged:,} items, which count in neither judge nor its interval; the "
+                     f"rule: {rule}" + (f"; one judge text: {said!r}" if said else "")
+                     + " (docs/judges.md: the verdict)")
+    return lines
+
+
+def _a_missed_verdict(location: str, rows: list[dict]) -> str | None:
+    """The first judge text without a readable verdict in the records of ``rows``' cells,
+    cut to 160 characters; None when none kept one."""
+    for r in rows:
+        if not r.get("samples"):
+            continue
+        try:
+            table = ResultStore(location).read_samples(r["cell"], r["samples"])
+        except StoreError:
+            continue
+        if "judge_output" not in table.column_names or "judge_failed" not in table.column_names:
+            continue
+        for text, why in zip(table["judge_output"].to_pylist(),
+                             table["judge_failed"].to_pylist()):
+            if why and text:
+                return text if len(text) <= 160 else text[:157] + "..."
+    return None

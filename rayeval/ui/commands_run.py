@@ -56,8 +56,13 @@ def _run(args, out: Console, err: Console, standing=None, seen=None) -> int:
     # The board and the summary are written whole or not at all: a signal while they are
     # written takes effect after them (the interrupted line, 130; docs/cluster.md, Signals).
     board = build_board(rows, aggregate=sweep.aggregate) if rows else None
+    from rayeval.reporting.samples import judge_warnings
+
+    warnings = judge_warnings(sweep, [r for r in stored if r["cell"] in keys], sweep.output)
     with signals.held():
         _print_run(args, report, board, bool(rows), out, err)
+        for line in warnings:
+            err.print(line, markup=False, highlight=False, soft_wrap=True)
     return EXIT_CELLS_FAILED if report.failures else EXIT_OK
 
 

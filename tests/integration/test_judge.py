@@ -220,3 +220,41 @@ def test_a_worker_lost_while_judging_is_survived_without_generating_again(built,
     for key, row in plain.items():
         assert rows[key]["value"] == row["value"] or math.isnan(row["value"])
         assert rows[key]["replicates"] == row["replicates"]
+
+
+def test_a_verdict_rule_that_never_matches_is_a_warning_naming_it(built, loop, runs, standing):
+    """The judge says " yes", " no" or " maybe"; a verdict of {sure, nope} never matches. The
+    run still succeeds (exit 0: every item was judged), but says, after its board, how many
+    verdicts could not be read, the rule, and one judge text (tests/unit/test_judge_rules.py:
+    none when at most half are unread)."""
+    from rich.console import Console
+
+    from rayeval.plan.loader import load_sweep
+    from rayeval.reporting.samples import judge_warnings
+    from rayeval.ui import cli
+
+    shutil.copytree(os.path.join(built["folder"], "out2"), os.path.join(built["folder"], "never"))
+    path = judge_support.sweep(built, workers=2, batch_size=16, name="never.yaml",
+                               output="never", verdict={"sure": 1, "nope": 0})
+    out, err = Console(record=True, width=200), Console(record=True, width=400)
+    with local_ray():
+        code = cli.dispatch(cli.parse(["run", path]), out, err, standing=standing)
+    said = err.export_text()
+    assert code == 0, said
+    lines = [line for line in said.splitlines() if line.startswith("warning:")]
+    items = sum(len(v) for v in loop.values())
+    assert len(lines) == 1 and lines[0].startswith(
+        f"warning: nq: the judge's verdict could not be read in "
+        f"{items} of {items} items"), said
+    assert "the first of the words 'sure', 'nope' (any case, whole word)" in lines[0]
+    text = lines[0].split("one judge text: ", 1)[1].rsplit(" (docs/judges.md", 1)[0]
+    assert text.strip("'") in {s for v in loop.values() for _, _, s, _ in v.values()}
+    # the runs with the matching rule: this judge says " maybe" (no verdict) to most items,
+    # so they are warned of too, with the count their stored judge_failed holds
+    normal = load_sweep(judge_support.sweep(built, workers=2, batch_size=1, name="sweep2.yaml",
+                                            output="out2"))
+    rows = latest_rows(ResultStore(normal.output).read())
+    unread = int(sum(r["value"] for r in rows if r["metric"] == "judge_failed"))
+    (line,) = judge_warnings(normal, rows, normal.output)
+    assert f"could not be read in {unread} of {items} items" in line and \
+        "the first of the words 'yes', 'no'" in line

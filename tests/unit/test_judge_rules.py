@@ -221,3 +221,34 @@ def test_a_judged_items_page_shows_the_judges_text_failure_and_prompt():
     assert "<summary>judge prompt</summary><pre>Is &lt;b&gt; right?</pre>" in page
     assert "failed: no verdict in the judge&#x27;s text" in page
     assert page.count('class="failed"') == 1
+
+
+def test_a_warning_only_when_most_verdicts_are_unread(tmp_path):
+    """``reporting.samples.judge_warnings`` over a run's rows: at most half of an evaluation's
+    judged items unread is no warning; more is one line with the count over every checkpoint
+    and the rule (the line with a judge's text, read from a real store's records:
+    tests/integration/test_judge.py)."""
+    from types import SimpleNamespace
+
+    from rayeval.reporting.samples import judge_warnings
+
+    def sweep(verdict):
+        judged = SimpleNamespace(name="nq", judge=SimpleNamespace(verdict=verdict))
+        return SimpleNamespace(evals=[judged, SimpleNamespace(name="plain", judge=None)])
+
+    def rows(*failed):
+        return [{"dataset": "nq", "metric": "judge_failed", "value": float(f),
+                 "num_samples": 40, "cell": f"c{i}", "samples": None}
+                for i, f in enumerate(failed)] + [
+            {"dataset": "plain", "metric": "judge_failed", "value": 40.0, "num_samples": 40,
+             "cell": "p", "samples": None}]         # not a judged evaluation of this sweep
+
+    words = sweep({"yes": 1, "no": 0})
+    assert judge_warnings(words, rows(20, 20), str(tmp_path)) == []           # half: none
+    assert judge_warnings(words, rows(), str(tmp_path)) == []
+    (line,) = judge_warnings(words, rows(40, 1), str(tmp_path))
+    assert line == ("warning: nq: the judge's verdict could not be read in 41 of 80 items, "
+                    "which count in neither judge nor its interval; the rule: the first of "
+                    "the words 'yes', 'no' (any case, whole word) (docs/judges.md: the verdict)")
+    (line,) = judge_warnings(sweep({"pattern": r"score: (\d)"}), rows(40, 40), str(tmp_path))
+    assert "80 of 80 items" in line and r"the rule: the pattern 'score: (\\d)''s group" in line
