@@ -280,13 +280,20 @@ def _follow(found: Found, job: str) -> int:
 
 # --- rayeval serve --status / --stop: this environment's service, from the standard library --
 
-def status() -> int:
-    """``rayeval serve --status``: this environment's service (exit 0), or that there is none
-    (exit 1)."""
+def _local_or_say() -> Found | None:
+    """This environment's service, or None after saying there is none."""
     found = local()
     if found is None:
         print(f"[rayeval] no rayeval service is up for this environment ({service_file()})",
               file=sys.stderr)
+    return found
+
+
+def status() -> int:
+    """``rayeval serve --status``: this environment's service (exit 0), or that there is none
+    (exit 1)."""
+    found = _local_or_say()
+    if found is None:
         return 1
     about, ident = found.about, found.about.get("identity") or {}
     print(f"[rayeval] rayeval service at {found.url}: pid {about.get('pid')}, "
@@ -299,10 +306,8 @@ def status() -> int:
 def stop() -> int:
     """``rayeval serve --stop``: SIGTERM to this environment's service (its run in progress
     stops as on Ctrl-C, every published cell complete), then wait until it is gone."""
-    found = local()
+    found = _local_or_say()
     if found is None:
-        print(f"[rayeval] no rayeval service is up for this environment ({service_file()})",
-              file=sys.stderr)
         return 1
     pid = int(found.about["pid"])
     os.kill(pid, signal.SIGTERM)

@@ -35,6 +35,21 @@ def _entries(p) -> dict[str, int]:
         r => [r.dataset.checkpoint, +r.dataset.entry]))""")
 
 
+def _paired_shown_is_the_stores(p, store, a: str, b: str) -> None:
+    """The A vs B view's paired bootstrap difference (A - B on facts_mc/acc) is the one
+    ranking.paired computes from the store's replicates."""
+    from rayeval.io.store import confidence_of
+    from rayeval.ranking import board, paired
+
+    rows = {e.checkpoint: e.rows["facts_mc/acc"] for e in board(store).entries
+            if "facts_mc/acc" in e.rows}
+    want = paired(rows[a], rows[b], confidence_of(rows[b]))
+    got = {k: float(p.page.get_attribute(".paired", f"data-{k}"))
+           for k in ("difference", "low", "high")}
+    assert got == pytest.approx({"difference": want.difference, "low": want.ci_low,
+                                 "high": want.ci_high}, abs=1e-12)
+
+
 def _column(p, name: str) -> list[float | None]:
     idx = p.page.evaluate("""(name) => {
         const ths = Array.from(document.querySelectorAll('thead tr:nth-child(2) th'));
@@ -149,8 +164,6 @@ def test_item_search_and_the_wrong_only_filter(browser, page, report_file, store
 
 def test_a_against_b_counts_and_the_paired_difference_match_the_store(
         browser, page, report_file, store):
-    from rayeval.io.store import confidence_of
-    from rayeval.ranking import board, paired
     from rayeval.reporting.samples import checkpoint_rows, read_cell_samples
 
     p = page()
@@ -174,14 +187,7 @@ def test_a_against_b_counts_and_the_paired_difference_match_the_store(
 
     expected = binomtest(shown["a_only"], shown["a_only"] + shown["b_only"]).pvalue
     assert float(p.page.get_attribute(".mcnemar", "data-p")) == pytest.approx(expected, rel=1e-9)
-    stored = board(store)
-    rows = {e.checkpoint: e.rows["facts_mc/acc"] for e in stored.entries
-            if "facts_mc/acc" in e.rows}
-    want = paired(rows[a], rows[b], confidence_of(rows[b]))
-    got = {k: float(p.page.get_attribute(".paired", f"data-{k}"))
-           for k in ("difference", "low", "high")}
-    assert got == pytest.approx({"difference": want.difference, "low": want.ci_low,
-                                 "high": want.ci_high}, abs=1e-12)
+    _paired_shown_is_the_stores(p, store, a, b)
     flipped = p.page.eval_on_selector_all(".flipped:first-child .item",
                                           "xs => xs.map(x => +x.dataset.id)")
     assert flipped == [i for i in sorted(ra) if ra[i] == 1 and rb[i] == 0][:100]
@@ -232,9 +238,6 @@ def test_names_stay_in_view_at_800_px(browser, page, report_file):
 
 
 def test_view_serves_the_same_app_from_the_store_and_stops_on_ctrl_c(browser, page, store):
-    from rayeval.io.store import confidence_of
-    from rayeval.ranking import board, paired
-
     proc = subprocess.Popen([sys.executable, "-m", "rayeval", "view", store, "--port", "0"],
                             stderr=subprocess.PIPE, text=True)
     try:
@@ -250,13 +253,7 @@ def test_view_serves_the_same_app_from_the_store_and_stops_on_ctrl_c(browser, pa
         p.show(f"#compare?evaluation=facts_mc&a={entries[a]}&b={entries[b]}")
         assert int(p.page.text_content("[data-count=a_only]")) >= 0
         p.page.wait_for_selector(".paired[data-difference]", timeout=60_000)
-        rows = {e.checkpoint: e.rows["facts_mc/acc"] for e in board(store).entries
-                if "facts_mc/acc" in e.rows}
-        want = paired(rows[a], rows[b], confidence_of(rows[b]))
-        got = {k: float(p.page.get_attribute(".paired", f"data-{k}"))
-               for k in ("difference", "low", "high")}
-        assert got == pytest.approx({"difference": want.difference, "low": want.ci_low,
-                                     "high": want.ci_high}, abs=1e-12)
+        _paired_shown_is_the_stores(p, store, a, b)
         p.show("#curves?ref=0")
         assert p.page.locator(".panel svg polyline").count() > 0
         assert p.errors == []
