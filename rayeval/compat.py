@@ -147,8 +147,14 @@ def dashboard_url() -> str | None:
 
 
 # Ray Train v2's placement-group cleaner (ray/train/v2/_internal/callbacks/
-# placement_group_callback.py, ray 2.60), told by its class name: the class is internal.
+# placement_group_callback.py, ray 2.60) and its datasets callback (callbacks/datasets.py),
+# told by their class names: the classes are internal.
 PLACEMENT_GROUP_CLEANER = "PlacementGroupCleanerCallback"
+DATASETS_CALLBACK = "DatasetsCallback"
+
+# Ray Train v2's switch for its PreemptionWatcher (ray 2.60, _internal/constants.py), read by
+# the controller when it starts, from the environment it inherits.
+PREEMPTION_WATCHER_ENV = "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER"
 
 
 # Ray Train v2's SIGINT handler (ray 2.60, ray/train/v2/api/data_parallel_trainer.py):
@@ -180,9 +186,10 @@ def trainer_class(callbacks: Callable[[list], list]) -> type:
     return Trainer
 
 
-def without_placement_group_cleaner(callbacks: list) -> list:
-    """Ray Train's default callbacks less its placement-group cleaner."""
-    return [c for c in callbacks if type(c).__name__ != PLACEMENT_GROUP_CLEANER]
+def without(callbacks: list, *names: str) -> list:
+    """Ray Train's default callbacks less those of these class names (``PLACEMENT_GROUP_CLEANER``,
+    ``DATASETS_CALLBACK``)."""
+    return [c for c in callbacks if type(c).__name__ not in names]
 
 
 # The raylet's settings rayeval sets through ``ray.init(_system_config=...)`` (a private

@@ -26,8 +26,8 @@ from rayeval.execution import recovery, signals, user_code
 from rayeval.plan import groups
 from rayeval.execution.callbacks import Callbacks, RunCallback
 from rayeval.execution.ledger import DriverLedger
-# follow, quick_health_checks and trainer: evaluate()'s and Standing's, from the one lifecycle
-from rayeval.execution.lifecycle import RayLifecycle, follow, quick_health_checks, trainer
+# controller_env, follow and trainer: evaluate()'s and Standing's, from the one lifecycle
+from rayeval.execution.lifecycle import RayLifecycle, controller_env, follow, trainer
 from rayeval.ranking import suite
 from rayeval.config import entries
 from rayeval.config.run_schema import Parallelism, Recovery
@@ -203,7 +203,7 @@ def evaluate(plan: Plan, display=None, on_cell=None, timer: Timer | None = None)
     input. ``on_cell`` gets each cell's outcome once, soon after it finishes (its rows are
     in the store by then), also when the run fails later."""
     sweep = plan.sweep
-    with quick_health_checks():
+    with controller_env():
         fit_began = time.time()        # --profile's "group start" counts the trainer's making
         ledger = DriverLedger.start(DriverLedger.cells_of(plan))
         try:
@@ -347,7 +347,7 @@ class Standing:
                                                cells=(), cached=(), failed=())
         shape = shape or Shape.of(sweep)
         self.env = contextlib.ExitStack()                 # until close: see evaluate()
-        self.env.enter_context(quick_health_checks())
+        self.env.enter_context(controller_env())
         handle = self.ledger.handle
         self.fit = Fit(recovery.Restarting(
             lambda: _trainer(plan, handle, standing=True, shape=shape), self.ledger,

@@ -240,6 +240,25 @@ def test_row_count_mismatch_is_an_error_not_a_number(ray_cluster, tmp_path):
     assert ResultStore(sweep.output).read().num_rows == 0
 
 
+def test_a_fit_on_the_local_ray_starts_none_of_train_s_actors_that_have_nothing_to_do(
+        ray_cluster, tmp_path):
+    """No Ray Data, no dashboard, one node: Ray Train's DatasetManager, placement-group
+    cleaner and PreemptionWatcher would each be a process started per fit for nothing
+    (lifecycle.trainer, lifecycle.controller_env). The actors are read from Ray's GCS table
+    (``ray._private.state``: the public state API needs the dashboard this Ray lacks)."""
+    import ray._private.state as ray_state
+
+    def actors():
+        return {k: a["ActorClassName"] for k, a in ray_state.actors().items()}
+
+    sweep, x, y = setup_sweep(tmp_path, 300, seeds=(1,), workers=2)
+    before = actors()
+    assert evaluate(prepare(sweep)).outcomes[0].ok
+    started = {name for k, name in actors().items() if k not in before}
+    assert "RayTrainWorker" in started and "TrainController" in started, started
+    assert not started & {"DatasetManager", "PlacementGroupCleaner", "PreemptionWatcher"}, started
+
+
 def test_labels_outside_the_model_fail_the_run_with_one_line(ray_cluster, tmp_path):
     sweep, x, y = setup_sweep(tmp_path, 300, seeds=(1,), workers=2)
     y = y.copy()

@@ -150,11 +150,14 @@ def test_a_vllm_sweep_s_pre_flight_checks_vllm_s_version_first(monkeypatch):
 def test_ray_s_hooks_are_in_the_installed_ray():
     import ray._private.worker
     from ray.train.torch import TorchTrainer
-    from ray.train.v2._internal.callbacks import placement_group_callback
+    from ray.train.v2._internal import constants
+    from ray.train.v2._internal.callbacks import datasets, placement_group_callback
 
     assert callable(TorchTrainer._create_default_callbacks)
     assert callable(ray._private.worker.get_dashboard_url)
     assert hasattr(placement_group_callback, compat.PLACEMENT_GROUP_CLEANER)
+    assert hasattr(datasets, compat.DATASETS_CALLBACK)
+    assert constants.ENABLE_PREEMPTION_WATCHER_ENV_VAR == compat.PREEMPTION_WATCHER_ENV
     trainer = compat.trainer_class(lambda c: c)
     assert issubclass(trainer, TorchTrainer)
     assert trainer._create_default_callbacks is not TorchTrainer._create_default_callbacks
