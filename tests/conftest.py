@@ -173,7 +173,8 @@ def tiny_vlm(disk_cache):
 def lmms_suite(tmp_path_factory, tiny_vlm, disk_cache):
     """The lmms-eval references of test_lmms_eval_tasks, test_lmms_eval_groups and
     test_vllm_images from one lmms-eval run on ``tiny_vlm`` (tests/lmms_reference.py,
-    ``write_suite``): {"model": the folder, "tasks": {"single", "group", "images": folder},
+    ``write_suite``): {"model": the folder, "tasks": {"single", "group", "images", "own":
+    folder},
     "reference": {the same keys: lmms-eval's results}}. One lmms-eval start (~10 s) instead
     of one per module, kept on disk under the key of the model's bytes, lmms_reference.py and
     vlm_support.py (the items) and the versions of lmms-eval and what it runs on; the task
@@ -201,7 +202,7 @@ def lmms_suite(tmp_path_factory, tiny_vlm, disk_cache):
         reference = pickle.load(f)
     root = str(tmp_path_factory.mktemp("lmms_suite"))
     folders = {}
-    for name in ("single", "group", "images"):
+    for name in ("single", "group", "images", "own"):
         folders[name] = shutil.copytree(os.path.join(kept, name), os.path.join(root, name))
     return {"model": tiny_vlm, "tasks": folders, "reference": reference}
 

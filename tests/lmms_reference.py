@@ -148,9 +148,10 @@ def run_cli(model_dir: str, task_dir: str, tasks: list[str], output: str, *,
 
 # The references of tests/integration/test_lmms_eval_tasks.py ("single": TASK over SINGLE_ITEMS
 # easy-vqa test items), test_lmms_eval_groups.py ("group": GROUP over GROUP_TASKS, of
-# different sizes, aggregating GROUP_AGGREGATED) and test_vllm_images.py ("images":
-# IMAGES_TASK over the items of IMAGES_ITEMS), made by one lmms-eval run on one tiny Idefics3
-# (the ``lmms_suite`` fixture of tests/conftest.py): one lmms-eval start instead of three.
+# different sizes, aggregating GROUP_AGGREGATED), test_vllm_images.py ("images":
+# IMAGES_TASK over the items of IMAGES_ITEMS) and test_lmms_eval_tasks.py again ("own":
+# OWN_TASK, the task's own aggregations), made by one lmms-eval run on one tiny Idefics3
+# (the ``lmms_suite`` fixture of tests/conftest.py): one lmms-eval start instead of four.
 # Each is what a run of its own would give: lmms-eval evaluates each task on its own.
 SINGLE_ITEMS = 8
 GROUP = "rayeval_vqa_group"
@@ -158,18 +159,70 @@ GROUP_TASKS = {"rayeval_vqa_a": 4, "rayeval_vqa_b": 6}        # task -> its item
 GROUP_AGGREGATED = {"answer_chars": True, "upper_chars": False}  # metric -> weight_by_size
 IMAGES_TASK = "rayeval_vqa_images"
 IMAGES_ITEMS = {"split": "test", "n": 6, "seed": 5}           # easy_vqa_items' arguments
+OWN_TASK = "rayeval_vqa_own"          # TASK's items, aggregated by the task's own functions
+OWN_METRICS = ("pairs", "subjects")
+
+# Aggregations of the two kinds lmms-eval's benchmarks write: MME's (questions asked in pairs
+# about one image: "acc" over questions plus "acc+", the pairs answered right both times, as a
+# score out of 200) and MMMU's (an accuracy per subject, then their mean). The answer is
+# "right" when its length is even: the untrained model is never right otherwise, and the
+# lengths differ document by document.
+OWN_UTILS = UTILS + '''
+
+def process_results_own(doc, results):
+    answer = results[0].strip()
+    right = float(len(answer) % 2 == 0)
+    return {"pairs": {"question_id": doc["id"] // 2, "score": right},
+            "subjects": {"subject": doc["answer"], "right": right}}
+
+
+def pairs_aggregate_results(results):
+    by_pair = {}
+    for r in results:
+        by_pair.setdefault(r["question_id"], []).append(r["score"])
+    acc = sum(sum(v) for v in by_pair.values()) / sum(len(v) for v in by_pair.values())
+    acc_plus = sum(all(v) for v in by_pair.values()) / len(by_pair)
+    return (acc + acc_plus) * 100
+
+
+def subjects_aggregate_results(results):
+    by_subject = {}
+    for r in results:
+        by_subject.setdefault(r["subject"], []).append(r["right"])
+    return sum(sum(v) / len(v) for v in by_subject.values()) / len(by_subject)
+'''
+
+
+def write_own_task(task_dir: str, items: list[dict]) -> str:
+    """TASK's YAML over ``items`` as OWN_TASK: one filter, and OWN_METRICS aggregated by the
+    functions of OWN_UTILS."""
+    path = write_task(task_dir, items, name=OWN_TASK)
+    with open(os.path.join(task_dir, "utils.py"), "w", encoding="utf-8") as f:
+        f.write(OWN_UTILS)
+    with open(path, encoding="utf-8") as f:
+        text = f.read()
+    head, _, rest = text.partition("filter_list:\n")
+    _, _, tail = rest.partition("lmms_eval_specific_kwargs:\n")
+    head = head.replace("process_results: !function utils.process_results",
+                        "process_results: !function utils.process_results_own")
+    metrics = "".join(f"  - metric: {m}\n    aggregation: !function utils.{m}_aggregate_results"
+                      f"\n    higher_is_better: true\n" for m in OWN_METRICS)
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(head + "metric_list:\n" + metrics + "lmms_eval_specific_kwargs:\n" + tail)
+    return path
 
 
 def write_suite(root: str) -> dict[str, str]:
     """The references' task folders under ``root`` (one include path for lmms-eval):
-    {"single", "group", "images": its folder}. The group's tasks hold easy-vqa test items of
+    {"single", "group", "images", "own": its folder}. The group's tasks hold easy-vqa test items of
     seeds 1, 2..., the single task's those of seed 0."""
     import yaml
 
     from vlm_support import easy_vqa_items
 
-    folders = {k: os.path.join(root, k) for k in ("single", "group", "images")}
+    folders = {k: os.path.join(root, k) for k in ("single", "group", "images", "own")}
     write_task(folders["single"], easy_vqa_items(n=SINGLE_ITEMS, seed=0))
+    write_own_task(folders["own"], easy_vqa_items(n=SINGLE_ITEMS, seed=0))
     write_task(folders["images"], easy_vqa_items(**IMAGES_ITEMS), name=IMAGES_TASK)
     for seed, (task, n) in enumerate(GROUP_TASKS.items(), start=1):   # one include folder
         write_task(os.path.join(folders["group"], task), easy_vqa_items(n=n, seed=seed),
@@ -185,12 +238,13 @@ def write_suite(root: str) -> dict[str, str]:
 def run_suite(model_dir: str, root: str) -> dict:
     """lmms-eval's run of the references (``write_suite``'s folders under ``root``) at batch
     size 1: {"single": as run_lmms_eval gives for TASK, "group": as it gives for GROUP,
-    "images": as it gives for IMAGES_TASK}."""
+    "images": as it gives for IMAGES_TASK, "own": for OWN_TASK}."""
     output = os.path.join(root, "out-b1")
-    run_cli(model_dir, root, [TASK, GROUP, IMAGES_TASK], output)
+    run_cli(model_dir, root, [TASK, GROUP, IMAGES_TASK, OWN_TASK], output)
     return {"single": read_output(output, TASK),
             "group": read_group(output, GROUP, tuple(GROUP_TASKS)),
-            "images": read_output(output, IMAGES_TASK)}
+            "images": read_output(output, IMAGES_TASK),
+            "own": read_output(output, OWN_TASK, filters=("none",))}
 
 
 def read_group(output: str, group: str, members: tuple[str, ...], filters=FILTERS) -> dict:

@@ -37,6 +37,7 @@ COLUMNS = {
     "tokens": pa.int64(),
     "probability": pa.float64(),             # classification: the predicted class's softmax
     "thumbnails": pa.list_(pa.binary()),     # the item's images as PNGs (``thumbnail``)
+    "values": pa.string(),    # a task's own-aggregation values, JSON (``harness.items``)
 }
 
 THUMBNAIL_PX = 64      # the longest side of a record's image: enough to see what was asked

@@ -75,6 +75,10 @@ class Publish:
         metrics = self.metrics[ev.name] if metrics is None else metrics
         try:
             results = finalize(metrics, merged, ev.output_size, ev.spec.bootstrap)
+            own = [k for k, m in metrics if getattr(m, "from_items", False)]
+            if own:           # the task's own aggregation, over every worker's records
+                results.update(tasks.get(ev.spec.task).own_aggregations(
+                    ev.spec, own, self.store.read_samples(cell.key, tag), ev.spec.bootstrap))
         except RayevalError as e:          # a custom metric's compute: this cell only
             ctx.details[cell.key] = e.detail
             return ctx.failure(cell, step, f"{ev.name}: {e.message}")

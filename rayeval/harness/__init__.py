@@ -8,7 +8,10 @@
     groups    which members' metrics an lm-eval group's aggregate averages
     store     request tables in the result store, checked against the driver's bytes before a
               run reads them, and the task objects sent to the workers through Ray
-    task      the worker's half: the ``lm_eval`` task and its four sum-state metrics
+    task      the worker's half: the ``lm_eval`` task, its four sum-state metrics and the
+              metric of a task's own aggregation
+    items     a task's own aggregation: every document's value kept in the records, the
+              task's function run over them in document order, its bootstrap resamples
     entries   the sweep file's ``lm_eval:`` entries rendered into evaluations (an entry kind)
 
 The slice registers itself as a plugin registers (``register``, named in the package root's
@@ -23,7 +26,7 @@ from rayeval.config.entries import ENTRIES
 # The worker's half, by name: imported (with torch and lm-eval) when a process first asks.
 METRICS = (("lm_mean", "LmMean"), ("lm_perplexity", "LmPerplexity"),
            ("lm_weighted_perplexity", "LmWeightedPerplexity"),
-           ("lm_bits_per_byte", "LmBitsPerByte"))
+           ("lm_bits_per_byte", "LmBitsPerByte"), ("lm_items", "LmItems"))
 
 
 def register() -> None:

@@ -118,6 +118,15 @@ def chat_tokenizer(context: EntryContext) -> dict:
     return tokenizer_files(folder)
 
 
+def with_own_records(common: dict, metrics) -> dict:
+    """An evaluation's settings with per-item records kept where a metric of the task is its
+    own aggregation (``items.ITEMS``: the records hold the values it runs over)."""
+    from rayeval.harness.items import ITEMS
+
+    own = any(kind == ITEMS for _, kind, _, _ in metrics)
+    return {**common, "samples": common["samples"] or own}
+
+
 def _one(output: str, task, name: str, path: str, common: dict) -> EvalSpec:
     data = f"{lm_store.location(output, task.digest)}/{lm_store.DOCS_FILE}"
     lm_store.UNWRITTEN[data] = (output, task)
@@ -132,4 +141,4 @@ def _one(output: str, task, name: str, path: str, common: dict) -> EvalSpec:
         generation=Generation(until=task.until, max_new_tokens=max(1, task.max_gen_toks),
                               temperature=task.sampling[0], top_p=task.sampling[1],
                               repeats=task.sampling[2]),
-        **common)
+        **with_own_records(common, task.metrics))

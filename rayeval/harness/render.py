@@ -12,9 +12,10 @@ tokenizes and scores the requests, applies the task's filters and calls its
 ``process_results``, with the task object the driver sends it through Ray.
 
 Metrics keep lm-eval's names (``acc``; ``exact_match,strict`` where a task has more than one
-filter, ``names.py``) and become exact sum states: lm-eval aggregations that are functions of
-sums (mean, perplexity, weighted_perplexity, bits_per_byte) are supported; one that needs every
-item in one place (median, F1, BLEU, ...) is a one-line error naming it.
+filter, ``names.py``). lm-eval aggregations that are functions of sums (mean, perplexity,
+weighted_perplexity, bits_per_byte) become exact sum states; any other (median, F1, BLEU, a
+YAML's ``!function``) is the task's own function over every document's value
+(``items.py``).
 """
 
 from __future__ import annotations
@@ -36,8 +37,7 @@ from rayeval.errors import SpecError
 from rayeval.config import names
 from rayeval.harness.groups import Group
 from rayeval.harness.store import LIMITED_FROM
-from rayeval.harness.requests import (AGGREGATIONS, NotMergeable, encode, filter_names, layout,
-                                      table_schema)
+from rayeval.harness.requests import encode, filter_names, layout, table_schema
 
 # The request table's format: a new one renders to new folders, so a table an older rayeval
 # wrote (with pickled requests) is never read.
@@ -148,7 +148,7 @@ def load_tasks(spec: LmEvalSpec, path: str) -> tuple[dict, list[Group]]:
 def refusal(task, name: str, backend: str | None = None) -> tuple[str, str] | None:
     """The first reason rayeval cannot run lm-eval task ``name`` as lm-eval does, from what
     the task object holds before its documents are loaded (its class, output type,
-    generation_kwargs and aggregations): (the entry's key at fault, the message), or None.
+    generation_kwargs): (the entry's key at fault, the message), or None.
     A run applies it to every task it loads; ``rayeval tasks --check`` to every task of the
     registry (``coverage``), so the two never disagree. ``backend``: the model's, where
     sampling is asked about (None: the loader says it, per evaluation)."""
@@ -164,11 +164,6 @@ def refusal(task, name: str, backend: str | None = None) -> tuple[str, str] | No
                                  "do_sample, temperature and top_p apply"
         if backend is not None and backend != "vllm" and sampling_of(kwargs, 1)[0] > 0:
             return "gen_kwargs", samples_problem(name)
-    try:
-        layout(task)
-    except NotMergeable as e:
-        return "task", f"lm-eval task {name!r}: {e}, which needs every item in one place; " \
-                       f"rayeval merges exact sums ({', '.join(AGGREGATIONS)})"
     return None
 
 
@@ -296,7 +291,7 @@ def _render_task(spec, path, name, task, tokenizer) -> Rendered:
         rows["instances"].append(_encode(output_type, instances, path, name))
     table = pa.table(rows, schema=table_schema())
     until, max_gen_toks, sampling = _generation(task, by_doc, path, name)
-    metrics = layout(task)        # one that does not merge was refused (``refusal``)
+    metrics = layout(task)
     filters = filter_names(task)
     lm_keys = {names.metric_key(m, f): names.result_key(m, f, len(filters))
                for f in filters for m in task.aggregation()}

@@ -25,17 +25,16 @@ import json
 import pyarrow as pa
 
 from rayeval.config import names
+from rayeval.harness.items import ITEMS
 
 COLUMNS = ("doc_id", "context", "target", "choices", "instances")
-# lm-eval's aggregation function name -> (rayeval metric, columns per document)
+# lm-eval's aggregation function name -> (rayeval metric, columns per document): those that
+# are functions of sums. Any other aggregation is the task's own function over every item
+# (``items``: the ``lm_items`` metric, its column unused).
 AGGREGATIONS = {"mean": ("lm_mean", 1), "perplexity": ("lm_perplexity", 1),
                 "weighted_perplexity": ("lm_weighted_perplexity", 2),
                 "bits_per_byte": ("lm_bits_per_byte", 2)}
-WIDTH = dict(AGGREGATIONS.values())
-
-
-class NotMergeable(ValueError):
-    """An lm-eval (or lmms-eval) aggregation that needs every item in one place."""
+WIDTH = {**dict(AGGREGATIONS.values()), ITEMS: 1}
 
 
 def table_schema() -> pa.Schema:
@@ -90,7 +89,7 @@ def metric_layout(task, metrics_module, aggregations: dict) -> list[tuple[str, s
     whose functions the task's ``aggregation()`` names) under each of its filters, in the
     task's order; ``aggregations``: function name -> (rayeval metric, columns per document).
     Keys are lm-eval's metric names, with ``,filter`` where the task has more than one filter;
-    an aggregation not in ``aggregations`` is NotMergeable."""
+    an aggregation not in ``aggregations`` is the task's own (``items.ITEMS``)."""
     known = {getattr(metrics_module, fn): fn for fn in aggregations}
     filters = filter_names(task)
     higher = task.higher_is_better() or {}
@@ -98,13 +97,20 @@ def metric_layout(task, metrics_module, aggregations: dict) -> list[tuple[str, s
     for filter_name in filters:
         for metric, agg in task.aggregation().items():
             fn = known.get(agg)
-            if fn is None:
-                raise NotMergeable(f"{metric} aggregates with {function_name(agg)}")
-            kind, width = aggregations[fn]
+            kind, width = aggregations[fn] if fn is not None else (ITEMS, WIDTH[ITEMS])
             key = names.result_key(metric, filter_name, len(filters))
             out.append((key, kind, column, bool(higher.get(metric, True))))
             column += width
     return out
+
+
+def aggregations(task, metrics_module, aggregations: dict) -> dict:
+    """{result key: the task's aggregation function} of each metric ``metric_layout`` gives
+    the task's own aggregation (``items.ITEMS``)."""
+    known = {getattr(metrics_module, fn) for fn in aggregations}
+    filters = filter_names(task)
+    return {names.result_key(metric, f, len(filters)): agg
+            for f in filters for metric, agg in task.aggregation().items() if agg not in known}
 
 
 def function_name(fn) -> str:

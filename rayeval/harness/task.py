@@ -28,7 +28,7 @@ from rayeval.core import metrics as M
 from rayeval.core.tasks.text import TextBatch, TextTask, rolling_windows
 from rayeval.errors import DataError
 from rayeval.config import names
-from rayeval.harness import store
+from rayeval.harness import items, store
 from rayeval.harness import requests as request_table    # (score's ``requests`` are its own)
 from rayeval.harness.requests import COLUMNS, WIDTH, filter_names, layout
 from rayeval.io import data
@@ -166,6 +166,8 @@ class Harness(TextTask):
         width = max(col + WIDTH[kind_] for _, kind_, col, _ in columns)
         out = torch.zeros((len(docs), width), dtype=torch.float64)
         x.responses, x.lls, x.repeats = [], [], None
+        own = [key for key, kind_, _, _ in columns if kind_ == items.ITEMS]
+        x.values = [] if own else None
         for i, instances in enumerate(docs):
             doc = instances[0].doc
             values = {}
@@ -178,10 +180,15 @@ class Harness(TextTask):
                     raise DataError(f"{ctx.spec.key_path}: lm-eval's process_results gave no "
                                     f"{names.metric_of(key)!r} for document {instances[0].doc_id}")
                 value = values[key]
+                if kind_ == items.ITEMS:            # kept whole in the records (``items``)
+                    continue
                 if isinstance(value, (tuple, list)):
                     out[i, col], out[i, col + 1] = float(value[0]), float(value[1])
                 else:
                     out[i, col] = float(value)
+            if own:
+                x.values.append(own_values(values, own, ctx.spec.key_path,
+                                           instances[0].doc_id, "lm-eval"))
             x.responses.append(_response(kind, instances, task))
             if ctx.generation.repeats > 1 and kind == "generate_until":
                 x.repeats = (x.repeats or []) + [[str(r) for r in instances[0].resps]]
@@ -196,7 +203,47 @@ class Harness(TextTask):
         records["loglikelihoods"] = list(x.lls)
         if x.repeats is not None:
             records["responses"] = list(x.repeats)
+        if getattr(x, "values", None) is not None:
+            records[items.VALUES] = list(x.values)
         return records
+
+    def own_aggregations(self, spec, keys, records, bootstrap):
+        import lm_eval.api.metrics as lm_metrics
+
+        return own_results(lm_task(spec.dataset.path), keys, records, bootstrap, lm_metrics,
+                           request_table.AGGREGATIONS, spec.key_path)
+
+
+def own_values(values: dict, keys: list[str], where: str, doc_id, tool: str) -> str:
+    """A document's values of its own-aggregation metrics ``keys``, as the records keep them
+    (``items.encode``); a value JSON cannot hold is one line naming the metric."""
+    try:
+        return items.encode({k: values[k] for k in keys})
+    except TypeError as e:
+        raise DataError(f"{where}: {tool}'s process_results gave document {doc_id} a value "
+                        f"of {e} for one of {keys}; rayeval keeps a task's own-aggregation "
+                        "values as JSON (text, numbers, lists, dicts)") from None
+
+
+def own_results(task, keys: list[str], records, bootstrap, metrics_module, aggregations: dict,
+                where: str) -> dict:
+    """``Task.own_aggregations`` of an lm-eval or lmms-eval ``task`` (its library's
+    ``api.metrics`` and the aggregations that merge as sums: ``requests.aggregations``)."""
+    from rayeval.core.evaluate import MetricResult, metric_errors
+
+    if items.VALUES not in records.column_names:
+        raise DataError(f"{where}: the cell's per-item records hold no {items.VALUES!r} "
+                        "column for its own-aggregation metrics; evaluate it again with --force")
+    fns = request_table.aggregations(task, metrics_module, aggregations)
+    ids = records.column("id").to_pylist()
+    values = [items.decode(v) for v in records.column(items.VALUES).to_pylist()]
+    out = {}
+    for key in keys:
+        with metric_errors(key, "aggregating its items with the task's own function"):
+            value, reps, low, high = items.aggregate(fns[key], ids, [v[key] for v in values],
+                                                     bootstrap, getattr(task, "args", None))
+        out[key] = MetricResult(value, low, high, reps)
+    return out
 
 
 def _fits(pairs, max_length: int, spec, doc_id) -> None:
@@ -287,6 +334,18 @@ class LmWeightedPerplexity(_Columns):
 
     def compute(self, s):
         return torch.exp(-M._ratio(s["a"], s["b"]))
+
+
+class LmItems(_Columns):
+    """A metric the task aggregates with its own function over every document's value
+    (``harness.items``): its states only count the documents; the figure is computed from
+    the cell's per-item records once they are all written (``Task.own_aggregations``)."""
+    name = items.ITEMS
+    batched_compute = False          # no per-item value of its own in the records
+    from_items = True
+
+    def compute(self, s):
+        return float("nan")
 
 
 class LmBitsPerByte(_Columns):

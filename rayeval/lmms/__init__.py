@@ -33,4 +33,5 @@ def register() -> None:
 
     TASKS.add_lazy("lmms_eval", "rayeval.lmms.task:LmmsEval", instance=True)
     metrics._registry("lmms_eval").add_lazy("lm_mean", "rayeval.lmms.task:LmmsMean")
+    metrics._registry("lmms_eval").add_lazy("lm_items", "rayeval.lmms.task:LmmsItems")
     ENTRIES.add_lazy("lmms_eval", "rayeval.lmms.entries:LmmsEvalEntry", instance=True)

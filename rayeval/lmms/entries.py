@@ -20,6 +20,7 @@ from rayeval.config.entries import EntryContext
 from rayeval.config.schema import (Bootstrap, DatasetSpec, EvalSpec, Generation, JudgeSpec,
                                    LmmsEvalSpec, MetricSpec)
 from rayeval.harness import store as lm_store
+from rayeval.harness.entries import with_own_records
 from rayeval.harness.groups import group_specs
 
 
@@ -128,4 +129,5 @@ def _one(output: str, task, name: str, path: str, common: dict,
     # The judge only on the tasks that ask one: the others' keys do not change with it.
     return EvalSpec(name=name, task="lmms_eval", dataset=dataset, metrics=metrics,
                     generation=Generation(until=(), max_new_tokens=max(1, task.max_new_tokens)),
-                    judge=judge if task.judged else None, **common)
+                    judge=judge if task.judged else None,
+                    **with_own_records(common, task.metrics))

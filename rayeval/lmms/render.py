@@ -44,8 +44,8 @@ from rayeval.config import names
 from rayeval.harness.groups import Group
 from rayeval.harness.render import (build_failure, check_known, config_value, limit_count,
                                     pickle_task, quiet)
-from rayeval.lmms.requests import (AGGREGATIONS, NotMergeable, context_of, encode_messages,
-                                   filter_names, layout, table_schema)
+from rayeval.lmms.requests import (context_of, encode_messages, filter_names, layout,
+                                   table_schema)
 
 TABLE_FORMAT = "lmms-requests-v1"
 INSTALL = ("pip install 'rayeval[lmms-eval]' && pip install --no-deps lmms-eval==0.7.3")
@@ -204,11 +204,6 @@ def _refused(task, name: str, judge: bool, found) -> tuple[str, str] | None:
     problem = _generation_problem(kwargs, name)
     if problem:
         return "gen_kwargs", problem
-    try:
-        layout(task)
-    except NotMergeable as e:
-        return "task", f"lmms-eval task {name!r}: {e}, which needs every item in one place; " \
-                       f"rayeval merges exact sums ({', '.join(AGGREGATIONS)})"
     return None
 
 
@@ -356,7 +351,7 @@ def _render_task(spec, path, name, task) -> Rendered:
             digest.update(b"\0")
     table = pa.table(rows, schema=table_schema())
     max_new_tokens = _generation(instances, path, name)
-    metrics = layout(task)        # one that does not merge was refused (``refusal``)
+    metrics = layout(task)
     filters = filter_names(task)
     lm_keys = {names.metric_key(m, f): names.result_key(m, f, len(filters))
                for f in filters for m in task.aggregation()}

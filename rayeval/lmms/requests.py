@@ -24,14 +24,14 @@ import json
 
 import pyarrow as pa
 
-from rayeval.harness.requests import (NotMergeable, filter_names,  # noqa: F401 - re-exported
-                                      metric_layout)
+from rayeval.harness.requests import filter_names, metric_layout  # noqa: F401 - re-exported
 
 COLUMNS = ("doc_id", "messages", "images", "context", "target")
 IMAGES = "images"
 # lmms-eval aggregation function name -> (rayeval metric over its per-document value, columns
-# per document). Only means merge exactly over workers (a sum and a count); a median, a BLEU or
-# a task's own aggregation function needs every item in one place (NotMergeable).
+# per document). Only means merge as sums (a sum and a count); any other aggregation (a
+# median, a BLEU, a task's own ``*_aggregate_results``) is the task's own function over every
+# item (``harness.items``).
 AGGREGATIONS = {"mean": ("lm_mean", 1)}
 
 

@@ -6,7 +6,9 @@ filter ensembles (``filter_list``: ``take_first``, regexes, ``lowercase``, a tas
 writes its ``filtered_resps``; the task's ``process_results(doc, [filtered response])`` gives
 the document's metric values, per filter. The values land in the columns
 ``requests.layout`` assigns; the ``lm_mean`` metric sums them and counts the documents (exact
-states: any split of the documents over workers merges to the same sums).
+states: any split of the documents over workers merges to the same sums). A metric the task
+aggregates with its own function (``*_aggregate_results``) keeps its values whole, as JSON, in
+the per-item records instead (``harness.items``).
 
 Then, as lmms-eval's evaluator does before ``process_results``, each filtered response loses its
 reasoning blocks and surrounding whitespace (``strip_reasoning_tags``): with the task's
@@ -25,6 +27,8 @@ import torch
 
 from rayeval.errors import DataError, reason
 from rayeval.config import names
+from rayeval.harness import items
+from rayeval.harness.task import own_values
 from rayeval.lmms.requests import filter_names, layout
 
 
@@ -87,9 +91,10 @@ def process_results(task, doc, results: list) -> dict:
 
 
 def score_documents(task, doc_ids: list[int], texts: list[list[str]], where: str
-                    ) -> tuple[torch.Tensor, list[str]]:
+                    ) -> tuple[torch.Tensor, list[str], list[str] | None]:
     """(one float64 row per document of its metric values in ``layout``'s columns, the first
-    filter's response per document, for the records)."""
+    filter's response per document, for the records; the values of the task's own-aggregation
+    metrics per document, as the records keep them, None where it has none)."""
     found = instances(task, doc_ids, texts)
     for ensemble in getattr(task, "_filters", None) or []:
         ensemble.apply(found, task.task_docs)
@@ -98,6 +103,8 @@ def score_documents(task, doc_ids: list[int], texts: list[list[str]], where: str
     tags = reasoning_tags(task)
     out = torch.zeros((len(found), len(columns)), dtype=torch.float64)
     responses = []
+    own = [key for key, kind, _, _ in columns if kind == items.ITEMS]
+    kept = [] if own else None
     for i, inst in enumerate(found):
         values, first = {}, None
         for name in filters:
@@ -110,13 +117,16 @@ def score_documents(task, doc_ids: list[int], texts: list[list[str]], where: str
                                 f"{inst.doc_id}: {reason(error, typed=True)}") from None
             for metric, value in result.items():
                 values[names.result_key(metric, name, len(filters))] = value
-        for key, _, col, _ in columns:
+        for key, kind, col, _ in columns:
             if key not in values:
                 raise DataError(f"{where}: lmms-eval's process_results gave no "
                                 f"{names.metric_of(key)!r} for document {inst.doc_id}")
-            out[i, col] = _number(values[key], key, inst.doc_id, where)
+            if kind != items.ITEMS:              # kept whole in the records (``items``)
+                out[i, col] = _number(values[key], key, inst.doc_id, where)
+        if own:
+            kept.append(own_values(values, own, where, inst.doc_id, "lmms-eval"))
         responses.append(first if isinstance(first, str) else str(first))
-    return out, responses
+    return out, responses, kept
 
 
 def _number(value, key: str, doc_id, where: str) -> float:

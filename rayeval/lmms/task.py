@@ -10,7 +10,8 @@ as JSON, its images as PNG bytes, the target. The task is the image ``generation
   and run through the processor on the same CPU stage as for any image item;
 - the generated texts are scored by lmms-eval's own filters and ``process_results``
   (``scoring.py``) with the task object the driver sent through Ray, into one float row of
-  metric values per document, which the ``lm_mean`` metrics below sum exactly; a judged
+  metric values per document, which the ``lm_mean`` metrics below sum exactly (a metric of
+  the task's own aggregation: its values kept whole in the records, ``harness.items``); a judged
   task's judge is served on the worker's loopback while its pass runs (``judge_server``).
 """
 
@@ -18,8 +19,8 @@ from __future__ import annotations
 
 from rayeval.core.tasks.vision import ImageGeneration
 from rayeval.errors import DataError
-from rayeval.harness import store
-from rayeval.harness.task import LmMean, check_request_table
+from rayeval.harness import items, store
+from rayeval.harness.task import LmItems, LmMean, check_request_table, own_results
 from rayeval.io import data
 from rayeval.lmms.requests import COLUMNS, context_of, decode_messages
 from rayeval.lmms.scoring import score_documents
@@ -97,12 +98,31 @@ class LmmsEval(ImageGeneration):
 
     def score(self, backend, x, y, ctx):
         texts = backend.generate_images(x.requests(), x.ids, ctx)
-        rows, x.responses = score_documents(lmms_task(ctx.spec.path), x.ids, texts,
-                                            ctx.spec.key_path)
+        rows, x.responses, x.values = score_documents(lmms_task(ctx.spec.path), x.ids, texts,
+                                                      ctx.spec.key_path)
         x.repeats = None
         return rows, y
+
+    def item_records(self, x, out):
+        records = super().item_records(x, out)
+        if getattr(x, "values", None) is not None:
+            records[items.VALUES] = list(x.values)
+        return records
+
+    def own_aggregations(self, spec, keys, records, bootstrap):
+        import lmms_eval.api.metrics as lmms_metrics
+
+        from rayeval.lmms.requests import AGGREGATIONS
+
+        return own_results(lmms_task(spec.dataset.path), keys, records, bootstrap,
+                           lmms_metrics, AGGREGATIONS, spec.key_path)
 
 
 class LmmsMean(LmMean):
     """lmms-eval's ``mean``: the sum of the documents' values in one column, over the count."""
+    task = "lmms_eval"
+
+
+class LmmsItems(LmItems):
+    """A metric lmms-eval's task aggregates with its own function (``harness.items``)."""
     task = "lmms_eval"

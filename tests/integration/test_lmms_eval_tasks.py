@@ -22,7 +22,8 @@ pytest.importorskip("transformers")
 pytest.importorskip("lmms_eval")
 pytest.importorskip("easy_vqa")
 
-from lmms_reference import FILTERS, OFFLINE_ENV, SINGLE_ITEMS, TASK  # noqa: E402
+from lmms_reference import (FILTERS, OFFLINE_ENV, OWN_METRICS, OWN_TASK,  # noqa: E402
+                            SINGLE_ITEMS, TASK)
 from support import single_process_passes  # noqa: E402
 
 from rayeval.core.evaluate import finalize  # noqa: E402
@@ -49,6 +50,12 @@ def example(tmp_path_factory, lmms_suite):
         "workers": 1, "evals": [{"name": "vqa", "batch_size": 16,
                                  "lmms_eval": {"task": TASK,
                                                "include_path": lmms_suite["tasks"]["single"]}}]}))
+    # the task's own aggregations (of MME's and MMMU's kinds: tests/lmms_reference.py)
+    (root / "sweep-own.yaml").write_text(yaml.safe_dump({
+        "name": "vqa-own", "checkpoints": [ckpts], "output": "results", "workers": 1,
+        "bootstrap": {"replicates": 300},
+        "evals": [{"name": "own", "batch_size": 16,
+                   "lmms_eval": {"task": OWN_TASK, "include_path": lmms_suite["tasks"]["own"]}}]}))
     return root
 
 
@@ -126,14 +133,16 @@ def test_llava_in_one_process_equals_lmms_evals_llava_hf(llava, batch_size):
 def ray_stores(example, standing):
     from rayeval.execution.driver import run_sweep
 
-    sweep = load_sweep(str(example / "sweep.yaml"))
+    """{workers: the store of sweep.yaml's run}; sweep-own.yaml's run beside it in
+    ``own{workers}``."""
     stores = {}
     for workers in (1, 2, 3):
-        out = example / f"store{workers}"
-        report = run_sweep(dataclasses.replace(sweep, workers=workers, output=str(out)),
-                           standing=standing)
-        assert all(o.ok for o in report.outcomes), report.outcomes
-        stores[workers] = out
+        for name, out in (("sweep.yaml", f"store{workers}"), ("sweep-own.yaml", f"own{workers}")):
+            sweep = load_sweep(str(example / name))
+            report = run_sweep(dataclasses.replace(sweep, workers=workers,
+                                                   output=str(example / out)), standing=standing)
+            assert all(o.ok for o in report.outcomes), report.outcomes
+        stores[workers] = example / f"store{workers}"
     return stores
 
 
@@ -153,6 +162,28 @@ def test_ray_runs_with_1_2_and_3_workers_equal_lmms_eval(reference, ray_stores):
         for key, r in runs[workers].items():
             for k in ("value", "ci_low", "ci_high"):
                 assert r[k] == runs[1][key][k], (workers, key, k)
+
+
+@pytest.mark.ray
+def test_own_aggregations_equal_lmms_eval_on_1_2_and_3_workers(lmms_suite, ray_stores):
+    """lmms-eval's ``*_aggregate_results`` kinds (MME's pairs, MMMU's per-subject mean), run
+    by rayeval over every worker's records in document order: lmms-eval's figures, and the
+    same intervals for any worker count."""
+    theirs = lmms_suite["reference"]["own"]
+    assert theirs["n"] == N
+    values = {m: theirs["results"][f"{m},none"] for m in OWN_METRICS}
+    assert 0 < values["subjects"] < 1 and 0 < values["pairs"] < 200    # not degenerate
+    runs = {}
+    for workers, out in ray_stores.items():
+        rows = latest_rows(ResultStore(str(out.parent / f"own{workers}")).read())
+        assert sorted(r["metric"] for r in rows) == sorted(OWN_METRICS)
+        for r in rows:
+            assert r["num_samples"] == N and r["world_size"] == workers
+            assert r["value"] == pytest.approx(values[r["metric"]], rel=1e-12)
+            assert r["ci_low"] <= r["value"] <= r["ci_high"] and r["ci_low"] < r["ci_high"]
+        runs[workers] = {r["metric"]: (r["value"], r["ci_low"], r["ci_high"],
+                                       list(r["replicates"])) for r in rows}
+    assert runs[1] == runs[2] == runs[3]
 
 
 @pytest.mark.ray

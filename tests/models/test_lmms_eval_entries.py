@@ -144,10 +144,6 @@ BAD = {
                                               "\n    return get_server\n"},
                   "is judged by an API model (process_results in utils.py uses "
                   "lmms_eval.llm_judge); rayeval does not call API judges"),
-    "median": ({"task": "rayeval_easyvqa", "include_path": "tasks"},
-               {"metric: answer_chars, aggregation: mean": "metric: answer_chars, "
-                                                          "aggregation: median"},
-               "answer_chars aggregates with median, which needs every item in one place"),
     "sampling": ({"task": "rayeval_easyvqa", "include_path": "tasks",
                   "gen_kwargs": {"temperature": 0.7}}, None,
                  "samples or searches beams (temperature above 0 or num_beams above 1)"),
@@ -232,7 +228,7 @@ def test_scoring_equals_lmms_evals_evaluator_on_the_same_texts(rendered):
     texts = ["<think>a Circle?</think> Circle", "  Blue ", "no", "<analysis>x</analysis>YES",
              "Rectangle\n"][:len(items)]
     ids = list(range(len(texts)))
-    rows, responses = score_documents(task, ids, [[t] for t in texts], "evals[0]")
+    rows, responses, _ = score_documents(task, ids, [[t] for t in texts], "evals[0]")
 
     theirs = [Instance(request_type="generate_until", arguments=("", None, {}, i, task.task_name,
                                                                  "test"), idx=0,

@@ -41,7 +41,7 @@ metric_list:
   - metric: acc
     aggregation: {aggregation}
     higher_is_better: true
-"""
+{extra}"""
 
 
 def _sweep(folder, entry: dict) -> str:
@@ -54,16 +54,19 @@ def _sweep(folder, entry: dict) -> str:
 
 @pytest.fixture(scope="module")
 def lm_tasks(tmp_path_factory):
-    """A folder of two own lm-eval tasks over 4 local rows: one averaged (accepted), one
-    with the median of its items (refused), and the check of lm-eval's registry with it."""
+    """A folder of three own lm-eval tasks over 4 local rows: one averaged and one with the
+    median of its items (both accepted: the median is the task's own aggregation), one marked
+    ``unsafe_code`` (refused), and the check of lm-eval's registry with it."""
     folder = tmp_path_factory.mktemp("lm")
     data = folder / "data.parquet"
     pq.write_table(pa.table({"question": ["a?", "b?", "c?", "d?"], "label": [0, 1, 0, 1]}),
                    data)
     (folder / "tasks").mkdir()
-    for name, aggregation in (("rayeval_mine_mean", "mean"), ("rayeval_mine_median", "median")):
+    for name, aggregation, extra in (("rayeval_mine_mean", "mean", ""),
+                                     ("rayeval_mine_median", "median", ""),
+                                     ("rayeval_mine_unsafe", "mean", "unsafe_code: true\n")):
         (folder / "tasks" / f"{name}.yaml").write_text(
-            LM_TASK.format(name=name, data=data, aggregation=aggregation))
+            LM_TASK.format(name=name, data=data, aggregation=aggregation, extra=extra))
     done = rayeval("tasks", "--check", "lm_eval", "--include-path", str(folder / "tasks"),
                    "--format", "csv")
     assert done.returncode == 0, done.stderr[-3000:]
@@ -90,22 +93,21 @@ def test_every_lm_eval_task_has_one_row_with_the_runs_verdict(lm_tasks):
     assert "runs code or needs images" in verdicts["chartqa"][1]               # images
     # humaneval's metric is Hugging Face's code_eval script, which lm-eval fetches from the Hub
     assert verdicts["humaneval"][1].startswith("lm-eval cannot build it here: ")
-    assert "mcc aggregates with matthews_corrcoef" in verdicts["cola"][1]
-    assert "bleu aggregates with bleu" in verdicts["wmt16-de-en"][1]
+    # their own aggregations (matthews_corrcoef, corpus BLEU) run over every item
+    assert verdicts["cola"] == ("accepted", "") and verdicts["wmt16-de-en"] == ("accepted", "")
     assert "samples (do_sample or temperature > 0)" in verdicts["gsm8k_cot_self_consistency"][1]
-    assert verdicts["rayeval_mine_mean"] == ("accepted", "")
-    assert verdicts["rayeval_mine_median"][0] == "refused"
+    assert verdicts["rayeval_mine_mean"] == verdicts["rayeval_mine_median"] == ("accepted", "")
+    assert verdicts["rayeval_mine_unsafe"][0] == "refused"
 
 
 def test_a_task_the_check_refuses_is_refused_by_the_run_in_the_same_words(lm_tasks, tmp_path):
     folder, rows = lm_tasks
-    reason = {task: reason for task, _, reason in rows[1:]}["rayeval_mine_median"]
-    assert reason == ("lm-eval task 'rayeval_mine_median': acc aggregates with median, which "
-                      "needs every item in one place; rayeval merges exact sums (mean, "
-                      "perplexity, weighted_perplexity, bits_per_byte)")
+    reason = {task: reason for task, _, reason in rows[1:]}["rayeval_mine_unsafe"]
+    assert reason == ("lm-eval task 'rayeval_mine_unsafe' runs code or needs images; rayeval "
+                      "scores text requests only")
     with pytest.raises(SpecError) as error:
         load_sweep(_sweep(tmp_path, {"name": "m", "lm_eval": {
-            "task": "rayeval_mine_median", "include_path": str(folder / "tasks")}}))
+            "task": "rayeval_mine_unsafe", "include_path": str(folder / "tasks")}}))
     assert str(error.value).endswith(f"evals[0].lm_eval.task: {reason}")
     # on vLLM a sampling task is accepted: the backend is part of the verdict
     sampled = "gsm8k_cot_self_consistency"
@@ -137,6 +139,12 @@ def test_lmms_eval_tasks_have_the_runs_verdicts(tmp_path):
     assert "metric: answer_chars, aggregation: mean" in text
     open(path, "w").write(text.replace("metric: answer_chars, aggregation: mean",
                                        "metric: answer_chars, aggregation: median"))
+    aspect = write_task(str(tmp_path / "tasks" / "aspect"), easy_vqa_items(n=2, seed=1),
+                        name="rayeval_aspect")
+    text = open(aspect).read()
+    assert "  do_sample: false\n" in text
+    open(aspect, "w").write(text.replace("  do_sample: false\n",
+                                         "  do_sample: false\n  image_aspect_ratio: pad\n"))
     done = rayeval("tasks", "--check", "lmms_eval", "--include-path", str(tmp_path / "tasks"),
                    "--format", "json", **OFFLINE_ENV)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -147,8 +155,10 @@ def test_lmms_eval_tasks_have_the_runs_verdicts(tmp_path):
         leaves = TaskManager("ERROR", include_path=str(tmp_path / "tasks")).all_subtasks
     assert sorted(verdicts) == sorted(leaves)
     assert verdicts["ai2d"] == ("accepted", "")
-    assert "mmmu_acc aggregates with mmmu_aggregate_results" in verdicts["mmmu_val"][1]
-    assert "mme_perception_score aggregates with mme_aggregate" in verdicts["mme"][1]
+    # their own aggregations run over every item (MMMU's grader is a judge: lmms_eval.verifiers)
+    assert verdicts["mme"] == verdicts["pope"] == verdicts["ocrbench"] == ("accepted", "")
+    assert verdicts["mmmu_val"][0] == "accepted"
+    assert verdicts["mmmu_val"][1].startswith("judged (")
     assert "is judged by an API model" in verdicts["mmbench_en_dev"][1]
     assert "samples or searches beams" in verdicts["mmvet"][1]
     assert "gives its model video (dataset_kwargs.video)" in verdicts["videomme"][1]
@@ -156,20 +166,21 @@ def test_lmms_eval_tasks_have_the_runs_verdicts(tmp_path):
     assert "has output_type 'multiple_choice'" in verdicts["mmlu_anatomy"][1]
     judged = [t for t, (s, r) in verdicts.items() if s == "accepted" and r]
     assert judged and all(verdicts[t][1].startswith("judged (") for t in judged)
-    # the run refuses the median task with the check's words
-    status, reason = verdicts["rayeval_median"]
-    assert status == "refused" and "answer_chars aggregates with median" in reason
+    assert verdicts["rayeval_median"] == ("accepted", "")
+    # the run refuses a task the check refuses, in the check's words
+    status, reason = verdicts["rayeval_aspect"]
+    assert status == "refused" and "generation_kwargs ['image_aspect_ratio']" in reason
     os.makedirs(tmp_path / "ckpts" / "checkpoint-1")
     sweep = tmp_path / "s.yaml"
     sweep.write_text(yaml.safe_dump({"name": "v", "checkpoints": ["ckpts/checkpoint-*"],
                                      "output": "results", "evals": [{"name": "m", "lmms_eval": {
-                                         "task": "rayeval_median", "include_path": "tasks"}}]}))
+                                         "task": "rayeval_aspect", "include_path": "tasks"}}]}))
     with pytest.MonkeyPatch.context() as env:
         for key, value in OFFLINE_ENV.items():
             env.setenv(key, value)
         with pytest.raises(SpecError) as error:
             load_sweep(str(sweep))
-    assert str(error.value).endswith(f"evals[0].lmms_eval.task: {reason}")
+    assert str(error.value).endswith(f"evals[0].lmms_eval.gen_kwargs: {reason}")
 
 
 @pytest.mark.parametrize("args, line", [

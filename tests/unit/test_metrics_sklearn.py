@@ -195,9 +195,11 @@ def test_every_registered_metric_is_tested_here():
 
     source = inspect.getsource(inspect.getmodule(test_every_registered_metric_is_tested_here))
     # The text tasks' metrics have their reference in lm-evaluation-harness, not here.
-    # lm-eval tasks' metrics: lm-eval's own run (test_harness_tasks.py). A judge's: a plain
-    # transformers loop (test_judge.py).
-    for name in ("test_text_tasks.py", "test_harness_tasks.py", "test_judge.py"):
+    # lm-eval tasks' metrics: lm-eval's own run (test_harness_tasks.py; a task's own
+    # aggregation: test_harness_aggregations.py). A judge's: a plain transformers loop
+    # (test_judge.py).
+    for name in ("test_text_tasks.py", "test_harness_tasks.py", "test_harness_aggregations.py",
+                 "test_judge.py"):
         with open(os.path.join(os.path.dirname(os.path.dirname(__file__)), "integration",
                                name)) as f:
             source += f.read()

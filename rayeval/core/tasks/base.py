@@ -198,6 +198,13 @@ class Task:
         """Each scored item's record, a list per column (tasks that ``keeps_records``)."""
         raise NotImplementedError
 
+    def own_aggregations(self, spec, keys: list[str], records, bootstrap) -> dict:
+        """{key: ``MetricResult``} of the metrics ``keys`` that the task aggregates with its
+        own function over every item (lm-eval's and lmms-eval's: ``harness.items``), from the
+        cell's per-item ``records`` (a pyarrow table, every worker's) read back once the
+        cell is scored; ``bootstrap``: the evaluation's."""
+        raise NotImplementedError(f"task {self.name!r} has no metric of its own aggregation")
+
 
 @TASKS.register(instance=True)
 class Classification(Task):
