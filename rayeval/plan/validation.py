@@ -202,6 +202,14 @@ def select(r: Reader, sweep: Sweep) -> None:
         r.fail(f"{judged[0].key_path}.judge", "a race cannot judge: racing scores rounds of "
                                               "items and a judge grades after every "
                                               "generation; remove select: or the judge")
+    from rayeval.core.metrics import build
+
+    for e in sweep.evals:
+        own = [m.key or m.name for m in e.metrics if getattr(build(m), "from_items", False)]
+        if own:
+            r.fail("select", f"{e.name}/{own[0]} aggregates with its task's own function "
+                             "over every item's value, which a race's rounds do not keep; "
+                             "remove select: or race a sweep without that evaluation")
     names = [e.name for e in sweep.evals]
     if spec.suite:
         chosen = [(e, None) for e in sweep.suite_evaluations()]

@@ -194,3 +194,19 @@ def test_the_custom_aggregation_sees_the_documents_in_order(example, checkpoints
               if r["checkpoint"] == checkpoints[-1] and r["metric"] == "acc"][0]
     assert stored["value"] == sum(half) / len(half)
     assert stored["value"] != sum(v for _, v in by_id) / len(by_id)
+
+
+def test_a_race_over_an_own_aggregation_is_one_line_before_ray(example):
+    """A race's rounds keep no per-item records, which the task's own function runs over."""
+    from support import ray_starts, rayeval_main
+
+    sweep = yaml.safe_load((example / "sweep-b1.yaml").read_text())
+    sweep["select"] = {"metric": "pick_two", "top": 1}
+    (example / "race.yaml").write_text(yaml.safe_dump(sweep, sort_keys=False))
+    with ray_starts() as started:
+        done = rayeval_main("run", "race.yaml", cwd=str(example))
+    assert done.returncode == 2 and not started
+    assert done.stderr.strip().endswith(
+        "select: pick_two/acc aggregates with its task's own function over every item's "
+        "value, which a race's rounds do not keep; remove select: or race a sweep without "
+        "that evaluation"), done.stderr
