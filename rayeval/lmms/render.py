@@ -52,7 +52,6 @@ INSTALL = ("pip install 'rayeval[lmms-eval]' && pip install --no-deps lmms-eval=
 # lmms-eval's huggingface chat model: max_new_tokens 4096 unless the task says otherwise;
 # it stops at the end-of-sequence token and ignores ``until``.
 DEFAULT_MAX_NEW_TOKENS = 4096
-GENERATION_KEYS = {"max_new_tokens", "temperature", "do_sample", "top_p", "num_beams", "until"}
 # What a task module that asks lmms-eval for its judge contains: such a task is judged by the
 # ``local`` provider's requests when the entry gives ``judge: {model: ...}`` (judge_server).
 SERVED_MARKS = ("lmms_eval.llm_judge", "lmms_eval.verifiers")
@@ -441,10 +440,11 @@ def _generation(instances, path, name) -> int:
 
 
 def _generation_problem(kwargs: dict, name: str) -> str | None:
-    unknown = sorted(set(kwargs) - GENERATION_KEYS)
-    if unknown:
-        return f"lmms-eval task {name!r} sets generation_kwargs {unknown} that rayeval " \
-               "cannot honour; max_new_tokens applies"
+    """Why rayeval cannot decode as lmms-eval's chat models do, or None. Those models
+    (``huggingface``, ``llava_hf``: lmms-eval 0.7.3's models/chat) read four of a task's
+    generation_kwargs, max_new_tokens, temperature (above 0: sampling), top_p and num_beams,
+    and ignore every other (image_aspect_ratio, repetition_penalty, seed, until, do_sample):
+    rayeval ignores the same ones."""
     if float(kwargs.get("temperature", 0) or 0) > 0 or int(kwargs.get("num_beams", 1) or 1) > 1:
         return f"lmms-eval task {name!r} samples or searches beams (temperature above 0 or " \
                "num_beams above 1); rayeval decodes lmms-eval tasks greedily: " \

@@ -139,12 +139,18 @@ def test_lmms_eval_tasks_have_the_runs_verdicts(tmp_path):
     assert "metric: answer_chars, aggregation: mean" in text
     open(path, "w").write(text.replace("metric: answer_chars, aggregation: mean",
                                        "metric: answer_chars, aggregation: median"))
+    # a generation kwarg lmms-eval's chat models ignore is ignored; sampling is refused
     aspect = write_task(str(tmp_path / "tasks" / "aspect"), easy_vqa_items(n=2, seed=1),
                         name="rayeval_aspect")
     text = open(aspect).read()
     assert "  do_sample: false\n" in text
     open(aspect, "w").write(text.replace("  do_sample: false\n",
                                          "  do_sample: false\n  image_aspect_ratio: pad\n"))
+    sampled = write_task(str(tmp_path / "tasks" / "sampled"), easy_vqa_items(n=2, seed=1),
+                         name="rayeval_sampled")
+    text = open(sampled).read()
+    assert "  temperature: 0\n" in text
+    open(sampled, "w").write(text.replace("  temperature: 0\n", "  temperature: 0.7\n"))
     done = rayeval("tasks", "--check", "lmms_eval", "--include-path", str(tmp_path / "tasks"),
                    "--format", "json", **OFFLINE_ENV)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -158,6 +164,9 @@ def test_lmms_eval_tasks_have_the_runs_verdicts(tmp_path):
     # their own aggregations run over every item (MMMU's grader is a judge: lmms_eval.verifiers)
     assert verdicts["mme"] == verdicts["pope"] == verdicts["ocrbench"] == ("accepted", "")
     assert verdicts["mmmu_val"][0] == "accepted"
+    # image_aspect_ratio: a generation kwarg lmms-eval's chat models ignore
+    assert verdicts["seedbench"] == ("accepted", "")
+    assert verdicts["llava_in_the_wild"][0] == "accepted"
     assert verdicts["mmmu_val"][1].startswith("judged (")
     assert "is judged by an API model" in verdicts["mmbench_en_dev"][1]
     assert "samples or searches beams" in verdicts["mmvet"][1]
@@ -166,15 +175,15 @@ def test_lmms_eval_tasks_have_the_runs_verdicts(tmp_path):
     assert "has output_type 'multiple_choice'" in verdicts["mmlu_anatomy"][1]
     judged = [t for t, (s, r) in verdicts.items() if s == "accepted" and r]
     assert judged and all(verdicts[t][1].startswith("judged (") for t in judged)
-    assert verdicts["rayeval_median"] == ("accepted", "")
+    assert verdicts["rayeval_median"] == verdicts["rayeval_aspect"] == ("accepted", "")
     # the run refuses a task the check refuses, in the check's words
-    status, reason = verdicts["rayeval_aspect"]
-    assert status == "refused" and "generation_kwargs ['image_aspect_ratio']" in reason
+    status, reason = verdicts["rayeval_sampled"]
+    assert status == "refused" and "samples or searches beams" in reason
     os.makedirs(tmp_path / "ckpts" / "checkpoint-1")
     sweep = tmp_path / "s.yaml"
     sweep.write_text(yaml.safe_dump({"name": "v", "checkpoints": ["ckpts/checkpoint-*"],
                                      "output": "results", "evals": [{"name": "m", "lmms_eval": {
-                                         "task": "rayeval_aspect", "include_path": "tasks"}}]}))
+                                         "task": "rayeval_sampled", "include_path": "tasks"}}]}))
     with pytest.MonkeyPatch.context() as env:
         for key, value in OFFLINE_ENV.items():
             env.setenv(key, value)
