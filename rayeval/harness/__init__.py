@@ -8,8 +8,9 @@
     groups    which members' metrics an lm-eval group's aggregate averages
     store     request tables in the result store, checked against the driver's bytes before a
               run reads them, and the task objects sent to the workers through Ray
-    task      the worker's half: the ``lm_eval`` task, its four sum-state metrics and the
-              metric of a task's own aggregation
+    task      the worker's half: the ``lm_eval`` task, its sum-state metrics (means,
+              perplexities, corpus scores) and the metric of a task's own aggregation
+    corpus    corpus BLEU, chrF and TER as sums of sacrebleu's per-segment statistics
     items     a task's own aggregation: every document's value kept in the records, the
               task's function run over them in document order, its bootstrap resamples
     entries   the sweep file's ``lm_eval:`` entries rendered into evaluations (an entry kind)
@@ -26,7 +27,9 @@ from rayeval.config.entries import ENTRIES
 # The worker's half, by name: imported (with torch and lm-eval) when a process first asks.
 METRICS = (("lm_mean", "LmMean"), ("lm_perplexity", "LmPerplexity"),
            ("lm_weighted_perplexity", "LmWeightedPerplexity"),
-           ("lm_bits_per_byte", "LmBitsPerByte"), ("lm_items", "LmItems"))
+           ("lm_bits_per_byte", "LmBitsPerByte"), ("lm_items", "LmItems"),
+           ("lm_bleu", "LmBleu"), ("lm_chrf", "LmChrf"), ("lm_chrfpp", "LmChrfpp"),
+           ("lm_ter", "LmTer"))
 
 
 def register() -> None:

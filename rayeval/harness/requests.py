@@ -25,16 +25,23 @@ import json
 import pyarrow as pa
 
 from rayeval.config import names
+from rayeval.harness import corpus
 from rayeval.harness.items import ITEMS
 
 COLUMNS = ("doc_id", "context", "target", "choices", "instances")
 # lm-eval's aggregation function name -> (rayeval metric, columns per document): those that
-# are functions of sums. Any other aggregation is the task's own function over every item
-# (``items``: the ``lm_items`` metric, its column unused).
+# are functions of sums (and corpus BLEU, chrF, TER: ``corpus``, sums of their statistics).
+# Any other aggregation is the task's own function over every item (``items``: the
+# ``lm_items`` metric, its column unused).
 AGGREGATIONS = {"mean": ("lm_mean", 1), "perplexity": ("lm_perplexity", 1),
                 "weighted_perplexity": ("lm_weighted_perplexity", 2),
                 "bits_per_byte": ("lm_bits_per_byte", 2)}
 WIDTH = {**dict(AGGREGATIONS.values()), ITEMS: 1}
+
+
+def width(kind: str) -> int:
+    """The columns a document's row gives metric ``kind``."""
+    return WIDTH[kind] if kind in WIDTH else corpus.width(kind)
 
 
 def table_schema() -> pa.Schema:
@@ -90,6 +97,7 @@ def metric_layout(task, metrics_module, aggregations: dict) -> list[tuple[str, s
     task's order; ``aggregations``: function name -> (rayeval metric, columns per document).
     Keys are lm-eval's metric names, with ``,filter`` where the task has more than one filter;
     an aggregation not in ``aggregations`` is the task's own (``items.ITEMS``)."""
+    aggregations = corpus.with_corpus(metrics_module, aggregations)
     known = {getattr(metrics_module, fn): fn for fn in aggregations}
     filters = filter_names(task)
     higher = task.higher_is_better() or {}
@@ -107,7 +115,8 @@ def metric_layout(task, metrics_module, aggregations: dict) -> list[tuple[str, s
 def aggregations(task, metrics_module, aggregations: dict) -> dict:
     """{result key: the task's aggregation function} of each metric ``metric_layout`` gives
     the task's own aggregation (``items.ITEMS``)."""
-    known = {getattr(metrics_module, fn) for fn in aggregations}
+    known = {getattr(metrics_module, fn) for fn in corpus.with_corpus(metrics_module,
+                                                                       aggregations)}
     filters = filter_names(task)
     return {names.result_key(metric, f, len(filters)): agg
             for f in filters for metric, agg in task.aggregation().items() if agg not in known}

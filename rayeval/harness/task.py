@@ -28,9 +28,9 @@ from rayeval.core import metrics as M
 from rayeval.core.tasks.text import TextBatch, TextTask, rolling_windows
 from rayeval.errors import DataError
 from rayeval.config import names
-from rayeval.harness import items, store
+from rayeval.harness import corpus, items, store
 from rayeval.harness import requests as request_table    # (score's ``requests`` are its own)
-from rayeval.harness.requests import COLUMNS, WIDTH, filter_names, layout
+from rayeval.harness.requests import COLUMNS, filter_names, layout
 from rayeval.io import data
 
 
@@ -163,7 +163,7 @@ class Harness(TextTask):
             ensemble.apply(flat)
         columns = layout(task)
         filters = filter_names(task)
-        width = max(col + WIDTH[kind_] for _, kind_, col, _ in columns)
+        width = max(col + request_table.width(kind_) for _, kind_, col, _ in columns)
         out = torch.zeros((len(docs), width), dtype=torch.float64)
         x.responses, x.lls, x.repeats = [], [], None
         own = [key for key, kind_, _, _ in columns if kind_ == items.ITEMS]
@@ -182,7 +182,10 @@ class Harness(TextTask):
                 value = values[key]
                 if kind_ == items.ITEMS:            # kept whole in the records (``items``)
                     continue
-                if isinstance(value, (tuple, list)):
+                if kind_ in corpus.METRICS:         # the pair's sacrebleu statistics
+                    stats = corpus_statistics(kind_, value, "lm_eval")
+                    out[i, col:col + len(stats)] = torch.tensor(stats, dtype=torch.float64)
+                elif isinstance(value, (tuple, list)):
                     out[i, col], out[i, col + 1] = float(value[0]), float(value[1])
                 else:
                     out[i, col] = float(value)
@@ -212,6 +215,15 @@ class Harness(TextTask):
 
         return own_results(lm_task(spec.dataset.path), keys, records, bootstrap, lm_metrics,
                            request_table.AGGREGATIONS, spec.key_path)
+
+
+def corpus_statistics(kind: str, value, library: str) -> list[float]:
+    """A document's statistics for corpus metric ``kind`` (``corpus``), its (reference,
+    prediction) pair formatted by ``library``'s own ``_sacreformat`` (lm_eval, lmms_eval)."""
+    import importlib
+
+    formatting = importlib.import_module(f"{library}.api.metrics")._sacreformat
+    return corpus.statistics(kind, value, formatting)
 
 
 def own_values(values: dict, keys: list[str], where: str, doc_id, tool: str) -> str:
@@ -346,6 +358,43 @@ class LmItems(_Columns):
 
     def compute(self, s):
         return float("nan")
+
+
+class LmCorpus(M.Metric):
+    """A corpus BLEU, chrF or TER (``corpus``): the sums of its documents' sacrebleu
+    statistics (the row's columns from ``column`` on), scored by sacrebleu."""
+    task = "lm_eval"
+    params = {"column": (int, 0), "higher": (bool, True)}
+
+    def __init__(self, **params):
+        super().__init__(**params)
+        self.higher_is_better = self.higher
+
+    def init_state(self, c):
+        return {"stats": torch.zeros(corpus.width(self.name), dtype=torch.float64)}
+
+    def rows(self, outputs, targets):
+        w = corpus.width(self.name)
+        return {"stats": outputs[:, self.column:self.column + w].to(torch.float64)}
+
+    def compute(self, s):
+        return corpus.score(self.name, s["stats"].tolist())
+
+
+class LmBleu(LmCorpus):
+    name = "lm_bleu"
+
+
+class LmChrf(LmCorpus):
+    name = "lm_chrf"
+
+
+class LmChrfpp(LmCorpus):
+    name = "lm_chrfpp"
+
+
+class LmTer(LmCorpus):
+    name = "lm_ter"
 
 
 class LmBitsPerByte(_Columns):

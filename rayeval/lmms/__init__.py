@@ -34,4 +34,6 @@ def register() -> None:
     TASKS.add_lazy("lmms_eval", "rayeval.lmms.task:LmmsEval", instance=True)
     metrics._registry("lmms_eval").add_lazy("lm_mean", "rayeval.lmms.task:LmmsMean")
     metrics._registry("lmms_eval").add_lazy("lm_items", "rayeval.lmms.task:LmmsItems")
+    for name, cls in (("lm_bleu", "LmmsBleu"), ("lm_chrf", "LmmsChrf"), ("lm_ter", "LmmsTer")):
+        metrics._registry("lmms_eval").add_lazy(name, f"rayeval.lmms.task:{cls}")
     ENTRIES.add_lazy("lmms_eval", "rayeval.lmms.entries:LmmsEvalEntry", instance=True)

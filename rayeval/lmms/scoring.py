@@ -27,8 +27,9 @@ import torch
 
 from rayeval.errors import DataError, reason
 from rayeval.config import names
-from rayeval.harness import items
-from rayeval.harness.task import own_values
+from rayeval.harness import corpus, items
+from rayeval.harness.requests import width
+from rayeval.harness.task import corpus_statistics, own_values
 from rayeval.lmms.requests import filter_names, layout
 
 
@@ -101,7 +102,8 @@ def score_documents(task, doc_ids: list[int], texts: list[list[str]], where: str
     columns = layout(task)
     filters = filter_names(task)
     tags = reasoning_tags(task)
-    out = torch.zeros((len(found), len(columns)), dtype=torch.float64)
+    out = torch.zeros((len(found), max((col + width(kind) for _, kind, col, _ in columns),
+                                       default=0)), dtype=torch.float64)
     responses = []
     own = [key for key, kind, _, _ in columns if kind == items.ITEMS]
     kept = [] if own else None
@@ -121,7 +123,10 @@ def score_documents(task, doc_ids: list[int], texts: list[list[str]], where: str
             if key not in values:
                 raise DataError(f"{where}: lmms-eval's process_results gave no "
                                 f"{names.metric_of(key)!r} for document {inst.doc_id}")
-            if kind != items.ITEMS:              # kept whole in the records (``items``)
+            if kind in corpus.METRICS:           # the pair's sacrebleu statistics
+                stats = corpus_statistics(kind, values[key], "lmms_eval")
+                out[i, col:col + len(stats)] = torch.tensor(stats, dtype=torch.float64)
+            elif kind != items.ITEMS:            # kept whole in the records (``items``)
                 out[i, col] = _number(values[key], key, inst.doc_id, where)
         if own:
             kept.append(own_values(values, own, where, inst.doc_id, "lmms-eval"))

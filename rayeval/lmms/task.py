@@ -20,7 +20,8 @@ from __future__ import annotations
 from rayeval.core.tasks.vision import ImageGeneration
 from rayeval.errors import DataError
 from rayeval.harness import items, store
-from rayeval.harness.task import LmItems, LmMean, check_request_table, own_results
+from rayeval.harness.task import (LmBleu, LmChrf, LmItems, LmMean, LmTer, check_request_table,
+                                  own_results)
 from rayeval.io import data
 from rayeval.lmms.requests import COLUMNS, context_of, decode_messages
 from rayeval.lmms.scoring import score_documents
@@ -125,4 +126,16 @@ class LmmsMean(LmMean):
 
 class LmmsItems(LmItems):
     """A metric lmms-eval's task aggregates with its own function (``harness.items``)."""
+    task = "lmms_eval"
+
+
+class LmmsBleu(LmBleu):
+    task = "lmms_eval"
+
+
+class LmmsChrf(LmChrf):
+    task = "lmms_eval"
+
+
+class LmmsTer(LmTer):
     task = "lmms_eval"

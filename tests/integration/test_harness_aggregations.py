@@ -1,4 +1,4 @@
-"""lm-eval tasks whose aggregation is not a function of sums, against lm-eval's own run.
+"""lm-eval tasks whose aggregation is not a mean, against lm-eval's own run.
 
 Two local tasks over the tiny GPT-2 example's data (nothing downloaded):
 - ``pick_two``: a two-way multiple choice (the right answer or another one, sides alternating
@@ -6,10 +6,12 @@ Two local tasks over the tiny GPT-2 example's data (nothing downloaded):
   ``acc`` that aggregates with a YAML ``!function`` which reads the items' order (the mean of
   the first half of the documents: a figure that moves if the order does);
 - ``sum_gen``: greedy generation of the rest of a prompt from its first two words ("the cat"
-  -> "sat on the mat.", "3 +" -> "4 = 7.") with corpus ``bleu``, ``chrf`` and ``ter``.
+  -> "sat on the mat.", "3 +" -> "4 = 7.") with corpus ``bleu``, ``chrf``, ``chrf++`` and
+  ``ter``.
 
-rayeval runs each task's own aggregation over every document's value, in document order
-(``rayeval.harness.items``). The figures must equal lm-eval's ``simple_evaluate`` on the same
+rayeval runs the first task's aggregations itself over every document's value, in document
+order (``rayeval.harness.items``), and keeps the corpus scores as exact sums of sacrebleu's
+per-segment statistics (``rayeval.harness.corpus``). The figures must equal lm-eval's ``simple_evaluate`` on the same
 Hugging Face folders, and every figure and interval must be the same on 1 and 3 workers and at
 batch sizes 1 and 16.
 """
@@ -36,7 +38,10 @@ for _k, _v in offline_env({}).items():
     os.environ.setdefault(_k, _v)
 
 TASKS = ("pick_two", "sum_gen")
-OWN = "lm_items"            # the metric of every key here: the task's own function
+# rayeval's metric of each key: the task's own function, or sums of sacrebleu's statistics
+KINDS = {"acc": "lm_items", "f1": "lm_items", "mcc": "lm_items", "bleu": "lm_bleu",
+         "chrf": "lm_chrf", "chrf++": "lm_chrfpp", "ter": "lm_ter"}
+SUM_GEN = ("bleu", "chrf", "chrf++", "ter")
 RUNS = ((1, 1), (1, 16), (3, 1), (3, 16))          # (workers, batch size)
 
 UTILS = '''
@@ -90,6 +95,7 @@ def write_tasks(folder, data):
         "generation_kwargs": {"until": ["\n"], "max_gen_toks": 8, "do_sample": False},
         "metric_list": [{"metric": "bleu", "aggregation": "bleu", "higher_is_better": True},
                         {"metric": "chrf", "aggregation": "chrf", "higher_is_better": True},
+                        {"metric": "chrf++", "aggregation": "chrf++", "higher_is_better": True},
                         {"metric": "ter", "aggregation": "ter", "higher_is_better": False}],
         "metadata": {"version": 1.0}}, sort_keys=False))
 
@@ -102,6 +108,7 @@ def example(tmp_path_factory, lm_example):
     for batch in sorted({b for _, b in RUNS}):
         sweep = {"name": "own-aggregations", "checkpoints": ["ckpts/checkpoint-*"],
                  "output": "results", "bootstrap": {"replicates": 200}, "batch_size": batch,
+                 "samples": False,     # kept all the same where the task's own function runs
                  "evals": [{"name": t, "lm_eval": {"task": t, "include_path": "tasks"}}
                            for t in TASKS]}
         (out / f"sweep-b{batch}.yaml").write_text(yaml.safe_dump(sweep, sort_keys=False))
@@ -150,7 +157,7 @@ def test_the_reference_is_not_degenerate(reference, checkpoints):
     more often than not, and its generations share characters with the answers."""
     last = reference[checkpoints[-1]]
     assert set(last) == {(t, m) for t in TASKS for m in
-                         (("acc", "f1", "mcc") if t == "pick_two" else ("bleu", "chrf", "ter"))}
+                         (("acc", "f1", "mcc") if t == "pick_two" else SUM_GEN)}
     assert last[("pick_two", "f1")] > 0.5 and last[("pick_two", "mcc")] > 0
     assert 0 < last[("sum_gen", "bleu")] < 100 and last[("sum_gen", "chrf")] > 0
 
@@ -161,13 +168,13 @@ def test_own_aggregations_equal_lm_eval_on_any_workers_and_batch(example, checkp
     from rayeval.plan.loader import load_sweep
 
     sweep = load_sweep(str(example / "sweep-b1.yaml"))
-    # every metric is the task's own function over the items, and the records are kept
-    assert {m.name for ev in sweep.evals for m in ev.metrics} == {OWN}
-    assert all(ev.samples for ev in sweep.evals)
+    assert {m.key: m.name for ev in sweep.evals for m in ev.metrics} == KINDS
+    # records are kept where the task's own function runs over them, though samples: false
+    assert [ev.samples for ev in sweep.evals] == [True, False]
     seen = {}
     for run, out in stores.items():
         rows = latest_rows(ResultStore(str(out)).read())
-        assert len(rows) == len(checkpoints) * 6
+        assert len(rows) == len(checkpoints) * len(KINDS)
         for r in rows:
             theirs = reference[r["checkpoint"]][(r["dataset"], r["metric"])]
             assert r["value"] == pytest.approx(theirs, rel=1e-12, abs=1e-12), (run, r["metric"])

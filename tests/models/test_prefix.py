@@ -15,7 +15,7 @@ from rayeval.config.schema import DatasetSpec
 from rayeval.core import backends
 from rayeval.core.backends import Context, prefix
 from rayeval.io.hf import Tokenizer
-from tests.support import tiny_llama, tiny_tokenizer
+from support import tiny_llama, tiny_tokenizer
 
 SHOTS = "".join(f"Question: what is {a} plus {b}?\nAnswer: {a + b}\n\n"
                 for a, b in ((1, 2), (3, 4), (5, 6), (7, 8), (2, 9)))

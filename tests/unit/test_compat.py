@@ -42,7 +42,8 @@ def test_the_installed_versions_are_supported(package):
 def test_the_ranges_are_those_pinned_and_tested():
     assert {p: str(r) for p, r in compat.SUPPORTED.items()} == {
         "ray": ">=2.60,<2.61", "vllm": ">=0.32,<0.33", "transformers": ">=5.19,<5.20",
-        "torch": ">=2.6", "lm_eval": ">=0.4.13,<0.5", "lmms_eval": ">=0.7.3,<0.8"}
+        "torch": ">=2.6", "lm_eval": ">=0.4.13,<0.5", "lmms_eval": ">=0.7.3,<0.8",
+        "sacrebleu": ">=2.0,<3.0"}
 
 
 @pytest.mark.parametrize("version, inside", [
@@ -105,10 +106,11 @@ def test_vllm_s_cpu_wheel_is_found_by_its_distribution(monkeypatch):
     assert compat.installed_version("ray") is None
 
 
-def sweep(backend="hf", shard=1, images=None, lmms=False) -> SimpleNamespace:
+def sweep(backend="hf", shard=1, images=None, lmms=False, metrics=()) -> SimpleNamespace:
     """What ``compat.hooked`` reads of a sweep."""
     evaluation = SimpleNamespace(dataset=SimpleNamespace(images=images),
-                                 lmms_eval=object() if lmms else None)
+                                 lmms_eval=object() if lmms else None,
+                                 metrics=tuple(SimpleNamespace(name=m) for m in metrics))
     return SimpleNamespace(model=SimpleNamespace(backend=backend),
                            parallelism=Parallelism(shard=shard), evals=(evaluation,))
 
@@ -121,6 +123,7 @@ def test_a_sweep_reaches_the_hooks_of_what_it_uses():
                                                         "transformers"]
     assert "transformers" not in compat.hooked(sweep(images="image"))      # not sharded
     assert "transformers" not in compat.hooked(sweep(shard=2))             # text only
+    assert compat.hooked(sweep(metrics=("lm_mean", "lm_bleu"))) == ["ray", "torch", "sacrebleu"]
 
 
 def test_start_ray_checks_before_ray_starts(monkeypatch):
@@ -146,6 +149,21 @@ def test_a_vllm_sweep_s_pre_flight_checks_vllm_s_version_first(monkeypatch):
 
 
 # --- each hook finds what it reaches into ---------------------------------------------------
+
+def test_sacrebleu_s_hooks_score_a_corpus_as_its_corpus_scores_do():
+    """The statistics and the score from their sums (``compat.sacrebleu_*``) give sacrebleu's
+    own corpus BLEU, chrF and TER."""
+    import sacrebleu
+
+    hyps, refs = ["the cat sat on a mat.", "a dog slept"], [["the cat sat on the mat.",
+                                                            "the dog slept by the door"]]
+    for name, corpus_fn in (("BLEU", sacrebleu.corpus_bleu), ("CHRF", sacrebleu.corpus_chrf),
+                            ("TER", sacrebleu.corpus_ter)):
+        metric = getattr(sacrebleu, name)()
+        stats = compat.sacrebleu_statistics(metric, hyps, refs)
+        sums = [sum(column) for column in zip(*stats)]
+        assert compat.sacrebleu_score(metric, sums) == corpus_fn(hyps, refs).score, name
+
 
 def test_ray_s_hooks_are_in_the_installed_ray():
     import ray._private.worker
