@@ -243,7 +243,7 @@ def _finalize_one(key: str, m: Metric, states, size: int, bootstrap: Bootstrap) 
     if not m.scalar:
         return MetricResult(float("nan"), matrix=torch.as_tensor(value).tolist())
     result = MetricResult(float(value))
-    if bootstrap.enabled:
+    if bootstrap.enabled and m.resampled:
         weights = stats.poisson_weights(bootstrap.seed, bootstrap.k, bootstrap.replicates)
         rep = {n: _value(stats.weighted_sum(weights, t), n in floats)
                for n, t in local.items()}

@@ -58,11 +58,14 @@ class Judge(Metric):
 
 class JudgeFailed(Metric):
     """Items whose verdict could not be read (outputs as ``Judge``'s): a count, lower is
-    better. Stored with every judged cell; not a metric a sweep lists."""
+    better, stored without a bootstrap interval (a resampled count of failures says nothing
+    a reader wants; the board shows it as "n of N (share)"). Stored with every judged cell;
+    not a metric a sweep lists."""
     name = FAILED
     task = "generation"
     higher_is_better = False
     batched_compute = True
+    resampled = False
 
     def init_state(self, c):
         return {"failed": torch.zeros((), dtype=torch.int64)}

@@ -58,6 +58,24 @@ def exact_binomial(value: float, n: int, confidence: float) -> tuple[float, floa
     return (0.0, 1.0 - edge, "exact") if value == 0.0 else (edge, 1.0, "exact")
 
 
+# --- a count ---------------------------------------------------------------------------------
+
+# Metrics stored as a count of items, without an interval (``core.judge.JudgeFailed``:
+# items whose judge verdict could not be read).
+COUNTS = ("judge_failed",)
+
+
+def count_text(row: dict | None) -> str | None:
+    """"3 of 40 (7.5%)" for a count's row (``COUNTS``, stored without an interval); None for
+    any other row (an lmms-eval task's own ``judge_failed`` is a mean, with its interval)."""
+    if row is None or row.get("metric") not in COUNTS or not _missing(row.get("ci_low")):
+        return None
+    v, n = value_of(row), row.get("num_samples") or 0
+    if v is None or not n:
+        return None
+    return f"{int(v):,} of {n:,} ({100 * v / n:.1f}%)"
+
+
 # --- a cell scored on a limit: -------------------------------------------------------------
 
 LIMITED = "\u2020"        # "†": a cell scored on the first items of a task (``limit:``)

@@ -15,7 +15,7 @@ import math
 from typing import TYPE_CHECKING
 
 from rayeval.io.store import confidence_of
-from rayeval.ranking.columns import LIMITED, shown_interval
+from rayeval.ranking.columns import LIMITED, count_text, shown_interval
 
 if TYPE_CHECKING:
     from rayeval.ranking import Board, Column, Entry
@@ -56,7 +56,7 @@ def _cell(e: Entry, column: str, intervals: bool = True, unmarked: str = "") -> 
     row = e.rows.get(column)
     if row is None or _missing(row["value"]):
         return "-"
-    text = format_value(row["value"])
+    text = count_text(row) or format_value(row["value"])
     if intervals:
         text += _interval_text(row)
     return text + e.marks.get(column, unmarked) + (LIMITED if column in e.limited else "")

@@ -255,6 +255,9 @@ def test_a_verdict_rule_that_never_matches_is_a_warning_naming_it(built, loop, r
                                             output="out2"))
     rows = latest_rows(ResultStore(normal.output).read())
     unread = int(sum(r["value"] for r in rows if r["metric"] == "judge_failed"))
+    # a count, stored without a resampled interval
+    assert all(r["ci_low"] is None and r["ci_high"] is None
+               for r in rows if r["metric"] == "judge_failed")
     (line,) = judge_warnings(normal, rows, normal.output)
     assert f"could not be read in {unread} of {items} items" in line and \
         "the first of the words 'yes', 'no'" in line

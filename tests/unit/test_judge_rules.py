@@ -123,8 +123,26 @@ def test_judge_states_are_exact_and_failures_stay_out_of_the_mean():
     two = finalize(metrics, merged, 1, boot)
     assert one["judge"].value == pytest.approx(2.5 / 4)
     assert one["judge_failed"].value == 2
+    # a count: no resampled interval
+    assert one["judge_failed"].ci_low is None and one["judge_failed"].replicates is None
     assert one["judge"].replicates == two["judge"].replicates
     assert one["judge"].value == two["judge"].value
+
+
+def test_judge_failed_shows_as_a_count_of_the_items_and_its_share():
+    """rayeval's judge_failed (no interval) reads "n of N (share)"; an lmms-eval task's own
+    judge_failed (a mean, with its interval) and other metrics keep the number."""
+    from rayeval.ranking import Entry
+    from rayeval.ranking.columns import count_text
+    from rayeval.reporting.render import _cell
+
+    row = {"metric": "judge_failed", "value": 3.0, "ci_low": None, "ci_high": None,
+           "num_samples": 40}
+    assert count_text(row) == "3 of 40 (7.5%)"
+    assert count_text(dict(row, ci_low=0.0, ci_high=0.2, value=0.075)) is None
+    assert count_text(dict(row, metric="judge")) is None
+    entry = Entry("s", "/ck/step_1", 1, rows={"nq/judge_failed": row})
+    assert _cell(entry, "nq/judge_failed") == "3 of 40 (7.5%)"
 
 
 def _sweep(tmp_path, **judge) -> dict:

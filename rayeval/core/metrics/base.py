@@ -32,6 +32,7 @@ class Metric:
     params: ClassVar[dict[str, tuple[type, Any]]] = {}   # name -> (type, default)
     scalar: ClassVar[bool] = True          # False: a matrix, stored but not ranked or resampled
     batched_compute: ClassVar[bool] = False  # compute() accepts a leading replicate dimension
+    resampled: ClassVar[bool] = True       # False: a count, stored without an interval
     # Racing (``select:``, core/racing.py) bounds a mean of per-item values in this range
     # (the states' ``total`` counts the items); None: cannot race.
     race_range: ClassVar[tuple[float, float] | None] = None
