@@ -48,7 +48,8 @@ from rayeval.lmms.requests import (context_of, encode_messages, filter_names, la
                                    table_schema)
 
 TABLE_FORMAT = "lmms-requests-v1"
-INSTALL = ("pip install 'rayeval[lmms-eval]' && pip install --no-deps lmms-eval==0.7.3")
+INSTALL = ("rayeval install lmms-eval (pip install 'rayeval[lmms-eval]' && pip install "
+           "--no-deps lmms-eval==0.7.3)")
 # lmms-eval's huggingface chat model: max_new_tokens 4096 unless the task says otherwise;
 # it stops at the end-of-sequence token and ignores ``until``.
 DEFAULT_MAX_NEW_TOKENS = 4096

@@ -246,6 +246,12 @@ def _parser() -> argparse.ArgumentParser:
     add_parsers(sub)
     add_tasks(sub)
 
+    il = sub.add_parser("install", help="install what an entry kind needs: lmms-eval (the "
+                                        "rayeval[lmms-eval] extra, then lmms-eval itself "
+                                        "without its dependencies)")
+    il.add_argument("what", choices=["lmms-eval"], help="what to install")
+    il.add_argument("--dry-run", action="store_true",
+                    help="resolve every requirement with pip's --dry-run; install nothing")
     cm = sub.add_parser("confusion", help="show a stored confusion matrix")
     cm.add_argument("store", metavar="STORE")
     cm.add_argument("checkpoint", metavar="CHECKPOINT",
@@ -334,6 +340,10 @@ def main(argv: list[str] | None = None) -> int:
         from rayeval.integrations import service_client       # the standard library only
 
         return service_client.stop() if args.stop else service_client.status()
+    if args.command == "install":
+        from rayeval.ui.install import install               # the standard library only
+
+        return install(args.what, args.dry_run)
     if args.command == "run" and not args.address and not args.no_service:
         from rayeval.integrations import service_client
 

@@ -367,3 +367,21 @@ def test_metric_catalog_custom_metrics_compare_and_confusion(tmp_path):
     assert "accuracy" in cmp.stdout and "1.000" in cmp.stdout     # A better in every replicate
     cm = rayeval_main("confusion", str(example / "out"), "step_000600")
     assert cm.returncode == 0 and "rows: target" in cm.stdout
+
+
+def test_install_lmms_eval_runs_its_two_pip_steps_with_this_python(tmp_path):
+    """``rayeval install lmms-eval --dry-run``: pip itself resolves the extra and lmms-eval
+    without its dependencies (its --dry-run: nothing installed), with the Python that runs
+    rayeval, one step after the other."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-m", "rayeval", "install", "lmms-eval",
+                           "--dry-run"], capture_output=True, text=True, timeout=300,
+                          cwd=str(tmp_path))
+    assert done.returncode == 0, done.stderr[-2000:]
+    said = [line for line in done.stdout.splitlines() if line.startswith("[rayeval] ")]
+    assert said == [f"[rayeval] {sys.executable} -m pip install --dry-run 'rayeval[lmms-eval]'",
+                    f"[rayeval] {sys.executable} -m pip install --dry-run --no-deps "
+                    "lmms-eval==0.7.3"], done.stdout[-2000:]
+    assert "lmms-eval" in done.stdout.split(said[1])[1]       # pip's answer for the second
