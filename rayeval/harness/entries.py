@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from rayeval.config import names
 from rayeval.config.entries import EntryContext
-from rayeval.config.schema import (Bootstrap, DatasetSpec, EvalSpec, Generation, LmEvalSpec,
-                                   MetricSpec)
+from rayeval.config.schema import (Bootstrap, DatasetSpec, EvalSpec, Generation, JudgeSpec,
+                                   LmEvalSpec, MetricSpec)
 from rayeval.harness import store as lm_store
 from rayeval.harness.groups import group_specs
 from rayeval.io import paths
@@ -32,11 +32,11 @@ class LmEvalEntry(lm_store.RequestTables):
         from rayeval.harness import render as lm_render      # pyarrow: only with lm_eval entries
 
         r = context.r
-        if m.get("judge") is not None:
-            r.fail(f"{path}.judge", "an lm_eval: entry cannot be judged yet; judge a "
-                                    "task: generation evaluation of the same items "
-                                    "(docs/judges.md)")
         spec = r.build(LmEvalSpec, m["lm_eval"], f"{path}.lm_eval")
+        # a judge grades the task's generations as a generation evaluation's (docs/judges.md);
+        # the loader checks it as it checks theirs
+        judge = None if m.get("judge") is None else \
+            r.build(JudgeSpec, m["judge"], f"{path}.judge", key_path=f"{path}.judge")
         where = f"{r.source}: {path}.lm_eval"
 
         def render():
@@ -46,14 +46,20 @@ class LmEvalEntry(lm_store.RequestTables):
         tasks, groups = kept.rendering("lm-eval", spec, where, render, PLAIN,
                                        (lambda: chat_tokenizer(context))
                                        if spec.apply_chat_template else None)
+        if judge is not None:
+            graded = [t for t in tasks if t.output_type != "generate_until"]
+            if graded:
+                r.fail(f"{path}.judge", f"lm-eval task {graded[0].task!r} is "
+                                        f"{graded[0].output_type}, not generate_until: a judge "
+                                        "grades generated answers; remove judge:")
         common = dict(batch_size=batch_size, bootstrap=bootstrap, samples=samples,
                       lm_eval=spec, key_path=path)
         name = m["name"]
         if not groups:                                     # one task: the evaluation NAME
-            return [_one(context.output, tasks[0], name, path, common)]
+            return [_one(context.output, tasks[0], name, path, common, judge)]
         # A group: its tasks as NAME/TASK, its aggregate as NAME, a subgroup's as NAME/SUB.
         context.groups.extend(group_specs(name, groups, tasks, path))
-        return [_one(context.output, t, names.member(name, t.task), path, common)
+        return [_one(context.output, t, names.member(name, t.task), path, common, judge)
                 for t in tasks]
 
     def coverage(self, include_path: str | None, backend: str, pattern: str | None = None
@@ -127,7 +133,8 @@ def with_own_records(common: dict, metrics) -> dict:
     return {**common, "samples": common["samples"] or own}
 
 
-def _one(output: str, task, name: str, path: str, common: dict) -> EvalSpec:
+def _one(output: str, task, name: str, path: str, common: dict,
+         judge: JudgeSpec | None = None) -> EvalSpec:
     data = f"{lm_store.location(output, task.digest)}/{lm_store.DOCS_FILE}"
     lm_store.UNWRITTEN[data] = (output, task)
     # The request table's columns, read as they are (the task tokenizes them).
@@ -136,6 +143,11 @@ def _one(output: str, task, name: str, path: str, common: dict) -> EvalSpec:
     metrics = tuple(MetricSpec(name=kind, task="lm_eval", key=key,
                                params=(("column", column), ("higher", higher)))
                     for key, kind, column, higher in task.metrics)
+    if judge is not None:          # the judge stage's metric, after the task's own
+        from rayeval.core.judge import JUDGE
+
+        metrics += (MetricSpec(name=JUDGE, task="generation", key=JUDGE),)
+        common = {**common, "samples": True, "judge": judge}   # it reads the generations
     return EvalSpec(
         name=name, task="lm_eval", dataset=dataset, metrics=metrics,
         generation=Generation(until=task.until, max_new_tokens=max(1, task.max_gen_toks),

@@ -151,8 +151,13 @@ def _evals(r: Reader, raw: Any, base_dir: str, defaults: _Defaults,
             samples = r.field(EvalSpec, "samples", m, f"{path}.samples",
                               default=defaults.samples)
             validation.rendered_entry(r, m, path, kind)
-            evals.extend(kinds().get(kind).evaluations(entries, m, path, batch_size,
-                                                       bootstrap, samples))
+            rendered = kinds().get(kind).evaluations(entries, m, path, batch_size, bootstrap,
+                                                     samples)
+            for ev in rendered:      # a judge with its own prompt: checked as a native one's
+                if ev.judge is not None and ev.judge.staged:
+                    validation.judge(r, ev.judge, ev.task, f"{path}.judge", True,
+                                     ev.generation, f"{path}.judge")
+            evals.extend(rendered)
         else:
             evals.append(_evaluation(r, m, path, base_dir, defaults))
     return tuple(evals)

@@ -415,12 +415,18 @@ def test_bad_lm_eval_entries_are_one_line_before_ray(example, tmp_path):
     line = _spec_error(ex, [{"name": "x", "task": "generation",
                              "lm_eval": {"task": "arith_mc", **tasks}}])
     assert "evals[0].task" in line
-    (ex / "tasks" / "median.yaml").write_text(_task(
-        "arith_median", str(example / "data" / "gen.parquet"), "loglikelihood", {
-            "doc_to_text": "{{prompt}}", "doc_to_target": " {{answer}}",
-            "metric_list": [{"metric": "acc", "aggregation": "median"}]}, fewshot_split=False))
-    line = _spec_error(ex, [{"name": "x", "lm_eval": {"task": "arith_median", **tasks}}])
-    assert "median" in line and "arith_median" in line
+    # a judge grades generated answers: a log-likelihood task has none
+    judge = {"model": "judge", "prompt": "{{ context }} {{ response }}",
+             "verdict": {"yes": 1, "no": 0}}
+    line = _spec_error(ex, [{"name": "x", "lm_eval": {"task": "arith_ll", **tasks},
+                             "judge": judge}])
+    assert line.endswith("evals[0].judge: lm-eval task 'arith_ll' is loglikelihood, not "
+                         "generate_until: a judge grades generated answers; remove judge:")
+    # and a generation task's judge is checked as a generation evaluation's
+    line = _spec_error(ex, [{"name": "x", "lm_eval": {"task": "arith_gen", **tasks},
+                             "judge": {**judge, "verdict": {"yes": 2, "no": 0},
+                                       "baseline": "b"}}])
+    assert "evals[0].judge.verdict" in line and "from 0 to 1" in line
 
 
 class _Touch:
