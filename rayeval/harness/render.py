@@ -42,7 +42,8 @@ from rayeval.harness.requests import encode, filter_names, layout, table_schema
 # The request table's format: a new one renders to new folders, so a table an older rayeval
 # wrote (with pickled requests) is never read.
 TABLE_FORMAT = "requests-v2"
-GENERATION_KEYS = {"until", "max_gen_toks", "do_sample", "temperature", "top_p"}
+GENERATION_KEYS = {"until", "max_gen_toks", "do_sample", "temperature", "top_p", "num_beams",
+                   "max_new_tokens"}
 
 
 @dataclass
@@ -161,9 +162,32 @@ def refusal(task, name: str, backend: str | None = None) -> tuple[str, str] | No
         if unknown:
             return "gen_kwargs", f"lm-eval task {name!r} sets generation_kwargs {unknown} " \
                                  "that rayeval cannot honour; until, max_gen_toks, " \
-                                 "do_sample, temperature and top_p apply"
+                                 "do_sample, temperature, top_p, num_beams: 1 and " \
+                                 "max_new_tokens equal to max_gen_toks apply"
+        problem = _beams_and_budget(kwargs, name)
+        if problem:
+            return "gen_kwargs", problem
         if backend is not None and backend != "vllm" and sampling_of(kwargs, 1)[0] > 0:
             return "gen_kwargs", samples_problem(name)
+    return None
+
+
+def _beams_and_budget(kwargs: dict, name: str) -> str | None:
+    """lm-eval's Hugging Face model hands a task's other generation_kwargs to transformers'
+    ``generate``: ``num_beams: 1`` is its greedy default (more is beam search, which rayeval
+    does not run), and ``max_new_tokens`` replaces the token budget while the prompt is still
+    cut to leave ``max_gen_toks`` (default 256) free; rayeval has one budget for both, so the
+    two must agree."""
+    beams = int(kwargs.get("num_beams", 1) or 1)
+    if beams > 1:
+        return f"lm-eval task {name!r} searches {beams} beams (num_beams), which rayeval " \
+               "does not run; decode greedily: gen_kwargs: {num_beams: 1}"
+    budget, kept = kwargs.get("max_new_tokens"), int(kwargs.get("max_gen_toks", 256))
+    if budget is not None and int(budget) != kept:
+        return f"lm-eval task {name!r} sets max_new_tokens {budget} beside max_gen_toks " \
+               f"{kept}: lm-eval's Hugging Face model generates the first and cuts the " \
+               "prompt for the second, and rayeval has one budget; give gen_kwargs: " \
+               f"{{max_gen_toks: {budget}}}"
     return None
 
 

@@ -92,7 +92,10 @@ def write_tasks(folder, data):
         "test_split": "test", "output_type": "generate_until",
         "doc_to_text": "{{prompt.split(' ')[:2] | join(' ')}}",
         "doc_to_target": "{{prompt.split(' ')[2:] | join(' ')}} {{choices[label]}}.",
-        "generation_kwargs": {"until": ["\n"], "max_gen_toks": 8, "do_sample": False},
+        # num_beams 1 and max_new_tokens equal to max_gen_toks: what lm-eval's HF model hands
+        # transformers' generate, honoured as greedy decoding with that budget
+        "generation_kwargs": {"until": ["\n"], "max_gen_toks": 8, "do_sample": False,
+                              "num_beams": 1, "max_new_tokens": 8},
         "metric_list": [{"metric": "bleu", "aggregation": "bleu", "higher_is_better": True},
                         {"metric": "chrf", "aggregation": "chrf", "higher_is_better": True},
                         {"metric": "chrf++", "aggregation": "chrf++", "higher_is_better": True},

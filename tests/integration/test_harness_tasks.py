@@ -415,6 +415,14 @@ def test_bad_lm_eval_entries_are_one_line_before_ray(example, tmp_path):
     line = _spec_error(ex, [{"name": "x", "task": "generation",
                              "lm_eval": {"task": "arith_mc", **tasks}}])
     assert "evals[0].task" in line
+    # a second token budget that disagrees with max_gen_toks (lm-eval's HF model would cut the
+    # prompt for one and generate the other)
+    line = _spec_error(ex, [{"name": "x", "lm_eval": {"task": "arith_gen", **tasks,
+                                                      "gen_kwargs": {"max_new_tokens": 5}}}])
+    assert line.endswith("evals[0].lm_eval.gen_kwargs: lm-eval task 'arith_gen' sets "
+                         "max_new_tokens 5 beside max_gen_toks 8: lm-eval's Hugging Face model "
+                         "generates the first and cuts the prompt for the second, and rayeval "
+                         "has one budget; give gen_kwargs: {max_gen_toks: 5}"), line
     # a judge grades generated answers: a log-likelihood task has none
     judge = {"model": "judge", "prompt": "{{ context }} {{ response }}",
              "verdict": {"yes": 1, "no": 0}}

@@ -96,6 +96,9 @@ def test_every_lm_eval_task_has_one_row_with_the_runs_verdict(lm_tasks):
     # their own aggregations (matthews_corrcoef, corpus BLEU) run over every item
     assert verdicts["cola"] == ("accepted", "") and verdicts["wmt16-de-en"] == ("accepted", "")
     assert "samples (do_sample or temperature > 0)" in verdicts["gsm8k_cot_self_consistency"][1]
+    # num_beams: 1 with max_new_tokens equal to max_gen_toks is greedy decoding; 10 beams is not
+    assert verdicts["ask_gec_p0"] == ("accepted", "")
+    assert "searches 10 beams (num_beams)" in verdicts["code2text_python"][1]
     assert verdicts["rayeval_mine_mean"] == verdicts["rayeval_mine_median"] == ("accepted", "")
     assert verdicts["rayeval_mine_unsafe"][0] == "refused"
 
