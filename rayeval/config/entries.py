@@ -12,10 +12,7 @@ instance=True)``. The object registered has
     evaluations(context, m, path, batch_size, bootstrap, samples) -> list[EvalSpec]
                   entry ``m`` at key path ``path`` rendered; a group's aggregates appended to
                   ``context.groups``
-    sampling_problem(ev) -> (key path, message) | None
-                  why evaluation ``ev`` cannot sample on a backend other than vLLM, in the
-                  kind's own words (None: the loader's general message)
-    coverage(include_path, backend, pattern) -> list
+    coverage(include_path, pattern) -> list
                   optional: every task of the library's registry (``pattern``: those whose
                   names match) judged by the rules a run applies, ``harness.coverage.Verdict``
                   each (``rayeval tasks --check``)

@@ -215,14 +215,14 @@ class DatasetSpec:
 @dataclass(frozen=True)
 class Generation:
     """How a generation task decodes: until a stop string or a token budget; greedily, or
-    (backend vllm) sampled with a seed per item and repeat, so the same generations come on
+    sampled with a seed per item and repeat (on every backend), so the same generations come on
     any number of workers."""
     until: tuple[str, ...] = setting(
         "Stop strings; the end-of-sequence token always stops.", numbers=True, default=(),
         blank=True, expected="a list of non-empty stop strings")
     max_new_tokens: int = setting("At most this many new tokens.", numbers=True, default=256,
                                   minimum=1)
-    temperature: float = setting("0: greedy; above 0: sampled (backend vllm).", numbers=True,
+    temperature: float = setting("0: greedy; above 0: sampled.", numbers=True,
                                  default=0.0, minimum=0.0)
     top_p: float = setting("Sampling: the nucleus kept.", numbers=True, default=1.0,
                            minimum=0.0, above=0, maximum=1)

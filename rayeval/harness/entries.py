@@ -62,10 +62,9 @@ class LmEvalEntry(lm_store.RequestTables):
         return [_one(context.output, t, names.member(name, t.task), path, common, judge)
                 for t in tasks]
 
-    def coverage(self, include_path: str | None, backend: str, pattern: str | None = None
-                 ) -> list:
+    def coverage(self, include_path: str | None, pattern: str | None = None) -> list:
         """Every leaf task of lm-eval's registry (and ``include_path``'s YAMLs) judged by the
-        rules a run applies (``render.refusal``) on model.backend ``backend``: a list of
+        rules a run applies (``render.refusal``): a list of
         ``coverage.Verdict`` (``pattern``: only the names it matches)."""
         from lm_eval.api.task import ConfigurableTask, Task
         from lm_eval.tasks import TaskManager
@@ -78,12 +77,7 @@ class LmEvalEntry(lm_store.RequestTables):
         with coverage.without_data([ConfigurableTask]), lm_render.quiet():
             return coverage.check(coverage.matching(manager.all_subtasks, pattern),
                                   lambda name: manager.load([name]), Task,
-                                  lambda task, name: lm_render.refusal(task, name, backend))
-
-    def sampling_problem(self, ev: EvalSpec) -> tuple[str, str]:
-        from rayeval.harness.render import samples_problem
-
-        return f"{ev.key_path}.lm_eval.gen_kwargs", samples_problem(ev.name)
+                                  lm_render.refusal)
 
 
 def tokenizer(context: EntryContext):

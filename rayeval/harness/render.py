@@ -146,13 +146,13 @@ def load_tasks(spec: LmEvalSpec, path: str) -> tuple[dict, list[Group]]:
     return tasks, found
 
 
-def refusal(task, name: str, backend: str | None = None) -> tuple[str, str] | None:
+def refusal(task, name: str) -> tuple[str, str] | None:
     """The first reason rayeval cannot run lm-eval task ``name`` as lm-eval does, from what
     the task object holds before its documents are loaded (its class, output type,
     generation_kwargs): (the entry's key at fault, the message), or None.
     A run applies it to every task it loads; ``rayeval tasks --check`` to every task of the
-    registry (``coverage``), so the two never disagree. ``backend``: the model's, where
-    sampling is asked about (None: the loader says it, per evaluation)."""
+    registry (``coverage``), so the two never disagree. A task that samples runs on every
+    backend (each document's repeats seeded by its id: ``core.backends.base.Sampler``)."""
     if getattr(task, "UNSAFE_CODE", False) or getattr(task, "MULTIMODAL", False):
         return "task", f"lm-eval task {name!r} runs code or needs images; rayeval scores " \
                        "text requests only"
@@ -167,8 +167,6 @@ def refusal(task, name: str, backend: str | None = None) -> tuple[str, str] | No
         problem = _beams_and_budget(kwargs, name)
         if problem:
             return "gen_kwargs", problem
-        if backend is not None and backend != "vllm" and sampling_of(kwargs, 1)[0] > 0:
-            return "gen_kwargs", samples_problem(name)
     return None
 
 
@@ -189,13 +187,6 @@ def _beams_and_budget(kwargs: dict, name: str) -> str | None:
                "prompt for the second, and rayeval has one budget; give gen_kwargs: " \
                f"{{max_gen_toks: {budget}}}"
     return None
-
-
-def samples_problem(name: str) -> str:
-    """Why lm-eval task ``name``, which samples, cannot run on a backend other than vLLM."""
-    return (f"lm-eval task {name!r} samples (do_sample or temperature > 0), which runs on "
-            "model.backend: vllm (each document seeded); set it, or decode greedily: "
-            "gen_kwargs: {do_sample: false, temperature: 0}")
 
 
 def limit_count(task, limit: float | None) -> int | None:

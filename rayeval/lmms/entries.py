@@ -56,8 +56,7 @@ class LmmsEvalEntry(lm_store.RequestTables):
         return [_one(output, t, names.member(name, t.task), path, common, judge)
                 for t in tasks]
 
-    def coverage(self, include_path: str | None, backend: str, pattern: str | None = None
-                 ) -> list:
+    def coverage(self, include_path: str | None, pattern: str | None = None) -> list:
         """Every leaf task of lmms-eval's registry (and ``include_path``'s YAMLs), built for a
         chat model as a run builds it, judged by the rules a run applies (``render.refusal``)
         for an entry with a ``judge:``; an accepted task that asks the judge says so. A list
@@ -83,9 +82,6 @@ class LmmsEvalEntry(lm_store.RequestTables):
                 lambda name: manager.load_task_or_group([name], task_type="chat"), Task,
                 lambda task, name: lmms_render.refusal(task, name, judge=True), note,
                 library="lmms-eval")
-
-    def sampling_problem(self, ev: EvalSpec) -> None:
-        return None           # lmms-eval entries never sample (refused when rendered)
 
 
 # What planning reads of a rendered task, kept by content (``harness.kept``): a re-run of an

@@ -26,9 +26,6 @@ def add_parser(sub) -> None:
     p.add_argument("--task", metavar="GLOB",
                    help="only the tasks whose names match this pattern (e.g. 'mmlu_*'; "
                         "default: every leaf task)")
-    p.add_argument("--backend", choices=("hf", "vllm"), default="hf",
-                   help="the model.backend the runs would use (sampling needs vllm; "
-                        "default hf)")
     p.add_argument("--format", choices=FORMATS, default="table",
                    help="table: the counts and the reasons; csv and json: one row per leaf "
                         "task (task, status, reason)")
@@ -52,7 +49,7 @@ def _tasks(args, out: Console) -> int:
         os.environ.setdefault(key, value)
     try:
         verdicts = entry.coverage(args.include_path and os.path.abspath(args.include_path),
-                                  args.backend, args.task)
+                                  args.task)
     except ImportError as e:
         raise SpecError(f"--check: {entry.library} cannot be imported ({e}); pip install "
                         f"'rayeval[{kind.replace('_', '-')}]'") from None
@@ -76,8 +73,7 @@ def _tasks(args, out: Console) -> int:
 
     accepted, total, reasons = coverage.summary(verdicts)
     share = 100.0 * accepted / total if total else 0.0
-    out.print(f"{entry.library}: {accepted:,} of {total:,} leaf tasks accepted ({share:.1f}%) "
-              f"on model.backend {args.backend}")
+    out.print(f"{entry.library}: {accepted:,} of {total:,} leaf tasks accepted ({share:.1f}%)")
     if reasons:
         table = Table(title="why the others are refused (the first reason of each; TASK: the "
                             "task's name)", title_justify="left")

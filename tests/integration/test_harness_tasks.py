@@ -404,8 +404,8 @@ def test_bad_lm_eval_entries_are_one_line_before_ray(example, tmp_path):
     line = _fails(ex, [{"name": "x", "lm_eval": {"task": "arith_mcq", **tasks}}])
     assert "evals[0].lm_eval.task" in line and "'arith_mc'" in line       # did you mean
     line = _fails(ex, [{"name": "x", "lm_eval": {"task": "arith_gen", **tasks,
-                                                 "gen_kwargs": {"do_sample": True}}}])
-    assert "evals[0].lm_eval.gen_kwargs" in line and "model.backend: vllm" in line
+                                                 "gen_kwargs": {"num_beams": 4}}}])
+    assert "evals[0].lm_eval.gen_kwargs" in line and "searches 4 beams (num_beams)" in line
     # the loader's other lines (the command prints them the same way)
     line = _spec_error(ex, [{"name": "x", "lm_eval": {"task": "arith_mc",
                                                       "include_path": "nope"}}])

@@ -235,8 +235,10 @@ def test_an_engine_that_cannot_start_is_one_line_naming_the_key(example):
     ({"backend": "vllm", "vllm": {"tensor_parallel_size": 2}}, {},
      "model.vllm.tensor_parallel_size", "use parallelism.tensor"),
     ({"vllm": {"enforce_eager": True}}, {}, "model.vllm", "set it, or remove model.vllm"),
-    ({}, {"generation": {"temperature": 0.7}}, "evals[0].generation.temperature",
-     "model.backend: vllm"),
+    # text generation samples on every backend (tests/unit/test_sampling.py); from images,
+    # on vLLM only
+    ({}, {"generation": {"temperature": 0.7}, "dataset": {"images": "image"}},
+     "evals[0].generation.temperature", "from images runs on model.backend: vllm"),
     ({"backend": "vllm"}, {"generation": {"repeats": 4}}, "evals[0].generation.repeats",
      "set generation.temperature"),
     ({}, {"parallelism": {"tensor": 2}, "workers": 2}, "parallelism.tensor", "vLLM's"),
@@ -249,7 +251,8 @@ def test_bad_backend_settings_are_one_line_before_ray(example, tmp_path, model, 
              "model": model,
              "evals": [{"name": "sums", "task": "generation",
                         "dataset": {"path": str(example["root"] / "data/gen.parquet"),
-                                    "prompt": "prompt", "target": "answer"},
+                                    "prompt": "prompt", "target": "answer",
+                                    **extra.pop("dataset", {})},
                         "generation": {"until": ["\n"], **extra.pop("generation", {})},
                         "metrics": ["exact_match"]}], **extra}
     path = tmp_path / "bad.yaml"

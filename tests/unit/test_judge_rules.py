@@ -211,16 +211,6 @@ def test_the_judge_is_in_the_key_only_when_given(tmp_path):
     assert not re.search("batch_size|model", ",".join(walked))
 
 
-def test_an_lm_eval_entry_cannot_be_judged_yet(tmp_path):
-    raw = _sweep(tmp_path)
-    raw["evals"] = [{"name": "arc", "lm_eval": {"task": "arc_easy"},
-                     "judge": {"model": "judge", "prompt": "{{ response }}",
-                               "verdict": {"yes": 1}}}]
-    with pytest.raises(SpecError, match=r"evals\[0\].judge: an lm_eval: entry cannot be "
-                                        r"judged yet"):
-        _load(tmp_path, raw)
-
-
 def test_a_judged_items_page_shows_the_judges_text_failure_and_prompt():
     import pyarrow as pa
 

@@ -175,6 +175,70 @@ def texts_of(repeats: list[list[int]], ctx: Context) -> list[str]:
     return texts
 
 
+def item_seed(seed: int, row: int, repeat: int) -> int:
+    """The sampling seed of one item's repeat: the same on any worker and in any batch."""
+    import hashlib
+
+    digest = hashlib.sha256(f"{seed}:{row}:{repeat}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") >> 1
+
+
+class Sampler:
+    """Sampled decoding in rayeval's own backends (``hf``, ``torch``), one generator per
+    sequence seeded by ``item_seed`` (generation.seed, row id, repeat): a sequence's draws are
+    the same whatever batch, worker or padding it is decoded in. At each step the next token
+    is drawn from softmax(logits / temperature) in float64, over the nucleus: the most likely
+    tokens, in order (ties by token id), up to the first whose cumulative probability reaches
+    ``top_p``; one uniform draw from the sequence's generator picks it by inverse CDF."""
+
+    def __init__(self, seeds: list[int], generation: Generation):
+        self.gens = [torch.Generator().manual_seed(s) for s in seeds]
+        self.temperature, self.top_p = generation.temperature, generation.top_p
+
+    def pick(self, row: int, logits: torch.Tensor) -> int:
+        """The next token of sequence ``row`` from its logits over the vocabulary."""
+        p = torch.softmax(logits.detach().to("cpu", torch.float64) / self.temperature, dim=-1)
+        order = torch.argsort(-p, stable=True)
+        ranked = p[order]
+        cum = torch.cumsum(ranked, dim=0)
+        if self.top_p < 1.0:
+            keep = min(int((cum < self.top_p).sum()) + 1, cum.numel())
+            cum = cum[:keep]
+        u = float(torch.rand((), generator=self.gens[row], dtype=torch.float64)) * float(cum[-1])
+        k = min(int(torch.searchsorted(cum, torch.tensor([u], dtype=torch.float64),
+                                       right=True)), cum.numel() - 1)
+        return int(order[k])
+
+    def one_hot(self, scores: torch.Tensor) -> torch.Tensor:
+        """Each row's drawn token as the only finite score (a logits processor of
+        transformers' greedy ``generate``, which then takes it)."""
+        out = torch.full_like(scores, float("-inf"))
+        for j in range(scores.shape[0]):
+            out[j, self.pick(j, scores[j])] = 0.0
+        return out
+
+
+def sampled_texts(contexts: list, ids: list[int] | None,
+                  tokens_of: Callable[[list, list[int], Context], list[list[int]]],
+                  ctx: Context) -> list[list[str]]:
+    """Each context's ``generation.repeats`` sampled generations (``Sampler``), as
+    ``texts_of`` cuts them: ``tokens_of(contexts, seeds, ctx)`` run on ``batch`` sequences at
+    a time."""
+    gen = ctx.generation
+    if ids is None:
+        raise ModelError("sampled generation needs each item's row id for its seed")
+    jobs = [(c, item_seed(gen.seed, int(ids[i]), r))
+            for i, c in enumerate(contexts) for r in range(gen.repeats)]
+    tokens: list[list[int]] = []
+    step = max(1, ctx.batch)
+    for start in range(0, len(jobs), step):
+        chunk = jobs[start:start + step]
+        tokens.extend(tokens_of([c for c, _ in chunk], [s for _, s in chunk], ctx))
+        ctx.partly(len(tokens) // gen.repeats, len(contexts))
+    k = gen.repeats
+    return [texts_of(tokens[i * k:(i + 1) * k], ctx) for i in range(len(contexts))]
+
+
 def batched_texts(items: list, tokens_of: Callable[[list, Context], list[list[int]]],
                   ctx: Context) -> list[list[str]]:
     """Each item's one (greedy) generation as ``texts_of`` cuts it, ``tokens_of`` run on

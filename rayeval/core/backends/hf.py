@@ -15,7 +15,7 @@ import torch
 
 from rayeval.core import stats
 from rayeval.core.backends import prefix
-from rayeval.core.backends.base import (BACKENDS, Context, ImageRequest, TokenPair,
+from rayeval.core.backends.base import (BACKENDS, Context, ImageRequest, Sampler, TokenPair,
                                         batched_texts)
 from rayeval.core.backends.torch import (TorchBackend, checked_logits, continuation_score,
                                          logits_of, move, stopped)
@@ -65,8 +65,19 @@ class HFBackend(TorchBackend):
             return self.hf_generate(contexts, ctx)
         return self.greedy(contexts, ctx)
 
-    def hf_generate(self, contexts: list[list[int]], ctx: Context) -> list[list[int]]:
-        """Batched, with the model's KV cache: left-padded contexts and an attention mask."""
+    def sample_tokens(self, contexts: list[list[int]], seeds: list[int], ctx: Context
+                      ) -> list[list[int]]:
+        sampler = Sampler(seeds, ctx.generation)
+        if hasattr(self.model, "generate") and hasattr(self.model, "config"):
+            return self.hf_generate(contexts, ctx, sampler)
+        return self.greedy(contexts, ctx, sampler)
+
+    def hf_generate(self, contexts: list[list[int]], ctx: Context,
+                    sampler: Sampler | None = None) -> list[list[int]]:
+        """Batched, with the model's KV cache: left-padded contexts and an attention mask.
+        Greedy; ``sampler``: each sequence's seeded draw, as a logits processor that leaves
+        only the drawn token for transformers' greedy step to take (its own sampling draws
+        from one generator for the whole batch)."""
         import transformers
 
         tok = ctx.text
@@ -84,11 +95,16 @@ class HFBackend(TorchBackend):
                 return torch.tensor([stopped(row[width:].tolist(), ctx) for row in input_ids],
                                     dtype=torch.bool, device=input_ids.device)
 
+        class Draw(transformers.LogitsProcessor):
+            def __call__(self, input_ids, scores):
+                return sampler.one_hot(scores)
+
         result = self.model.generate(
             input_ids=ids.to(self.device), attention_mask=mask.to(self.device),
             do_sample=False, max_new_tokens=ctx.generation.max_new_tokens, pad_token_id=pad,
             eos_token_id=tok.eos_id,
             stopping_criteria=transformers.StoppingCriteriaList([Until()]), use_cache=True,
+            logits_processor=transformers.LogitsProcessorList([Draw()] if sampler else []),
             # transformers turns synced_gpus on for FSDP models: an all-reduce over the whole
             # world at every step, which other replicas never join. A sharded model's replica
             # is kept in step by sharding.Lockstep instead.

@@ -15,8 +15,8 @@ from typing import Any, Mapping
 import torch
 
 from rayeval.core import stats
-from rayeval.core.backends.base import (Backend, Context, Inputs, TokenPair, batched_texts,
-                                        wrong_output)
+from rayeval.core.backends.base import (Backend, Context, Inputs, Sampler, TokenPair,
+                                        batched_texts, sampled_texts, wrong_output)
 from rayeval.errors import CheckpointError, DataError
 
 LOGITS_BUDGET_BYTES = 512 << 20     # float32 logits one forward pass may produce
@@ -92,16 +92,25 @@ class TorchBackend(Backend):
 
     def generate(self, contexts: list[list[int]], ids: list[int] | None, ctx: Context
                  ) -> list[list[str]]:
-        """Each context's continuation (greedy: one per context), cut at the first stop
-        string; at most ``max_new_tokens`` each, so a generation that never stops still
-        ends. ``batch`` contexts at a time."""
+        """Each context's continuations, cut at the first stop string; at most
+        ``max_new_tokens`` each, so a generation that never stops still ends. Greedy: one per
+        context, ``batch`` contexts at a time; sampled (``temperature`` above 0):
+        ``repeats`` per context, each drawn with its own seed (``base.Sampler``)."""
+        if ctx.generation.samples:
+            return sampled_texts(contexts, ids, self.sample_tokens, ctx)
         return batched_texts(contexts, self.generate_tokens, ctx)
 
     def generate_tokens(self, contexts: list[list[int]], ctx: Context) -> list[list[int]]:
         return self.greedy(contexts, ctx)
 
-    def greedy(self, contexts: list[list[int]], ctx: Context) -> list[list[int]]:
-        """Any causal model (no cache): each step runs the right-padded sequences so far."""
+    def sample_tokens(self, contexts: list[list[int]], seeds: list[int], ctx: Context
+                      ) -> list[list[int]]:
+        return self.greedy(contexts, ctx, Sampler(seeds, ctx.generation))
+
+    def greedy(self, contexts: list[list[int]], ctx: Context, sampler: Sampler | None = None
+               ) -> list[list[int]]:
+        """Any causal model (no cache): each step runs the right-padded sequences so far and
+        takes each one's most likely next token (``sampler``: its draw instead)."""
         seqs = [list(c) for c in contexts]
         new: list[list[int]] = [[] for _ in contexts]
         active = list(range(len(contexts)))
@@ -110,7 +119,8 @@ class TorchBackend(Backend):
                 break
             logits = self.logits(right_padded([seqs[i] for i in active]).to(self.device), ctx)
             for j, i in enumerate(active):
-                nxt = int(logits[j, len(seqs[i]) - 1].argmax())
+                last = logits[j, len(seqs[i]) - 1]
+                nxt = int(last.argmax()) if sampler is None else sampler.pick(i, last)
                 seqs[i].append(nxt)
                 new[i].append(nxt)
             active = [i for i in active if not stopped(new[i], ctx)]

@@ -18,14 +18,13 @@ from __future__ import annotations
 
 import contextlib
 import gc
-import hashlib
 import logging
 import os
 
 import torch
 
 from rayeval import compat
-from rayeval.core.backends.base import BACKENDS, Context, Setup, texts_of
+from rayeval.core.backends.base import BACKENDS, Context, Setup, item_seed, texts_of
 from rayeval.core.backends.hf import HFBackend
 from rayeval.errors import CheckpointError, EngineError, SpecError
 
@@ -39,12 +38,6 @@ SHAPE_FIELDS = ("model_type", "architectures", "vocab_size", "hidden_size", "n_e
                 "tie_word_embeddings")
 VISION_SHAPE_FIELDS = ("image_size", "patch_size", "hidden_size", "num_hidden_layers",
                        "num_attention_heads", "intermediate_size")
-
-
-def item_seed(seed: int, row: int, repeat: int) -> int:
-    """The sampling seed of one item's repeat: the same on any worker and in any batch."""
-    digest = hashlib.sha256(f"{seed}:{row}:{repeat}".encode()).digest()
-    return int.from_bytes(digest[:8], "little") >> 1
 
 
 class Engine:
