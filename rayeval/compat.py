@@ -247,6 +247,17 @@ def ingest_options():
     return options
 
 
+# Ray Data's ``streaming_split`` iterators (ray 2.60, ray/data/_internal/iterator/
+# stream_split_iterator.py, ``StreamSplitDataIterator``) keep their split's coordinator actor
+# in ``_coord_actor``; Ray has no public way to end a split before its iterators are collected.
+SPLIT_COORDINATOR_ATTR = "_coord_actor"
+
+
+def split_coordinator(it):
+    """The coordinator actor of a ``streaming_split`` iterator, or None (another kind)."""
+    return getattr(it, SPLIT_COORDINATOR_ATTR, None)
+
+
 def train_exceptions():
     """Ray Train v2's worker-group errors (``WorkerGroupStartupFailedError``, ...), which its
     controller raises and recovery tells from other failures. ray 2.60: they live in

@@ -378,19 +378,14 @@ class StandingPool:
     sweeps come in a few shapes, so each keeps its own group instead of the service's one
     (which closes a group for the next shape: a GPU it holds is another run's); at most
     ``MAX_STANDING_WORKERS`` workers stand, the oldest group closed for a new one, so that
-    a run of its own (its fit, Ray Data) always finds the session's logical CPUs free.
-
-    Runs fed by Ray Data have a fit of their own, as on a service (``group_for`` None)."""
+    a run of its own (its fit, Ray Data) always finds the session's logical CPUs free."""
 
     def __init__(self):
         self.groups: dict = {}           # Shape -> StandingGroups, oldest first
 
     def group_for(self, plan, run):
-        from rayeval.execution import pipeline
         from rayeval.execution.driver import Shape, StandingGroups
 
-        if pipeline.datasets(plan):
-            return None
         shape = Shape.of(plan.sweep)
         groups = self.groups.pop(shape, None) or StandingGroups()
         while self.groups and sum(s.workers for s in self.groups) + shape.workers > \

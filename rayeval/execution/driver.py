@@ -33,10 +33,9 @@ from rayeval.config import entries
 from rayeval.config.run_schema import Parallelism, Recovery
 from rayeval.config.schema import Sweep
 from rayeval.errors import RayevalError, RunError, StoreError, reason
-from rayeval.plan.cells import CellOutcome, Plan
+from rayeval.plan.cells import PARTIAL, CellOutcome, Plan, run_keys
 from rayeval.plan.preflight import prepare
 from rayeval.execution.profile import Timer
-from rayeval.execution.race import PARTIAL
 from rayeval.io.store import ResultStore
 
 
@@ -66,9 +65,16 @@ class RunReport:
 
     @property
     def cell_keys(self) -> set[str]:
-        return {c.key for c in self.plan.cells + self.plan.cached} | \
-            {o.key for o in self.plan.failed} | \
-            {o.key + PARTIAL for o in self.outcomes if o.partial}
+        return run_keys(self.plan, self.outcomes)
+
+    def board(self, stored: list[dict] | None = None):
+        """The run's board (``ranking.run_board``): its cells' rows and its sweep's group
+        aggregates, ranked by the sweep's ``aggregate:`` — what ``rayeval run`` prints and
+        the trackers log; None when the store holds none of them. ``stored``: the store's
+        newest rows, where the caller has read them."""
+        from rayeval.ranking import run_board
+
+        return run_board(self.plan.sweep, self.cell_keys, stored)
 
 
 @dataclass
@@ -155,8 +161,6 @@ def run_sweep(sweep: Sweep, *, address: str | None = None, force: bool = False,
 
     def on_standing(plan: Plan) -> list[CellOutcome]:
         group = standing.group_for(plan, run)
-        if group is None:               # not for a standing group (Ray Data feeds it)
-            return fit(plan)
         with timer.span("workers"):
             outcomes = standing.run(group, plan, run)
         report.nodes = group.ledger.node_count()
@@ -407,8 +411,8 @@ def _worker_error(e, restarts: int) -> RayevalError:
 class StandingGroups:
     """``rayeval serve``'s worker group, kept up from one sweep to the next: a plan whose
     workers are alike (count, resources, GPUs, parallelism, recovery: ``Shape``) runs on the
-    group that is up; another shape closes it and starts its own. A plan that Ray Data feeds
-    has its own fit (its datasets are the trainer's). A group that failed is dropped."""
+    group that is up; another shape closes it and starts its own. A group that failed is
+    dropped."""
 
     def __init__(self):
         self.group: Standing | None = None
@@ -420,12 +424,9 @@ class StandingGroups:
         self.group, self.shape = Standing(None, shape=shape), shape
         return self.group
 
-    def group_for(self, plan: Plan, run: RunCallback) -> Standing | None:
-        """The standing group for ``plan`` (started if need be), or None for its own fit."""
-        from rayeval.execution import pipeline
-
-        if pipeline.datasets(plan):
-            return None
+    def group_for(self, plan: Plan, run: RunCallback) -> Standing:
+        """The standing group for ``plan``, started if need be (a plan that Ray Data feeds
+        too: its ranks split the data sets when they take it, ``pipeline.standing_splits``)."""
         shape = Shape.of(plan.sweep)
         if self.group is not None and self.shape == shape and self.group.alive:
             return self.group

@@ -108,6 +108,10 @@ class RunLedger:
     def node_count(self) -> int:
         return len(set(self.nodes.values()))
 
+    def node_ids(self) -> list[str]:
+        """Each rank's node id, in rank order (each said it at its attempt's start)."""
+        return [self.nodes[r] for r in sorted(self.nodes)]
+
     def ranks_up(self) -> int:
         """How many ranks said hello (a standing group is up once all have)."""
         return len(self.nodes)
@@ -305,6 +309,11 @@ class WorkerLedger:
     def base(self, token: str) -> bytes:
         """Rank 0 of a standing group: the plan its next cells belong to (``RunLedger.base``)."""
         return self._get(self.ledger.base.remote(token))
+
+    def nodes(self) -> list[str]:
+        """Every rank's node id, in rank order (``RunLedger.node_ids``); none without a
+        ledger."""
+        return [] if self.ledger is None else self._get(self.ledger.node_ids.remote())
 
     def timing(self, entered: float, left: float, phases: dict) -> None:
         if self.ledger is not None:

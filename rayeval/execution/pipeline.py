@@ -50,6 +50,12 @@ def datasets(plan: Plan) -> dict:
             for ev in plan.evaluations if ev.data.via_ray_data(ev.spec.dataset)}
 
 
+def fed(plan: Plan) -> bool:
+    """Whether any of the plan's evaluations is fed by Ray Data (``datasets``), without
+    building a pipeline."""
+    return any(ev.data.via_ray_data(ev.spec.dataset) for ev in plan.evaluations)
+
+
 def ships_pixels(backend: str) -> bool:
     """Whether the workers need an image item's decoded pixels beside the processor's
     outputs: a backend that processes images itself (vLLM, a plugin's). The Hugging Face
@@ -257,14 +263,55 @@ def exact_split(data: dict | None = None, world: int = 0):
             return shards
 
         def split(self, name, ds, world_size, hints):
-            ds = ds.copy(ds)
-            ds.context.execution_options = self._resolve_execution_options(name)
-            return ds.streaming_split(world_size, equal=False, locality_hints=hints)
+            return split(ds, world_size, hints, self._resolve_execution_options(name))
 
     config = ExactSplit()
     if data and world and _one_node():
         config.ready = {name: config.split(name, ds, world, None) for name, ds in data.items()}
     return config
+
+
+def split(ds, world: int, hints=None, options=None) -> list:
+    """``ds`` split over ``world`` consumers with no row dropped (``equal=False``), under
+    Ray Train's ingest options (``compat.ingest_options``, unless ``options`` says others):
+    one ``DataIterator`` a rank, each epoch of which is one pass."""
+    import copy
+
+    ds = ds.copy(ds)
+    ds.context.execution_options = copy.deepcopy(options or compat.ingest_options())
+    return ds.streaming_split(world, equal=False, locality_hints=hints)
+
+
+def standing_splits(plan: Plan, rank: int, world: int, nodes: list[str], broadcast) -> dict:
+    """This rank's split of each of the plan's Ray Data pipelines, for a plan handed to a
+    standing group (``rayeval serve``, the suite's pool): the group's fit was started without
+    the plan's data sets, so rank 0 builds the pipelines and splits them here, as Ray Train's
+    DataConfig does at a fit's start, and ``broadcast`` (rank 0's value on every rank) hands
+    each rank the iterators; ``nodes``: the ranks' node ids, the split's locality hints on
+    several nodes. The split's coordinator is rank 0's actor: a restarted group splits again
+    (the coordinator of a rank 0 that died goes with it), and ``release`` ends it with the
+    plan. {evaluation name: this rank's DataIterator}."""
+    made = None
+    if rank == 0:
+        hints = nodes if len(set(nodes)) > 1 else None
+        made = {name: split(ds, world, hints) for name, ds in datasets(plan).items()}
+    made = broadcast(made)
+    return {name: its[rank] for name, its in made.items()}
+
+
+def release(its) -> None:
+    """The split coordinators of these iterators (``standing_splits``) ended now, not when
+    Ray collects them: an iterator handed to other ranks by pickle keeps its coordinator
+    from Ray's reference counting, and a standing group sees one plan after another."""
+    import ray
+
+    for it in its:
+        actor = compat.split_coordinator(it)
+        if actor is not None:
+            try:
+                ray.kill(actor)
+            except Exception:      # noqa: BLE001 - already gone (its owner, rank 0, died)
+                pass
 
 
 def _one_node() -> bool:
@@ -283,10 +330,11 @@ class SplitRows:
 
     PREFETCH = 4
 
-    def __init__(self, name: str, info: DatasetInfo, rank: int, world: int):
+    def __init__(self, name: str, info: DatasetInfo, rank: int, world: int, it=None):
         import ray.train
 
-        self.it = ray.train.get_dataset_shard(name)
+        # a fit's own data sets (Ray Train's DataConfig), or a standing group's split
+        self.it = it if it is not None else ray.train.get_dataset_shard(name)
         self.num_rows = -(-info.num_rows // world)
         self.early: tuple[int, object] | None = None    # (batch size, ReadAhead)
 

@@ -31,8 +31,6 @@ from rayeval.errors import RunError
 from rayeval.plan.cells import Cell, Evaluation, Plan
 from rayeval.ranking.rules import direction, sweep_headline
 
-PARTIAL = "-partial"      # a partial cell's store key: the complete cell's key and this
-
 
 @dataclass
 class Stopped:

@@ -58,7 +58,8 @@ class CellScorer:
     answers the tasks' requests, the tokenizer of the checkpoint loaded, and where per-item
     records go."""
 
-    def __init__(self, ctx: RankContext, plan: Plan, backend, lockstep=None, ray_data=()):
+    def __init__(self, ctx: RankContext, plan: Plan, backend, lockstep=None,
+                 ray_data: dict | None = None):
         self.ctx, self.plan, self.backend = ctx, plan, backend
         self.lockstep = lockstep       # a sharded model's replica: peers drained in step
         budget = Budget(cache_budget_bytes())
@@ -66,8 +67,8 @@ class CellScorer:
         self.shards: dict[str, Shard] = {}
         self.metrics: dict[str, list] = {}
         for ev in plan.evaluations:
-            if ev.name in ray_data:
-                rows = SplitRows(ev.name, ev.data, ctx.rank, ctx.world)
+            if ev.name in (ray_data or {}):       # name -> this rank's split, or None
+                rows = SplitRows(ev.name, ev.data, ctx.rank, ctx.world, ray_data[ev.name])
             else:
                 start, stop = ev.data.shard_rows(replica, replicas)
                 rows = RowRange(ev.data, ev.spec.dataset.columns, start, stop,

@@ -21,10 +21,9 @@ from rayeval.core import tasks
 from rayeval.core.evaluate import ROWS, finalize
 from rayeval.errors import RayevalError
 from rayeval.execution.rank import RankContext, peak_rss
-from rayeval.execution.race import PARTIAL
 from rayeval.io import store_states
 from rayeval.io.store import ResultStore, cell_rows
-from rayeval.plan.cells import Cell, CellOutcome, Evaluation, Plan
+from rayeval.plan.cells import PARTIAL, Cell, CellOutcome, Evaluation, Plan
 
 
 class Publish:

@@ -31,7 +31,7 @@ from rayeval.config import entries
 from rayeval.config.plugins import load_plugins
 from rayeval.core import backends
 from rayeval.errors import GroupError, RayevalError, RunError
-from rayeval.execution import dist, user_code
+from rayeval.execution import dist, pipeline, user_code
 from rayeval.execution.checkpoints import CheckpointLoop, Stop
 from rayeval.core import judge_model
 from rayeval.execution.judging import Generations, JudgeStage
@@ -75,7 +75,8 @@ def train_loop(config: dict) -> list[CellOutcome]:
             ledger.timing(entered, time.time(), timer.as_dict())
             return outcomes
         with timer.span("setup", doing=SETTING_UP):
-            worker = Worker(plan, ledger, attempt, timer, config.get("ray_data", ()))
+            worker = Worker(plan, ledger, attempt, timer,
+                            dict.fromkeys(config.get("ray_data", ())))    # the fit's own
         if config.get("standing"):
             outcomes = stand(worker.ctx, worker, config.get("token"))
         elif plan.sweep.select is not None:      # a race publishes only at its end
@@ -100,7 +101,9 @@ class Worker:
     returns."""
 
     def __init__(self, plan: Plan, ledger: WorkerLedger, attempt: int,
-                 timer: Timer | None = None, ray_data=(), backend=None):
+                 timer: Timer | None = None, ray_data: dict | None = None, backend=None):
+        """``ray_data``: the evaluations Ray Data feeds, each with this rank's split (None:
+        the fit's own data set, ``get_dataset_shard``)."""
         sweep = plan.sweep
         self.plan = plan
         tensor = sweep.parallelism.tensor
@@ -117,7 +120,9 @@ class Worker:
                 ident=f"{plan.run_id}-{attempt}",
                 ranks={"RANK": ctx.rank, "LOCAL_RANK": ctx.local_rank,
                        "WORLD_SIZE": ctx.world, "LOCAL_WORLD_SIZE": ctx.local_world}))
-        self.scorer = CellScorer(ctx, plan, self.backend, self.checkpoints.lockstep, ray_data)
+        self.splits = ray_data or {}
+        self.scorer = CellScorer(ctx, plan, self.backend, self.checkpoints.lockstep,
+                                 self.splits)
         if self.scorer.uses_text:
             self.checkpoints.on_tokenizer = self.scorer.use_tokenizer
         self.publisher = Publish(ctx, plan, self.scorer.metrics, self.scorer.samples_tag,
@@ -225,6 +230,19 @@ class Worker:
             self.checkpoints.close()
         finally:
             self.scorer.close()
+            self.release_splits()
+
+    def release_splits(self) -> bool:
+        """A standing group's splits of the plan's data sets ended, once its cells are done
+        (rank 0 owns their coordinators: ``pipeline.standing_splits``); whether there were
+        any. A fit's own data sets are Ray Train's to end."""
+        made = [it for it in self.splits.values() if it is not None]
+        if made:
+            self.scorer.close()
+            if self.ctx.rank == 0:
+                pipeline.release(made)
+            self.splits = {}
+        return bool(made)
 
     def _stand(self, cells: list[tuple[int, Cell]]) -> bool:
         """One batch of a standing group's cells, on this worker's plan; True when the
@@ -298,6 +316,8 @@ def stand(ctx: RankContext, worker: Worker | None, token: str | None) -> list[Ce
                 cells = [(i, pickle.loads(blob)) for i, blob, t in batch if t == tok]
                 if worker._stand(cells):
                     return outcomes + worker.outcomes
+                if worker.release_splits():      # set up again if the plan comes again
+                    token = None
     finally:
         if worker is not None:
             worker.close()
@@ -316,7 +336,12 @@ def _set_up(ctx: RankContext, base: dict, before: Worker | None) -> Worker:
     kept = before.backend if before is not None and before.plan.sweep.model == \
         plan.sweep.model else None
     with ctx.timer.span("setup", doing=SETTING_UP):
-        return Worker(plan, ctx.ledger, ctx.attempt, ctx.timer, backend=kept)
+        splits = {}
+        if pipeline.fed(plan):        # its data sets split now: the group's fit has none
+            splits = pipeline.standing_splits(
+                plan, ctx.rank, ctx.world, ctx.ledger.nodes(),
+                lambda made: dist.broadcast(made, "the split of the plan's data", ctx.timeout))
+        return Worker(plan, ctx.ledger, ctx.attempt, ctx.timer, splits, backend=kept)
 
 
 def _generated(plan: Plan, cells: list[Cell]) -> list[Cell]:

@@ -26,6 +26,8 @@ from rayeval.io.model import source_digest
 from rayeval.plan.outcome import CellOutcome  # noqa: F401 - re-exported: the driver's and workers' name
 from rayeval.io.store import ResultStore
 
+PARTIAL = "-partial"      # a race's partial cell's store key: the complete cell's key and this
+
 
 @dataclass(frozen=True)
 class Evaluation:
@@ -255,6 +257,13 @@ def _baseline(sweep: Sweep, evaluation: Evaluation, ready) -> str:
         found[want] = (every[want], checkpoint_fingerprint(every[want].location))
     ref, fingerprint = found[want]
     return generation_key(sweep, evaluation, ref, fingerprint)
+
+
+def run_keys(plan: Plan, outcomes) -> set[str]:
+    """The store keys of a run's cells: those it evaluated, found in the store or failed,
+    and its race's partial cells (``outcomes``: the run's ``CellOutcome``s so far)."""
+    return {c.key for c in plan.cells + plan.cached} | {o.key for o in plan.failed} | \
+        {o.key + PARTIAL for o in outcomes if o.partial}
 
 
 def generated(store: ResultStore, pending: list[Cell]) -> list[Cell]:

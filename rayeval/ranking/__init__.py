@@ -10,7 +10,9 @@ shadow once imported.)
     suite      those suite files, computed when a part is written
     columns    a board's columns and the one a user names
     board      the board: ``board(store, ...)``, the one entry that the API and every format
-               of ``rayeval leaderboard`` call; ``build_board`` of rows in hand
+               of ``rayeval leaderboard`` call; ``run_board``, a run's (what ``rayeval run``
+               prints, ``RunReport.board``, the trackers' table); ``build_board`` of rows in
+               hand
     compare    paired bootstrap differences; finding the checkpoint a user named
     stored     the rows a board or a comparison reads, with only the replicates it needs
 
@@ -20,7 +22,7 @@ Importing this package imports neither torch nor Ray (intervals import torch whe
 from rayeval.ranking.aggregate import (AGGREGATE, aggregate_row, aggregate_spec, aggregates,
                                        stored_aggregates, win_rates, win_shares)
 from rayeval.ranking.board import (Board, Entry, board, build_board, latest_rows, mark,
-                                   without_members)
+                                   run_board, without_members)
 from rayeval.ranking.columns import (AGGREGATE_COLUMN, Column, columns_of, ranked_rows,
                                      resolve_metric)
 from rayeval.ranking.compare import Comparison, Paired, compare, find_checkpoint, paired
@@ -29,5 +31,5 @@ from rayeval.ranking.rules import direction, members, stored_headlines, sweep_he
 __all__ = ["AGGREGATE", "AGGREGATE_COLUMN", "Board", "Column", "Comparison", "Entry", "Paired",
            "aggregate_row", "aggregate_spec", "aggregates", "board", "build_board", "columns_of",
            "compare", "direction", "find_checkpoint", "latest_rows", "mark", "members", "paired",
-           "ranked_rows", "resolve_metric", "stored_aggregates", "stored_headlines",
+           "ranked_rows", "resolve_metric", "run_board", "stored_aggregates", "stored_headlines",
            "sweep_headline", "win_rates", "win_shares", "without_members"]

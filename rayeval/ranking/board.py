@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from rayeval.errors import StoreError
 from rayeval.io.store import confidence_of, latest_rows  # noqa: F401 - the row's format
@@ -27,6 +28,9 @@ from rayeval.ranking.columns import (AGGREGATE_COLUMN, LIMITED, Column,  # noqa:
                                      resolve_metric, value_of)
 from rayeval.ranking.compare import paired
 from rayeval.ranking.rules import codes, direction, shown
+
+if TYPE_CHECKING:
+    from rayeval.config.schema import Sweep
 
 
 def without_members(rows: list[dict]) -> list[dict]:
@@ -84,6 +88,23 @@ class Board:
 
     def column(self, name: str) -> Column:
         return resolve_metric(name, self.columns)
+
+
+def run_board(sweep: Sweep, keys: set[str], stored: list[dict] | None = None) -> Board | None:
+    """A run's board, the one rule for it: the rows of the run's own cells (``keys``: those it
+    evaluated, found in the store, or failed; a race's partial cells) and the sweep's group
+    aggregates, ranked by the sweep's ``aggregate:``. What ``rayeval run`` prints, what
+    ``RunReport.board`` gives, and what the experiment trackers log. ``stored``: the store's
+    newest rows when the caller has read them (``latest_rows``); None when none are the run's."""
+    from rayeval.io.store import ResultStore
+
+    if stored is None:
+        stored = latest_rows(ResultStore(sweep.output).read())
+    groups = {g.name for g in sweep.groups}
+    rows = without_members([r for r in stored
+                            if r["cell"] in keys or (r["sweep"] == sweep.name
+                                                     and r["dataset"] in groups)])
+    return build_board(rows, aggregate=sweep.aggregate) if rows else None
 
 
 def build_board(rows: list[dict], metric: str | None = None,

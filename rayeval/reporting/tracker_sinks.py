@@ -101,15 +101,10 @@ def _finite(v) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
-def board_table(rows: list[dict], aggregate=None) -> tuple[list[str], list[list]] | None:
-    """The leaderboard of ``rows`` as (columns, data): rank, sweep, checkpoint, step, then each
-    column's value and interval; None when nothing there is ranked. ``aggregate``: the sweep's
-    ``aggregate:`` (None: the board's default), so a tracker ranks as the run's board does."""
-    from rayeval.ranking import build_board
-
-    try:
-        board = build_board(rows, aggregate=aggregate)
-    except RayevalError:
+def board_table(board) -> tuple[list[str], list[list]] | None:
+    """A ``ranking.Board`` as (columns, data): rank, sweep, checkpoint, step, then each
+    column's value and interval; None without a board (nothing ranked)."""
+    if board is None:
         return None
     columns = ["rank", "best", "sweep", "checkpoint", "step", "stopped", "limited"]
     for c in board.metrics:
@@ -182,13 +177,12 @@ class _Sink:
         """Say on the run which evaluations were scored on a ``limit:`` ({evaluation:
         "limit: 30 of 2,376 items"}): a tag (MLflow), a config entry (W&B)."""
 
-    def table(self, rows: list[dict], aggregate=None) -> None:
-        """The leaderboard of stored rows, as a table (``aggregate``: the sweep's)."""
-        self.guard(f"logging the leaderboard to run {self.run_id}", self._board, rows,
-                   aggregate)
+    def table(self, board) -> None:
+        """The leaderboard (a ``ranking.Board``, or None: nothing ranked), as a table."""
+        self.guard(f"logging the leaderboard to run {self.run_id}", self._board, board)
 
-    def _board(self, rows: list[dict], aggregate=None) -> None:
-        got = board_table(rows, aggregate)
+    def _board(self, board) -> None:
+        got = board_table(board)
         if got is not None:
             self._table(*got)
             self.tabled = True

@@ -80,6 +80,7 @@ class Publisher:
         self.say = say
         self.warn = warn or _stderr
         self.store = ResultStore(sweep.output)
+        self.keys: set[str] = set()     # the run's cells (every poll's, for watch): its board
         self.sinks = open_sinks(sweep.trackers, sweep.name, self.warn) \
             if sweep.trackers.any else []
 
@@ -103,19 +104,20 @@ class Publisher:
             s.log(rows)
 
     def board(self) -> None:
-        """The sweep's leaderboard, every stored cell of it, as a table in every tracker."""
+        """The run's board (``ranking.run_board`` of the cells of ``keys``: the one
+        ``rayeval run`` prints), as a table in every tracker."""
         if not self.live:
             return
-        from rayeval.io.store import newest
+        from rayeval.ranking import run_board
 
         try:
-            rows = newest(self.sweep.output, sweep=self.sweep.name, what="output").to_pylist()
+            board = run_board(self.sweep, self.keys)
         except RayevalError as e:
             self.warn(f"[rayeval] warning: trackers: cannot read the store for the "
                       f"leaderboard: {e.message}")
             return
-        for s in self.sinks:     # ranked by the sweep's aggregate, as the terminal's board
-            s.table(rows, self.sweep.aggregate)
+        for s in self.sinks:
+            s.table(board)
 
     def close(self) -> None:
         for s in self.sinks:
@@ -147,15 +149,27 @@ def push(rows: list[dict], trackers: Trackers, *, say: Say = _stderr,
     ok = True
     for name in sweeps:
         own = [r for r in rows if r["sweep"] == name]
+        board = _board_of(own)
         for s in open_sinks(trackers, name, warn):
             s.log(own)
-            s.table(own)
+            s.table(board)
             s.close()
             ok = ok and not s.dead
             line = s.summary()
             if line:
                 say(line)
     return ok
+
+
+def _board_of(rows: list[dict]):
+    """The board of a store's rows (``rayeval leaderboard``'s default ranking), or None when
+    nothing there is ranked."""
+    from rayeval.ranking import build_board
+
+    try:
+        return build_board(rows)
+    except RayevalError:
+        return None
 
 
 class PublishToTrackers(RunCallback):
@@ -166,15 +180,22 @@ class PublishToTrackers(RunCallback):
     def __init__(self, publisher: Publisher, only_when_added: bool = False):
         self.publisher = publisher
         self.only_when_added = only_when_added
+        self.plan = None               # the plan of the run (watch: of its poll)
 
     @property
     def wants_cells(self) -> bool:
         return self.publisher.live
 
+    def on_plan(self, plan) -> None:
+        self.plan = plan
+
     def on_cell(self, outcome) -> None:
         self.publisher.cell(outcome)
 
     def on_outcomes(self, outcomes) -> None:
+        from rayeval.plan.cells import run_keys
+
+        self.publisher.keys |= run_keys(self.plan, outcomes)    # watch: every poll's
         if not self.only_when_added or any(o.ok for o in outcomes):
             self.publisher.board()
 

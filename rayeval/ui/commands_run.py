@@ -29,7 +29,7 @@ def _run(args, out: Console, err: Console, standing=None, seen=None) -> int:
     # On a service (``standing``), the run starts here: its imports were the service's.
     _STARTED["began"] = since_process_start() if standing is not None else 0.0
     _STARTED["imports"] = since_process_start() - _STARTED["began"]
-    from rayeval.ranking import build_board, latest_rows, without_members
+    from rayeval.ranking import latest_rows
     from rayeval.plan.loader import load_sweep, with_trackers
     from rayeval.io.store import ResultStore
 
@@ -46,27 +46,23 @@ def _run(args, out: Console, err: Console, standing=None, seen=None) -> int:
     plan = report.plan
     sweep = plan.sweep                      # with --workers / --output applied
     keys = report.cell_keys
-    groups = {g.name for g in sweep.groups}
-    stored = latest_rows(ResultStore(sweep.output).read())     # read once, for both
+    stored = latest_rows(ResultStore(sweep.output).read())     # read once, for all three
     if seen is not None:
         seen(report, stored)
-    rows = without_members([r for r in stored
-                            if r["cell"] in keys or (r["sweep"] == sweep.name
-                                                     and r["dataset"] in groups)])
     # The board and the summary are written whole or not at all: a signal while they are
     # written takes effect after them (the interrupted line, 130; docs/cluster.md, Signals).
-    board = build_board(rows, aggregate=sweep.aggregate) if rows else None
+    board = report.board(stored)
     from rayeval.reporting.samples import judge_warnings
 
     warnings = judge_warnings(sweep, [r for r in stored if r["cell"] in keys], sweep.output)
     with signals.held():
-        _print_run(args, report, board, bool(rows), out, err)
+        _print_run(args, report, board, out, err)
         for line in warnings:
             err.print(line, markup=False, highlight=False, soft_wrap=True)
     return EXIT_CELLS_FAILED if report.failures else EXIT_OK
 
 
-def _print_run(args, report, board, stored: bool, out: Console, err: Console) -> None:
+def _print_run(args, report, board, out: Console, err: Console) -> None:
     """``rayeval run``'s output after the run: the board, the summary, failures, --profile."""
     plan = report.plan
     sweep = plan.sweep
@@ -88,7 +84,7 @@ def _print_run(args, report, board, stored: bool, out: Console, err: Console) ->
               f"{len(report.failures)} failed; {ran}"
               + (f"; {reused} judged from stored generations (their checkpoints not "
                  "loaded)" if reused else "")
-              + (f"; results in {sweep.output}" if stored else ""))
+              + (f"; results in {sweep.output}" if board is not None else ""))
     if report.raced is not None and report.outcomes:
         scored, full = report.raced
         partial = sum(1 for o in report.outcomes if o.ok and o.partial)

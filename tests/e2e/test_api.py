@@ -337,11 +337,16 @@ def test_run_a_tiny_sweep_end_to_end(project, no_ray):
     board = rayeval.leaderboard(store)
     best = max((1, 2), key=lambda s: stored[(f"step_{s}.pt", "accuracy")]["value"])
     assert board.rank_by == "accuracy" and board.entries[0].step == best
+    # the run's own board: what `rayeval run` prints and the trackers log (issue 57)
+    own = report.board()
+    assert [(e.step, e.rank, e.rows["accuracy"]["value"]) for e in own.entries] == \
+        [(e.step, e.rank, e.rows["accuracy"]["value"]) for e in board.entries]
 
     # Again: everything is in the store, so Ray is not even started; the plan line goes to
     # the console given as progress.
     shown = io.StringIO()
     again = rayeval.run(path, output=store, progress=Console(file=shown, width=200))
     assert again.outcomes == [] and len(again.plan.cached) == 2 and not again.plan.cells
+    assert [e.step for e in again.board().entries] == [e.step for e in own.entries]
     assert shown.getvalue() == ("[rayeval] t: 2 checkpoint(s) x 1 evaluation(s) [data (61 "
                                 "rows)]: 2 cell(s), 2 already in the store, 0 to evaluate\n")

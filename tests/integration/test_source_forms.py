@@ -2,10 +2,12 @@
 directly), JSON lines, CSV (a transform stage), a Hugging Face save_to_disk folder and a folder
 of PNGs (a decoding stage) gives the same values, intervals and bootstrap replicates, bit for
 bit, as parquet; so does parquet sent through Ray Data, for 2 and 3 workers, on a row count
-(1,009, a prime) that no worker count divides: the exact split drops nothing."""
+(1,009, a prime) that no worker count divides: the exact split drops nothing. The first runs
+on a standing group (``rayeval serve``'s), the others have fits of their own."""
 
 import os
 import sys
+import time
 
 import pytest
 
@@ -54,12 +56,28 @@ def forms(tmp_path_factory):
     return folder, sweep
 
 
-def test_every_source_gives_the_numbers_of_parquet(ray_cluster, forms):
+def split_coordinators() -> set:
+    """The live SplitCoordinator actors of the session's Ray (its GCS table: the public state
+    API needs the dashboard this Ray lacks)."""
+    import ray._private.state as ray_state
+
+    return {k for k, a in ray_state.actors().items()
+            if a["ActorClassName"] == "SplitCoordinator" and a["State"] != "DEAD"}
+
+
+def test_every_source_gives_the_numbers_of_parquet(standing, forms):
+    """On a standing group (a service's: its fit has no data sets, so rank 0 splits the four
+    Ray Data pipelines when the run arrives), whose splits end with the run."""
     folder, path = forms
     sweep = load_sweep(path)
     lines = []
-    report = run_sweep(sweep, callbacks=plan_line_to(lines))
+    before = split_coordinators()
+    report = run_sweep(sweep, callbacks=plan_line_to(lines), standing=standing)
     assert all(o.ok for o in report.outcomes), [o.error for o in report.outcomes if not o.ok]
+    deadline = time.monotonic() + 20           # ray.kill is asynchronous: bounded wait
+    while split_coordinators() - before and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not split_coordinators() - before, "a split's coordinator outlived its run"
     assert (f"[parquet ({ROWS} rows), jsonl ({ROWS} rows, json through Ray Data), "
             f"csv ({ROWS} rows, csv through Ray Data), hf ({ROWS} rows, hf through Ray Data), "
             f"images ({ROWS} rows, images through Ray Data)]") in lines[0]

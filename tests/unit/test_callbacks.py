@@ -166,20 +166,30 @@ def test_the_publisher_boards_after_each_fit_or_only_when_cells_were_added():
     class Pub:
         live, boards, closed = True, 0, False
 
+        def __init__(self):
+            self.keys = set()
+
         def board(self):
             self.boards += 1
 
         def close(self):
             self.closed = True
 
+    def plan(*keys):
+        return types.SimpleNamespace(cells=tuple(types.SimpleNamespace(key=k) for k in keys),
+                                     cached=(), failed=())
+
     every, added = Pub(), Pub()
     for pub, only in ((every, False), (added, True)):
         cb = PublishToTrackers(pub, only_when_added=only)
+        cb.on_plan(plan("a"))
         cb.on_outcomes([outcome("a", error="bad")])
+        cb.on_plan(plan("b"))                       # watch: the next poll's
         cb.on_outcomes([outcome("b")])
         cb.on_end(None)
     assert (every.boards, added.boards) == (2, 1)
     assert every.closed and added.closed
+    assert every.keys == added.keys == {"a", "b"}    # the board: every poll's cells
 
 
 def sweep_at(tmp_path):

@@ -209,6 +209,18 @@ def test_ray_data_s_ingest_options_without_its_deprecation_warning():
     assert ours == rays and split == rays
 
 
+def test_a_split_s_coordinator_attribute_is_ray_data_s():
+    """The attribute ``compat.split_coordinator`` reads is the one Ray Data's split iterator
+    sets (without starting Ray: its constructor's source), and another object has none."""
+    import inspect
+
+    from ray.data._internal.iterator.stream_split_iterator import StreamSplitDataIterator
+
+    source = inspect.getsource(StreamSplitDataIterator.__init__)
+    assert f"self.{compat.SPLIT_COORDINATOR_ATTR} = coord_actor" in source
+    assert compat.split_coordinator(object()) is None
+
+
 def test_the_raylet_settings_are_in_the_installed_raylet():
     """The names ``_system_config`` sets are compiled into the raylet's config table: look
     for them in its library, without starting a node."""

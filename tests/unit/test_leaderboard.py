@@ -589,7 +589,7 @@ def test_partial_cells_are_unranked_below_every_complete_one_with_why_they_stopp
     render_rich(board, Console(file=out, width=200), title="s")
     line = next(t for t in out.getvalue().splitlines() if "c.pt" in t)
     assert re.match(r"^│\s+-\s+│", line), line
-    columns, data = board_table(rows)
+    columns, data = board_table(build_board(rows))
     stopped = columns.index("stopped")
     assert [d[stopped] for d in data] == [None, None, why]
 

@@ -17,6 +17,7 @@ from rich.console import Console
 import rayeval
 from rayeval.core.evaluate import MetricResult
 from rayeval.io.store import ResultStore, cell_rows
+from rayeval.ranking import build_board
 from rayeval.ranking.columns import LIMITED
 from rayeval.reporting.render import render_rich, to_csv, to_html, to_markdown
 from rayeval.reporting.tracker_sinks import _Sink, board_table, limit_names, limits, points
@@ -135,7 +136,7 @@ def test_the_trackers_log_the_item_counts_tag_the_run_and_mark_the_table(store):
     assert counts == [(1, n_key, 30.0), (1, of_key, 2376.0), (2, n_key, 30.0),
                       (2, of_key, 2376.0)]                      # a and b, at their steps
     assert limits(rows) == {"arith": LIMIT}
-    columns, data = board_table(rows)
+    columns, data = board_table(build_board(rows))
     limited = {d[columns.index("checkpoint")]: d[columns.index("limited")] for d in data}
     both = f"arith/acc: {LIMIT}; aggregate: averages arith/acc ({LIMIT})"
     assert limited == {"/r/ckpts/a.pt": both, "/r/ckpts/b.pt": both, "/r/ckpts/c.pt": None}
