@@ -38,11 +38,22 @@ from rayeval.io.store import ResultStore
 __all__ = ["prepare", "check_inputs", "plan_cells", "inspect_evaluations"]
 
 
-def inspect_evaluations(sweep: Sweep) -> tuple[Evaluation, ...]:
-    """Every evaluation's data set checked and counted, and the model probed on a few of its
-    real rows: on the meta device (no memory), else once on the CPU. Bad columns, inputs the
-    model cannot take, outputs that do not fit the task, labels outside the model's classes
-    and a missing tokenizer all fail here, in seconds, before any cluster starts."""
+def inspect_data(sweep: Sweep) -> tuple[Evaluation, ...]:
+    """Every evaluation's data set checked and counted, without the model: what the cells'
+    keys read (a fully cached run needs no more). ``output_size`` 0 and no tokenizer until
+    ``inspect_evaluations``."""
+    return tuple(Evaluation(spec=spec, data=inspect_dataset(spec.dataset, tasks.get(spec.task)),
+                            output_size=0) for spec in sweep.evals)
+
+
+def inspect_evaluations(sweep: Sweep, data: tuple[Evaluation, ...] | None = None
+                        ) -> tuple[Evaluation, ...]:
+    """Every evaluation's data set checked and counted (``data``: ``inspect_data``'s, when
+    done already), and the model probed on a few of its real rows: on the meta device (no
+    memory), else once on the CPU. Bad columns, inputs the model cannot take, outputs that do
+    not fit the task, labels outside the model's classes and a missing tokenizer all fail
+    here, in seconds, before any cluster starts."""
+    infos = {e.name: e.data for e in data or ()}
     source = ModelSource(sweep.model, sweep.base_dir)
     text = any(tasks.get(e.task).uses_text for e in sweep.evals)
     first = _first_folder(sweep) if sweep.model.hugging_face else None
@@ -59,7 +70,7 @@ def inspect_evaluations(sweep: Sweep) -> tuple[Evaluation, ...]:
         task = tasks.get(spec.task)
         if spec.dataset.images is not None:
             vision.check_image_model(tokenizer, meta, first, spec.dataset.key_path)
-        info = inspect_dataset(spec.dataset, task)
+        info = infos.get(spec.name) or inspect_dataset(spec.dataset, task)
         size = _probe_output_size(sweep, spec, info, source, meta, tokenizer)
         task.check_values(probe_dataset(info, spec.dataset.key_path), spec.dataset, size)
         if spec.judge is not None and spec.judge.staged:
@@ -160,12 +171,19 @@ def check_inputs(sweep: Sweep, force: bool = False) -> tuple[tuple[Evaluation, .
     """The evaluations, inspected and probed, and the store, probe-written: what `run` and
     `watch` check before any cluster starts. A request table of lm-eval the store holds must
     be the one rendered here (``force``: written again), before anything reads it."""
+    data, store = _check_data(sweep, force)
+    return inspect_evaluations(sweep, data), store
+
+
+def _check_data(sweep: Sweep, force: bool) -> tuple[tuple[Evaluation, ...], ResultStore]:
+    """``check_inputs`` but the model: the evaluations' data (``inspect_data``) and the
+    store, probe-written."""
     load_plugins()                # a sweep built in Python may name a plugin's task or metric
     entries.prepare(sweep.evals, force)   # what rendered entries read: in the store, as
                                           # rendered here (lm-eval's request tables)
-    evaluations = inspect_evaluations(sweep)
+    data = inspect_data(sweep)
     if sweep.parallelism.tensor > 1:
-        for e in evaluations:
+        for e in data:
             if e.data.via_ray_data(e.spec.dataset):
                 raise SpecError(
                     f"{sweep.source}: parallelism.tensor: an engine's {sweep.parallelism.tensor}"
@@ -174,13 +192,23 @@ def check_inputs(sweep: Sweep, force: bool = False) -> tuple[tuple[Evaluation, .
                     "parallelism.tensor: 1")
     store = ResultStore(sweep.output)
     store.check(write=True)
-    return evaluations, store
+    return data, store
 
 
 def prepare(sweep: Sweep, force: bool = False, ready=None) -> Plan:
     """Everything that can fail on bad input, before any cluster starts, and the plan.
-    ``ready``: (CheckpointRef, fingerprint) pairs to plan instead of the sweep's globs."""
-    evaluations, store = check_inputs(sweep, force)
+    ``ready``: (CheckpointRef, fingerprint) pairs to plan instead of the sweep's globs.
+
+    The cells' keys read the data and the checkpoints' bytes, not the model: a run whose
+    every cell the store holds is planned from the data alone (issue 58: probing the model,
+    torch's meta device and transformers' imports, was most of a fully cached run's 3.5 s),
+    and its model is not checked, since nothing would run it."""
+    data, store = _check_data(sweep, force)
+    if not force:
+        cached = make_plan(sweep, data, store, ready=ready)
+        if not cached.cells:
+            return cached
+    evaluations = inspect_evaluations(sweep, data)
     return plan_cells(sweep, evaluations, store, force=force, ready=ready)
 
 

@@ -344,8 +344,17 @@ def test_run_a_tiny_sweep_end_to_end(project, no_ray):
 
     # Again: everything is in the store, so Ray is not even started; the plan line goes to
     # the console given as progress.
-    shown = io.StringIO()
-    again = rayeval.run(path, output=store, progress=Console(file=shown, width=200))
+    # Nor is the model probed: the cells' keys read the data and the checkpoints' bytes only.
+    from rayeval.plan import preflight
+
+    shown, probed = io.StringIO(), []
+    real = preflight.inspect_evaluations
+    preflight.inspect_evaluations = lambda *a, **k: probed.append(a) or real(*a, **k)
+    try:
+        again = rayeval.run(path, output=store, progress=Console(file=shown, width=200))
+    finally:
+        preflight.inspect_evaluations = real
+    assert probed == []
     assert again.outcomes == [] and len(again.plan.cached) == 2 and not again.plan.cells
     assert [e.step for e in again.board().entries] == [e.step for e in own.entries]
     assert shown.getvalue() == ("[rayeval] t: 2 checkpoint(s) x 1 evaluation(s) [data (61 "
