@@ -123,3 +123,15 @@ def ray_address() -> str | None:
 
 def progress_interval_s() -> float:
     return float(os.environ.get(PROGRESS_INTERVAL_ENV, DEFAULT_PROGRESS_INTERVAL_S))
+
+
+def installed_version() -> str:
+    """rayeval's installed version, from its distribution's metadata (what a report and a
+    service's identity say; ``rayeval.__version__`` is the package above every module that
+    asks), or "unknown" in a source tree that was never installed."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("rayeval")
+    except PackageNotFoundError:
+        return "unknown"

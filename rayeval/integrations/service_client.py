@@ -33,6 +33,8 @@ import sys
 import time
 from dataclasses import dataclass
 
+from rayeval.config import constants
+
 SERVICE_FILE_ENV = "RAYEVAL_SERVICE_FILE"
 TOKEN_ENV = "RAYEVAL_SERVICE_TOKEN"
 CANCEL_WAIT_S = 30.0       # how long a cancelled run may take to stop before the client goes
@@ -80,7 +82,8 @@ def identity() -> dict:
     from importlib.metadata import entry_points
 
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))      # rayeval/
-    return {"version": _version(), "where": root, "source": source_digest(root),
+    return {"version": constants.installed_version(), "where": root,
+            "source": source_digest(root),
             "extras": [m for m in OPTIONAL if importlib.util.find_spec(m) is not None],
             "plugins": sorted(f"{e.name} = {e.value}"
                               for e in entry_points(group="rayeval.plugins"))}
@@ -104,18 +107,7 @@ def source_digest(root: str) -> str:
 def _identity(found: Found) -> dict:
     """What the client sends: its whole ``identity`` to this environment's service, its
     version to one named by URL."""
-    return identity() if found.local else {"version": _version()}
-
-
-def _version() -> str:
-    """rayeval's installed version (its distribution's metadata: this module does not import
-    the package above it)."""
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version("rayeval")
-    except PackageNotFoundError:
-        return "unknown"
+    return identity() if found.local else {"version": constants.installed_version()}
 
 
 def differs(service: dict, client: dict) -> str | None:

@@ -32,8 +32,10 @@ def register() -> None:
     from rayeval.core.tasks import TASKS
 
     TASKS.add_lazy("lmms_eval", "rayeval.lmms.task:LmmsEval", instance=True)
-    metrics._registry("lmms_eval").add_lazy("lm_mean", "rayeval.lmms.task:LmmsMean")
-    metrics._registry("lmms_eval").add_lazy("lm_items", "rayeval.lmms.task:LmmsItems")
-    for name, cls in (("lm_bleu", "LmmsBleu"), ("lm_chrf", "LmmsChrf"), ("lm_ter", "LmmsTer")):
-        metrics._registry("lmms_eval").add_lazy(name, f"rayeval.lmms.task:{cls}")
+    # lm-eval's metric classes, allowed for this task too: a registry is a task's list of the
+    # metrics it takes, whatever task a class was first written for (its ``task`` attribute
+    # only says where ``@metrics.register`` files it)
+    for name, cls in (("lm_mean", "LmMean"), ("lm_items", "LmItems"), ("lm_bleu", "LmBleu"),
+                      ("lm_chrf", "LmChrf"), ("lm_ter", "LmTer")):
+        metrics._registry("lmms_eval").add_lazy(name, f"rayeval.harness.task:{cls}")
     ENTRIES.add_lazy("lmms_eval", "rayeval.lmms.entries:LmmsEvalEntry", instance=True)

@@ -20,8 +20,7 @@ from __future__ import annotations
 from rayeval.core.tasks.vision import ImageGeneration
 from rayeval.errors import DataError
 from rayeval.harness import items, store
-from rayeval.harness.task import (LmBleu, LmChrf, LmItems, LmMean, LmTer, check_request_table,
-                                  own_results)
+from rayeval.harness.task import check_request_table, own_results
 from rayeval.io import data
 from rayeval.lmms.requests import COLUMNS, context_of, decode_messages
 from rayeval.lmms.scoring import score_documents
@@ -117,25 +116,3 @@ class LmmsEval(ImageGeneration):
 
         return own_results(lmms_task(spec.dataset.path), keys, records, bootstrap,
                            lmms_metrics, AGGREGATIONS, spec.key_path)
-
-
-class LmmsMean(LmMean):
-    """lmms-eval's ``mean``: the sum of the documents' values in one column, over the count."""
-    task = "lmms_eval"
-
-
-class LmmsItems(LmItems):
-    """A metric lmms-eval's task aggregates with its own function (``harness.items``)."""
-    task = "lmms_eval"
-
-
-class LmmsBleu(LmBleu):
-    task = "lmms_eval"
-
-
-class LmmsChrf(LmChrf):
-    task = "lmms_eval"
-
-
-class LmmsTer(LmTer):
-    task = "lmms_eval"

@@ -26,6 +26,7 @@ import math
 import os
 from datetime import datetime, timezone
 
+from rayeval.config import constants
 from rayeval.errors import StoreError
 
 # Record columns that describe the item (the same for every checkpoint), and those that say what
@@ -95,7 +96,7 @@ class Report:
             "evaluated": [min(created).isoformat(), max(created).isoformat()] if created
             else None,
             "generated": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-            "version": _version(),
+            "version": constants.installed_version(),
         }
 
     # --- the board --------------------------------------------------------------------------
@@ -355,17 +356,6 @@ def _right_or_wrong(table, evaluation: str) -> str | None:
         return right_or_wrong_metric(table, None, evaluation)
     except StoreError:          # none (perplexity): items are not counted right or wrong
         return None
-
-
-def _version() -> str:
-    """The installed rayeval's version (its distribution's metadata: ``rayeval.__version__``
-    is the package above this one, which a module down the ladder does not import)."""
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version("rayeval")
-    except PackageNotFoundError:           # run from a source tree that was never installed
-        return "unknown"
 
 
 def _cell_row(entry, evaluation: str) -> dict | None:
