@@ -57,10 +57,6 @@ def inspect_evaluations(sweep: Sweep, data: tuple[Evaluation, ...] | None = None
     source = ModelSource(sweep.model, sweep.base_dir)
     text = any(tasks.get(e.task).uses_text for e in sweep.evals)
     first = _first_folder(sweep) if sweep.model.hugging_face else None
-    if sweep.model.backend == "vllm" and first is not None:
-        why = engine.serves_folder(first)       # the engine starts from the first's config
-        if why:
-            raise SpecError(f"{sweep.source}: model.backend: {why}")
     meta = source.meta(first)              # imports and calls the factory, or reads config.json
     if sweep.parallelism.sharded:
         units(meta, sweep.parallelism.wrap)    # parallelism.wrap must name classes it has
@@ -171,16 +167,20 @@ def check_inputs(sweep: Sweep, force: bool = False) -> tuple[tuple[Evaluation, .
     """The evaluations, inspected and probed, and the store, probe-written: what `run` and
     `watch` check before any cluster starts. A request table of lm-eval the store holds must
     be the one rendered here (``force``: written again), before anything reads it."""
-    data, store = _check_data(sweep, force)
-    return inspect_evaluations(sweep, data), store
+    evaluations = inspect_evaluations(sweep, _check_data(sweep, force))
+    return evaluations, _writable(sweep)
 
 
-def _check_data(sweep: Sweep, force: bool) -> tuple[tuple[Evaluation, ...], ResultStore]:
-    """``check_inputs`` but the model: the evaluations' data (``inspect_data``) and the
-    store, probe-written."""
+def _check_data(sweep: Sweep, force: bool) -> tuple[Evaluation, ...]:
+    """``check_inputs`` but the model's probe and the store's: the engine's family (read from
+    the first checkpoint's config) and the evaluations' data (``inspect_data``)."""
     load_plugins()                # a sweep built in Python may name a plugin's task or metric
     entries.prepare(sweep.evals, force)   # what rendered entries read: in the store, as
                                           # rendered here (lm-eval's request tables)
+    if sweep.model.backend == "vllm" and sweep.model.hugging_face:
+        why = engine.serves_folder(_first_folder(sweep))   # the engine starts from its config
+        if why:
+            raise SpecError(f"{sweep.source}: model.backend: {why}")
     data = inspect_data(sweep)
     if sweep.parallelism.tensor > 1:
         for e in data:
@@ -190,9 +190,14 @@ def _check_data(sweep: Sweep, force: bool) -> tuple[tuple[Evaluation, ...], Resu
                     f" workers must see the same rows, which {e.spec.dataset.key_path} on Ray "
                     "Data cannot give: use local parquet read directly (no dataset.cpus), or "
                     "parallelism.tensor: 1")
+    return data
+
+
+def _writable(sweep: Sweep) -> ResultStore:
+    """The sweep's store, probe-written: the last check, so that bad input writes nothing."""
     store = ResultStore(sweep.output)
     store.check(write=True)
-    return data, store
+    return store
 
 
 def prepare(sweep: Sweep, force: bool = False, ready=None) -> Plan:
@@ -203,13 +208,13 @@ def prepare(sweep: Sweep, force: bool = False, ready=None) -> Plan:
     every cell the store holds is planned from the data alone (issue 58: probing the model,
     torch's meta device and transformers' imports, was most of a fully cached run's 3.5 s),
     and its model is not checked, since nothing would run it."""
-    data, store = _check_data(sweep, force)
+    data = _check_data(sweep, force)
     if not force:
-        cached = make_plan(sweep, data, store, ready=ready)
+        cached = make_plan(sweep, data, ResultStore(sweep.output), ready=ready)
         if not cached.cells:
             return cached
     evaluations = inspect_evaluations(sweep, data)
-    return plan_cells(sweep, evaluations, store, force=force, ready=ready)
+    return plan_cells(sweep, evaluations, _writable(sweep), force=force, ready=ready)
 
 
 def plan_cells(sweep: Sweep, evaluations, store: ResultStore, *, force: bool = False,
