@@ -47,13 +47,17 @@ def datasets(plan: Plan) -> dict:
     """The Ray Data pipeline of each evaluation that uses one, by evaluation name."""
     return {ev.name: pipeline(ev, plan.sweep.workers, plan.sweep.base_dir,
                               pixels=ships_pixels(plan.sweep.model.backend))
-            for ev in plan.evaluations if ev.data.via_ray_data(ev.spec.dataset)}
+            for ev in _fed(plan)}
 
 
 def fed(plan: Plan) -> bool:
     """Whether any of the plan's evaluations is fed by Ray Data (``datasets``), without
     building a pipeline."""
-    return any(ev.data.via_ray_data(ev.spec.dataset) for ev in plan.evaluations)
+    return bool(_fed(plan))
+
+
+def _fed(plan: Plan) -> list[Evaluation]:
+    return [ev for ev in plan.evaluations if ev.data.via_ray_data(ev.spec.dataset)]
 
 
 def ships_pixels(backend: str) -> bool:
@@ -274,11 +278,10 @@ def exact_split(data: dict | None = None, world: int = 0):
 def split(ds, world: int, hints=None, options=None) -> list:
     """``ds`` split over ``world`` consumers with no row dropped (``equal=False``), under
     Ray Train's ingest options (``compat.ingest_options``, unless ``options`` says others):
-    one ``DataIterator`` a rank, each epoch of which is one pass."""
-    import copy
-
+    one ``DataIterator`` a rank, each epoch of which is one pass. ``options`` is the split's
+    own (a fresh object: DataConfig's are copies)."""
     ds = ds.copy(ds)
-    ds.context.execution_options = copy.deepcopy(options or compat.ingest_options())
+    ds.context.execution_options = options or compat.ingest_options()
     return ds.streaming_split(world, equal=False, locality_hints=hints)
 
 
