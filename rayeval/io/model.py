@@ -18,8 +18,8 @@ from rayeval.config.schema import ModelSpec
 def import_callable(ref: str, base_dir: str, what: str = "model.factory") -> Callable:
     """Import ``module:attr``, looking next to the sweep file first, then on sys.path."""
     module_name, _, attr = ref.partition(":")
-    if base_dir and base_dir not in sys.path:
-        sys.path.insert(0, base_dir)
+    if base_dir:
+        _own_module(module_name, base_dir)
     try:
         module = importlib.import_module(module_name)
     except ModuleNotFoundError as e:
@@ -45,6 +45,40 @@ def import_callable(ref: str, base_dir: str, what: str = "model.factory") -> Cal
     if not callable(obj):
         raise ModelError(f"{what}: {ref!r} is not callable")
     return obj
+
+
+# The sweep folders' own modules this process imported: name -> (file, mtime_ns) when imported.
+_OWN: dict[str, tuple[str, int]] = {}
+
+
+def _own_module(module_name: str, base_dir: str) -> None:
+    """The sweep folder first on sys.path, and its own file of ``module_name`` the one that
+    is imported: a process that runs several sweeps (``rayeval.run`` in a notebook, a
+    service's driver, a standing worker) may hold another folder's module of the same name
+    (two projects' ``my_models``), or this folder's file from before an edit, while the
+    cells' keys are read from the files on disk (``source_digest``). Either is dropped, with
+    its submodules, and imported again."""
+    if sys.path[:1] != [base_dir]:
+        if base_dir in sys.path:
+            sys.path.remove(base_dir)
+        sys.path.insert(0, base_dir)
+    top = module_name.partition(".")[0]
+    for candidate in (os.path.join(base_dir, top + ".py"),
+                      os.path.join(base_dir, top, "__init__.py")):
+        try:
+            mtime = os.stat(candidate).st_mtime_ns
+        except OSError:
+            continue
+        path = os.path.realpath(candidate)
+        held = sys.modules.get(top)
+        held_file = getattr(held, "__file__", None)
+        if held is not None and (held_file is None or os.path.realpath(held_file) != path
+                                 or _OWN.get(top, (path, mtime)) != (path, mtime)):
+            for name in [n for n in sys.modules if n == top or n.startswith(top + ".")]:
+                del sys.modules[name]
+            importlib.invalidate_caches()
+        _OWN[top] = (path, mtime)
+        return
 
 
 def _modules_in(folder: str) -> list[str]:
