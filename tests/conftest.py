@@ -41,6 +41,18 @@ def pytest_configure(config):
         f.write(secrets.token_hex(32))     # Ray's own format (authentication_token_generator)
 
 
+# The order the tiers run in: the long Ray tiers first, the many short tests of the tiers
+# without Ray last. Under pytest-xdist (pyproject's addopts: two workers, one file to a
+# worker at a time) the short tests then fill in while the other worker finishes its last
+# long file, instead of a long file being last on one worker while the other waits.
+TIER_ORDER = ("e2e", "integration", "browser", "models", "unit")
+
+
+def pytest_collection_modifyitems(items):
+    rank = {tier: i for i, tier in enumerate(TIER_ORDER)}
+    items.sort(key=lambda item: rank.get(_tier(item.nodeid), len(rank)))    # stable: files kept
+
+
 def pytest_runtest_setup(item):
     if os.path.basename(os.path.dirname(str(item.fspath))) in NO_RAY_TIERS:
         from support import stop_ray
