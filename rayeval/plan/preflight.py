@@ -209,21 +209,25 @@ def prepare(sweep: Sweep, force: bool = False, ready=None) -> Plan:
     torch's meta device and transformers' imports, was most of a fully cached run's 3.5 s),
     and its model is not checked, since nothing would run it."""
     data = _check_data(sweep, force)
-    if not force:
-        cached = make_plan(sweep, data, ResultStore(sweep.output), ready=ready)
-        if not cached.cells:
-            return cached
+    planned = make_plan(sweep, data, ResultStore(sweep.output), force=force, ready=ready)
+    if not planned.cells:
+        return planned
     evaluations = inspect_evaluations(sweep, data)
-    return plan_cells(sweep, evaluations, _writable(sweep), force=force, ready=ready)
+    _writable(sweep)
+    # the same cells: their keys are the data's and the checkpoints', not the model's
+    return plan_cells(sweep, evaluations, planned=planned)
 
 
-def plan_cells(sweep: Sweep, evaluations, store: ResultStore, *, force: bool = False,
-               ready=None, skip: set[str] = frozenset(), strict: bool = True) -> Plan:
+def plan_cells(sweep: Sweep, evaluations, store: ResultStore | None = None, *,
+               force: bool = False, ready=None, skip: set[str] = frozenset(),
+               strict: bool = True, planned: Plan | None = None) -> Plan:
     """The plan, with the cells of local checkpoints that do not fit the model (keys and
     shapes read from their headers, against the model on the meta device) failed here, before
     any worker would load them. ``strict``: ``select.top`` at or above the checkpoints is an
-    error (`run`); else (a `watch` poll) they are evaluated whole."""
-    plan = make_plan(sweep, evaluations, store, force=force, ready=ready, skip=skip)
+    error (`run`); else (a `watch` poll) they are evaluated whole. ``planned``: the cells
+    planned already (from the data alone), given the probed ``evaluations``."""
+    plan = make_plan(sweep, evaluations, store, force=force, ready=ready, skip=skip) \
+        if planned is None else dataclasses.replace(planned, evaluations=tuple(evaluations))
     if not plan.cells:
         return plan
     source = ModelSource(sweep.model, sweep.base_dir)
