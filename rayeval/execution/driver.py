@@ -7,8 +7,8 @@ pending cell (checkpoint x evaluation) of it.
                                                      # the run's cells consolidated
 
 Public entry points: ``run_sweep`` (``rayeval run``, and the Ray Train validation through the
-API), ``RunSequence`` (``run_sweep``'s plan and each ``rayeval watch`` poll's, on the standing
-group, ``Standing``) and ``evaluate`` (one fit over a plan, on the Ray this process is
+API), ``RunSequence`` (``run_sweep``'s plan and each ``rayeval watch`` poll's; a service's and
+watch's on the standing group that ``StandingGroups`` holds) and ``evaluate`` (one fit over a plan, on the Ray this process is
 connected to).
 """
 
@@ -277,8 +277,7 @@ class Shape:
         return cls(sweep.workers, sweep.use_gpu, resources, sweep.parallelism, sweep.recovery)
 
 
-def _trainer(plan: Plan | None, ledger, standing: bool = False, token: str | None = None,
-             shape: Shape | None = None):
+def _trainer(plan: Plan | None, ledger, standing: bool = False, shape: Shape | None = None):
     """The evaluation TorchTrainer: the sweep's workers running ``worker.train_loop``
     (``plan`` None: a service's standing group of ``shape``, set up for each plan it is
     handed)."""
@@ -293,7 +292,6 @@ def _trainer(plan: Plan | None, ledger, standing: bool = False, token: str | Non
     return trainer(
         train_loop_per_worker=train_loop,
         train_loop_config={"plan": plan, "ledger": ledger, "standing": standing,
-                           "token": token,         # a service's group: the plan's token
                            "tensor": shape.parallelism.tensor,
                            "timeout": shape.recovery.stall_timeout_s,
                            "ray_data": sorted(data),
@@ -335,43 +333,39 @@ def _raise_failure(error, ledger: DriverLedger, sweep: Sweep) -> None:
 
 
 class Standing:
-    """One worker group kept up across ``rayeval watch``'s polls: each poll's cells are fed to
-    it through the run ledger (``worker.Worker.stand``), so a new checkpoint costs its
-    load and passes, not a new worker group. After a failure the caller starts another
-    (``lifecycle.RayLifecycle.standing_group``)."""
+    """One worker group kept up across runs (``StandingGroups``: a service's sweeps, ``rayeval
+    watch``'s polls): each run's cells are fed to it through the run ledger
+    (``worker.Worker.stand``), with the plan itself the first time the group meets it, so a
+    run costs its loads and passes, not a new worker group. After a failure the holder
+    starts another."""
 
-    def __init__(self, sweep: Sweep | None, evaluations=(), shape: Shape | None = None):
-        """``watch``'s group: the sweep and its evaluations. A service's (``shape``, no
-        sweep): set up for each plan it is handed, its cells queued with the plan."""
-        self.sweep = sweep
-        self.shared = sweep is None
+    def __init__(self, shape: Shape):
         self.sent: set[str] = set()      # the plans (tokens) the ledger holds
         self.ledger = DriverLedger.start([])
-        plan = None if sweep is None else Plan(sweep=sweep, evaluations=tuple(evaluations),
-                                               cells=(), cached=(), failed=())
-        shape = shape or Shape.of(sweep)
         self.env = contextlib.ExitStack()                 # until close: see evaluate()
         self.env.enter_context(controller_env())
         handle = self.ledger.handle
         self.fit = Fit(recovery.Restarting(
-            lambda: _trainer(plan, handle, standing=True, shape=shape), self.ledger,
+            lambda: _trainer(None, handle, standing=True, shape=shape), self.ledger,
             shape.recovery.max_restarts), "rayeval-standing")
 
     @property
     def alive(self) -> bool:
         return self.fit.alive
 
-    def run(self, plan: Plan, callbacks: RunCallback | None = None) -> list[CellOutcome]:
+    def run(self, plan: Plan, callbacks: RunCallback | None = None,
+            own_progress: bool = True) -> list[CellOutcome]:
         """Evaluate the plan's cells on the standing group; their outcomes in plan order.
-        Raises as ``evaluate`` does when the group fails (then it is gone)."""
+        Raises as ``evaluate`` does when the group fails (then it is gone). ``own_progress``:
+        the progress counts this run's cells (a service's run), else every cell the group was
+        handed (``watch``'s progress spans its polls)."""
         keys = [c.key for c in plan.cells]
-        first = self.ledger.add_cells(plan, self._base(plan) if self.shared else None)
-        # a service's run counts its own cells; watch's progress spans its polls
+        first = self.ledger.add_cells(plan, self._base(plan))
         follow(self.ledger, self.fit, callbacks, keys=set(keys),
-               done=lambda: self.ledger.finished(keys), since=first if self.shared else 0)
+               done=lambda: self.ledger.finished(keys), since=first if own_progress else 0)
         finished = self.ledger.results()
         if not all(k in finished for k in keys):
-            _raise_failure(self.fit.error, self.ledger, self.sweep or plan.sweep)
+            _raise_failure(self.fit.error, self.ledger, plan.sweep)
             raise RunError("the worker group ended before evaluating every cell")
         return [finished[k] for k in keys]
 
@@ -402,6 +396,16 @@ class Standing:
         finally:
             self.env.close()
 
+    def abandon(self) -> None:
+        """The group did not stop after a signal (or a second one came): its ledger ended
+        at once, with no wait for the fit."""
+        try:
+            self.ledger.kill()
+        except Exception:         # noqa: BLE001 - Ray may be going down
+            pass
+        finally:
+            self.env.close()
+
 
 def _worker_error(e, restarts: int) -> RayevalError:
     """The most telling error from a failed worker group (``recovery.worker_group_error``)."""
@@ -409,19 +413,22 @@ def _worker_error(e, restarts: int) -> RayevalError:
 
 
 class StandingGroups:
-    """``rayeval serve``'s worker group, kept up from one sweep to the next: a plan whose
-    workers are alike (count, resources, GPUs, parallelism, recovery: ``Shape``) runs on the
-    group that is up; another shape closes it and starts its own. A group that failed is
-    dropped."""
+    """The one holder of a standing worker group (``rayeval serve``'s, kept from one sweep to
+    the next, and ``rayeval watch``'s, kept across polls): a plan whose workers are alike
+    (count, resources, GPUs, parallelism, recovery: ``Shape``) runs on the group that is up;
+    another shape closes it and starts its own. A group that fails is dropped: the next plan
+    starts another. ``own_progress``: each run's progress counts its own cells (a service),
+    else every cell the group was handed (``watch``)."""
 
-    def __init__(self):
+    def __init__(self, own_progress: bool = True):
         self.group: Standing | None = None
         self.shape: Shape | None = None
+        self.own_progress = own_progress
 
     def start(self, shape: Shape) -> Standing:
         """A group of ``shape`` up now (the service's, before any sweep), this one closed."""
         self.close()
-        self.group, self.shape = Standing(None, shape=shape), shape
+        self.group, self.shape = Standing(shape), shape
         return self.group
 
     def group_for(self, plan: Plan, run: RunCallback) -> Standing:
@@ -434,9 +441,17 @@ class StandingGroups:
         return self.start(shape)
 
     def run(self, group: Standing, plan: Plan, run: RunCallback) -> list[CellOutcome]:
-        """The plan's cells on ``group``; a group that fails (or a signal) is dropped."""
+        """The plan's cells on ``group``; a group that fails (or a signal) is dropped: closed,
+        or abandoned where a signal's wind-down (``lifecycle.follow``) could not stop it."""
         try:
-            return group.run(plan, run)
+            return group.run(plan, run, own_progress=self.own_progress)
+        except KeyboardInterrupt as e:
+            if getattr(e, "group_stopped", False):
+                self.close(timeout_s=5)        # its fit has returned: nothing to wait for
+            else:
+                group.abandon()
+                self.group = self.shape = None
+            raise
         except BaseException:
             self.close(timeout_s=5)
             raise

@@ -68,13 +68,14 @@ class RunLedger:
         """More cells for the standing group: (key, location, rows) for progress, and the
         plan's ``Cell`` objects pickled (this actor never unpickles them: that would import
         the plan's modules, torch among them), queued in order. ``base``: (token, pickled
-        plan without cells) of a plan other than the group's own (a service's next sweep):
-        the group sets itself up for it before its cells. The index of the first of them
+        plan without cells, or None once sent): the group sets itself up for that plan
+        before its cells when it has not yet. The index of the first of them
         (``snapshot(since=)``)."""
         token = None
         if base is not None:
             token = base[0]
-            self.bases[token] = base[1]
+            if base[1] is not None:       # None: sent with earlier cells (kept since)
+                self.bases[token] = base[1]
         first = len(self.cells)
         for meta, blob in zip(cells, pending):
             self.queue.append((len(self.cells), meta[0], blob, token))
@@ -86,7 +87,7 @@ class RunLedger:
         return self.bases[token]
 
     def take(self):
-        """The queued cells as (index, pickled Cell, base token or None) (rank 0 of the
+        """The queued cells as (index, pickled Cell, base token) (rank 0 of the
         standing group asks), [] when none is queued, or None when the group is to stop (the
         feed closed, or a signal)."""
         if self.state.stopping or (self.closed and not self.queue):

@@ -19,7 +19,7 @@ import contextlib
 import logging
 import os
 import time
-from typing import TYPE_CHECKING, Callable, Iterable
+from typing import TYPE_CHECKING, Iterable
 
 from rayeval import compat
 from rayeval.config import constants
@@ -30,7 +30,7 @@ from rayeval import errors
 from rayeval.errors import RunError
 
 if TYPE_CHECKING:
-    from rayeval.execution.driver import Standing
+    from rayeval.execution.driver import StandingGroups
     from rayeval.execution.profile import Timer
     from rayeval.config.schema import Sweep
 
@@ -53,7 +53,7 @@ class RayLifecycle:
         self.timer = timer
         self.started = False           # this process started Ray: it shuts it down at the end
         self.connected = False
-        self.group: Standing | None = None          # watch's worker group, kept across fits
+        self.standing: StandingGroups | None = None   # watch's worker group, kept across fits
         self.partial: set[str] = set()              # cells whose temporary files may be left
         self._signals = contextlib.ExitStack()
 
@@ -74,9 +74,8 @@ class RayLifecycle:
         return False
 
     def _tear_down(self) -> None:
-        if self.group is not None:
-            self.group.close()
-            self.group = None
+        if self.standing is not None:
+            self.standing.close()
         if self.started:
             import ray
 
@@ -99,21 +98,6 @@ class RayLifecycle:
             self.started = start_ray(self.sweep, self.address, self.verbose)
         self.connected = True
 
-    def standing_group(self, evaluations, start: Callable[..., Standing]) -> Standing:
-        """``watch``'s worker group: the one kept up across polls, or a new one,
-        ``start(sweep, evaluations)`` (``driver.Standing``, which imports this module), when
-        there is none or it failed (``callbacks.on_group_start`` then)."""
-        if self.group is None or not self.group.alive:
-            self.callbacks.on_group_start()
-            self.group = start(self.sweep, evaluations)
-        return self.group
-
-    def drop_group(self, timeout_s: float) -> None:
-        """The standing group failed: close what is left of it; the next fit starts another."""
-        if self.group is not None:
-            self.group.close(timeout_s=timeout_s)
-            self.group = None
-
     @contextlib.contextmanager
     def following(self, keys: Iterable[str], discard_now: bool = False):
         """A fit over these cells is in flight in the block. Their temporary store files are
@@ -133,7 +117,6 @@ class RayLifecycle:
         except KeyboardInterrupt as e:
             if not getattr(e, "group_stopped", False):
                 self.started = False
-            self.group = None             # wound down (or given up on) by _wind_down
             raise
         finally:
             if discard_now:

@@ -9,6 +9,7 @@ ledger when it is done. ``render`` lays both out, rank 0's figures beside the sl
 from __future__ import annotations
 
 import contextlib
+import os
 import time
 from dataclasses import dataclass, field
 from typing import Callable
@@ -62,7 +63,18 @@ def since_command_start() -> float | None:
 
 
 def since_process_start() -> float:
-    """Seconds since this process started: what imports and start-up took before ``main``."""
+    """Seconds since this process started: what imports and start-up took before ``main``.
+    On Linux from the process's start and the uptime, both counted from the boot (10 ms
+    ticks): psutil's start time adds the boot time, which Linux gives in whole seconds, so
+    its age of a process was up to a second off (a run that took 2.50 s said 2.6 s)."""
+    try:
+        with open("/proc/self/stat") as f:
+            ticks = int(f.read().rpartition(")")[2].split()[19])     # field 22: starttime
+        with open("/proc/uptime") as f:
+            uptime = float(f.read().split()[0])
+        return max(0.0, uptime - ticks / os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, IndexError):
+        pass
     try:
         import psutil
 

@@ -67,19 +67,17 @@ def train_loop(config: dict) -> list[CellOutcome]:
         if config.get("standing"):
             user_code.mark()   # what a later plan's worker keeps (``_set_up``)
         timer = Timer(on_doing=ledger.doing)
-        if config.get("standing") and plan is None:      # a service's group, set up later
+        if config.get("standing"):      # a standing group: set up for each plan it is handed
             ctx = RankContext.of_ray_train(ledger, attempt, timer, config["tensor"],
                                            config["timeout"])
             warm()
-            outcomes = stand(ctx, None, None)
+            outcomes = stand(ctx)
             ledger.timing(entered, time.time(), timer.as_dict())
             return outcomes
         with timer.span("setup", doing=SETTING_UP):
             worker = Worker(plan, ledger, attempt, timer,
                             dict.fromkeys(config.get("ray_data", ())))    # the fit's own
-        if config.get("standing"):
-            outcomes = stand(worker.ctx, worker, config.get("token"))
-        elif plan.sweep.select is not None:      # a race publishes only at its end
+        if plan.sweep.select is not None:      # a race publishes only at its end
             outcomes = worker.run(list(plan.cells))
         else:
             outcomes = worker.run([c for c in plan.cells if c.key not in done])
@@ -274,20 +272,20 @@ def warm() -> None:
             pass
 
 
-def stand(ctx: RankContext, worker: Worker | None, token: str | None) -> list[CellOutcome]:
-    """A standing group (``rayeval watch``, ``rayeval serve``): evaluate the cells the driver
-    feeds through the ledger as they come, until it closes the feed or asks to stop. Rank 0
-    takes them and every rank gets the same batch; while none comes, rank 0 says so every few
-    seconds, so a long wait is never taken for a stall. Cells queued with another plan (a
-    service's next sweep) are evaluated by a worker set up for that plan, in the same process
-    and process group (``_set_up``); ``worker``: the one set up for the plan ``token`` names
-    (None: a service's group that has seen no plan yet)."""
+def stand(ctx: RankContext) -> list[CellOutcome]:
+    """A standing group (``rayeval watch``, ``rayeval serve``: ``driver.StandingGroups``):
+    evaluate the cells the driver feeds through the ledger as they come, until it closes the
+    feed or asks to stop. Rank 0 takes them and every rank gets the same batch; while none
+    comes, rank 0 says so every few seconds, so a long wait is never taken for a stall. Each
+    cell comes with its plan's token: a worker is set up for the plan when the group meets it
+    (a service's next sweep, watch's first poll), in the same process and process group
+    (``_set_up``)."""
     import pickle
 
     outcomes = []
+    worker: Worker | None = None
+    token: str | None = None        # the plan ``worker`` is set up for
     wait = min(STANDING_POLL_S, ctx.timeout / 4)
-    # a service's group (no plan of its own) waits for runs; watch's for checkpoints
-    idle = "waiting for a run's cells" if worker is None else "waiting for new checkpoints"
     try:
         while True:
             batch, bases = [], {}
@@ -299,16 +297,16 @@ def stand(ctx: RankContext, worker: Worker | None, token: str | None) -> list[Ce
                         break
                     time.sleep(0.1)
                 bases = {t: ctx.ledger.base(t) for t in {t for *_, t in batch or ()}
-                         if t is not None and t != token}
+                         if t != token}
             batch, bases = dist.broadcast((batch, bases), "the wait for checkpoints",
                                           ctx.timeout)
             if batch is None:
                 break
             if not batch:
-                ctx.timer.doing(idle)
+                ctx.timer.doing("waiting for the next cells")
                 continue
             for tok in dict.fromkeys(t for *_, t in batch):     # queued in order
-                if tok != token and tok is not None:
+                if tok != token:
                     if worker is not None:
                         outcomes += worker.outcomes
                         worker.close()

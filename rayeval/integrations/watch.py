@@ -13,8 +13,10 @@ changes.
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
+import uuid
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -178,6 +180,7 @@ def watch(sweep: Sweep, *, interval_s: float, settle_s: float, address: str | No
     marked = Marked(spec.ready) if spec.ready else None
     state = WatchState()
     stop = stop or threading.Event()
+    run_id = uuid.uuid4().hex[:12]         # the polls' (see below)
     with RayLifecycle(sweep, address=address, verbose=verbose) as life:
         signals.install()
         when = (f"ready once the trainer writes {spec.ready} "
@@ -190,7 +193,7 @@ def watch(sweep: Sweep, *, interval_s: float, settle_s: float, address: str | No
         run.add(DisplayCallback(display_for))
         run.add(trackers.PublishToTrackers(trackers.Publisher(sweep, say=say, warn=say),
                                   only_when_added=True))
-        poll = driver.RunSequence(life, OnStandingGroup(life, evaluations, state, say),
+        poll = driver.RunSequence(life, OnStandingGroup(life, state, say),
                                   discard_now=True)
         while True:
             refs = expand_checkpoints(sweep.checkpoints, allow_empty=True)
@@ -202,6 +205,9 @@ def watch(sweep: Sweep, *, interval_s: float, settle_s: float, address: str | No
             ready = ordered(ready, spec.order)
             plan = preflight.plan_cells(sweep, evaluations, store, ready=ready,
                                         skip=state.failed | state.known, strict=False)
+            # one run id for the watch's polls: the standing group sets itself up for a plan
+            # once (its token is the plan's digest), not again for every poll's
+            plan = dataclasses.replace(plan, run_id=run_id)
             state.known.update(c.key for c in plan.cached)
             state.failed.update(o.key for o in plan.failed)
             # The run of this poll's plan: its cells on the standing group, then the groups
@@ -214,24 +220,23 @@ def watch(sweep: Sweep, *, interval_s: float, settle_s: float, address: str | No
 
 class OnStandingGroup:
     """Each poll's fit (``driver.RunSequence``'s): the plan's cells on the standing worker
-    group (started if need be: ``RayLifecycle.standing_group``), their outcomes kept in the
-    watch's state. A group lost beyond the restart budget is said, dropped, and ends the poll
-    (None): the next poll tries again on a new group."""
+    group (``driver.StandingGroups``, as a service's: started if need be, held by the run's
+    ``RayLifecycle`` and closed with it), their outcomes kept in the watch's state. A group
+    lost beyond the restart budget is said and dropped, and ends the poll (None): the next
+    poll tries again on a new group. The progress spans the polls."""
 
-    def __init__(self, life: RayLifecycle, evaluations, state: WatchState,
-                 say: Callable[[str], None]):
+    def __init__(self, life: RayLifecycle, state: WatchState, say: Callable[[str], None]):
         self.life = life
-        self.evaluations = evaluations
         self.state = state
         self.say = say
+        life.standing = driver.StandingGroups(own_progress=False)
 
     def __call__(self, plan):
-        group = self.life.standing_group(self.evaluations, driver.Standing)
+        standing, run = self.life.standing, self.life.callbacks
         try:
-            outcomes = group.run(plan, self.life.callbacks)
+            outcomes = standing.run(standing.group_for(plan, run), plan, run)
         except RunError as e:          # workers lost beyond the restart budget: next poll
             self.say(f"[rayeval] run failed: {e.message}; trying again at the next poll")
-            self.life.drop_group(timeout_s=5)
             return None
         for o in outcomes:
             if o.ok:

@@ -292,7 +292,7 @@ def test_quickstart_example_end_to_end(tmp_path):
         again.stdout and "nothing to run" in again.stdout
     # the summary's seconds are the wait from the command's start (issue 56), not the run's
     said = float(re.search(r"nothing to run, ([\d.]+) s", again.stdout).group(1))
-    assert 0.5 * waited < said <= waited, (said, waited)
+    assert 0.5 * waited < said <= waited + 0.05, (said, waited)      # said to 0.1 s
     assert "8 cell(s), 8 already in the store, 0 to evaluate" in again.stderr
     quiet = rayeval_main("run", str(example / "sweep.yaml"), "--quiet", cwd=str(tmp_path))
     assert quiet.returncode == 0 and quiet.stderr == ""

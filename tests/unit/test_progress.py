@@ -194,3 +194,32 @@ def test_a_worker_timer_says_each_span_and_the_vllm_start_steps_from_its_log_lin
     assert timer.counts == {"load": 1, "engine start": 1}
     assert engine_step("init engine (profile, create kv cache, warmup model) took 0.07 s") \
         == "starting the vLLM engine: finishing"
+
+
+def test_a_standing_groups_plan_is_kept_when_its_next_cells_come_without_it():
+    """A plan's pickle goes to the ledger with its first cells only (``driver.Standing``
+    sends None after): a worker that sets itself up for it again (its Ray Data splits were
+    released after a batch) still finds it. It used to be overwritten with None."""
+    t = RunLedger([])
+    assert t.add_cells(cells(1), [b"c0"], ("tok", b"plan")) == 0
+    assert t.add_cells(cells(2)[1:], [b"c1"], ("tok", None)) == 1
+    assert t.base("tok") == b"plan"
+    assert [token for *_, token in t.take()] == ["tok", "tok"]
+
+
+def test_a_process_knows_its_age_to_the_tick():
+    """``since_process_start`` (the imports phase, the wait a run's summary says): a process
+    that slept 0.5 s after its start says at least that, and no more than the parent saw it
+    live. psutil's start time, a second off on Linux (whole-second boot time), said more."""
+    import subprocess
+    import sys
+    import time
+
+    began = time.monotonic()
+    out = subprocess.run([sys.executable, "-c",
+                          "import time; time.sleep(0.5); "
+                          "from rayeval.execution.profile import since_process_start; "
+                          "print(since_process_start())"],
+                         capture_output=True, text=True, check=True).stdout
+    lived = time.monotonic() - began
+    assert 0.5 <= float(out) <= lived + 0.01, (out, lived)     # + one 10 ms tick
