@@ -41,20 +41,6 @@ def pytest_configure(config):
         f.write(secrets.token_hex(32))     # Ray's own format (authentication_token_generator)
 
 
-# Two pytest-xdist workers (pyproject's addopts, ``--dist loadgroup``): each file goes whole
-# to one worker (its module fixtures built once), and the integration tier goes whole to one
-# worker, so that two of its runs never share the 2 cores: each runs on the worker's own
-# session Ray and standing groups, and two at once ran each integration test 2.5x slower
-# (its sum 3,332 s against 1,304 s in one process), more than the second core gave. The
-# other worker takes the end-to-end tier (mostly waiting on Ray's start: 0.57 of the 2
-# cores busy), the browser, models and quick tiers meanwhile.
-def pytest_collection_modifyitems(items):
-    for item in items:
-        tier = _tier(item.nodeid)
-        group = tier if tier == "integration" else item.nodeid.split("::")[0]
-        item.add_marker(pytest.mark.xdist_group(group))
-
-
 def pytest_runtest_setup(item):
     if os.path.basename(os.path.dirname(str(item.fspath))) in NO_RAY_TIERS:
         from support import stop_ray
@@ -265,7 +251,9 @@ def pytest_runtest_logreport(report):
 def pytest_terminal_summary(terminalreporter):
     if not _TIER_SECONDS:
         return
-    terminalreporter.section("time per tier")
+    # the sums of each tier's tests' times (under pytest-xdist, `-n 2`, the workers' tests
+    # overlap, so pytest's last line, the wall, is less than their total)
+    terminalreporter.section("time per tier (sum of its tests' times)")
     for tier, seconds in sorted(_TIER_SECONDS.items(), key=lambda kv: -kv[1]):
         terminalreporter.write_line(f"{tier:<12} {_TIER_TESTS.get(tier, 0):5d} tests "
                                     f"{seconds:8.1f} s")
