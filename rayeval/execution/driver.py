@@ -8,8 +8,8 @@ pending cell (checkpoint x evaluation) of it.
 
 Public entry points: ``run_sweep`` (``rayeval run``, and the Ray Train validation through the
 API), ``RunSequence`` (``run_sweep``'s plan and each ``rayeval watch`` poll's; a service's and
-watch's on the standing group that ``StandingGroups`` holds) and ``evaluate`` (one fit over a plan, on the Ray this process is
-connected to).
+watch's on the standing group that ``StandingGroups`` holds) and ``evaluate`` (one fit over a
+plan, on the Ray this process is connected to).
 """
 
 from __future__ import annotations
@@ -279,8 +279,8 @@ class Shape:
 
 def _trainer(plan: Plan | None, ledger, standing: bool = False, shape: Shape | None = None):
     """The evaluation TorchTrainer: the sweep's workers running ``worker.train_loop``
-    (``plan`` None: a service's standing group of ``shape``, set up for each plan it is
-    handed)."""
+    (``plan`` None: a standing group of ``shape``, a service's or watch's, set up for each
+    plan it is handed)."""
     import ray.train
     from ray.train.torch import TorchConfig
 
