@@ -17,7 +17,6 @@ from collections import Counter
 
 import pyarrow as pa
 
-from rayeval.core.stats import combined_intervals_by_shape
 from rayeval.io.store import confidence_of, replicate_arrays
 from rayeval.ranking.aggregate import ranked_of, suite_parts
 from rayeval.ranking.rules import direction
@@ -57,6 +56,8 @@ def summaries(rows: pa.Table) -> pa.Table | None:
     if not settled:
         return None
     reps = replicate_arrays(rows["replicates"])
+    from rayeval.core.stats import combined_intervals_by_shape   # torch: when a part is written
+
     out, pending = [], []
     for parts in settled:
         first = parts[0]
