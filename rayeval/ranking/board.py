@@ -26,7 +26,7 @@ from rayeval.ranking.aggregate import (AGGREGATE, aggregate_notes, aggregate_spe
 from rayeval.ranking.columns import (AGGREGATE_COLUMN, LIMITED, Column,  # noqa: F401
                                      columns_of, evaluations_of, limit_text, ranked_rows,
                                      resolve_metric, value_of)
-from rayeval.ranking.compare import paired
+from rayeval.ranking.compare import paired_rows
 from rayeval.ranking.rules import codes, direction, shown
 
 if TYPE_CHECKING:
@@ -343,10 +343,10 @@ def _mark(entries: list[Entry], column: str, higher: bool) -> None:
     ties = [e for e in group if e.value(column) == best.value(column)]
     for e in ties:
         e.marks[column] = "*"
-    for e in group:
-        if e in ties:
-            continue
-        p = paired(best.rows[column], e.rows[column], confidence_of(best.rows[column]))
+    others = [e for e in group if e not in ties]
+    found = paired_rows([e.rows[column] for e in others], best.rows[column],
+                        confidence_of(best.rows[column]))
+    for e, p in zip(others, found):
         if p is not None and p.ci_low <= 0 <= p.ci_high:
             e.marks[column] = "~"
 

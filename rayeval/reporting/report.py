@@ -199,8 +199,8 @@ class Report:
         """Entry - reference on the same bootstrap replicates, per column: [difference, low,
         high] per entry, or None where they do not pair (``ranking.compare.paired``)."""
         from rayeval.io.store import confidence_of
-        from rayeval.ranking import paired
         from rayeval.ranking.board import with_replicates
+        from rayeval.ranking.compare import paired_rows
 
         entries = self.board.entries
         if not 0 <= ref < len(entries):
@@ -210,13 +210,15 @@ class Report:
         out = {}
         for c in self.board.columns:
             b = base.rows.get(c.name)
-            diffs = []
-            for e in entries:
-                a = e.rows.get(c.name)
-                p = None if a is None or b is None or a.get("replicates") is None or \
-                    b.get("replicates") is None else paired(a, b, confidence_of(b))
-                diffs.append(None if p is None else
-                             [_number(p.difference), _number(p.ci_low), _number(p.ci_high)])
+            diffs: list = [None] * len(entries)
+            held = [i for i, e in enumerate(entries) if c.name in e.rows]
+            if b is not None:
+                found = paired_rows([entries[i].rows[c.name] for i in held], b,
+                                    confidence_of(b))
+                for i, p in zip(held, found):
+                    if p is not None:
+                        diffs[i] = [_number(p.difference), _number(p.ci_low),
+                                    _number(p.ci_high)]
             out[c.name] = diffs
         return {"ref": ref, "columns": out}
 
