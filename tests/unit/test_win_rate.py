@@ -302,3 +302,59 @@ def test_one_group_shown_with_its_members_has_no_aggregate_column():
     board = build_board(rows)                   # a group and another evaluation: combined
     assert board.metrics[0] == "aggregate" and board.entries[0].value("aggregate") == 1.0
     assert board.entries[0].rows["aggregate"]["evaluations"] == ["g", "h"]
+
+
+def test_win_shares_on_many_replicates_equal_the_pairwise_count():
+    """The sorted count (transposed, threaded in ``win_rates``) against every pair compared:
+    ties half, NaN left out, on a matrix with ties and NaNs."""
+    rng = np.random.default_rng(11)
+    x = np.round(rng.normal(size=(40, 25)), 1)
+    x[rng.random(x.shape) < 0.1] = np.nan
+    want = np.full(x.shape, np.nan)
+    for j in range(x.shape[1]):
+        col = x[:, j]
+        held = ~np.isnan(col)
+        for i in np.flatnonzero(held):
+            others = col[held & (np.arange(len(col)) != i)]
+            if len(others):
+                want[i, j] = ((others < col[i]).sum() + 0.5 * (others == col[i]).sum()) \
+                    / len(others)
+    assert np.allclose(win_shares(x), want, equal_nan=True, rtol=0, atol=1e-15)
+
+
+def test_percentiles_are_torchs_quantile_and_paired_rows_are_pairs():
+    """``percentiles`` (numpy, rows at once) against torch.quantile row by row, as
+    ``stats.percentile_interval`` takes it: the same bits but for a last-bit difference in a
+    rare row (a long double stands in for torch's fused multiply-add); ``paired_rows`` of a
+    column against a reference equals the difference of the pairs computed in torch."""
+    import torch
+
+    from rayeval.core.stats import percentile_interval
+    from rayeval.ranking.aggregate import percentiles
+    from rayeval.ranking.compare import paired_rows
+
+    rng = np.random.default_rng(7)
+    x = rng.normal(size=(400, 301)) * 10.0 ** rng.integers(-3, 3, size=(400, 1))
+    x[rng.random(x.shape) < 0.03] = np.nan
+    x[5] = np.nan                                         # nothing left: NaN
+    lo, hi = percentiles(x, 0.9)
+    want = np.array([percentile_interval(torch.tensor(r), 0.9) for r in x])
+    got = np.stack([lo, hi], axis=1)
+    assert np.isnan(got[5]).all() and np.isnan(want[5]).all()
+    same = (got == want) | (np.isnan(got) & np.isnan(want))
+    assert same.mean() > 0.99
+    assert np.allclose(got, want, rtol=1e-15, atol=0, equal_nan=True)
+
+    base = row("ref", 1, "qa", "acc", 0.5, True, reps=rng.normal(0.5, 0.05, B))
+    others = [row(f"c{i}", i, "qa", "acc", 0.5 + i / 100, i % 2 == 0,
+                  reps=np.round(rng.normal(0.5 + i / 100, 0.05, B), 2)) for i in range(6)]
+    others.append(row("off", 9, "qa", "acc", 0.4, True))            # no replicates: None
+    found = paired_rows(others, base, 0.95)
+    assert found[-1] is None
+    for a, p in zip(others[:-1], found):
+        d = torch.tensor(a["replicates"]) - torch.tensor(base["replicates"])
+        low, high = percentile_interval(d, 0.95)
+        sign = 1.0 if a["higher_is_better"] else -1.0
+        better = float(((sign * d > 0).double() + 0.5 * (d == 0).double()).mean())
+        assert p.difference == a["value"] - base["value"] and p.a_better == better
+        assert (p.ci_low, p.ci_high) == pytest.approx((low, high), rel=1e-15, abs=0)
