@@ -1,0 +1,134 @@
+"""Benchmark: boards of a big store by their readers' ways in (issue 58), each a fresh process.
+
+Two synthetic stores, built as ``scripts/bench_store.py`` builds them (a real digits cell, its
+three metric rows with 1,000 bootstrap replicates each, copied to 100 evaluations x N/100
+checkpoints, values and replicates shifted per checkpoint): ``--cells`` (100,000) and a
+100-cell one (one checkpoint x the same 100 evaluations). Timed, interleaved round by round,
+the median of ``--repeats`` (wall seconds of ``python -m rayeval ...``, peak RSS by GNU time):
+
+    json          leaderboard BIG --format json                (the default aggregate: win rate)
+    json-mean     leaderboard BIG --format json --aggregate mean   (issue 34's suite files)
+    table         leaderboard BIG                              (the terminal's, marks shown)
+    table-mean    leaderboard BIG --aggregate mean
+    shown-100     leaderboard BIG --checkpoint GLOB            (one checkpoint: 100 cells shown)
+    small-json    leaderboard SMALL --format json
+    small-table   leaderboard SMALL
+    paired        rayeval view's paired?ref=0 on BIG: the board made, then the view (in one
+                  process, both printed; the target is the view's own time)
+
+Targets (issue 58): json <= 8 s and <= 1.2x json-mean; small <= 0.6 s; shown-100 <= 3x small;
+paired <= 2 s.
+
+    python scripts/bench_boards.py [--cells 100000] [--repeats 3] [--work DIR --keep]
+        [--cell CELL.parquet] [--only json,json-mean] [--json FILE]
+
+With ``--work DIR``, stores already there (``big-N``, ``small``) are used again. The machine's
+load (``uptime``) is printed before and after: a shared 2-core machine moves wall times.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_store import REPO, build, real_cell, timed  # noqa: E402
+
+PAIRED = """
+import sys, time
+sys.path.insert(0, sys.argv[1])
+began = time.perf_counter()
+from rayeval.reporting.report import Report
+report = Report(sys.argv[2], marks=False)
+made = time.perf_counter()
+report.paired(0)
+done = time.perf_counter()
+print(made - began, done - made)
+"""
+
+
+def commands(big: str, small: str) -> dict[str, list[str]]:
+    rayeval = [sys.executable, "-m", "rayeval", "leaderboard"]
+    return {
+        "json": rayeval + [big, "--format", "json"],
+        "json-mean": rayeval + [big, "--format", "json", "--aggregate", "mean"],
+        "table": rayeval + [big],
+        "table-mean": rayeval + [big, "--aggregate", "mean"],
+        "shown-100": rayeval + [big, "--checkpoint", "*/step_000000.pt"],
+        "small-json": rayeval + [small, "--format", "json"],
+        "small-table": rayeval + [small],
+    }
+
+
+def store(cell, cells: int, folder: str) -> str:
+    if not os.path.isdir(os.path.join(folder, "parts")):
+        shutil.rmtree(folder, ignore_errors=True)
+        seconds = build(cell, cells, None, folder)
+        print(f"built {cells:,} cells in {seconds:.1f} s: {folder}", flush=True)
+    return folder
+
+
+def uptime() -> str:
+    return subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--cells", type=int, default=100_000)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--cell", help="a stored cell's parquet file (default: run the example)")
+    p.add_argument("--work", help="where the stores are built (default: a temporary folder)")
+    p.add_argument("--keep", action="store_true")
+    p.add_argument("--only", help="comma-separated names of the measures to take")
+    p.add_argument("--json", metavar="FILE")
+    args = p.parse_args(argv)
+    work = args.work or tempfile.mkdtemp(prefix="rayeval-bench-boards-")
+    os.makedirs(work, exist_ok=True)
+    env = {**os.environ, "PYTHONPATH": REPO}
+    figures: dict = {"uptime": [uptime()], "cells": args.cells, "runs": {}}
+    print(figures["uptime"][0], flush=True)
+    try:
+        cell = real_cell(args.cell, work)
+        big = store(cell, args.cells, os.path.join(work, f"big-{args.cells}"))
+        small = store(cell, 100, os.path.join(work, "small"))
+        wanted = commands(big, small)
+        names = list(wanted) + ["paired"]
+        if args.only:
+            names = [n for n in names if n in args.only.split(",")]
+        runs: dict[str, list] = {n: [] for n in names}
+        for _ in range(args.repeats):
+            for name in names:
+                if name == "paired":
+                    done = subprocess.run([sys.executable, "-c", PAIRED, REPO, big], env=env,
+                                          capture_output=True, text=True, check=True)
+                    made, seconds = map(float, done.stdout.split())
+                    runs[name].append({"s": seconds, "board_s": made})
+                else:
+                    seconds, rss = timed(wanted[name], env)
+                    runs[name].append({"s": seconds, "rss_mb": rss})
+        for name, found in runs.items():
+            med = {k: round(statistics.median(r[k] for r in found), 2) for k in found[0]}
+            figures["runs"][name] = {"median": med, "all": found}
+            extra = f", the board first {med['board_s']:.2f} s" if "board_s" in med else \
+                f", {med['rss_mb']:.0f} MB"
+            print(f"{name:12s} {med['s']:7.2f} s{extra}  (runs: "
+                  + ", ".join(f"{r['s']:.2f}" for r in found) + ")", flush=True)
+        figures["uptime"].append(uptime())
+        print(figures["uptime"][-1], flush=True)
+    finally:
+        if not args.keep and not args.work:
+            shutil.rmtree(work, ignore_errors=True)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(figures, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
