@@ -277,7 +277,7 @@ class Shape:
         return cls(sweep.workers, sweep.use_gpu, resources, sweep.parallelism, sweep.recovery)
 
 
-def _trainer(plan: Plan | None, ledger, standing: bool = False, shape: Shape | None = None):
+def _trainer(plan: Plan | None, ledger, shape: Shape | None = None):
     """The evaluation TorchTrainer: the sweep's workers running ``worker.train_loop``
     (``plan`` None: a standing group of ``shape``, a service's or watch's, set up for each
     plan it is handed)."""
@@ -291,7 +291,7 @@ def _trainer(plan: Plan | None, ledger, standing: bool = False, shape: Shape | N
     data = pipeline.datasets(plan) if plan is not None else {}  # what Ray Data feeds
     return trainer(
         train_loop_per_worker=train_loop,
-        train_loop_config={"plan": plan, "ledger": ledger, "standing": standing,
+        train_loop_config={"plan": plan, "ledger": ledger,
                            "tensor": shape.parallelism.tensor,
                            "timeout": shape.recovery.stall_timeout_s,
                            "ray_data": sorted(data),
@@ -346,7 +346,7 @@ class Standing:
         self.env.enter_context(controller_env())
         handle = self.ledger.handle
         self.fit = Fit(recovery.Restarting(
-            lambda: _trainer(None, handle, standing=True, shape=shape), self.ledger,
+            lambda: _trainer(None, handle, shape=shape), self.ledger,
             shape.recovery.max_restarts), "rayeval-standing")
 
     @property

@@ -55,7 +55,7 @@ def train_loop(config: dict) -> list[CellOutcome]:
     goes on from the first unfinished one; a cell's rows are counted only in the pass that
     publishes it, so nothing is counted twice."""
     entered = time.time()
-    plan: Plan = config["plan"]
+    plan: Plan | None = config["plan"]      # None: a standing group (a service's, watch's)
     entries.receive(config.get("shipped"))     # what the driver's slices sent (lm-eval tasks)
     rank = ray.train.get_context().get_world_rank()
     ledger = WorkerLedger(config.get("ledger"), rank)
@@ -64,10 +64,11 @@ def train_loop(config: dict) -> list[CellOutcome]:
         return []          # an earlier attempt met bad input: a restart would meet it again
     try:
         load_plugins()         # this process resolves the plan's names too; a failure is fatal
-        if config.get("standing"):
+        standing = plan is None      # a standing group: set up for each plan it is handed
+        if standing:
             user_code.mark()   # what a later plan's worker keeps (``_set_up``)
         timer = Timer(on_doing=ledger.doing)
-        if config.get("standing"):      # a standing group: set up for each plan it is handed
+        if standing:
             ctx = RankContext.of_ray_train(ledger, attempt, timer, config["tensor"],
                                            config["timeout"])
             warm()
