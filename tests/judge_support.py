@@ -103,14 +103,15 @@ def sweep(paths: dict, *, workers: int = 1, batch_size: int = 16, prompt: str = 
     return path
 
 
-def plain_loop(paths: dict, prompt: str = PROMPT, verdict=None, max_new_tokens: int = 3
-               ) -> dict:
+def plain_loop(paths: dict, prompt: str = PROMPT, verdict=None, max_new_tokens: int = 3,
+               answer_tokens: int = 6) -> dict:
     """Per checkpoint, per item id: (response, judge prompt, judge text, score or None), by
     transformers alone: each item generated on its own (greedy, cut at the stop string),
     the template rendered with jinja2, the chat template applied, the judge's greedy text,
     the verdict read by a regular expression written here."""
     verdict = verdict or {"yes": 1, "no": 0}
-    rows, answers, judge = _items(paths), responses(paths), _Judge(paths, max_new_tokens)
+    rows, judge = _items(paths), _Judge(paths, max_new_tokens)
+    answers = responses(paths, answer_tokens)
     template = _template(prompt)
     out = {}
     for ckpt, given in answers.items():
@@ -157,7 +158,7 @@ def _template(prompt: str):
     return jinja2.Environment(undefined=jinja2.StrictUndefined).from_string(prompt)
 
 
-def responses(paths: dict) -> dict:
+def responses(paths: dict, max_new_tokens: int = 6) -> dict:
     """Per checkpoint, per item id: its greedy answer, each item generated on its own."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -169,7 +170,7 @@ def responses(paths: dict) -> dict:
         for row in _items(paths):
             ids = tok(row["prompt"], return_tensors="pt").input_ids
             with torch.no_grad():
-                gen = model.generate(ids, do_sample=False, max_new_tokens=6,
+                gen = model.generate(ids, do_sample=False, max_new_tokens=max_new_tokens,
                                      pad_token_id=0, eos_token_id=0)
             new = gen[0, ids.shape[1]:].tolist()
             if 0 in new:

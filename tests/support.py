@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
+import shlex
 import subprocess
 import sys
 import textwrap
@@ -282,19 +284,22 @@ def rayeval_cli(*args: str, cwd: str | None = None, timeout: float = 300,
     return run_live([sys.executable, "-m", "rayeval", *args], cwd=cwd, stall=timeout, env=env)
 
 
-def rayeval_main(*args: str, cwd: str | None = None, env: dict | None = None
-                 ) -> subprocess.CompletedProcess:
+def rayeval_main(*args: str, cwd: str | None = None, env: dict | None = None,
+                 standing=None) -> subprocess.CompletedProcess:
     """The command line's ``main()`` (what the console script calls) in this process, its
     output captured, for commands that end before a Ray run starts (bad input, reading a
     store): a subprocess per call only adds interpreter start-up, 3-6 s a call on the 2-core
     machine with torch and transformers to import. ``cwd`` and ``env`` (variables set on top of
     this process's) hold for the call only; signal handlers, ``sys.path`` and the modules a
-    sweep's factory imported are put back."""
+    sweep's factory imported are put back. ``standing``: a run is handed to these standing
+    groups (the ``standing`` fixture), as ``rayeval serve`` runs a user's command."""
     import contextlib
     import io
     import signal
 
-    from rayeval.ui.cli import main
+    from rich.console import Console
+
+    from rayeval.ui.cli import dispatch, main, parse
 
     out, err = io.StringIO(), io.StringIO()
     handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
@@ -305,7 +310,9 @@ def rayeval_main(*args: str, cwd: str | None = None, env: dict | None = None
         if cwd:
             os.chdir(cwd)
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            code = main(list(args))
+            code = main(list(args)) if standing is None else dispatch(
+                parse(list(args)), *(Console(file=f, width=200, highlight=False)
+                                     for f in (out, err)), standing=standing)
     finally:
         os.chdir(folder)
         for k, v in saved.items():
@@ -639,3 +646,47 @@ class DiskCache:
                 build(path)
                 open(done, "w").close()
         return path
+
+
+# --- a page of docs/ and the files it prints ----------------------------------------------------
+# (tests/e2e/test_example_configs.py, tests/integration/test_judge.py: an example and its page)
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# A marker line, then a fenced block (file, commands, request) or a markdown table (figures).
+MARKER = re.compile(r"^<!-- (\w+): ?(.*?) -->$")
+
+
+def blocks(page: str) -> list[tuple[str, str, str]]:
+    """(kind, argument, text) of every marked block of docs/``page``: the fenced block's
+    content (without its fences; its last newline kept) or the lines up to a blank one."""
+    with open(os.path.join(REPO_ROOT, "docs", page), encoding="utf-8") as f:
+        lines = f.read().split("\n")
+    found = []
+    for i, line in enumerate(lines):
+        m = MARKER.match(line)
+        if not m:
+            continue
+        body = []
+        if lines[i + 1].startswith("```"):
+            for text in lines[i + 2:]:
+                if text == "```":
+                    break
+                body.append(text + "\n")
+        else:
+            for text in lines[i + 1:]:
+                if not text.strip():
+                    break
+                body.append(text + "\n")
+        found.append((m.group(1), m.group(2), "".join(body)))
+    return found
+
+
+def printed(page: str, kind: str) -> list[tuple[str, str]]:
+    return [(arg, text) for k, arg, text in blocks(page) if k == kind]
+
+
+def commands(page: str) -> list[list[str]]:
+    """The page's commands block, one argv a line (comments and blank lines left out)."""
+    [(_, text)] = printed(page, "commands")
+    return [argv for argv in (shlex.split(line, comments=True) for line in text.splitlines())
+            if argv]

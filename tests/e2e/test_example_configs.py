@@ -30,61 +30,19 @@ the tiny model's build and lmms-eval's run), 12 min under a load of 15-35.
 
 import contextlib
 import os
-import re
-import shlex
 import shutil
 import subprocess
 import sys
 
 import pytest
 
-from support import OFFLINE_ENV, offline_env, rayeval_cli, script
+from support import OFFLINE_ENV, commands, offline_env, printed, rayeval_cli, script
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TESTS = os.path.join(REPO, "tests")
 LM_PAGE, VLM_PAGE = "language-models.md", "vision-language.md"
 BUILD_VLM = ["python", "scripts/make_vlm_example.py"]     # the page's build line, as printed
 VLM_ITEMS = 32
-
-# A marker line, then a fenced block (file, commands, request) or a markdown table (figures).
-MARKER = re.compile(r"^<!-- (\w+): ?(.*?) -->$")
-
-
-def blocks(page: str) -> list[tuple[str, str, str]]:
-    """(kind, argument, text) of every marked block of docs/``page``: the fenced block's
-    content (without its fences; its last newline kept) or the lines up to a blank one."""
-    with open(os.path.join(REPO, "docs", page), encoding="utf-8") as f:
-        lines = f.read().split("\n")
-    found = []
-    for i, line in enumerate(lines):
-        m = MARKER.match(line)
-        if not m:
-            continue
-        body = []
-        if lines[i + 1].startswith("```"):
-            for text in lines[i + 2:]:
-                if text == "```":
-                    break
-                body.append(text + "\n")
-        else:
-            for text in lines[i + 1:]:
-                if not text.strip():
-                    break
-                body.append(text + "\n")
-        found.append((m.group(1), m.group(2), "".join(body)))
-    return found
-
-
-def printed(page: str, kind: str) -> list[tuple[str, str]]:
-    return [(arg, text) for k, arg, text in blocks(page) if k == kind]
-
-
-def commands(page: str) -> list[list[str]]:
-    """The page's commands block, one argv a line (comments and blank lines left out)."""
-    [(_, text)] = printed(page, "commands")
-    return [argv for argv in (shlex.split(line, comments=True) for line in text.splitlines())
-            if argv]
-
 
 def run_commands(page: str, root, build=None) -> list[subprocess.CompletedProcess]:
     """Each of the page's commands, run in ``root`` as a user would: ``rayeval ...`` as a

@@ -261,3 +261,58 @@ def test_a_verdict_rule_that_never_matches_is_a_warning_naming_it(built, loop, r
     (line,) = judge_warnings(normal, rows, normal.output)
     assert f"could not be read in {unread} of {items} items" in line and \
         "the first of the words 'yes', 'no'" in line
+
+
+# --- the shipped example: configs/judge as docs/judges.md prints it ------------------------------
+
+def test_the_judged_example_runs_as_its_page_prints_it(tmp_path, standing):
+    """docs/judges.md prints configs/judge/sweep.yaml as the file holds it, and its commands
+    run from a copy of the examples as printed (the run handed to the session's standing
+    group, as a service takes it; the build line is the script that made the shipped judge,
+    ~1 minute of training, not run again here). The board's judge and judge_failed equal a
+    plain transformers loop's on the same checkpoints, items and judge, and ``rayeval
+    samples`` shows each item's judge text."""
+    import yaml
+
+    from support import REPO_ROOT, commands, printed, rayeval_main
+
+    page, sweep = "judges.md", "configs/judge/sweep.yaml"
+    shown = dict(printed(page, "file"))
+    with open(os.path.join(REPO_ROOT, sweep), encoding="utf-8") as f:
+        assert shown == {sweep: f.read()}
+    argvs = commands(page)
+    assert argvs[0] == ["python", "scripts/make_judge_example.py"]
+    assert [a[:2] for a in argvs[1:]] == [["rayeval", "run"], ["rayeval", "samples"]]
+    for part in ("lm/ckpts", "lm/data", "judge"):
+        shutil.copytree(os.path.join(REPO_ROOT, "configs", part), tmp_path / "configs" / part,
+                        ignore=shutil.ignore_patterns("results"))
+    done = [rayeval_main(*argv[1:], cwd=str(tmp_path), standing=standing) for argv in argvs[1:]]
+    for proc in done:
+        assert proc.returncode == 0, (proc.args, proc.stdout[-2000:], proc.stderr[-2000:])
+    board = done[0].stdout
+    assert "judge_failed" in board and "exact_match" in board, board
+
+    with open(tmp_path / sweep) as f:
+        raw = yaml.safe_load(f)
+    judge = raw["evals"][0]["judge"]
+    ckpts = sorted(str(p) for p in (tmp_path / "configs" / "lm" / "ckpts").iterdir())
+    paths = {"data": str(tmp_path / "configs" / "lm" / "data" / "gen.parquet"),
+             "checkpoints": ckpts,
+             "judge": str(tmp_path / "configs" / "judge" / judge["model"])}
+    want = judge_support.plain_loop(paths, judge["prompt"], judge["verdict"],
+                                    judge["max_new_tokens"],
+                                    raw["evals"][0]["generation"]["max_new_tokens"])
+    rows = {(os.path.basename(r["checkpoint"]), r["metric"]): r for r in
+            latest_rows(ResultStore(str(tmp_path / "configs" / "judge" / "results")).read())}
+    scored = 0
+    for ckpt, items in want.items():
+        name = os.path.basename(ckpt)
+        given = [s for *_, s in items.values() if s is not None]
+        assert rows[(name, "judge")]["value"] == pytest.approx(sum(given) / len(given),
+                                                               abs=1e-12)
+        assert rows[(name, "judge_failed")]["value"] == len(items) - len(given)
+        scored += len(given)
+    assert scored > 0
+    said = {text for items in want.values() for *_, text, _ in items.values()}
+    assert any(text.strip() and text.strip() in done[1].stdout for text in said), \
+        done[1].stdout[-2000:]
