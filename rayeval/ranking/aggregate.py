@@ -38,7 +38,6 @@ from __future__ import annotations
 import difflib
 import math
 import os
-import warnings
 from typing import TYPE_CHECKING, Callable
 
 import numpy as np
