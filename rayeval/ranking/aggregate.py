@@ -430,7 +430,7 @@ def win_rates(rows: list[dict], reps_of: Callable[[dict], object] = None) -> Non
     n, count = len(rows), len(rows[0]["evaluations"])
     complete = np.array([all(p is not None for p in r["parts"]) for r in rows])
     total, counted = np.zeros(n), np.zeros(n, dtype=np.int64)
-    scored = []                             # (parts, values, own) of each evaluation with one to beat
+    scored = []                 # (parts, values, own) of each evaluation with one to beat
     for k in range(count):
         parts = [r["parts"][k] for r in rows]
         values = [math.nan if p is None or p["value"] is None else
