@@ -48,7 +48,8 @@ from rayeval.config.run_schema import MEAN, WEIGHTS, WIN_RATE, Aggregate
 from rayeval.errors import SpecError, StoreError
 from rayeval.io.store import (ResultStore, bootstrap_params, confidence_of,
                               replicate_arrays)
-from rayeval.ranking.rules import codes, direction, members, stored_headlines
+from rayeval.ranking.rules import (codes, direction, members, shared_evaluations,
+                                   stored_headlines)
 
 if TYPE_CHECKING:
     from rayeval.ranking.columns import Column
@@ -143,16 +144,21 @@ def ranked_of(table: pa.Table) -> np.ndarray:
 
 def suite_parts(sweeps, checkpoints, evaluations, metrics, is_ranked: np.ndarray
                 ) -> tuple[list[str], list[tuple[int, dict[str, int]]]]:
-    """The suite aggregate's rows: the evaluations averaged (by name, a group's members left
-    out; none when fewer than two), and for each (sweep, checkpoint) in order of appearance
-    (its first ranked row's index, {evaluation: the index of its headline row}, every
-    evaluation but a group's members that the checkpoint has)."""
+    """The suite aggregate's rows: the evaluations averaged (by name: those every sweep of the
+    rows holds, a group's members left out; none when fewer than two), and for each (sweep,
+    checkpoint) in order of appearance (its first ranked row's index, {evaluation: the index
+    of its headline row}, every evaluation but a group's members that the checkpoint has).
+
+    Every sweep, not every checkpoint: a checkpoint that lacks an evaluation its sweep holds
+    (a failed or raced cell) has no aggregate, as before, while a store of two sweeps with
+    different suites averages what they share (issue 56: every aggregate cell of such a
+    board was '-', each checkpoint lacking the other sweep's evaluations)."""
     at = np.flatnonzero(is_ranked)
     take = pa.array(at, pa.int64())
     s, c, e, m = (pa.array(list(col), pa.string()).take(take) if not
                   isinstance(col, (pa.Array, pa.ChunkedArray)) else col.take(take)
                   for col in (sweeps, checkpoints, evaluations, metrics))
-    found = pc.unique(e).to_pylist() if len(e) else []
+    found = shared_evaluations(s, e)
     left_out = members(found)
     averaged = sorted(set(found) - left_out)
     if len(averaged) < 2:
@@ -175,9 +181,11 @@ def averaged(rows: list[dict]) -> dict[str, str]:
         [r["dataset"] for r in rows], [r["metric"] for r in rows],
         ranked(len(r.get("matrix") or ()) for r in rows))
     heads: dict[str, str] = {}
+    shared = set(evaluations)
     for _, own in found:
         for e, i in own.items():
-            heads.setdefault(e, rows[i]["metric"])
+            if e in shared:
+                heads.setdefault(e, rows[i]["metric"])
     return heads
 
 

@@ -27,7 +27,7 @@ from rayeval.ranking.columns import (AGGREGATE_COLUMN, LIMITED, Column,  # noqa:
                                      columns_of, evaluations_of, limit_text, ranked_rows,
                                      resolve_metric, value_of)
 from rayeval.ranking.compare import paired_rows
-from rayeval.ranking.rules import codes, direction, shown
+from rayeval.ranking.rules import codes, direction, members, shown
 
 if TYPE_CHECKING:
     from rayeval.config.schema import Sweep
@@ -150,7 +150,8 @@ def build_board(rows: list[dict], metric: str | None = None,
                   higher_is_better=rank_by.higher_is_better, entries=ranked,
                   evaluations=evaluations_of(rows), averaged=mean_of,
                   notes=small_data_notes(rows) + aggregate_notes(how, found, mean_of, rows)
-                  + token_notes(rows) + stopped_notes(ranked) + limit_notes(rows, ranked),
+                  + shared_notes(rows, mean_of) + token_notes(rows) + stopped_notes(ranked)
+                  + limit_notes(rows, ranked),
                   aggregate=how, legend=legend(how, mean_of, found))
     if marked:
         mark(board, columns)
@@ -199,15 +200,16 @@ def board(store, *, metric: str | None = None, sweep: str | None = None,
 
 
 def _column_rows(table) -> list[dict]:
-    """The first ranked row of each (evaluation, metric), as much of it as ``columns_of``
-    reads: a board's columns without a dict per row."""
+    """The first ranked row of each (sweep, evaluation, metric), as much of it as
+    ``columns_of`` reads: a board's columns without a dict per row."""
     import numpy as np
     import pyarrow as pa
 
     table = table.filter(pa.array(ranked_of(table)))
     if table.num_rows == 0:
         return []
-    _, first = np.unique(codes(table["dataset"], table["metric"]), return_index=True)
+    _, first = np.unique(codes(table["sweep"], table["dataset"], table["metric"]),
+                         return_index=True)
     return table.take(pa.array(first)).select(
         ["sweep", "checkpoint", "dataset", "metric", "higher_is_better", "matrix"]).to_pylist()
 
@@ -265,6 +267,28 @@ def small_data_notes(rows: list[dict]) -> list[str]:
     return [f"warning: {name} has only {n} row(s); with fewer than {SMALL_DATA_ROWS} the "
             "intervals and the ranking on it mean little" for name, n in sorted(sizes.items())
             if n < SMALL_DATA_ROWS]
+
+
+def shared_notes(rows: list[dict], averaged: list[Column]) -> list[str]:
+    """A line when the board's sweeps hold different evaluations: the aggregate averages
+    only those every sweep holds (``rules.shared_evaluations``), naming the others and their
+    sweeps; or there is no aggregate, when they share fewer than two."""
+    held: dict[str, set[str]] = {}
+    for r in rows:
+        held.setdefault(r["dataset"], set()).add(r["sweep"])
+    sweeps = {r["sweep"] for r in rows}
+    names = set(held) - members(list(held))
+    apart = sorted(e for e in names if held[e] != sweeps)
+    if len(sweeps) < 2 or not apart:
+        return []
+    where = "; ".join(f"{e} ({', '.join(sorted(held[e]))})" for e in apart)
+    if len(averaged) >= 2:
+        return [f"aggregate: averages what every sweep on the board holds "
+                f"({', '.join(c.evaluation for c in averaged)}); not in every sweep: {where}"]
+    if len(names) >= 2:
+        return [f"no aggregate: the sweeps on the board share fewer than two evaluations "
+                f"(not in every sweep: {where}); rank one sweep with --sweep NAME"]
+    return []
 
 
 def stopped_notes(entries: list[Entry]) -> list[str]:

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from rayeval.errors import StoreError
 from rayeval.io.store import confidence_of
 from rayeval.ranking.aggregate import AGGREGATE
-from rayeval.ranking.rules import members
+from rayeval.ranking.rules import members, shared_evaluations
 
 
 def value_of(row: dict | None) -> float | None:
@@ -124,11 +124,13 @@ def evaluations_of(rows: list[dict]) -> list[str]:
 def columns_of(rows: list[dict]) -> list[Column]:
     """One column per (evaluation, metric): evaluations by name, each one's metrics in the
     order they are stored (a cell keeps the sweep's metric order); the aggregate first when
-    it combines several evaluations (a group's members are not counted: one lm-eval group
-    shown with its members, ``--members``, has no aggregate, not a column of '-')."""
+    it combines several evaluations that every sweep of the rows holds (a group's members
+    are not counted: one lm-eval group shown with its members, ``--members``, has no
+    aggregate, not a column of '-'; nor have two sweeps that share fewer than two)."""
     evaluations = evaluations_of(rows)
     qualified = len(evaluations) > 1
-    combined = len(set(evaluations) - members(evaluations)) > 1
+    shared = shared_evaluations([r["sweep"] for r in rows], [r["dataset"] for r in rows])
+    combined = len(set(shared) - members(shared)) > 1     # what every sweep holds
     found: dict[tuple[str, str], Column] = {}
     for r in ranked_rows(rows):
         key = (r["dataset"], r["metric"])

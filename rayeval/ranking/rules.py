@@ -31,7 +31,7 @@ from rayeval.config.names import group_of, members
 from rayeval.io.store import direction
 
 __all__ = ["direction", "members", "sweep_headline", "stored_headlines", "shown",
-           "codes"]
+           "codes", "shared_evaluations"]
 
 
 def sweep_headline(metrics: Sequence[str]) -> str:
@@ -54,6 +54,20 @@ def stored_headlines(sweeps, checkpoints, evaluations, metrics) -> dict[str, str
         own = votes.setdefault(e, {})
         own[m] = own.get(m, 0) + 1
     return {e: max(own, key=own.get) for e, own in votes.items()}   # max: the first of ties
+
+
+def shared_evaluations(sweeps, evaluations) -> list[str]:
+    """The evaluations every sweep of these rows holds (columns: pyarrow arrays or lists of
+    strings): what a suite aggregate may average (``aggregate.suite_parts``), and whether a
+    board has an aggregate column (``columns.columns_of``)."""
+    if not len(evaluations):
+        return []
+    pairs = pc.unique(pc.binary_join_element_wise(_strings(sweeps), _strings(evaluations), "\x1f"))
+    held: dict[str, set[str]] = {}
+    for pair in pairs.to_pylist():
+        sweep, _, name = pair.partition("\x1f")
+        held.setdefault(sweep, set()).add(name)
+    return sorted(set.intersection(*held.values()))
 
 
 def shown(sweeps, checkpoints, evaluations) -> list[bool]:

@@ -358,3 +358,39 @@ def test_percentiles_are_torchs_quantile_and_paired_rows_are_pairs():
         better = float(((sign * d > 0).double() + 0.5 * (d == 0).double()).mean())
         assert p.difference == a["value"] - base["value"] and p.a_better == better
         assert (p.ci_low, p.ci_high) == pytest.approx((low, high), rel=1e-15, abs=0)
+
+
+def test_two_sweeps_with_different_suites_average_what_both_hold():
+    """A store of two sweeps: the aggregate averages the evaluations every sweep holds (each
+    checkpoint had '-' when it averaged the other sweep's evaluations too), and says what it
+    left out; sweeps that share fewer than two evaluations get no aggregate column, and a
+    line that says why. A checkpoint missing an evaluation of its own sweep keeps '-'."""
+    rows = [row(f"/a/{c}", i, e, "acc", v, True, sweep="a")
+            for i, (c, vals) in enumerate({"c1": (0.9, 0.5, 0.1), "c2": (0.8, 0.6, 0.2)}.items())
+            for e, v in zip(("x", "y", "z"), vals)]
+    rows += [row(f"/b/{c}", i, e, "acc", v, True, sweep="b")
+             for i, (c, vals) in enumerate({"c3": (0.7, 0.7, 0.3), "c4": (0.6, 0.4, 0.4)}.items())
+             for e, v in zip(("x", "y", "w"), vals)]
+    board = build_board(rows, aggregate="mean")
+    assert board.columns[0].name == "aggregate"
+    assert [c.evaluation for c in board.averaged] == ["x", "y"]
+    means = {e.checkpoint: e.value("aggregate") for e in board.entries}
+    assert means == pytest.approx({"/a/c1": 0.7, "/a/c2": 0.7, "/b/c3": 0.7, "/b/c4": 0.5})
+    assert "aggregate: averages what every sweep on the board holds (x, y); not in every " \
+        "sweep: w (b); z (a)" in board.notes
+    wins = build_board(rows)                               # the default, the win rate
+    assert all(e.value("aggregate") is not None and not math.isnan(e.value("aggregate"))
+               for e in wins.entries)
+
+    apart = [r for r in rows if r["dataset"] not in ("y",)]
+    apart = [dict(r, dataset="v") if r["sweep"] == "b" and r["dataset"] == "x" else r
+             for r in apart]
+    board = build_board(apart)
+    assert "aggregate" not in [c.name for c in board.columns]
+    assert any(n.startswith("no aggregate: the sweeps on the board share fewer than two")
+               for n in board.notes), board.notes
+
+    lacking = [r for r in rows if not (r["checkpoint"] == "/a/c2" and r["dataset"] == "y")]
+    board = build_board(lacking, aggregate="mean")
+    assert [c.evaluation for c in board.averaged] == ["x", "y"]
+    assert next(e for e in board.entries if e.checkpoint == "/a/c2").value("aggregate") is None
