@@ -13,8 +13,10 @@ the median of ``--repeats`` (wall seconds of ``python -m rayeval ...``, peak RSS
     shown-100     leaderboard BIG --checkpoint GLOB            (one checkpoint: 100 cells shown)
     small-json    leaderboard SMALL --format json
     small-table   leaderboard SMALL
-    paired        rayeval view's paired?ref=0 on BIG: the board made, then the view (in one
-                  process, both printed; the target is the view's own time)
+    paired-12     rayeval view's paired?ref=0&columns=... on BIG for the first 12 columns (a
+                  page's panels): the board made, then the view (in one process, both
+                  printed; the target is the view's own time)
+    paired-all    the same for every column (what a page asked before: 300 columns)
 
 Targets (issue 58): json <= 8 s and <= 1.2x json-mean; small <= 0.6 s; shown-100 <= 3x small;
 paired <= 2 s.
@@ -47,7 +49,8 @@ began = time.perf_counter()
 from rayeval.reporting.report import Report
 report = Report(sys.argv[2], marks=False)
 made = time.perf_counter()
-report.paired(0)
+count = int(sys.argv[3])
+report.paired(0, [c.name for c in report.board.columns[:count]] if count else None)
 done = time.perf_counter()
 print(made - began, done - made)
 """
@@ -98,15 +101,16 @@ def main(argv=None) -> int:
         big = store(cell, args.cells, os.path.join(work, f"big-{args.cells}"))
         small = store(cell, 100, os.path.join(work, "small"))
         wanted = commands(big, small)
-        names = list(wanted) + ["paired"]
+        names = list(wanted) + ["paired-12", "paired-all"]
         if args.only:
             names = [n for n in names if n in args.only.split(",")]
         runs: dict[str, list] = {n: [] for n in names}
         for _ in range(args.repeats):
             for name in names:
-                if name == "paired":
-                    done = subprocess.run([sys.executable, "-c", PAIRED, REPO, big], env=env,
-                                          capture_output=True, text=True, check=True)
+                if name.startswith("paired"):
+                    count = "0" if name.endswith("all") else name.split("-")[1]
+                    done = subprocess.run([sys.executable, "-c", PAIRED, REPO, big, count],
+                                          env=env, capture_output=True, text=True, check=True)
                     made, seconds = map(float, done.stdout.split())
                     runs[name].append({"s": seconds, "board_s": made})
                 else:

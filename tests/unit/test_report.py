@@ -14,6 +14,7 @@ import urllib.request
 
 import pytest
 
+from rayeval.errors import StoreError
 from rayeval.io.store import ResultStore, confidence_of
 from rayeval.ranking import board, paired
 from rayeval.reporting.report import Report
@@ -61,6 +62,12 @@ def test_paired_differences_are_rankings_paired_bootstrap(store):
                               confidence_of(base.rows[c.name]))
                 assert shown == [want.difference, want.ci_low, want.ci_high]
     assert report.references() == [0, 1, 2, 3]           # a small board: every checkpoint
+    # what a served page asks: the columns it shows, the same figures as the whole view's
+    name = made.columns[-1].name
+    some = Report(store, marks=False).view("paired", {"ref": "1", "columns": name})
+    assert some == {"ref": 1, "columns": {name: report.paired(1)["columns"][name]}}
+    with pytest.raises(StoreError, match="nope"):
+        report.view("paired", {"ref": "1", "columns": "nope"})
 
 
 def test_meta_says_where_the_figures_come_from(store):
