@@ -4,6 +4,10 @@ shadow once imported.)
 
     rules      the headline rule (an evaluation's headline metric: a sweep's front door and
                stored rows'), the group-member rule, a metric's direction
+    replicates what a row's bootstrap replicates say: whether two rows pair, percentile
+               intervals of many rows at once (numpy)
+    win_rate   the mean win rate, the default aggregate: shares of the checkpoints beaten,
+               on the values and on every replicate
     aggregate  the suite aggregate over evaluations (the mean win rate by default; a mean or a
                weighted mean as the sweep's aggregate: says) and its interval, from rows in
                hand or a store's rows (with the suite files beside its parts)
@@ -20,13 +24,14 @@ Importing this package imports neither torch nor Ray (intervals import torch whe
 """
 
 from rayeval.ranking.aggregate import (AGGREGATE, aggregate_row, aggregate_spec, aggregates,
-                                       stored_aggregates, win_rates, win_shares)
+                                       stored_aggregates)
 from rayeval.ranking.board import (Board, Entry, board, build_board, latest_rows, mark,
                                    run_board, without_members)
 from rayeval.ranking.columns import (AGGREGATE_COLUMN, Column, columns_of, ranked_rows,
                                      resolve_metric)
 from rayeval.ranking.compare import Comparison, Paired, compare, find_checkpoint, paired
 from rayeval.ranking.rules import direction, members, stored_headlines, sweep_headline
+from rayeval.ranking.win_rate import win_rates, win_shares
 
 __all__ = ["AGGREGATE", "AGGREGATE_COLUMN", "Board", "Column", "Comparison", "Entry", "Paired",
            "aggregate_row", "aggregate_spec", "aggregates", "board", "build_board", "columns_of",

@@ -16,8 +16,9 @@ import numpy as np
 from rayeval.errors import StoreError
 from rayeval.config.run_schema import WIN_RATE, Aggregate
 from rayeval.io.store import confidence_of
-from rayeval.ranking.aggregate import (AGGREGATE, aggregate_row, aggregate_spec, percentiles,
-                                       replicates_of, same_resamples, weights_for, win_rates)
+from rayeval.ranking.aggregate import AGGREGATE, aggregate_row, aggregate_spec, weights_for
+from rayeval.ranking.replicates import percentiles, replicates_of, same_resamples
+from rayeval.ranking.win_rate import win_rates
 from rayeval.ranking.columns import (AGGREGATE_COLUMN, columns_of, evaluations_of, ranked_rows,
                                      resolve_metric)
 from rayeval.ranking.rules import direction, stored_headlines

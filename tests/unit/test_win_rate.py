@@ -330,7 +330,7 @@ def test_percentiles_are_torchs_quantile_and_paired_rows_are_pairs():
     import torch
 
     from rayeval.core.stats import percentile_interval
-    from rayeval.ranking.aggregate import percentiles
+    from rayeval.ranking.replicates import percentiles
     from rayeval.ranking.compare import paired_rows
 
     rng = np.random.default_rng(7)
