@@ -184,8 +184,9 @@ def leaderboard(store: str | os.PathLike, *, metric: str | None = None,
     ``marks[column]`` (``"*"`` the best, ``"~"`` not distinguishable from it); ``columns``
     (``.name``, ``.evaluation``, ``.metric``, ``.higher_is_better``; ``metrics``, their names),
     ``rank_by``, ``higher_is_better``, ``evaluations``, ``averaged`` (the columns the aggregate
-    averages) and ``notes`` (the warnings shown under the table). ``rayeval.reporting.render`` turns it
-    into the command's outputs (``to_csv``, ``to_markdown``, ``to_html``, ``render_rich``).
+    averages) and ``notes`` (the warnings shown under the table). ``rayeval.reporting.render``
+    turns it into the command's outputs (``to_csv``, ``to_markdown``, ``render_rich``;
+    ``reporting.board_html.to_html``).
 
     ``checkpoint``: only checkpoints whose location matches this glob (``*/run-3/*``).
     ``members``: also show each lm-eval group's tasks (``NAME/TASK``); by default a group whose

@@ -11,8 +11,8 @@ from rich.console import Console
 
 from rayeval.config.schema import MlflowTracker, Trackers, WandbTracker
 from rayeval.errors import SpecError, StoreError
-from rayeval.reporting.render import (format_value, render_rich, to_csv, to_html, to_json,
-                                      to_markdown)
+from rayeval.reporting.board_html import to_html
+from rayeval.reporting.render import format_value, render_rich, to_csv, to_json, to_markdown
 from rayeval.ui.exit_codes import EXIT_CELLS_FAILED, EXIT_OK
 
 

@@ -17,7 +17,8 @@ import pytest
 from rich.console import Console
 
 import rayeval
-from rayeval.reporting.render import render_rich, to_html, to_markdown
+from rayeval.reporting.board_html import to_html
+from rayeval.reporting.render import render_rich, to_markdown
 from rayeval.ranking import AGGREGATE, build_board
 from rayeval.ranking.aggregate import scales_note
 from rayeval.ranking.columns import Column, shown_interval

@@ -21,7 +21,8 @@ from rayeval.ui import cli
 from rayeval.errors import StoreError
 from rayeval.ranking import (aggregate_row, aggregates, build_board, compare,
                                  find_checkpoint, latest_rows, paired)
-from rayeval.reporting.render import render_rich, to_csv, to_html, to_json, to_markdown
+from rayeval.reporting.board_html import to_html
+from rayeval.reporting.render import render_rich, to_csv, to_json, to_markdown
 from rayeval.io.store import ResultStore
 
 B = 200

@@ -19,7 +19,8 @@ from rayeval.core.evaluate import MetricResult
 from rayeval.io.store import ResultStore, cell_rows
 from rayeval.ranking import build_board
 from rayeval.ranking.columns import LIMITED
-from rayeval.reporting.render import render_rich, to_csv, to_html, to_markdown
+from rayeval.reporting.board_html import to_html
+from rayeval.reporting.render import render_rich, to_csv, to_markdown
 from rayeval.reporting.tracker_sinks import _Sink, board_table, limit_names, limits, points
 from rayeval.ui import cli
 

@@ -14,7 +14,7 @@ from rayeval.config.run_schema import Aggregate
 from rayeval.errors import SpecError, StoreError
 from rayeval.plan.loader import parse_sweep
 from rayeval.ranking import aggregate_spec, aggregates, build_board, compare, win_shares
-from rayeval.reporting.render import to_html
+from rayeval.reporting.board_html import to_html
 
 B = 300
 KEY = f"seed=0;buckets=1024;replicates={B};confidence=0.95"
