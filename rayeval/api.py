@@ -158,7 +158,7 @@ def query(store: str | os.PathLike, sql: str, *, skip_damaged: bool = False) -> 
     Raises :class:`rayeval.StoreError` when the store cannot be read, a file in it is damaged
     (unless ``skip_damaged``: then it is left out, and named on stderr) or the SQL fails.
     """
-    from rayeval.io.store_query import query as run_query
+    from rayeval.io.store.query import query as run_query
 
     return run_query(store, sql, damaged="skip" if skip_damaged else "refuse")
 

@@ -110,8 +110,8 @@ def synth(cell: pa.Table, cells: int):
 def build(cell: pa.Table, cells: int, old_dir: str | None, new_dir: str) -> float:
     """Both layouts of one size; returns the seconds taken."""
     from rayeval.ranking.suite import summaries
-    from rayeval.io import store_layout as layout
-    from rayeval.io.store_compact import PART_ROWS, _publish, _with_ordinals
+    from rayeval.io.store import layout
+    from rayeval.io.store.compact import PART_ROWS, _publish, _with_ordinals
     import pyarrow.fs as pafs
 
     began = time.perf_counter()

@@ -441,7 +441,7 @@ class Sweep:
     source: str = setting("The sweep file, for messages.", numbers=False, default="",
                           yaml=None)
     text: str = setting(
-        "The sweep file's text as read (the result store keeps a copy: ``io.store_sweeps``); "
+        "The sweep file's text as read (the result store keeps a copy: ``io.store.sweeps``); "
         "empty for a sweep built in Python.", numbers=False, default="", yaml=None)
     checkpoint: CheckpointSpec = setting("How a checkpoint's state dict is found.",
                                          numbers=True, default=CheckpointSpec())

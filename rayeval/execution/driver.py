@@ -175,7 +175,7 @@ def run_sweep(sweep: Sweep, *, address: str | None = None, force: bool = False,
 
 
 def keep_sweep(sweep: Sweep) -> None:
-    """The sweep file's text into the store before any cell (``io.store_sweeps``): the sweep
+    """The sweep file's text into the store before any cell (``io.store.sweeps``): the sweep
     a report shows behind the rows. After the plan, only when it has cells to evaluate and
     Ray is up, so a sweep that fails its pre-flight, whose every checkpoint fails before Ray,
     or whose cluster does not answer leaves nothing; a sweep built in Python has no text and
@@ -185,7 +185,7 @@ def keep_sweep(sweep: Sweep) -> None:
 
 
 def consolidate(plan: Plan, groups_written: list[str]) -> None:
-    """The run's cells, each its own file while it ran, into one part (``store_compact``):
+    """The run's cells, each its own file while it ran, into one part (``store.compact``):
     a store that a board reads in a few files. A failure leaves the cells where they are
     (complete: the next ``rayeval store compact`` moves them), with one line."""
     keys = [c.key for c in plan.cells] + groups_written

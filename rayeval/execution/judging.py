@@ -2,7 +2,7 @@
 checkpoint's generations.
 
     Generations   the sink of a judged cell's generation pass: rank 0 keeps its merged
-                  states under the generation key (``io.store_states``' generations folder,
+                  states under the generation key (``io.store.states``' generations folder,
                   with the tag of the records that hold the responses); nothing is published
     JudgeStage    once every checkpoint is generated (and the evaluated model let go), the
                   judge loads once per worker and grades each judged cell's stored
@@ -31,7 +31,8 @@ from rayeval.errors import RayevalError, SpecError, StoreError
 from rayeval.execution import dist
 from rayeval.execution.checkpoints import Stop
 from rayeval.execution.rank import RankContext
-from rayeval.io import data, store_states
+from rayeval.io import data
+from rayeval.io.store import states as store_states
 from rayeval.io.store import ResultStore
 from rayeval.plan.cells import Cell, CellOutcome, Evaluation, Plan, generation_spec
 

@@ -7,7 +7,7 @@ row id): which rows a range of buckets holds does not depend on the shards. A ce
 consecutive bucket ranges [a, b), each one pass over every worker's shard that scores only its
 rows, and one all-reduce of its states; the states are integer sums per bucket, so adding the
 segments' states gives exactly an uninterrupted pass's (figures, intervals). After a segment,
-rank 0 writes the cell's states so far with the boundary (``io.store_states``: ``scored_below``)
+rank 0 writes the cell's states so far with the boundary (``io.store.states``: ``scored_below``)
 when ``resume.every`` seconds have passed since the last save; a later plan finds them
 (``plan.cells.resumed``) and the cell's pass scores from the boundary on (``sinks.Publish``
 adds the kept states before publishing). Per-item records are written segment by segment under
@@ -35,7 +35,7 @@ from rayeval.core.evaluate import ROWS
 from rayeval.errors import RayevalError
 from rayeval.execution.rank import RankContext
 from rayeval.execution.scorer import CellScorer, Cost
-from rayeval.io import store_states
+from rayeval.io.store import states as store_states
 from rayeval.plan.cells import Cell, CellOutcome, Evaluation
 
 PROBE = 32               # an evaluation's first segment: 1/32 of its buckets

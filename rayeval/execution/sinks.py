@@ -21,7 +21,7 @@ from rayeval.core import tasks
 from rayeval.core.evaluate import ROWS, finalize
 from rayeval.errors import RayevalError
 from rayeval.execution.rank import RankContext, peak_rss
-from rayeval.io import store_states
+from rayeval.io.store import states as store_states
 from rayeval.io.store import ResultStore, cell_rows
 from rayeval.plan.cells import PARTIAL, Cell, CellOutcome, Evaluation, Plan
 
@@ -82,7 +82,7 @@ class Publish:
             ctx.details[cell.key] = e.detail
             return ctx.failure(cell, step, f"{ev.name}: {e.message}")
         key = cell.key if partial is None else cell.key + PARTIAL
-        if partial is not None:           # so that a later run completes it (io.store_states)
+        if partial is not None:           # so that a later run completes it (io.store.states)
             store_states.write(self.store, cell.key,
                                {k: v.numpy() for k, v in merged.items()}, partial.below,
                                ev.spec.bootstrap.k)

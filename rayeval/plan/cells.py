@@ -51,7 +51,7 @@ class Cell:
     evaluation: str              # its name
     key: str                     # content key: the store's file name for this cell
     fingerprint: str = ""        # the checkpoint's: a changed file is a new cell
-    # A partial cell a race left, or a cell in progress kept (io.store_states): its rows of
+    # A partial cell a race left, or a cell in progress kept (io.store.states): its rows of
     # the buckets below this one are kept (``kept`` rows), so the pass scores the rest.
     # 0: every row.
     resume: int = field(default=0, compare=False)
@@ -162,7 +162,7 @@ def generation_spec(spec: EvalSpec) -> EvalSpec:
 
 def generation_key(sweep: Sweep, evaluation: Evaluation, checkpoint: CheckpointRef,
                    fingerprint: str | None = None) -> str:
-    """The key a judged evaluation's generations are kept under (``io.store_states``'
+    """The key a judged evaluation's generations are kept under (``io.store.states``'
     generations folder, and their records): the key of the same evaluation without its judge,
     so changing only the judge finds them, and changing the generation does not."""
     plain = dataclasses.replace(evaluation, spec=generation_spec(evaluation.spec))
@@ -268,7 +268,7 @@ def run_keys(plan: Plan, outcomes) -> set[str]:
 
 def generated(store: ResultStore, pending: list[Cell]) -> list[Cell]:
     """Judged cells whose generations the store keeps: only their judge runs."""
-    from rayeval.io import store_states
+    from rayeval.io.store import states as store_states
 
     kept = store_states.kept(store, [c.generation for c in pending if c.generation],
                              store_states.GENERATIONS)
@@ -281,7 +281,7 @@ def resumed(store: ResultStore, pending: list[Cell], evaluations) -> list[Cell]:
     it scored them): they score the rest only. One listing of ``states/``, one read per
     cell found."""
     from rayeval.core.evaluate import ROWS
-    from rayeval.io import store_states
+    from rayeval.io.store import states as store_states
 
     kept = store_states.kept(store, [c.key for c in pending])
     if not kept:

@@ -177,7 +177,7 @@ def board(store, *, metric: str | None = None, sweep: str | None = None,
     how = aggregate_spec(aggregate)
     from rayeval.io import paths
     from rayeval.io.store import SCHEMA, ResultStore, newest
-    from rayeval.io.store_layout import figures
+    from rayeval.io.store.layout import figures
     from rayeval.ranking.aggregate import stored_aggregates
     from rayeval.ranking.stored import checkpoint_pattern, with_replicates
 

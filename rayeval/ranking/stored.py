@@ -15,7 +15,7 @@ import re
 from rayeval.errors import StoreError
 from rayeval.io import paths
 from rayeval.io.store import SCHEMA, ResultStore, newest
-from rayeval.io.store_layout import figures
+from rayeval.io.store.layout import figures
 from rayeval.ranking.aggregate import averaged
 from rayeval.ranking.columns import ranked_rows
 

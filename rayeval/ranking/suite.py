@@ -5,7 +5,7 @@ checkpoint, replicate b of each evaluation's headline metric: to print it, a boa
 every headline row's replicates — a third of a store's bytes (a 100,000-cell store: ~800 MB,
 ~2 s to read and ~2 s to combine on a 2-core machine). A part holds whole runs of a sweep, so
 when it is written the combination of each checkpoint's headline rows in it is computed once
-and kept beside the part (``store_layout.suite_of``); a board takes it where the checkpoint's
+and kept beside the part (``store.layout.suite_of``); a board takes it where the checkpoint's
 headline rows on the board are exactly those (same evaluations, metrics, cells and writes),
 and combines the replicates itself otherwise. The same function (``stats.
 combined_intervals_by_shape``) computes both, so the numbers are the same bits.

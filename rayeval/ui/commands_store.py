@@ -423,7 +423,7 @@ def _compact(args, out: Console) -> int:
 
 
 def _query(args, out: Console) -> int:
-    from rayeval.io.store_query import query
+    from rayeval.io.store.query import query
 
     table = query(args.store, args.sql, damaged="skip" if args.skip_damaged else "refuse")
     if args.format == "json":

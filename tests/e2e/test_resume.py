@@ -158,7 +158,7 @@ def test_a_cell_killed_mid_way_resumes_on_1_and_3_workers_bit_for_bit(tmp_path):
     second or two and may keep the cell once more: the boundaries are read once they are
     gone; the runs on 2 and 1 workers leave seconds of batches after the kill.)"""
     from rayeval.core.evaluate import ROWS
-    from rayeval.io import store_states
+    from rayeval.io.store import states as store_states
 
     N = 6000      # rows: the first segments take about 49 times a segment's fixed cost
     write_model_module(str(tmp_path))

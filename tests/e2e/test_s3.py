@@ -14,7 +14,7 @@ from rayeval.execution.driver import run_sweep
 from rayeval.ranking import latest_rows
 from rayeval.plan.loader import load_sweep, with_overrides
 from rayeval.io.store import ResultStore
-from rayeval.io.store_layout import list_suites
+from rayeval.io.store.layout import list_suites
 from s3server import CREDENTIALS, FlakyProxy, MotoServer
 from support import rayeval_cli, rayeval_main, stop_ray
 

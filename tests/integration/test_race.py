@@ -154,7 +154,7 @@ def test_the_race_is_the_same_on_1_and_3_workers(runs):
 
 
 def test_a_later_run_without_select_completes_the_partial_cells(runs, sweep_dir):
-    """The race's partial cells keep their states (io.store_states): a run of the same sweep
+    """The race's partial cells keep their states (io.store.states): a run of the same sweep
     without ``select:`` scores only their remaining rows, and the completed cells equal the
     full run's bit for bit; the boards then take the complete cells."""
     from rayeval.ranking import latest_rows

@@ -283,7 +283,7 @@ def test_a_worker_killed_mid_cell_resumes_from_the_kept_states(ray_cluster, tmp_
     """A cell kept every second (``resume``): a worker SIGKILLed once part of it is kept;
     the restarted group scores only the rows left (it counts the kept ones as resumed) and
     the cell equals the plain loop's."""
-    from rayeval.io import store_states
+    from rayeval.io.store import states as store_states
 
     count = tmp_path / "count"
     count.mkdir()

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from rayeval.io.store import ResultStore
-from rayeval.io.store_layout import SUITE, list_suites
+from rayeval.io.store.layout import SUITE, list_suites
 from rayeval.reporting.render import to_json
 from rayeval.ranking import (AGGREGATE, aggregates, columns_of, resolve_metric,
                              stored_aggregates, without_members)

@@ -11,7 +11,7 @@ import torch
 from rayeval.core.evaluate import ROWS
 from rayeval.execution.resume import OVERHEAD, PROBE, Pace, Schedule
 from rayeval.execution.scorer import Cost, Gather
-from rayeval.io import store_states
+from rayeval.io.store import states as store_states
 from rayeval.io.store import ResultStore
 from rayeval.plan.cells import make_plan
 from rayeval.plan.loader import parse_sweep

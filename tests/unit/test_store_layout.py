@@ -13,7 +13,7 @@ import pytest
 
 from rayeval.errors import StoreError
 from rayeval.io.store import SCHEMA, ResultStore, newest
-from rayeval.io.store_layout import sweep_folder
+from rayeval.io.store.layout import sweep_folder
 from rayeval.reporting.render import dumps_indented
 from rayeval.ui import cli
 
@@ -172,7 +172,7 @@ def test_a_newer_store_a_damaged_file_and_a_failing_query_are_one_line(tmp_path,
 
 def test_query_answers_as_the_rows_say(tmp_path):
     pytest.importorskip("duckdb")
-    from rayeval.io.store_query import query
+    from rayeval.io.store.query import query
 
     store = old_store(tmp_path)
     store.write_cell("a1val", cell("a", "/ck/a/step_1", "val", 9, 0.9))   # written again
@@ -200,7 +200,7 @@ def test_a_file_moved_into_a_part_while_a_reader_lists_is_read_from_the_part(tmp
     """A reader lists the cell files; a mover publishes them in a part and removes them; the
     reader's scan then finds them gone, lists again and reads every cell once (a test polling
     a store while `watch` consolidated failed with 'damaged file')."""
-    from rayeval.io import store_layout as layout
+    from rayeval.io.store import layout
     from rayeval.io.store import SCHEMA
 
     store = old_store(tmp_path)
@@ -220,7 +220,7 @@ def test_zeroed_bytes_inside_a_part_are_found_and_named(tmp_path, capsys):
     """Every page of a part carries a checksum that a read verifies: 200 zeroed bytes inside
     the part's pages (which decoded as other numbers, unnoticed, without one) fail the read in
     one line that names the file and says truthfully what moving it away does."""
-    from rayeval.io import store_layout as layout
+    from rayeval.io.store import layout
 
     store = ResultStore(str(tmp_path))
     for n in range(40):

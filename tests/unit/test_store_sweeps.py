@@ -1,9 +1,9 @@
-"""Tier 1: the sweep files a result store keeps (``io.store_sweeps``), on a local folder."""
+"""Tier 1: the sweep files a result store keeps (``io.store.sweeps``), on a local folder."""
 
 import os
 
 from rayeval.config.schema import Sweep
-from rayeval.io import store_layout, store_sweeps
+from rayeval.io.store import layout as store_layout, sweeps as store_sweeps
 from rayeval.io.store import ResultStore
 from rayeval.plan.loader import load_sweep
 from support import write_sweep

@@ -20,8 +20,9 @@ import pyarrow as pa
 import pyarrow.dataset as pads
 
 from rayeval.errors import StoreError
-from rayeval.io import paths, store_layout as layout
-from rayeval.io.store import SCHEMA, ResultStore
+from rayeval.io import paths
+from rayeval.io.store import layout
+from rayeval.io.store.results import SCHEMA, ResultStore
 
 LATEST = """
     SELECT * EXCLUDE (_rank) FROM (

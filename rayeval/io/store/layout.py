@@ -8,7 +8,7 @@ Two kinds of files, both with the rows of ``store.SCHEMA``::
     {root}/parts/sweep-{digest}/part-{time}-{id}.parquet  many cells of one sweep (format 2)
 
 A run writes each cell as it finishes into ``results/`` (so a restarted worker group and a
-concurrent run see it at once), then moves its cells into one part (``store_compact``). A part
+concurrent run see it at once), then moves its cells into one part (``store.compact``). A part
 holds an extra column, ``ordinal`` (a row's place in its cell: the cell's first row is its
 headline metric), and its rows are sorted by (metric, dataset, cell, ordinal) in row groups, so
 that reading one metric's replicates reads only the row groups that hold it. A board reads the

@@ -1,10 +1,10 @@
 """The result store: parquet files of evaluated cells (checkpoint x evaluation; the ``dataset``
-column holds the evaluation's name), one row per metric; ``store_layout`` says where.
+column holds the evaluation's name), one row per metric; ``store.layout`` says where.
 
 A run writes each cell as one file named by its content key under ``results/`` (so a second run
 of the same cell replaces its file instead of adding a duplicate, and a run can ask the store
 which cells it already holds), then moves its cells into one part under ``parts/``
-(``store_compact``). Local files are written under a hidden temporary name and renamed into
+(``store.compact``). Local files are written under a hidden temporary name and renamed into
 place (readers skip hidden names); object-store writes are single PUTs, which are atomic.
 """
 
@@ -19,8 +19,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.fs as pafs
 
-from rayeval.io import paths, store_layout as layout, store_sweeps
+from rayeval.io import paths
 from rayeval.errors import StoreError
+from rayeval.io.store import layout, sweeps as store_sweeps
+from rayeval.io.store.rows import latest_indices, replicate_arrays
 
 SCHEMA = pa.schema([
     pa.field("sweep", pa.string(), nullable=False),
@@ -172,7 +174,7 @@ class ResultStore:
             schema=SCHEMA)
         return self._put(self.dir, f"{cell}.parquet", table)
 
-    # --- the sweep files: {root}/sweeps/sweep-{digest}/{text digest}.yaml (store_sweeps) ----
+    # --- the sweep files: {root}/sweeps/sweep-{digest}/{text digest}.yaml (store.sweeps) ----
 
     def keep_sweep(self, sweep: str, text: str) -> str | None:
         """Keep a sweep file's text as the newest of ``sweep`` (before a run writes cells);
@@ -295,8 +297,8 @@ class ResultStore:
     def consolidate(self, cells, wait_s: float = 10.0, summarize=None):
         """Move these cells' own files into one part per sweep (the end of a run); nothing
         when another mover holds the lock for ``wait_s`` (the next compaction moves them).
-        ``summarize``: what to keep beside each part (``store_compact.move_cells``)."""
-        from rayeval.io.store_compact import move_cells
+        ``summarize``: what to keep beside each part (``store.compact.move_cells``)."""
+        from rayeval.io.store.compact import move_cells
 
         try:
             return move_cells(self.fs, self.root, self.location, SCHEMA, list(cells),
@@ -308,7 +310,7 @@ class ResultStore:
     def compact(self, wait_s: float = 0.0, summarize=None):
         """Every cell file into parts, and each sweep's small parts merged
         (``rayeval store compact``); refused in one line while another mover works."""
-        from rayeval.io.store_compact import LOCK, move_cells
+        from rayeval.io.store.compact import LOCK, move_cells
 
         self.check("STORE")
         try:
@@ -428,7 +430,7 @@ def newest(store: str | os.PathLike, *, sweep: str | None = None,
     """The newest stored row of every (sweep, checkpoint, evaluation, metric), as
     ``rayeval.results`` documents; ``what`` names the store in errors (the command line's
     ``STORE``, a sweep's ``output``). ``metric``, ``checkpoint`` (a regular expression on the
-    location): only those rows. ``columns``: only these (``store_layout.figures``: all
+    location): only those rows. ``columns``: only these (``store.layout.figures``: all
     but the replicates, a small part of the bytes)."""
     given = os.fspath(store)
     location = paths.resolve(given, os.getcwd())
@@ -445,59 +447,3 @@ def newest(store: str | os.PathLike, *, sweep: str | None = None,
                         evaluation=evaluation, metric=metric, checkpoint=checkpoint)
     table = table.take(latest_indices(table))
     return table if wanted is None else table.select(wanted)
-
-
-# The stored row's format, read back: one place for what every reader needs of it.
-
-def latest_indices(table: pa.Table) -> pa.Array:
-    """The index of the newest row for every (sweep, checkpoint, dataset, metric), in store
-    order (of each key's first row); the later row wins a tie. On columns: no row becomes a
-    Python object (a 300,000-row store took ~3 s as dicts)."""
-    n = table.num_rows
-    if n == 0:
-        return pa.array([], pa.int64())
-    joined = pc.binary_join_element_wise(
-        *(table[c] for c in ("sweep", "checkpoint", "dataset", "metric")), "\x1f")
-    # dictionary codes number the keys in order of first appearance: the store order
-    codes = joined.combine_chunks().dictionary_encode().indices.to_numpy(zero_copy_only=False)
-    stamps = table["created_at"].combine_chunks().cast(pa.int64()) \
-        .fill_null(np.iinfo(np.int64).min).to_numpy(zero_copy_only=False)
-    order = np.lexsort((np.arange(n), stamps, codes))
-    grouped = codes[order]
-    last = np.append(grouped[1:] != grouped[:-1], True)
-    return pa.array(order[last], pa.int64())
-
-
-def latest_rows(table: pa.Table) -> list[dict]:
-    """The newest row for every (sweep, checkpoint, dataset, metric), in store order."""
-    return table.take(latest_indices(table)).to_pylist()
-
-
-def replicate_arrays(column: pa.ChunkedArray) -> list[np.ndarray | None]:
-    """A list<double> column as one float64 array per row (views of one buffer when every
-    row has the same length), None for nulls."""
-    out: list[np.ndarray | None] = []
-    for chunk in column.chunks:
-        values = chunk.values.to_numpy(zero_copy_only=False)     # offsets index these
-        offsets = chunk.offsets.to_numpy(zero_copy_only=False)
-        valid = chunk.is_valid().to_numpy(zero_copy_only=False)
-        out += [values[offsets[i]:offsets[i + 1]] if valid[i] else None
-                for i in range(len(chunk))]
-    return out
-
-
-def direction(higher_is_better: bool) -> float:
-    """+1.0 for a metric where higher is better (a row's ``higher_is_better``), -1.0 where
-    lower is: a lower-is-better metric enters an aggregate, a race and a ranking negated. The
-    one place this sign is computed (``ranking.rules`` and ``core.racing`` use it)."""
-    return 1.0 if higher_is_better else -1.0
-
-
-def bootstrap_params(key: str | None) -> dict[str, str]:
-    return dict(part.split("=", 1) for part in key.split(";")) if key else {}
-
-
-def confidence_of(row: dict) -> float:
-    if row.get("confidence") is not None:                 # an aggregate row
-        return float(row["confidence"])
-    return float(bootstrap_params(row.get("bootstrap")).get("confidence", 0.95))

@@ -28,7 +28,8 @@ import pyarrow.compute as pc
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from rayeval.io import paths, store_layout as layout
+from rayeval.io import paths
+from rayeval.io.store import layout
 
 LOCK = ".lock"               # in parts/: hidden, so no reader lists it
 STALE_LOCK_S = 6 * 3600      # a lock older than this is a crashed mover's

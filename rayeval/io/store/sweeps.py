@@ -3,7 +3,7 @@
 A run keeps its sweep file's text, as the user wrote it, before it writes any cell
 (``execution.driver.keep_sweep``), so that a report can show the sweep behind a store's rows. A
 sweep's folder is named by the digest of its name, as its parts' folder is
-(``store_layout.sweep_folder``); a file by the digest of the text, so a re-run of the same file
+(``store.layout.sweep_folder``); a file by the digest of the text, so a re-run of the same file
 writes nothing and every edit adds one file. A file is the text under one header line, a YAML
 comment that names the sweep (a folder's digest cannot be read back) and when it was kept::
 
@@ -27,7 +27,7 @@ from typing import NamedTuple
 import pyarrow.fs as pafs
 
 from rayeval.io import paths
-from rayeval.io.store_layout import sweep_folder
+from rayeval.io.store.layout import sweep_folder
 
 FOLDER = "sweeps"
 HEADER = "# rayeval: "

@@ -25,7 +25,8 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 
 from rayeval.errors import StoreError
-from rayeval.io import paths, store_layout as layout
+from rayeval.io import paths
+from rayeval.io.store import layout
 
 FOLDER = "states"
 # A judged evaluation's generations (docs/judges.md): the generation stage's merged states,
