@@ -14,8 +14,6 @@ import contextlib
 from dataclasses import dataclass
 from typing import Iterable
 
-import torch
-
 from rayeval.core import backends, stats, tasks
 from rayeval.core.backends import Backend, Context
 from rayeval.core.backends.torch import call_model, float_dtype, move
@@ -26,6 +24,9 @@ from rayeval.errors import MetricError, ModelError, traceback_of
 from rayeval.core.metrics import IGNORE, Indexed, Metric
 from rayeval.io.model import import_callable
 from rayeval.core.tasks import TOKENS
+from rayeval.lazy import lazy_module
+
+torch = lazy_module("torch")        # imported on first use (rayeval.lazy)
 
 ROWS = "_rows"   # the row count every cell keeps, checked against the data set before publishing
 
@@ -98,7 +99,8 @@ class Accumulator:
     FLUSH_VALUES = 1 << 20     # 16 MiB held at most (a float64 value and an int64 index)
 
     def __init__(self, metrics: list[tuple[str, Metric]], size: int, buckets: int = 1,
-                 device: torch.device = torch.device("cpu"), count_tokens: bool = False):
+                 device: torch.device | None = None, count_tokens: bool = False):
+        device = torch.device("cpu") if device is None else device
         self.metrics = metrics
         self.size = size
         self.k = buckets
@@ -342,20 +344,20 @@ class Pass:
         """One batch's (outputs, targets) as the task scores them, added to nothing."""
         return self.task.score(self.backend, x, y, self.context)
 
-    @torch.inference_mode()
     def _score(self, x, y, buckets) -> None:
-        self.scoring = int(y.shape[0])
-        out, y = self.score(x, y)
-        tokens = self.task.scored_tokens(out, y) if self.task.counts_tokens else None
-        self.acc.add(out, y, buckets, tokens)
-        if self.records is not None:
-            batch = self.task.item_records(x, out)
-            batch.update(item_values(self.metrics, out, y))
-            self.records.append(batch)
-        self.scored_rows += int(y.shape[0])
-        self.scoring = 0
-        if self.on_rows is not None:
-            self.on_rows(self.scored_rows)
+        with torch.inference_mode():
+            self.scoring = int(y.shape[0])
+            out, y = self.score(x, y)
+            tokens = self.task.scored_tokens(out, y) if self.task.counts_tokens else None
+            self.acc.add(out, y, buckets, tokens)
+            if self.records is not None:
+                batch = self.task.item_records(x, out)
+                batch.update(item_values(self.metrics, out, y))
+                self.records.append(batch)
+            self.scored_rows += int(y.shape[0])
+            self.scoring = 0
+            if self.on_rows is not None:
+                self.on_rows(self.scored_rows)
 
     def sample_table(self):
         """The per-item records of every row scored so far, one row per item (a pyarrow
@@ -394,12 +396,13 @@ def compute(metrics, states, size: int, bootstrap: Bootstrap = OFF) -> dict[str,
 
 
 def evaluate(model: torch.nn.Module, batches: Iterable, metrics: list[tuple[str, Metric]],
-             size: int, device: torch.device = torch.device("cpu"),
+             size: int, device: torch.device | None = None,
              task: tasks.Task | str = "classification", buckets: int = 1
              ) -> dict[str, torch.Tensor]:
     """All batches through one model: the states of one pass (no collectives). Batches are
     (inputs, targets) or (inputs, targets, row buckets)."""
-    p = Pass(model, metrics, size, device, task, buckets)
+    p = Pass(model, metrics, size, torch.device("cpu") if device is None else device, task,
+             buckets)
     for batch in batches:
         p.update(*batch)
     p.finish()

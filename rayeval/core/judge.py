@@ -20,11 +20,12 @@ import math
 import re
 from typing import Any
 
-import torch
-
 from rayeval.core.metrics import register
 from rayeval.core.metrics.base import Metric, _ratio
 from rayeval.errors import SpecError
+from rayeval.lazy import lazy_module
+
+torch = lazy_module("torch")        # imported on first use (rayeval.lazy)
 
 JUDGE = "judge"                  # the metric a sweep lists
 FAILED = "judge_failed"          # stored beside it: items whose verdict could not be read

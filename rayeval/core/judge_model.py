@@ -15,11 +15,12 @@ import tempfile
 from dataclasses import dataclass
 from typing import Any
 
-import torch
-
 from rayeval.core import backends
 from rayeval.core.backends.base import Setup
 from rayeval.errors import CheckpointError
+from rayeval.lazy import lazy_module
+
+torch = lazy_module("torch")        # imported on first use (rayeval.lazy)
 
 
 @dataclass
@@ -40,12 +41,12 @@ def load(js, backend_name: str, device: torch.device, model_spec) -> JudgeModel:
     from rayeval import errors
     from rayeval.io import hf
     from rayeval.io.checkpoints import fetch
-    from rayeval.io.loading import DTYPES
+    from rayeval.io.loading import dtypes
 
     transformers = hf.require()
     folder = fetch(js.model, os.path.join(tempfile.gettempdir(), "rayeval-judges"))
     try:
-        kwargs = {"dtype": DTYPES[js.dtype]} if js.dtype else {}
+        kwargs = {"dtype": dtypes()[js.dtype]} if js.dtype else {}
         model = transformers.AutoModelForCausalLM.from_pretrained(folder, **kwargs)
     except Exception as e:          # noqa: BLE001 - files transformers cannot read
         raise CheckpointError(f"{js.key_path}.model: {js.model}: transformers cannot load the "

@@ -23,9 +23,11 @@ from collections.abc import Mapping
 
 import numpy as np
 import pyarrow as pa
-import torch
 
 from rayeval.errors import DataError
+from rayeval.lazy import lazy_module
+
+torch = lazy_module("torch")        # imported on first use (rayeval.lazy)
 
 INPUTS = "__rayeval_inputs"      # one column (a tensor) or INPUTS.<keyword> columns
 ERROR = "__rayeval_error"

@@ -22,7 +22,9 @@ import functools
 import math
 
 import numpy as np
-import torch
+from rayeval.lazy import lazy_module
+
+torch = lazy_module("torch")        # imported on first use (rayeval.lazy)
 
 LIMB_BITS = 32
 LIMBS = 4
@@ -140,9 +142,11 @@ def buckets_of(row_ids: torch.Tensor, seed: int, k: int) -> torch.Tensor:
     return _shr(h, 1) % k
 
 
-# Poisson(1) inverse CDF on a 53-bit uniform: thresholds P(X <= j).
-_POISSON_CDF = torch.tensor([sum(math.exp(-1) / math.factorial(i) for i in range(j + 1))
-                             for j in range(20)], dtype=torch.float64)
+@functools.cache
+def _poisson_cdf() -> torch.Tensor:
+    """Poisson(1) inverse CDF on a 53-bit uniform: thresholds P(X <= j)."""
+    return torch.tensor([sum(math.exp(-1) / math.factorial(i) for i in range(j + 1))
+                         for j in range(20)], dtype=torch.float64)
 
 
 @functools.lru_cache(maxsize=4)
@@ -153,7 +157,7 @@ def poisson_weights(seed: int, buckets: int, replicates: int) -> torch.Tensor:
     k = torch.arange(buckets, dtype=torch.int64).view(1, -1)
     h = combine(seed, 0x5EED, b, k)
     u = _shr(h, 11).to(torch.float64) / float(1 << 53)
-    return torch.bucketize(u, _POISSON_CDF, right=True).to(torch.int64)
+    return torch.bucketize(u, _poisson_cdf(), right=True).to(torch.int64)
 
 
 def weighted_sum(weights: torch.Tensor, bucket_states: torch.Tensor) -> torch.Tensor:

@@ -84,7 +84,7 @@ def since_process_start() -> float:
 
 
 DRIVER_PHASES = (
-    ("imports", "python start and imports, to the run (torch, pyarrow, rayeval)"),
+    ("imports", "python start and imports, to the run (rayeval, pyarrow; torch: later)"),
     ("inputs", "data sets inspected, model probed, store checked, cells planned"),
     ("ray start", "ray.init (a local Ray, or the connection to a cluster)"),
     ("group start", "trainer made, worker and process groups started, to the first loop"),

@@ -22,8 +22,6 @@ from __future__ import annotations
 import math
 from typing import ClassVar
 
-import torch
-
 from rayeval.core import metrics as M
 from rayeval.core.tasks.text import TextBatch, TextTask, rolling_windows
 from rayeval.errors import DataError
@@ -32,6 +30,9 @@ from rayeval.harness import corpus, items, store
 from rayeval.harness import requests as request_table    # (score's ``requests`` are its own)
 from rayeval.harness.requests import COLUMNS, filter_names, layout
 from rayeval.io import data
+from rayeval.lazy import lazy_module
+
+torch = lazy_module("torch")        # imported on first use (rayeval.lazy)
 
 
 def lm_task(data_location: str):

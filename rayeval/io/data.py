@@ -17,13 +17,15 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as pads
-import torch
 
 from rayeval.config import constants
 from rayeval.io import paths, sources
 from rayeval import errors
 from rayeval.errors import DataError
 from rayeval.config.schema import DatasetSpec
+from rayeval.lazy import lazy_module
+
+torch = lazy_module("torch")        # imported on first use (rayeval.lazy)
 
 PARQUET_SUFFIXES = sources.SUFFIXES["parquet"]
 

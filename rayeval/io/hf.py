@@ -20,12 +20,13 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-import torch
-
 from rayeval import compat
 from rayeval.io import paths
 from rayeval import errors
 from rayeval.errors import CheckpointError, SpecError
+from rayeval.lazy import lazy_module
+
+torch = lazy_module("torch")        # imported on first use (rayeval.lazy)
 
 CONFIG = "config.json"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json",

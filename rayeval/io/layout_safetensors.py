@@ -3,16 +3,18 @@ so that a tensor's rows are read on demand."""
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
 import struct
 
-import torch
-
 from rayeval import errors
 from rayeval.errors import CheckpointError
 from rayeval.io.raw import Raw, _corrupt
+from rayeval.lazy import lazy_module
+
+torch = lazy_module("torch")        # imported on first use (rayeval.lazy)
 
 
 def _safetensors(path: str) -> dict[str, torch.Tensor]:
@@ -54,9 +56,11 @@ class _SafetensorsRows:
         return out
 
 
-_ST_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16,
-              "BF16": torch.bfloat16, "I64": torch.int64, "I32": torch.int32,
-              "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8, "BOOL": torch.bool}
+@functools.cache
+def _st_dtypes() -> dict[str, torch.dtype]:
+    return {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16,
+            "BF16": torch.bfloat16, "I64": torch.int64, "I32": torch.int32,
+            "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8, "BOOL": torch.bool}
 
 
 def _safetensors_header(path: str) -> dict[str, tuple[str, int, torch.dtype, tuple[int, ...]]]:
@@ -72,10 +76,10 @@ def _safetensors_header(path: str) -> dict[str, tuple[str, int, torch.dtype, tup
     for key, entry in header.items():
         if key == "__metadata__":
             continue
-        if entry.get("dtype") not in _ST_DTYPES:
+        if entry.get("dtype") not in _st_dtypes():
             raise CheckpointError(f"{path}: tensor {key} has dtype {entry.get('dtype')!r}, "
                                   "which rayeval cannot read sliced")
-        out[key] = (path, 8 + length + int(entry["data_offsets"][0]), _ST_DTYPES[entry["dtype"]],
+        out[key] = (path, 8 + length + int(entry["data_offsets"][0]), _st_dtypes()[entry["dtype"]],
                     tuple(entry["shape"]))
     return out
 

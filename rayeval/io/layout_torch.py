@@ -12,11 +12,12 @@ import warnings
 import zipfile
 from typing import Mapping
 
-import torch
-
 from rayeval import errors
 from rayeval.errors import CheckpointError
 from rayeval.io.raw import Raw, _corrupt
+from rayeval.lazy import lazy_module
+
+torch = lazy_module("torch")        # imported on first use (rayeval.lazy)
 
 log = logging.getLogger("rayeval")
 

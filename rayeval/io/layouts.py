@@ -28,8 +28,6 @@ import struct
 from dataclasses import dataclass
 from typing import Callable, Mapping
 
-import torch
-
 from rayeval.config.registry import Registry
 from rayeval.errors import CheckpointError
 # Each family of layouts in its own module; their public names are re-exported here, where the
@@ -37,6 +35,9 @@ from rayeval.errors import CheckpointError
 from rayeval.io.layout_safetensors import _SafetensorsRows, _open_safetensors, _safetensors
 from rayeval.io.layout_torch import _NOT_MAPPED, flatten, release, torch_load
 from rayeval.io.raw import Raw, _corrupt, _raw
+from rayeval.lazy import lazy_module
+
+torch = lazy_module("torch")        # imported on first use (rayeval.lazy)
 
 CHECKPOINT_SUFFIXES = (".pt", ".pth", ".bin", ".ckpt", ".safetensors")
 HF_INDEXES = {"model.safetensors.index.json": "safetensors-sharded",

@@ -14,10 +14,9 @@ twice; only then does the model move to the worker's device.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import Callable, Mapping
-
-import torch
 
 from rayeval import compat
 from rayeval.io import layouts
@@ -25,13 +24,21 @@ from rayeval.io.checkpoints import parse_epoch, parse_step
 from rayeval.config.schema import CheckpointSpec
 from rayeval import errors
 from rayeval.errors import CheckpointError
+from rayeval.lazy import lazy_module
+
+torch = lazy_module("torch")        # imported on first use (rayeval.lazy)
 
 WRAPPER_KEYS = ("model", "state_dict", "model_state_dict", "module", "ema")
 _PREFIXES = ("module.", "_orig_mod.")
 _WRAPPED = "module./_orig_mod."      # in Match.stripped: strip_wrappers was applied
 PREFIX_SOURCES = {"module.": "DDP", "_orig_mod.": "torch.compile"}
-DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
-          "float64": torch.float64}
+
+
+@functools.cache
+def dtypes() -> dict[str, torch.dtype]:
+    """``model.dtype``'s names and their torch dtypes."""
+    return {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
+            "float64": torch.float64}
 
 
 @dataclass

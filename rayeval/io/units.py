@@ -6,13 +6,14 @@ which stays with the root (``towers``). Plain torch, no process group: the plan 
 
 from __future__ import annotations
 
-from torch import nn
-
 from rayeval.errors import ModelError
 from rayeval.io.loading import few
+from rayeval.lazy import lazy_module
+
+torch = lazy_module("torch")        # imported on first use (rayeval.lazy)
 
 
-def units(model: nn.Module, wrap: tuple[str, ...] = ()) -> list[nn.Module]:
+def units(model: torch.nn.Module, wrap: tuple[str, ...] = ()) -> list[torch.nn.Module]:
     """The submodules sharded as units (all-gathered one at a time in a forward pass): the
     classes ``wrap`` names, else a Hugging Face model's ``_no_split_modules`` (its decoder
     layers), else the entries of the model's ModuleLists (blocks); the outermost only.
@@ -30,7 +31,7 @@ def units(model: nn.Module, wrap: tuple[str, ...] = ()) -> list[nn.Module]:
             raise ModelError(f"parallelism.wrap: the model has no module of class "
                              f"{few(sorted(names))}; its classes: {few(classes, 12)}")
     else:
-        found = [c for m in model.modules() if isinstance(m, nn.ModuleList)
+        found = [c for m in model.modules() if isinstance(m, torch.nn.ModuleList)
                  for c in m.children()]
     inner: set[int] = set()
     for m in found:
@@ -45,14 +46,14 @@ def units(model: nn.Module, wrap: tuple[str, ...] = ()) -> list[nn.Module]:
     return kept
 
 
-def towers(model: nn.Module) -> list[nn.Module]:
+def towers(model: torch.nn.Module) -> list[torch.nn.Module]:
     """A Hugging Face multimodal model's encoders of other inputs than text (its vision
     tower): the outermost submodules whose config is of one of the root config's sub-configs
     other than ``text_config``. None for other models."""
     config = getattr(model, "config", None)
     keys = [k for k in (getattr(config, "sub_configs", None) or {}) if k != "text_config"]
     kinds = {getattr(getattr(config, k, None), "model_type", None) for k in keys} - {None}
-    found: list[nn.Module] = []
+    found: list[torch.nn.Module] = []
     inner: set[int] = set()
     for m in model.modules() if kinds else ():          # outermost first
         if m is not model and id(m) not in inner and \

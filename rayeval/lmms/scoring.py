@@ -23,14 +23,15 @@ logs as ``filtered_resps``).
 
 from __future__ import annotations
 
-import torch
-
 from rayeval.errors import DataError, reason
 from rayeval.config import names
 from rayeval.harness import corpus, items
 from rayeval.harness.requests import width
 from rayeval.harness.task import corpus_statistics, own_values
 from rayeval.lmms.requests import filter_names, layout
+from rayeval.lazy import lazy_module
+
+torch = lazy_module("torch")        # imported on first use (rayeval.lazy)
 
 
 def documents(task):

@@ -37,9 +37,9 @@ def _inspect(args, out: Console) -> int:
         model = ModelSource(sweep.model, sweep.base_dir).meta(path)
         spec = sweep.checkpoint
         shard = shard or sweep.parallelism.shard
-        from rayeval.io.loading import DTYPES
+        from rayeval.io.loading import dtypes
 
-        dtype = DTYPES.get(sweep.model.dtype)
+        dtype = dtypes().get(sweep.model.dtype)
     elif folder is not None and hf.available():
         model, against = hf.Builder().meta(path), "its config.json"   # the model it describes
     info = describe(path, model, spec)

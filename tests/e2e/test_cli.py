@@ -286,10 +286,17 @@ def test_quickstart_example_end_to_end(tmp_path):
                       "noisy/nll")
     assert md.returncode == 0 and md.stdout.splitlines()[2].startswith("| 1 * | digits |")
     began = time.monotonic()
-    again = rayeval_cli("run", str(example / "sweep.yaml"), cwd=str(tmp_path))
+    again = rayeval_cli("run", str(example / "sweep.yaml"), cwd=str(tmp_path),
+                        env={**os.environ, "PYTHONPROFILEIMPORTTIME": "1"})
     waited = time.monotonic() - began
     assert again.returncode == 0 and "0 cell(s) evaluated, 8 already in the store" in \
         again.stdout and "nothing to run" in again.stdout
+    # a fully cached run reads the store and prints the board: no torch, no model, no Ray
+    # (issue 58: importing torch was 1.3 s of its 2.5 s); Python's own list of its imports
+    imported = {ln.rsplit("|", 1)[1].strip() for ln in again.stderr.splitlines()
+                if ln.startswith("import time:")}
+    assert "rayeval.plan.cells" in imported and "my_models" not in imported, sorted(imported)
+    assert not imported & {"torch", "transformers", "ray"}, imported & {"torch", "ray"}
     # the summary's seconds are the wait from the command's start (issue 56), not the run's
     said = float(re.search(r"nothing to run, ([\d.]+) s", again.stdout).group(1))
     assert 0.5 * waited < said <= waited + 0.05, (said, waited)      # said to 0.1 s

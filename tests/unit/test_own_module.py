@@ -56,3 +56,39 @@ def test_a_module_only_on_the_path_is_left_as_it_is(tmp_path, clean):
     module = sys.modules["own_mod_probe"]
     assert import_callable("own_mod_probe:build", str(tmp_path / "sweep"))() == 5
     assert sys.modules["own_mod_probe"] is module
+
+
+def test_a_factory_its_file_defines_is_digested_without_running_the_file(tmp_path, clean):
+    """A cell's key holds a digest of the factory's file. A fully cached run reads it without
+    importing the module (and the torch it imports: issue 58); a name the file takes from
+    elsewhere, or wraps in a decorator, is still found by importing, as before."""
+    import hashlib
+
+    from rayeval.io.model import source_digest
+
+    def digest(path):
+        return hashlib.sha256(path.read_bytes()).hexdigest()[:16]
+
+    ran = tmp_path / "ran"
+    (tmp_path / "own_mod_probe.py").write_text(
+        f"open({str(ran)!r}, 'a').write('plain ')\ndef build():\n    return 1\n")
+    (tmp_path / "own_mod_probe_elsewhere.py").write_text(
+        f"open({str(ran)!r}, 'a').write('elsewhere ')\ndef build():\n    return 2\n")
+    (tmp_path / "own_mod_probe_reexport.py").write_text(
+        f"open({str(ran)!r}, 'a').write('reexport ')\n"
+        "from own_mod_probe_elsewhere import build\n")
+    (tmp_path / "own_mod_probe_wrapped.py").write_text(
+        f"import functools\nopen({str(ran)!r}, 'a').write('wrapped ')\n"
+        "@functools.lru_cache\ndef build():\n    return 3\n")
+    (tmp_path / "own_mod_probe_rebound.py").write_text(
+        f"open({str(ran)!r}, 'a').write('rebound ')\ndef build():\n    return 4\n"
+        "if True:\n    build = print\n")
+    folder = str(tmp_path)
+    assert source_digest("own_mod_probe:build", folder) == digest(tmp_path / "own_mod_probe.py")
+    assert not ran.exists(), "the file defines build: read, never run"
+    assert source_digest("own_mod_probe_reexport:build", folder) == \
+        digest(tmp_path / "own_mod_probe_elsewhere.py")          # the file build comes from
+    assert source_digest("own_mod_probe_wrapped:build", folder) == \
+        digest(tmp_path / "own_mod_probe_wrapped.py")
+    assert source_digest("own_mod_probe_rebound:build", folder) == ""      # print: a builtin
+    assert ran.read_text().split() == ["reexport", "elsewhere", "wrapped", "rebound"]

@@ -23,7 +23,7 @@ def get(name: str) -> type[Backend]:
     return BACKENDS.get(name)
 
 
-def create(name: str, setup: Setup = Setup()) -> Backend:
+def create(name: str, setup: Setup | None = None) -> Backend:
     """A worker's backend for the sweep (it serves each checkpoint's model in turn)."""
     return get(name)(setup)
 

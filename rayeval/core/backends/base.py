@@ -20,14 +20,15 @@ model or an engine. What a task and a backend need of the evaluation travels in 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar, Mapping
-
-import torch
 
 from rayeval.config.registry import Registry
 from rayeval.config.schema import DatasetSpec, Generation
 from rayeval.errors import ModelError
+from rayeval.lazy import lazy_module
+
+torch = lazy_module("torch")        # imported on first use (rayeval.lazy)
 
 Inputs = Any            # a tensor, or a mapping of keyword name -> tensor
 TokenPair = tuple[list[int], list[int]]      # (context tokens, continuation tokens)
@@ -55,7 +56,7 @@ class Context:
     batch: int = 256
     tokens: int = 8192
     share: bool = True
-    device: torch.device = torch.device("cpu")
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
     progress: Callable[[int, int], None] | None = None
 
     def partly(self, done: int, total: int) -> None:
@@ -85,7 +86,7 @@ class Setup:
     a name the same on every rank and new for each worker group, and the rank variables an
     engine's launcher reads (RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE)."""
     model: Any = None
-    device: torch.device = torch.device("cpu")
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
     tensor: int = 1
     ident: str = ""
     ranks: Mapping[str, int] | None = None
@@ -102,7 +103,8 @@ class Backend:
     # worker then agrees on its outcome over the group, as it does for a load.
     collective_serve: ClassVar[bool] = False
 
-    def __init__(self, setup: Setup = Setup()):
+    def __init__(self, setup: Setup | None = None):
+        setup = Setup() if setup is None else setup
         self.setup = setup
         self.device = setup.device
         self.model: torch.nn.Module | None = None

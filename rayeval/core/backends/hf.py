@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import logging
 
-import torch
-
 from rayeval.core import stats
 from rayeval.core.backends import prefix
 from rayeval.core.backends.base import (BACKENDS, Context, ImageRequest, Sampler, TokenPair,
@@ -20,6 +18,9 @@ from rayeval.core.backends.base import (BACKENDS, Context, ImageRequest, Sampler
 from rayeval.core.backends.torch import (TorchBackend, checked_logits, continuation_score,
                                          logits_of, move, stopped)
 from rayeval.errors import CheckpointError, ModelError
+from rayeval.lazy import lazy_module
+
+torch = lazy_module("torch")        # imported on first use (rayeval.lazy)
 
 log = logging.getLogger(__name__)
 

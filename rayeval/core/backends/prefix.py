@@ -27,7 +27,9 @@ from dataclasses import dataclass, field
 
 import time
 
-import torch
+from rayeval.lazy import lazy_module
+
+torch = lazy_module("torch")        # imported on first use (rayeval.lazy)
 
 # A shared run shorter than this is recomputed by each child instead: a level of forward
 # passes and a copy of the parents' cache rows cost more than a few tokens (MMLU's shared
@@ -167,7 +169,8 @@ class Scorer:
     """One scoring's requests through the trie (see the module docstring)."""
 
     def __init__(self, model, requests, max_length: int, rows: int, tokens: int, check,
-                 device: torch.device = torch.device("cpu"), timer=None):
+                 device: torch.device | None = None, timer=None):
+        device = torch.device("cpu") if device is None else device
         self.model, self.rows, self.tokens = model, max(1, rows), max(1, tokens)
         self.check, self.device = check, device     # check(ids, logits) -> logits, or raises
         self.timer = timer                          # the worker's profile (--profile), or None

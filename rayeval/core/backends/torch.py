@@ -12,12 +12,13 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-import torch
-
 from rayeval.core import stats
 from rayeval.core.backends.base import (Backend, Context, Inputs, Sampler, TokenPair,
                                         batched_texts, sampled_texts, wrong_output)
 from rayeval.errors import CheckpointError, DataError
+from rayeval.lazy import lazy_module
+
+torch = lazy_module("torch")        # imported on first use (rayeval.lazy)
 
 LOGITS_BUDGET_BYTES = 512 << 20     # float32 logits one forward pass may produce
 
@@ -26,11 +27,16 @@ class TorchBackend(Backend):
     """The model's own forward pass; ``hf.HFBackend`` adds Hugging Face's ``generate``."""
 
     name = "torch"
-    dtype: torch.dtype = torch.float32       # the model's floating dtype (inputs are cast)
+    served_dtype: torch.dtype | None = None  # the model's floating dtype, once served
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The model's floating dtype (inputs are cast to it): float32 until one is served."""
+        return torch.float32 if self.served_dtype is None else self.served_dtype
 
     def serve(self, model, folder="", tokenizer=None, location="", timer=None) -> None:
         self.model = model
-        self.dtype = float_dtype(model)
+        self.served_dtype = float_dtype(model)
 
     def forward(self, x: Inputs, ctx: Context) -> Any:
         """One batch on the backend's device (floating inputs in the model's dtype) through

@@ -21,12 +21,13 @@ import gc
 import logging
 import os
 
-import torch
-
 from rayeval import compat
 from rayeval.core.backends.base import BACKENDS, Context, Setup, item_seed, texts_of
 from rayeval.core.backends.hf import HFBackend
 from rayeval.errors import CheckpointError, EngineError, SpecError
+from rayeval.lazy import lazy_module
+
+torch = lazy_module("torch")        # imported on first use (rayeval.lazy)
 
 CPU_KV_CACHE_BYTES = 1 << 30      # on CPU, vLLM's memory fraction is of the whole host's RAM
 IMAGES_PER_PROMPT = 1             # a vision-language engine's default limit_mm_per_prompt
@@ -202,8 +203,9 @@ class VllmBackend(HFBackend):
     title = "vLLM"
     collective_serve = True          # the engine's start is collective over its ranks
 
-    def __init__(self, setup: Setup = Setup()):
+    def __init__(self, setup: Setup | None = None):
         super().__init__(setup)
+        setup = self.setup
         self.engine = Engine(setup.model, setup.tensor, setup.device, setup.ident,
                              dict(setup.ranks or {}))
 

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 from typing import Any, ClassVar, NamedTuple
 
-import torch
+from rayeval.lazy import lazy_module
+
+torch = lazy_module("torch")        # imported on first use (rayeval.lazy)
 
 # Part of every cell's content key: raise it whenever a built-in metric's numbers change, so a
 # fixed metric never serves a stale cached value.

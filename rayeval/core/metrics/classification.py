@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-import torch
-
 from rayeval.core.metrics.base import Indexed, Metric, _Hits, _ratio
+from rayeval.lazy import lazy_module
+
+torch = lazy_module("torch")        # imported on first use (rayeval.lazy)
 
 
 class _Classification(Metric):

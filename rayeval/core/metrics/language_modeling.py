@@ -3,9 +3,10 @@ next-token ids already aligned with the outputs, ``IGNORE`` where masked."""
 
 from __future__ import annotations
 
-import torch
-
 from rayeval.core.metrics.base import IGNORE, Metric, _ratio
+from rayeval.lazy import lazy_module
+
+torch = lazy_module("torch")        # imported on first use (rayeval.lazy)
 
 
 class _LanguageModel(Metric):

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import math
 
-import torch
-
 from rayeval.core.metrics.base import Metric, _Hits, _ratio
+from rayeval.lazy import lazy_module
+
+torch = lazy_module("torch")        # imported on first use (rayeval.lazy)
 
 
 class _MultipleChoice(_Hits):

@@ -22,7 +22,6 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as pads
-import torch
 
 from rayeval.io import data
 from rayeval.core import prepared, samples, stats
@@ -38,6 +37,9 @@ from rayeval.core.tasks.rows import (SCAN_LIMIT_BYTES, Recorded, _check_finite, 
                                      _column_bytes, _min_max, _raise_if_not_finite, _words,
                                      check_finite_inputs, inputs_of, map_inputs, nbytes, pin,
                                      rows_of, take, transformed, concat)
+from rayeval.lazy import lazy_module
+
+torch = lazy_module("torch")        # imported on first use (rayeval.lazy)
 
 TOKENS = "_tokens"  # the state of scored target tokens that an LM pass keeps (evaluate.Accumulator)
 

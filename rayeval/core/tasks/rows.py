@@ -17,7 +17,6 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as pads
-import torch
 
 from rayeval import errors
 from rayeval.config.schema import DatasetSpec
@@ -25,6 +24,9 @@ from rayeval.core import stats
 from rayeval.core.backends.base import Inputs
 from rayeval.errors import DataError, traceback_of
 from rayeval.io import data
+from rayeval.lazy import lazy_module
+
+torch = lazy_module("torch")        # imported on first use (rayeval.lazy)
 
 
 @dataclasses.dataclass

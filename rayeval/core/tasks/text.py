@@ -35,7 +35,6 @@ from typing import ClassVar
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import torch
 
 from rayeval.io import data
 from rayeval.core import prepared
@@ -341,6 +340,9 @@ class TextPerplexity(TextTask):
 TASKS.add_lazy("generation", "rayeval.core.tasks.vision:ImageGeneration", instance=True)
 # Its judged metrics (``judge``; docs/judges.md) are registered with it.
 from rayeval.core import judge as _judge  # noqa: E402,F401
+from rayeval.lazy import lazy_module
+
+torch = lazy_module("torch")        # imported on first use (rayeval.lazy)
 
 
 class Generation(TextTask):

@@ -27,7 +27,6 @@ from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
-import torch
 
 from rayeval.core import prepared, samples
 from rayeval.core.backends.base import ImageRequest
@@ -35,6 +34,9 @@ from rayeval.core.tasks.text import Generation, MultipleChoice, _content_id, _no
 from rayeval.errors import DataError
 from rayeval.io import data, images as image_io
 from rayeval.io.vision import chat_prompt, render_messages  # noqa: F401  (the one renderer)
+from rayeval.lazy import lazy_module
+
+torch = lazy_module("torch")        # imported on first use (rayeval.lazy)
 
 PROMPT = "prompt"        # the rendered prompt's column name among the stage's strings
 
