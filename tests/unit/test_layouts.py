@@ -282,14 +282,14 @@ def test_inspect_labels_the_lightning_attribute_it_strips(tmp_path, monkeypatch,
 def test_a_registered_detector_is_asked_before_the_built_in_layouts(tmp_path):
     # How a plugin adds a layout (docs/plugins.md): a detector naming its files, a reader.
     from rayeval.io import layouts
-    from rayeval.io.raw import _raw
+    from rayeval.io.layouts import from_tensors
 
     path = tmp_path / "weights.txt"
     path.write_text("w 1.5 2.5\n")
     saved = dict(layouts.DETECTORS._items), dict(layouts.READERS._items)
     try:
         layouts.DETECTORS.add("text", lambda p: "text" if p.endswith(".txt") else None)
-        layouts.READERS.add("text", lambda src: _raw("text", src.path, {
+        layouts.READERS.add("text", lambda src: from_tensors("text", src.path, {
             line.split()[0]: torch.tensor([float(v) for v in line.split()[1:]])
             for line in open(src.target)}))
         raw = layouts.read(str(path))

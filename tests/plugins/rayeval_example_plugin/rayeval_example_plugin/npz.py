@@ -8,7 +8,6 @@ import numpy as np
 import torch
 
 from rayeval.io import layouts
-from rayeval.io.raw import _raw
 
 
 @layouts.DETECTORS.register("example-npz")
@@ -24,4 +23,4 @@ def detect(path: str):
 def read(src: layouts.Source):
     with np.load(src.target, allow_pickle=False) as archive:
         tensors = {name: torch.from_numpy(np.array(archive[name])) for name in archive.files}
-    return _raw("example-npz", src.path, tensors, files=(src.target,))
+    return layouts.from_tensors("example-npz", src.path, tensors, files=(src.target,))

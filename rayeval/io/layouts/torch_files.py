@@ -14,7 +14,7 @@ from typing import Mapping
 
 from rayeval import errors
 from rayeval.errors import CheckpointError
-from rayeval.io.raw import Raw, _corrupt
+from rayeval.io.layouts.raw import Raw, corrupt
 from rayeval.lazy import lazy_module
 
 torch = lazy_module("torch")        # imported on first use (rayeval.lazy)
@@ -66,12 +66,12 @@ def torch_load(path: str, trust_pickle: bool = False):
     except CheckpointError:
         raise
     except (EOFError, zipfile.BadZipFile) as e:
-        raise _corrupt(e, f"{path}: truncated or corrupt checkpoint", location=path) from None
+        raise corrupt(e, f"{path}: truncated or corrupt checkpoint", location=path) from None
     except RuntimeError as e:
         raise errors.wrap(e, CheckpointError, f"{path}: truncated or corrupt checkpoint",
                           location=path) from None
     except Exception as e:   # a damaged pickle stream fails in many ways (IndexError, KeyError...)
-        raise _corrupt(e, f"{path}: corrupt checkpoint", location=path) from None
+        raise corrupt(e, f"{path}: corrupt checkpoint", location=path) from None
 
 
 _NOT_MAPPED: set[str] = set()      # torch.save files that could not be memory-mapped

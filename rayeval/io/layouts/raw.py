@@ -25,12 +25,13 @@ class Raw:
     mapped: bool = False                              # tensors are torch.load's memory map
 
 
-def _raw(layout, path, tensors, files=()) -> Raw:
+def from_tensors(layout: str, path: str, tensors: dict, files=()) -> Raw:
+    """A checkpoint read whole: ``tensors`` (dotted key -> tensor) as a reader returns them."""
     return Raw(layout=layout, path=path, tensors=tensors, files=tuple(files),
                shapes={k: (tuple(v.shape), v.dtype) for k, v in tensors.items()})
 
 
-def _corrupt(e: BaseException, what: str, tail: str = "", **fields) -> CheckpointError:
+def corrupt(e: BaseException, what: str, tail: str = "", **fields) -> CheckpointError:
     """``what (Type: line)tail``: the foreign error in parentheses, kept as fields."""
     return CheckpointError(f"{what} ({errors.reason(e, typed=True)}){tail}",
                            cause=type(e).__name__, reason=errors.reason(e), **fields)

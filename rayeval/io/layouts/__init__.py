@@ -15,9 +15,10 @@ Pickles are read with ``torch.load(weights_only=True)``; DCP's .metadata pickle 
 allow-list. ``trust_pickle`` (the sweep's ``checkpoint.trust_pickle``) lets a torch.save file that
 needs more be loaded in full, with a warning per file.
 
-This module finds the layout and holds the readers' registry; each family's reading is in its
-own module: ``layout_torch``, ``layout_safetensors``, ``layout_dcp`` (and ``raw``: what they
-all return).
+This module finds the layout and holds the readers' registry (``DETECTORS``, ``READERS``:
+where a plugin adds a layout, docs/plugins.md); each family's reading is in its own module of
+this package: ``torch_files``, ``safetensors_files``, ``dcp_folders``, and ``raw``: what they
+all return (``Raw``, ``from_tensors``) and the corrupt-file error they share.
 """
 
 from __future__ import annotations
@@ -32,9 +33,10 @@ from rayeval.config.registry import Registry
 from rayeval.errors import CheckpointError
 # Each family of layouts in its own module; their public names are re-exported here, where the
 # loader, the sharding and the worker find them (``layouts.read_dcp_tensors``, ...).
-from rayeval.io.layout_safetensors import _SafetensorsRows, _open_safetensors, _safetensors
-from rayeval.io.layout_torch import _NOT_MAPPED, flatten, release, torch_load
-from rayeval.io.raw import Raw, _corrupt, _raw
+from rayeval.io.layouts.raw import Raw, corrupt, from_tensors
+from rayeval.io.layouts.safetensors_files import (_SafetensorsRows, _open_safetensors,
+                                                  _safetensors)
+from rayeval.io.layouts.torch_files import _NOT_MAPPED, flatten, release, torch_load
 from rayeval.lazy import lazy_module
 
 torch = lazy_module("torch")        # imported on first use (rayeval.lazy)
@@ -182,21 +184,21 @@ READERS: Registry[Callable[[Source], Raw]] = Registry("checkpoint layout")
 # operator tables, 0.6 s of every worker's and driver's start (of 3.2 s) on the 2-core machine.
 @READERS.register("dcp")
 def _read_dcp(src: Source) -> Raw:
-    from rayeval.io.layout_dcp import _read_dcp_metadata
+    from rayeval.io.layouts.dcp_folders import _read_dcp_metadata
 
     return _read_dcp_metadata(src.target)
 
 
 def read_dcp_tensors(raw: Raw, keys: list[str]) -> dict[str, torch.Tensor]:
-    from rayeval.io import layout_dcp
+    from rayeval.io.layouts import dcp_folders
 
-    return layout_dcp.read_dcp_tensors(raw, keys)
+    return dcp_folders.read_dcp_tensors(raw, keys)
 
 
 def dcp_failure(e: BaseException) -> str:
-    from rayeval.io import layout_dcp
+    from rayeval.io.layouts import dcp_folders
 
-    return layout_dcp.dcp_failure(e)
+    return dcp_folders.dcp_failure(e)
 
 
 @READERS.register("safetensors")
@@ -206,7 +208,7 @@ def _read_safetensors(src: Source) -> Raw:
         return _open_safetensors(src.target, src.layout, src.path)
     if src.layout == "safetensors-sharded":
         return _read_sharded(src.target, src.layout, src.trust_pickle)
-    return _raw("safetensors", src.path, _safetensors(src.target), files=(src.target,))
+    return from_tensors("safetensors", src.path, _safetensors(src.target), files=(src.target,))
 
 
 @READERS.register("torch-sharded")
@@ -226,7 +228,7 @@ def _read_torch(src: Source) -> Raw:
         if "pytorch-lightning_version" in obj or "lightning_version" in obj or \
                 ("state_dict" in obj and "global_step" in obj):
             layout = "lightning"
-    raw = _raw(layout, src.path, flatten(obj, src.target), files=(src.target,))
+    raw = from_tensors(layout, src.path, flatten(obj, src.target), files=(src.target,))
     raw.step = step
     raw.mapped = src.target not in _NOT_MAPPED
     return raw
@@ -237,7 +239,7 @@ def _read_sharded(index: str, layout: str, trust_pickle: bool) -> Raw:
         with open(index, encoding="utf-8") as f:
             weight_map = json.load(f)["weight_map"]
     except (OSError, ValueError, KeyError, TypeError) as e:
-        raise _corrupt(e, f"{index}: not a valid shard index",
+        raise corrupt(e, f"{index}: not a valid shard index",
                        "; expected JSON with a weight_map", location=index) from None
     folder = os.path.dirname(index)
     tensors: dict[str, torch.Tensor] = {}
@@ -253,7 +255,7 @@ def _read_sharded(index: str, layout: str, trust_pickle: bool) -> Raw:
     if missing:
         raise CheckpointError(f"{index}: tensors listed in the index are in no shard: "
                               f"{', '.join(missing[:5])}")
-    return _raw(layout, os.path.dirname(index), tensors,
+    return from_tensors(layout, os.path.dirname(index), tensors,
                 files=(index,) + tuple(os.path.join(folder, s) for s in shards))
 
 

@@ -11,7 +11,7 @@ import struct
 
 from rayeval import errors
 from rayeval.errors import CheckpointError
-from rayeval.io.raw import Raw, _corrupt
+from rayeval.io.layouts.raw import Raw, corrupt
 from rayeval.lazy import lazy_module
 
 torch = lazy_module("torch")        # imported on first use (rayeval.lazy)
@@ -92,7 +92,7 @@ def _open_safetensors(target: str, layout: str, path: str) -> Raw:
             with open(target, encoding="utf-8") as f:
                 weight_map = json.load(f)["weight_map"]
         except (OSError, ValueError, KeyError, TypeError) as e:
-            raise _corrupt(e, f"{target}: not a valid shard index",
+            raise corrupt(e, f"{target}: not a valid shard index",
                            "; expected JSON with a weight_map", location=target) from None
         folder = os.path.dirname(target)
         files = [os.path.join(folder, s) for s in sorted(set(weight_map.values()))]

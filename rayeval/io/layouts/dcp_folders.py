@@ -15,7 +15,7 @@ from torch.distributed.checkpoint.metadata import StorageMeta, TensorStorageMeta
 
 from rayeval import errors
 from rayeval.errors import CheckpointError
-from rayeval.io.raw import Raw
+from rayeval.io.layouts.raw import Raw
 
 
 # DCP writes .metadata with plain pickle and torch reads it back with pickle.load, which runs
