@@ -11,8 +11,11 @@ One long cell: a classification of ``--rows`` rows by an MLP of two ``--hidden``
   the outcome's ``seconds``) are compared: target at most 2% more with saving. The first pass of
   each run reads the shard from its file; later ranges read the worker's kept copy.
 - **Time to resume.** ``rayeval run`` of the sweep (``every: E``) in a subprocess, SIGKILLed
-  with its process group once the kept states pass half the buckets; then the same sweep run
-  again here: its cell's seconds and the rows it scored against an uninterrupted cell's.
+  with its process group once the kept states pass half the buckets and 0.8 E seconds more
+  (so that the kill falls between two saves); then the same sweep run again here: its cell's
+  seconds and the rows it scored against an uninterrupted cell's. **What the kill lost**: the
+  seconds from the last save the states file showed (polled every 50 ms) to the kill, and the
+  saves seen: target at most E seconds plus one batch's.
 
     python scripts/bench_resume.py                 # ~10 minutes on 2 cores
     python scripts/bench_resume.py --rows 40000 --hidden 512 --repeats 2   # quicker
@@ -142,8 +145,18 @@ def main() -> None:
         run = subprocess.Popen([sys.executable, "-m", "rayeval", "run", sweep], stdout=log,
                                stderr=subprocess.STDOUT, start_new_session=True)
         deadline = time.monotonic() + 900
-        while buckets_kept(out) < 512 and run.poll() is None and time.monotonic() < deadline:
+        saves, last, seen, kill_at = [], None, 0, None
+        while run.poll() is None and time.monotonic() < deadline:
+            now, kept = time.monotonic(), buckets_kept(out)
+            if kept != seen:
+                saves.append(kept)
+                seen, last = kept, now
+            if kill_at is None and kept >= 512:
+                kill_at = now + 0.8 * args.every
+            if kill_at is not None and now >= kill_at:
+                break
             time.sleep(0.05)
+        killed = time.monotonic()
         try:
             os.killpg(run.pid, signal.SIGKILL)
         except ProcessLookupError:           # it ended first: the cell is too short
@@ -154,6 +167,11 @@ def main() -> None:
     report = run_sweep(load_sweep(sweep))
     (outcome,) = report.outcomes
     assert outcome.ok, outcome
+    gaps = [b - a for a, b in zip([0] + saves, saves)]
+    print(f"[bench_resume] saves seen at buckets {saves} (ranges of {min(gaps, default=0)}-"
+          f"{max(gaps, default=0)} buckets); the kill came {killed - last:.2f} s after the "
+          f"last save (lost: at most that, target <= {args.every:g} s + one batch)"
+          if last is not None else "[bench_resume] no save seen before the kill")
     print(f"[bench_resume] killed with {kept} of 1024 buckets kept ({outcome.resumed:,} of "
           f"{outcome.rows:,} rows); the resumed cell: {outcome.seconds:.2f} s for the "
           f"{outcome.rows - outcome.resumed:,} rows left (an uninterrupted cell: {off:.2f} s; "

@@ -201,11 +201,15 @@ class CellScorer:
                  on_rows=lambda n: ctx.ledger.rows(index, ctx.counted(done + skipped + n)))
         rows, stopped = 0, False
         task = tasks.get(ev.spec.task)
-        # A segment's or a round's rows of several batches are scored together, full batches
-        # as without ``within`` (a task that holds rows, a text task, does so itself).
+        shard = self.shards[ev.name]
+        # A segment's or a round's rows: from the kept shard's index by bucket where it has
+        # one (only those rows, in full batches), else filtered from each batch and those of
+        # several batches scored together, full batches as without ``within`` (a task that
+        # holds rows, a text task, does so itself).
+        indexed = None if within is None else shard.within(*within)
         gather = Gather(task, ev.spec.batch_size) if within is not None and \
-            not task.held_rows(ev.spec.dataset) else None
-        for batch in self.waited(self.shards[ev.name], ev):
+            indexed is None and not task.held_rows(ev.spec.dataset) else None
+        for batch in self.waited(shard, ev, indexed):
             if ctx.ledger.stopping():
                 stopped = True
                 break
@@ -220,7 +224,7 @@ class CellScorer:
             if error:
                 continue
             rows += len(buckets)
-            if within is not None:        # a race's round, a segment: its buckets' rows
+            if within is not None and indexed is None:    # a round's, a segment's rows
                 x, y, buckets = _within(x, y, buckets, *within)
                 if not len(buckets):
                     continue
@@ -247,12 +251,12 @@ class CellScorer:
             states = {k: torch.zeros_like(v) for k, v in states.items()}
         return states, error, stopped, samples, busy, rows
 
-    def waited(self, shard, ev: Evaluation):
-        """The shard's batches, timing how long each took to arrive: the first batch apart
-        (a pipeline's start, the first decoding), then every later one ("later batches": data
-        that was not ready when the scorer asked, the decoding or reading not hidden behind
-        scoring)."""
-        batches, phase = iter(shard), "first batch"
+    def waited(self, shard, ev: Evaluation, batches=None):
+        """The shard's batches (or ``batches`` taken from it), timing how long each took to
+        arrive: the first batch apart (a pipeline's start, the first decoding), then every
+        later one ("later batches": data that was not ready when the scorer asked, the
+        decoding or reading not hidden behind scoring)."""
+        batches, phase = iter(shard if batches is None else batches), "first batch"
         while True:
             began = time.perf_counter()
             batch = next(batches, _END)

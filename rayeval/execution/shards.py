@@ -107,6 +107,7 @@ class Shard:
         self.kept = 0
         self.use_cache = False
         self.slabs: dict | None = None
+        self.by_bucket = None          # (whole batch, row order by bucket, sorted buckets)
 
     def _keep(self, batch):
         """A decoded batch as views of the shard's slabs (made at its first batch); its
@@ -161,6 +162,50 @@ class Shard:
                     self._drop()
             yield batch
 
+    def within(self, lo: int, hi: int):
+        """The kept shard's rows of bootstrap buckets [lo, hi) as batches of ``batch_size``
+        rows (in the shard's order), taken from an index of the kept rows by bucket made at
+        the first call: a segment of a cell (``resume``), a race's round, costs its own rows,
+        not a pass over the whole shard. None where the shard is not kept whole in its slabs
+        (text tasks keep their batches as they come): the caller filters each batch.
+
+        Before, each segment of a 359,401-row cell went over all of its ~1,400 kept batches,
+        and that fixed cost, which grows with the machine's load, sized the segments to at
+        least 49 times it (a kill then lost up to half the cell: issue 56)."""
+        whole = self._by_bucket()
+        if whole is None:
+            return None
+        x, y, buckets, order, ordered = whole
+        start, stop = torch.searchsorted(ordered, torch.tensor([lo, hi],
+                                                               dtype=ordered.dtype)).tolist()
+        index = order[start:stop].sort().values
+        rows = len(buckets)
+        return [(tasks.take(x, part, rows), y[part], buckets[part])
+                for part in index.split(self.batch_size)] if len(index) else []
+
+    def _by_bucket(self):
+        if self.by_bucket is not None or not self.use_cache or not self.slabs or \
+                not self.cache:
+            return self.by_bucket
+        rows = sum(len(b[1]) for b in self.cache)
+        slabs = [self.slabs["y"], self.slabs["buckets"], *(
+            self.slabs["x"].values() if isinstance(self.slabs["x"], Mapping)
+            else [self.slabs["x"]])]
+        if any(s.block is None or s.at != rows for s in slabs):
+            return None                 # some batch kept as it came: not one block
+        first = self.cache[0][0]
+
+        def whole(inputs):
+            return ({k: s.block[:rows] for k, s in self.slabs["x"].items()}
+                    if isinstance(inputs, Mapping) else self.slabs["x"].block[:rows])
+        x = tasks.map_inputs(first, whole)
+        if isinstance(first, tasks.Recorded):
+            x.items = {k: [v for b in self.cache for v in b[0].items[k]] for k in first.items}
+        buckets = self.slabs["buckets"].block[:rows]
+        order = torch.argsort(buckets, stable=True)
+        self.by_bucket = (x, self.slabs["y"].block[:rows], buckets, order, buckets[order])
+        return self.by_bucket
+
     def reset(self) -> None:
         """Forget the kept shard: the next pass streams and decodes again."""
         self._drop()
@@ -172,6 +217,7 @@ class Shard:
         self.kept = 0
         self.cache = None
         self.slabs = None
+        self.by_bucket = None
 
     @property
     def overflowed(self) -> bool:

@@ -131,6 +131,53 @@ def test_records_ride_with_their_rows_through_a_kept_shard_and_a_race_round(tmp_
     assert tasks.nbytes(x0) > tasks.nbytes(x0.inputs)
 
 
+@pytest.mark.parametrize("samples_on", [True, False])
+def test_a_bucket_range_of_a_kept_shard_is_its_rows_without_a_pass(tmp_path, samples_on):
+    """A segment of a resumed cell or a race's round takes the rows of a range of bootstrap
+    buckets. From a kept shard they come from an index by bucket made once (issue 56: a pass
+    over the whole shard per segment sized the segments to half a big cell): the same rows,
+    items and figures as filtering every batch, in full batches, and the pass over them
+    touches no other batch."""
+    from rayeval.execution.scorer import _within
+    from rayeval.execution.shards import Budget, Shard
+    from rayeval.io.data import RowRange
+
+    x, y = integer_data(700)
+    write_parquet(str(tmp_path / "d.parquet"), x, y, row_group_size=64)
+    ev = evaluation(tmp_path / "d.parquet", samples_on=samples_on, batch_size=64, id="row")
+    info = inspect_dataset(ev.dataset, CLASSIFICATION)
+    shard = Shard(RowRange(info, ev.dataset.columns, 5, 650, "dataset.path"),
+                  Decoder(ev, info, ""), 64, Budget(1 << 30))
+    assert shard.within(0, 10) is None, "not kept yet: the caller filters each batch"
+    streamed = list(shard)
+    shard.agree(any_overflow=False)
+    k = ev.bootstrap.k
+    def joined(batches):
+        return [torch.cat([tasks.inputs_of(b[0]) for b in batches]),
+                torch.cat([b[1] for b in batches]), torch.cat([b[2] for b in batches])]
+
+    for lo, hi in ((0, k // 32), (k // 3, k // 2), (k - 100, k), (0, k // 2)):
+        filtered = [b for b in (_within(*b, lo, hi) for b in streamed) if len(b[2])]
+        indexed = shard.within(lo, hi)
+        assert filtered and all(len(b[2]) == 64 for b in indexed[:-1]), "full batches"
+        # the same rows in the same (the shard's) order: inputs, targets, buckets, items
+        assert all(torch.equal(a, b) for a, b in zip(joined(indexed), joined(filtered)))
+        assert ((joined(indexed)[2] >= lo) & (joined(indexed)[2] < hi)).all()
+        if samples_on:
+            assert [i for b in indexed for i in b[0].items["id"]] == \
+                [i for b in filtered for i in b[0].items["id"]]
+            assert records_of(integer_model(), ev, indexed).equals(
+                records_of(integer_model(), ev, filtered))
+    assert shard.within(5, 5) == []
+    # ranges that cover the buckets give every row of the shard once
+    parts = [b for a, c in ((0, 100), (100, 513), (513, k)) for b in shard.within(a, c)]
+    whole = joined(streamed)
+    assert sum(len(b[2]) for b in parts) == 645
+    assert sorted(joined(parts)[2].tolist()) == sorted(whole[2].tolist())
+    shard.reset()
+    assert shard.within(0, k) is None, "forgotten with the kept shard"
+
+
 def test_without_records_the_batch_is_the_model_inputs_alone(tmp_path):
     x, y = integer_data(10)
     write_parquet(str(tmp_path / "d.parquet"), x, y)
