@@ -115,7 +115,7 @@ def rayeval_judge(folder: str, args):
 
     from rayeval.config.schema import DatasetSpec, JudgeSpec, ModelSpec
     from rayeval.core import judge_model
-    from rayeval.execution.judging import JudgeStage
+    from rayeval.execution.workers.judging import JudgeStage
 
     js = JudgeSpec(model=folder, prompt="-", verdict={"yes": 1}, backend="vllm",
                    max_new_tokens=args.new_tokens)

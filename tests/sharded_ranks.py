@@ -18,10 +18,10 @@ import torch
 import torch.distributed as tdist
 from torch import nn
 
-from rayeval.execution import dist
+from rayeval.execution.workers import dist
 from rayeval.io.loading import LeanLoader
 from rayeval.config.schema import Parallelism
-from rayeval.execution.sharding import Lockstep, ShardedLoader, shard
+from rayeval.execution.workers.sharding import Lockstep, ShardedLoader, shard
 
 
 class TinyLM(nn.Module):
@@ -94,7 +94,7 @@ def write_dcp(folder: str, reference: nn.Module) -> str:
 
 
 def _rows(n, parts, index):
-    from rayeval.execution.sharding import rows_of
+    from rayeval.execution.workers.sharding import rows_of
 
     return rows_of(n, parts, index)
 

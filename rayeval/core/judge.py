@@ -11,7 +11,7 @@
     Judge, JudgeFailed   the metrics ``judge`` (the mean score over the items with a verdict)
                  and ``judge_failed`` (items without one), as exact states like every metric
 
-The stage that runs the judge over stored generations is ``execution.judging``.
+The stage that runs the judge over stored generations is ``execution.workers.judging``.
 """
 
 from __future__ import annotations

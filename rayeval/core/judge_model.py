@@ -1,5 +1,5 @@
 """A judge model loaded and served (docs/judges.md): by the judge stage of a generation
-evaluation (``execution.judging``) and by the judge an lmms-eval task asks for
+evaluation (``execution.workers.judging``) and by the judge an lmms-eval task asks for
 (``lmms.judge_server``). Below both, so that neither reaches up to the other.
 
     load(js, backend, device, model_spec) -> JudgeModel   its backend and its tokenizer

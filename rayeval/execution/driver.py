@@ -189,7 +189,7 @@ def consolidate(plan: Plan, groups_written: list[str]) -> None:
     a store that a board reads in a few files. A failure leaves the cells where they are
     (complete: the next ``rayeval store compact`` moves them), with one line."""
     keys = [c.key for c in plan.cells] + groups_written
-    if plan.sweep.select is not None:       # a race's partial cells (execution.race)
+    if plan.sweep.select is not None:       # a race's partial cells (execution.workers.race)
         keys += [c.key + PARTIAL for c in plan.cells]
     if not keys:
         return
@@ -285,7 +285,7 @@ def _trainer(plan: Plan | None, ledger, shape: Shape | None = None):
     from ray.train.torch import TorchConfig
 
     from rayeval.execution import pipeline
-    from rayeval.execution.worker import train_loop
+    from rayeval.execution.workers.worker import train_loop
 
     shape = shape or Shape.of(plan.sweep)
     data = pipeline.datasets(plan) if plan is not None else {}  # what Ray Data feeds

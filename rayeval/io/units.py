@@ -2,7 +2,7 @@
 submodules FSDP2 gathers one at a time (``units``), and a vision-language model's image encoder,
 which stays with the root (``towers``). Plain torch, no process group: the plan checks
 ``parallelism.wrap`` against the model on the meta device with ``units`` before Ray starts, and
-``execution.sharding`` shards by it on the workers."""
+``execution.workers.sharding`` shards by it on the workers."""
 
 from __future__ import annotations
 

@@ -29,7 +29,7 @@ class CellOutcome:
     baseline_rss_bytes: int = 0
     loaded_rss_bytes: int = 0    # the peak right after the checkpoint was loaded (before passes)
     items_total: int | None = None   # a raced checkpoint's partial cell: rows of its N items
-    stopped: str | None = None       # and why it stopped (execution.race.Stopped)
+    stopped: str | None = None       # and why it stopped (execution.workers.race.Stopped)
     resumed: int = 0                 # rows a race's partial cell had scored (not scored again)
 
     @property

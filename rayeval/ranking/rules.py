@@ -3,7 +3,7 @@ of an lm-eval group, and which way a metric points.
 
 Every reader of results calls these: the board and its aggregate (``ranking.board``,
 ``ranking.aggregate``), the suite files written beside a store's parts (``ranking.suite``),
-the replicates a board reads (``ranking.stored``), racing (``execution.race``) and the sweep's
+the replicates a board reads (``ranking.stored``), racing (``execution.workers.race``) and the sweep's
 pre-flight checks (``plan.validation``).
 
 The headline rule. An evaluation's *headline metric* is the one its suite aggregate averages

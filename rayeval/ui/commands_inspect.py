@@ -46,7 +46,7 @@ def _inspect(args, out: Console) -> int:
     if folder is not None:
         info["hugging_face"] = folder
     if model is not None:
-        from rayeval.execution.sharding import memory
+        from rayeval.execution.workers.sharding import memory
 
         need = memory(model, shard or 1, args.sweep and sweep.parallelism.wrap or (), dtype)
         info["memory"] = {"shard": need.shard, "weights_bytes": need.total,

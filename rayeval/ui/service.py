@@ -210,7 +210,8 @@ class Service:
         import ray.train  # noqa: F401
         from rayeval import api  # noqa: F401
         from rayeval.config import plugins
-        from rayeval.execution import driver, signals, user_code, worker  # noqa: F401
+        from rayeval.execution import driver, signals, user_code  # noqa: F401
+        from rayeval.execution.workers import worker  # noqa: F401
         from rayeval.execution.lifecycle import start_ray_for
         from rayeval.plan import preflight  # noqa: F401
         from rayeval.ranking import build_board  # noqa: F401
@@ -378,7 +379,7 @@ def _warm() -> None:
     plan of the digits example, measured); the checkpoint layouts' readers."""
     import torch
 
-    from rayeval.execution.worker import warm
+    from rayeval.execution.workers.worker import warm
 
     with torch.device("meta"):
         torch.nn.Linear(2, 2)(torch.empty(1, 2))

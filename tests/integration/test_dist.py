@@ -16,7 +16,7 @@ from support import build_model
 def _worker(rank: int, world: int, rendezvous: str, out: str) -> None:
     import torch.distributed as tdist
 
-    from rayeval.execution import dist
+    from rayeval.execution.workers import dist
 
     tdist.init_process_group("gloo", init_method=f"file://{rendezvous}", rank=rank,
                              world_size=world)
@@ -54,7 +54,7 @@ def test_all_reduce_states_sums_and_keeps_dtypes(tmp_path, world):
 
 
 def test_without_a_process_group_it_is_the_identity():
-    from rayeval.execution import dist
+    from rayeval.execution.workers import dist
 
     states = {"a": torch.tensor([1, 2]), "b": torch.tensor(0.5, dtype=torch.float64)}
     merged = dist.all_reduce_states(states)
@@ -64,7 +64,7 @@ def test_without_a_process_group_it_is_the_identity():
 
 
 def test_a_failed_sync_says_who_and_how_long_and_never_blames_the_waiter():
-    from rayeval.execution.dist import explain
+    from rayeval.execution.workers.dist import explain
 
     barrier = "Ranks 1 failed to pass monitoredBarrier in 5000 ms"
     text = explain(barrier, "the load of a.pt", 5, me=0, waited_s=5.2)

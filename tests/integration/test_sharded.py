@@ -146,7 +146,7 @@ def _tiny_state():
 def test_units_and_the_memory_inspect_reports(tmp_path):
     """The units FSDP gathers one at a time and the memory per worker, from the meta model;
     `rayeval inspect --shard N` prints it."""
-    from rayeval.execution.sharding import memory, units
+    from rayeval.execution.workers.sharding import memory, units
 
     sys.path.insert(0, HERE)
     try:

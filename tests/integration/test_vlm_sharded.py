@@ -27,7 +27,7 @@ from vlm_support import (easy_vqa_items, mc_choices,  # noqa: E402
 
 from rayeval.errors import ModelError  # noqa: E402
 from rayeval.execution.driver import run_sweep  # noqa: E402
-from rayeval.execution.sharding import memory, towers, units  # noqa: E402
+from rayeval.execution.workers.sharding import memory, towers, units  # noqa: E402
 from rayeval.io.store import ResultStore  # noqa: E402
 from rayeval.plan.loader import load_sweep  # noqa: E402
 from rayeval.ranking import latest_rows  # noqa: E402

@@ -192,7 +192,7 @@ def test_image_items_are_scored_batch_by_batch_text_items_together(base):
     assert text.dataset.images is None and task.held_rows(text.dataset) == 1024
     from types import SimpleNamespace
 
-    from rayeval.execution.scorer import first_rows
+    from rayeval.execution.workers.scorer import first_rows
 
     # what the progress line says while a pass waits for its first batch
     assert first_rows(SimpleNamespace(name="vqa", spec=ev)) == "decoding the images of vqa"

@@ -109,7 +109,7 @@ def test_without_an_id_column_an_item_is_named_by_its_bootstrap_content_id(tmp_p
 def test_records_ride_with_their_rows_through_a_kept_shard_and_a_race_round(tmp_path):
     """The worker keeps a decoded shard for later passes: the items come back with the same
     rows, and a race's round (``take``) keeps each row's own item."""
-    from rayeval.execution.shards import Budget, Shard
+    from rayeval.execution.workers.shards import Budget, Shard
     from rayeval.io.data import RowRange
 
     x, y = integer_data(300)
@@ -138,8 +138,8 @@ def test_a_bucket_range_of_a_kept_shard_is_its_rows_without_a_pass(tmp_path, sam
     over the whole shard per segment sized the segments to half a big cell): the same rows,
     items and figures as filtering every batch, in full batches, and the pass over them
     touches no other batch."""
-    from rayeval.execution.scorer import _within
-    from rayeval.execution.shards import Budget, Shard
+    from rayeval.execution.workers.scorer import _within
+    from rayeval.execution.workers.shards import Budget, Shard
     from rayeval.io.data import RowRange
 
     x, y = integer_data(700)

@@ -164,7 +164,7 @@ def test_a_kept_shard_is_the_streamed_one_in_one_block_per_tensor(tmp_path):
     fit the budget is not kept at all."""
     from rayeval.io.data import RowRange
     from rayeval.core.evaluate import Decoder
-    from rayeval.execution.shards import Budget, Shard
+    from rayeval.execution.workers.shards import Budget, Shard
 
     x, y = make_data(1000, seed=3)
     write_parquet(str(tmp_path / "d.parquet"), x, y, row_group_size=128)

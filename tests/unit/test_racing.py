@@ -293,7 +293,7 @@ def test_bad_decision_inputs_raise_naming_the_parameter():
 
 def race_hashed(values: np.ndarray, top: int, races: int, seed: int, buckets: int = 1024,
                 min_items: int = 32):
-    """Races as the engine runs them (``execution.race``): each item in a uniformly random
+    """Races as the engine runs them (``execution.workers.race``): each item in a uniformly random
     bucket (the hash of a seed and its row id, a fresh seed per race), round r scoring the
     buckets below ``bucket_rounds``' r-th boundary, the decision on the items that round
     actually holds (skipped while fewer than ``min_items``). Returns the share of wrong races

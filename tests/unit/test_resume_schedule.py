@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from rayeval.core.evaluate import ROWS
-from rayeval.execution.resume import OVERHEAD, PROBE, Pace, Schedule
-from rayeval.execution.scorer import Cost, Gather
+from rayeval.execution.workers.resume import OVERHEAD, PROBE, Pace, Schedule
+from rayeval.execution.workers.scorer import Cost, Gather
 from rayeval.io.store import states as store_states
 from rayeval.io.store import ResultStore
 from rayeval.plan.cells import make_plan

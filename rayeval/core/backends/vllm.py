@@ -215,7 +215,7 @@ class VllmBackend(HFBackend):
 
     def close(self) -> None:
         """Let go of the model and shut the engine down, freeing its memory (before a judge
-        loads, ``execution.judging``); a later ``serve`` starts a new engine."""
+        loads, ``execution.workers.judging``); a later ``serve`` starts a new engine."""
         super().release()          # not self.release: a judge's is this method
         self.engine.close()
 

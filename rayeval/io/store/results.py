@@ -211,7 +211,7 @@ class ResultStore:
 
     def read_samples(self, cell: str, tag: str) -> pa.Table:
         """The per-item records of a published cell: every worker's file of its set; a cell
-        scored in segments (``execution.resume``) names one set per segment, joined by "+"."""
+        scored in segments (``execution.workers.resume``) names one set per segment, joined by "+"."""
         if "+" in tag:
             parts = [self.read_samples(cell, t) for t in tag.split("+")]
             return pa.concat_tables([t for t in parts if t.num_columns] or parts[:1],

@@ -1,7 +1,7 @@
 """A partial cell's summed states, so that a later run completes it instead of starting over.
 
-A race (``execution.race``) stops scoring a checkpoint after the rows of the bootstrap buckets
-below some boundary; its cell is published partial. A cell in progress (``execution.resume``)
+A race (``execution.workers.race``) stops scoring a checkpoint after the rows of the bootstrap buckets
+below some boundary; its cell is published partial. A cell in progress (``execution.workers.resume``)
 is kept as it goes, every ``resume.every`` seconds, with the buckets scored so far. Either way
 its states (integer sums, merged over the workers) are kept here, one file per partial cell,
 and removed once the complete cell is published::

@@ -28,9 +28,9 @@ from rayeval.core.judge_model import JudgeModel
 from rayeval.core.evaluate import ROWS, Accumulator
 from rayeval.core.metrics import build_all
 from rayeval.errors import RayevalError, SpecError, StoreError
-from rayeval.execution import dist
-from rayeval.execution.checkpoints import Stop
-from rayeval.execution.rank import RankContext
+from rayeval.execution.workers import dist
+from rayeval.execution.workers.checkpoints import Stop
+from rayeval.execution.workers.rank import RankContext
 from rayeval.io import data
 from rayeval.io.store import states as store_states
 from rayeval.io.store import ResultStore

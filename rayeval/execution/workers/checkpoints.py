@@ -22,10 +22,10 @@ import torch
 from rayeval.config import constants
 from rayeval.core import tasks
 from rayeval.errors import CheckpointError, ModelError, SpecError
-from rayeval.execution import dist
-from rayeval.execution.prefetch import Prefetch
-from rayeval.execution.rank import RankContext, peak_rss
-from rayeval.execution.shards import cache_budget_bytes
+from rayeval.execution.workers import dist
+from rayeval.execution.workers.prefetch import Prefetch
+from rayeval.execution.workers.rank import RankContext, peak_rss
+from rayeval.execution.workers.shards import cache_budget_bytes
 from rayeval.io import layouts
 from rayeval.io.checkpoints import fetch
 from rayeval.io.model import ModelSource
@@ -53,7 +53,7 @@ class CheckpointLoop:
         self.loader = self.source.loader(staged, sweep.checkpoint)
         self.lockstep = None           # a sharded model's replica runs its forwards in step
         if sweep.parallelism.sharded:
-            from rayeval.execution.sharding import (Lockstep, ShardedLoader,
+            from rayeval.execution.workers.sharding import (Lockstep, ShardedLoader,
                                                     give_back_gathered_memory)
 
             give_back_gathered_memory()

@@ -32,7 +32,7 @@ import torch
 from torch import nn
 
 from rayeval import compat
-from rayeval.execution import dist
+from rayeval.execution.workers import dist
 from rayeval.io import layouts
 from rayeval.config.schema import CheckpointSpec, Parallelism
 from rayeval.errors import CheckpointError, ModelError

@@ -20,7 +20,7 @@ import torch
 from rayeval.core import tasks
 from rayeval.core.evaluate import ROWS, finalize
 from rayeval.errors import RayevalError
-from rayeval.execution.rank import RankContext, peak_rss
+from rayeval.execution.workers.rank import RankContext, peak_rss
 from rayeval.io.store import states as store_states
 from rayeval.io.store import ResultStore, cell_rows
 from rayeval.plan.cells import PARTIAL, Cell, CellOutcome, Evaluation, Plan

@@ -24,11 +24,11 @@ from rayeval.core.evaluate import Decoder, Pass
 from rayeval.core.judge import judged_metrics
 from rayeval.core.metrics import build_all
 from rayeval.errors import CheckpointError, RayevalError, traceback_of
-from rayeval.execution import dist
-from rayeval.execution.checkpoints import Stop
+from rayeval.execution.workers import dist
+from rayeval.execution.workers.checkpoints import Stop
 from rayeval.execution.pipeline import SplitRows
-from rayeval.execution.rank import RankContext
-from rayeval.execution.shards import BadBatch, Budget, Shard, cache_budget_bytes
+from rayeval.execution.workers.rank import RankContext
+from rayeval.execution.workers.shards import BadBatch, Budget, Shard, cache_budget_bytes
 from rayeval.io.data import RowRange
 from rayeval.io.store import ResultStore
 from rayeval.plan.cells import Cell, CellOutcome, Evaluation, Plan

@@ -33,8 +33,8 @@ import torch
 
 from rayeval.core.evaluate import ROWS
 from rayeval.errors import RayevalError
-from rayeval.execution.rank import RankContext
-from rayeval.execution.scorer import CellScorer, Cost
+from rayeval.execution.workers.rank import RankContext
+from rayeval.execution.workers.scorer import CellScorer, Cost
 from rayeval.io.store import states as store_states
 from rayeval.plan.cells import Cell, CellOutcome, Evaluation
 

@@ -31,17 +31,18 @@ from rayeval.config import entries
 from rayeval.config.plugins import load_plugins
 from rayeval.core import backends
 from rayeval.errors import GroupError, RayevalError, RunError
-from rayeval.execution import dist, pipeline, user_code
-from rayeval.execution.checkpoints import CheckpointLoop, Stop
+from rayeval.execution import pipeline, user_code
+from rayeval.execution.workers import dist
+from rayeval.execution.workers.checkpoints import CheckpointLoop, Stop
 from rayeval.core import judge_model
-from rayeval.execution.judging import Generations, JudgeStage
+from rayeval.execution.workers.judging import Generations, JudgeStage
 from rayeval.execution.ledger import SETTING_UP, WorkerLedger
 from rayeval.execution.profile import Timer
-from rayeval.execution.race import run_race
-from rayeval.execution.rank import RankContext
-from rayeval.execution.resume import Resumable
-from rayeval.execution.scorer import CellScorer
-from rayeval.execution.sinks import Publish
+from rayeval.execution.workers.race import run_race
+from rayeval.execution.workers.rank import RankContext
+from rayeval.execution.workers.resume import Resumable
+from rayeval.execution.workers.scorer import CellScorer
+from rayeval.execution.workers.sinks import Publish
 from rayeval.plan.cells import Cell, CellOutcome, Plan, generated
 
 STANDING_POLL_S = 2.0      # a standing group's rank 0 asks for cells this long before it says
