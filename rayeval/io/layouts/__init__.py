@@ -23,7 +23,6 @@ all return (``Raw``, ``from_tensors``) and the corrupt-file error they share.
 
 from __future__ import annotations
 
-import json
 import os
 import struct
 from dataclasses import dataclass
@@ -33,7 +32,8 @@ from rayeval.config.registry import Registry
 from rayeval.errors import CheckpointError
 # Each family of layouts in its own module; their public names are re-exported here, where the
 # loader, the sharding and the worker find them (``layouts.read_dcp_tensors``, ...).
-from rayeval.io.layouts.raw import Raw, corrupt, from_tensors
+# corrupt: the one-line error for a damaged file, for a plugin's reader as for these
+from rayeval.io.layouts.raw import Raw, corrupt, from_tensors, weight_map  # noqa: F401
 from rayeval.io.layouts.safetensors_files import (_SafetensorsRows, _open_safetensors,
                                                   _safetensors)
 from rayeval.io.layouts.torch_files import _NOT_MAPPED, flatten, release, torch_load
@@ -235,15 +235,10 @@ def _read_torch(src: Source) -> Raw:
 
 
 def _read_sharded(index: str, layout: str, trust_pickle: bool) -> Raw:
-    try:
-        with open(index, encoding="utf-8") as f:
-            weight_map = json.load(f)["weight_map"]
-    except (OSError, ValueError, KeyError, TypeError) as e:
-        raise corrupt(e, f"{index}: not a valid shard index",
-                       "; expected JSON with a weight_map", location=index) from None
+    weights = weight_map(index)
     folder = os.path.dirname(index)
     tensors: dict[str, torch.Tensor] = {}
-    shards = sorted(set(weight_map.values()))
+    shards = sorted(set(weights.values()))
     for shard in shards:
         path = os.path.join(folder, shard)
         if not os.path.exists(path):
@@ -251,12 +246,12 @@ def _read_sharded(index: str, layout: str, trust_pickle: bool) -> Raw:
         part = _safetensors(path) if sniff_file(path) == "safetensors" else \
             flatten(torch_load(path, trust_pickle), path)
         tensors.update(part)
-    missing = sorted(set(weight_map) - set(tensors))
+    missing = sorted(set(weights) - set(tensors))
     if missing:
         raise CheckpointError(f"{index}: tensors listed in the index are in no shard: "
                               f"{', '.join(missing[:5])}")
     return from_tensors(layout, os.path.dirname(index), tensors,
-                files=(index,) + tuple(os.path.join(folder, s) for s in shards))
+                        files=(index,) + tuple(os.path.join(folder, s) for s in shards))
 
 
 def read_rows(raw: Raw, key: str, start: int, stop: int, out: torch.Tensor | None = None

@@ -31,6 +31,19 @@ def from_tensors(layout: str, path: str, tensors: dict, files=()) -> Raw:
                shapes={k: (tuple(v.shape), v.dtype) for k, v in tensors.items()})
 
 
+def weight_map(index: str) -> dict[str, str]:
+    """A Hugging Face shard index's ``weight_map`` (tensor -> shard file); a corrupt index is
+    one line naming it."""
+    import json
+
+    try:
+        with open(index, encoding="utf-8") as f:
+            return json.load(f)["weight_map"]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise corrupt(e, f"{index}: not a valid shard index",
+                      "; expected JSON with a weight_map", location=index) from None
+
+
 def corrupt(e: BaseException, what: str, tail: str = "", **fields) -> CheckpointError:
     """``what (Type: line)tail``: the foreign error in parentheses, kept as fields."""
     return CheckpointError(f"{what} ({errors.reason(e, typed=True)}){tail}",

@@ -11,7 +11,7 @@ import struct
 
 from rayeval import errors
 from rayeval.errors import CheckpointError
-from rayeval.io.layouts.raw import Raw, corrupt
+from rayeval.io.layouts.raw import Raw, weight_map
 from rayeval.lazy import lazy_module
 
 torch = lazy_module("torch")        # imported on first use (rayeval.lazy)
@@ -88,14 +88,8 @@ def _open_safetensors(target: str, layout: str, path: str) -> Raw:
     if layout == "safetensors":
         files = [target]
     else:
-        try:
-            with open(target, encoding="utf-8") as f:
-                weight_map = json.load(f)["weight_map"]
-        except (OSError, ValueError, KeyError, TypeError) as e:
-            raise corrupt(e, f"{target}: not a valid shard index",
-                           "; expected JSON with a weight_map", location=target) from None
         folder = os.path.dirname(target)
-        files = [os.path.join(folder, s) for s in sorted(set(weight_map.values()))]
+        files = [os.path.join(folder, s) for s in sorted(set(weight_map(target).values()))]
         for f in files:
             if not os.path.exists(f):
                 raise CheckpointError(f"{target}: shard {os.path.basename(f)} is missing")
