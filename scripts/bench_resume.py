@@ -148,7 +148,7 @@ def main() -> None:
         saves, last, seen, kill_at = [], None, 0, None
         while run.poll() is None and time.monotonic() < deadline:
             now, kept = time.monotonic(), buckets_kept(out)
-            if kept != seen:
+            if kept > seen:                   # a save (the file goes once the cell is done)
                 saves.append(kept)
                 seen, last = kept, now
             if kill_at is None and kept >= 512:
@@ -164,14 +164,17 @@ def main() -> None:
         run.wait(30)
     time.sleep(5)          # the killed run's Ray processes notice that their cluster is gone
     kept = buckets_kept(out)
+    gaps = [b - a for a, b in zip([0] + saves, saves)]
+    print(f"[bench_resume] saves seen at buckets {saves} (ranges of {min(gaps, default=0)}-"
+          f"{max(gaps, default=0)} buckets)", end="")
+    if kill_at is None:
+        print("; the run ended before a save passed half of the cell: not killed")
+        return
+    print(f"; the kill came {killed - last:.2f} s after the last save (lost: at most that, "
+          f"target <= {args.every:g} s + one batch)")
     report = run_sweep(load_sweep(sweep))
     (outcome,) = report.outcomes
     assert outcome.ok, outcome
-    gaps = [b - a for a, b in zip([0] + saves, saves)]
-    print(f"[bench_resume] saves seen at buckets {saves} (ranges of {min(gaps, default=0)}-"
-          f"{max(gaps, default=0)} buckets); the kill came {killed - last:.2f} s after the "
-          f"last save (lost: at most that, target <= {args.every:g} s + one batch)"
-          if last is not None else "[bench_resume] no save seen before the kill")
     print(f"[bench_resume] killed with {kept} of 1024 buckets kept ({outcome.resumed:,} of "
           f"{outcome.rows:,} rows); the resumed cell: {outcome.seconds:.2f} s for the "
           f"{outcome.rows - outcome.resumed:,} rows left (an uninterrupted cell: {off:.2f} s; "
