@@ -164,7 +164,7 @@ class Shard:
 
     def within(self, lo: int, hi: int):
         """The kept shard's rows of bootstrap buckets [lo, hi) as batches of ``batch_size``
-        rows (in the shard's order), taken from an index of the kept rows by bucket made at
+        rows (in the shard's order, made as they are asked for), taken from an index of the kept rows by bucket made at
         the first call: a segment of a cell (``resume``), a race's round, costs its own rows,
         not a pass over the whole shard. None where the shard is not kept whole in its slabs
         (text tasks keep their batches as they come): the caller filters each batch.
@@ -180,8 +180,9 @@ class Shard:
                                                                dtype=ordered.dtype)).tolist()
         index = order[start:stop].sort().values
         rows = len(buckets)
-        return [(tasks.take(x, part, rows), y[part], buckets[part])
-                for part in index.split(self.batch_size)] if len(index) else []
+        # one batch at a time: a range's rows are copies, never all at once
+        return ((tasks.take(x, part, rows), y[part], buckets[part])
+                for part in (index.split(self.batch_size) if len(index) else ()))
 
     def _by_bucket(self):
         if self.by_bucket is not None or not self.use_cache or not self.slabs or \
