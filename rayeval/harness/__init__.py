@@ -4,7 +4,8 @@
     requests  the request table: plain columns, the JSON of each document's requests, and the
               layout of a task's metrics in the rows a worker scores
     render    the driver's half: lm-eval tasks rendered into request tables while planning
-    kept      renderings kept by content (``content_key``): a re-run plans without lm-eval
+    render_cache
+              renderings cached by content (``content_key``): a re-run plans without lm-eval
     groups    which members' metrics an lm-eval group's aggregate averages
     store     request tables in the result store, checked against the driver's bytes before a
               run reads them, and the task objects sent to the workers through Ray

@@ -1,6 +1,6 @@
-"""The content key of an ``lm_eval:`` or ``lmms_eval:`` entry's rendering (``kept``), computed
-without importing lm-eval or lmms-eval, and the files a rendering opened that the key does not
-cover.
+"""The content key of an ``lm_eval:`` or ``lmms_eval:`` entry's rendering (``render_cache``),
+computed without importing lm-eval or lmms-eval, and the files a rendering opened that the key
+does not cover.
 
     key(library, spec, extra)   the library's (and datasets', pyarrow's, jinja2's, Python's)
                                 versions, rayeval's rendering code, the entry's settings,
@@ -33,7 +33,7 @@ TOKENIZER_FILES = ("tokenizer", "special_tokens_map", "added_tokens", "chat_temp
                    "merges", "spiece", "sentencepiece", "config.json")
 _HERE = os.path.dirname(os.path.abspath(__file__))
 CODE = tuple(os.path.join(_HERE, f) for f in ("render.py", "requests.py", "groups.py",
-                                               "store.py", "kept.py", "content_key.py",
+                                               "store.py", "render_cache.py", "content_key.py",
                                                "entries.py")) + tuple(
     os.path.join(os.path.dirname(_HERE), "lmms", f)
     for f in ("render.py", "requests.py", "entries.py", "judge_server.py"))
@@ -285,7 +285,7 @@ def key(library: str, spec, extra: dict | None = None) -> str:
 
 
 def tokenizer_files(folder: str) -> dict:
-    """A chat template's tokenizer, as a kept rendering's key holds it: its folder and the
+    """A chat template's tokenizer, as a cached rendering's key holds it: its folder and the
     fingerprints of its tokenizer files (the model's weights left out)."""
     from rayeval.io import paths
 
@@ -326,7 +326,7 @@ def _hook(event, args):
 
 # Every file any rendering in this process opened: a module a task's ``utils.py`` imports
 # reads its files once per process, in whichever rendering imported it first, and every later
-# rendering depends on them as much (so each kept rendering lists them all).
+# rendering depends on them as much (so each cached rendering lists them all).
 _READ: set[str] = set()
 
 

@@ -28,7 +28,7 @@ class LmEvalEntry(lm_store.RequestTables):
                     bootstrap: Bootstrap, samples: bool) -> list[EvalSpec]:
         """Entry ``m`` (at ``path``): one evaluation for a task; for a group, one per task
         (``NAME/TASK``) and the group's aggregates (``context.groups``)."""
-        from rayeval.harness import kept
+        from rayeval.harness import render_cache
         from rayeval.harness import render as lm_render      # pyarrow: only with lm_eval entries
 
         r = context.r
@@ -43,7 +43,7 @@ class LmEvalEntry(lm_store.RequestTables):
             return lm_render.render(spec, where, tokenizer(context)
                                     if spec.apply_chat_template else None)
 
-        tasks, groups = kept.rendering("lm-eval", spec, where, render, PLAIN,
+        tasks, groups = render_cache.rendering("lm-eval", spec, where, render, PLAIN,
                                        (lambda: chat_tokenizer(context))
                                        if spec.apply_chat_template else None)
         if judge is not None:
@@ -98,7 +98,7 @@ def tokenizer(context: EntryContext):
     return context.cache["tokenizer"]
 
 
-# What planning reads of a rendered task, kept by content (``kept``): a re-run of an entry
+# What planning reads of a rendered task, cached by content (``render_cache``): a re-run of an entry
 # rendered before imports no lm-eval.
 PLAIN = ("task", "output_type", "metrics", "until", "max_gen_toks", "digest", "lm_keys",
          "sampling")

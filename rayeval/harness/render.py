@@ -229,7 +229,7 @@ def quiet():
     levels = [lg.level for lg in loggers]
     for lg in loggers:
         lg.setLevel(logging.ERROR)
-    # Off the main thread (a kept rendering rendered again while a run's display draws),
+    # Off the main thread (a cached rendering rendered again while a run's display draws),
     # the streams are the display's: progress bars are turned off instead of swallowed.
     main = threading.current_thread() is threading.main_thread()
     bars = os.environ.get("TQDM_DISABLE")

@@ -10,9 +10,9 @@ write the driver's own over it). The lm-eval task object a worker scores with (i
 plan through Ray (``shipment``/``receive``). A ``task.pkl`` an older rayeval left beside the
 table is never read.
 
-An entry planned from a rendering kept by an earlier run (``kept``) has no table or task in
-memory: its ``table_sha256`` is what the stored table is checked against, and its task is
-rendered again (``render_kept``) only when the workers need it or the table must be written.
+An entry planned from a rendering cached by an earlier run (``render_cache``) has no table or
+task in memory: its ``table_sha256`` is what the stored table is checked against, and its task is
+rendered again (``render_cached``) only when the workers need it or the table must be written.
 """
 
 from __future__ import annotations
@@ -65,7 +65,7 @@ class RequestTables:
         check_stored(tables, force)
 
     def shipment(self, specs) -> dict[str, bytes]:
-        render_kept([s.dataset.path for s in specs])
+        render_cached([s.dataset.path for s in specs])
         return shipment([s.dataset.path for s in specs])
 
     def receive(self, shipped: dict[str, bytes]) -> None:
@@ -113,8 +113,8 @@ def mismatch(data: str, rendered: "Rendered") -> str | None:
             stored = f.read()
     except (FileNotFoundError, OSError):
         return f"{data}: the request table rendered for this sweep is missing"
-    # A rendering kept by an earlier run (``kept.KeptTask``) knows its table's sha256 without
-    # rendering it again.
+    # A rendering cached by an earlier run (``render_cache.CachedTask``) knows its table's sha256
+    # without rendering it again.
     want = getattr(rendered, "table_sha256", None) or \
         hashlib.sha256(table_bytes(rendered)).hexdigest()
     got = hashlib.sha256(stored).hexdigest()
@@ -143,10 +143,10 @@ def check_stored(data_paths, force: bool = False) -> None:
         paths.put(fs, base, name, table_bytes(rendered))
 
 
-def render_kept(data_paths) -> None:
-    """The tasks of the request tables among ``data_paths`` that were planned from kept
-    renderings (``kept.KeptTask``), rendered now (with lm-eval or lmms-eval) and checked
-    against what was kept: the workers need the task objects. ``RequestTables.shipment``
+def render_cached(data_paths) -> None:
+    """The tasks of the request tables among ``data_paths`` that were planned from cached
+    renderings (``render_cache.CachedTask``), rendered now (with lm-eval or lmms-eval) and checked
+    against what was cached: the workers need the task objects. ``RequestTables.shipment``
     calls it as the driver makes the trainer; a planner that knows cells are pending may call
     it before Ray starts."""
     for data in data_paths:
@@ -192,6 +192,6 @@ def limited_from(data: str) -> int | None:
     rendered task there."""
     rendered = _RENDERED.get(data)
     if data not in _TASKS and rendered is not None and hasattr(rendered, "limited_from"):
-        return rendered.limited_from          # a kept rendering's (``kept.KeptTask``)
+        return rendered.limited_from          # a cached rendering's (``render_cache.CachedTask``)
     task = task_for(data)
     return None if task is None else getattr(task, LIMITED_FROM, None)

@@ -33,14 +33,14 @@ class LmmsEvalEntry(lm_store.RequestTables):
                     bootstrap: Bootstrap, samples: bool) -> list[EvalSpec]:
         """Entry ``m`` (at ``path``): one evaluation for an lmms-eval task; for a group (or a
         tag), one per task (``NAME/TASK``), the group's aggregates in ``context.groups``."""
-        from rayeval.harness import kept
+        from rayeval.harness import render_cache
         from rayeval.lmms import render as lmms_render     # pyarrow: only with lmms_eval entries
 
         r, output = context.r, context.output
         spec = r.build(LmmsEvalSpec, m["lmms_eval"], f"{path}.lmms_eval")
         judge = _judge(r, m.get("judge"), f"{path}.judge")
         where = f"{r.source}: {path}.lmms_eval"
-        tasks, found = kept.rendering(
+        tasks, found = render_cache.rendering(
             "lmms-eval", spec, where,
             lambda: lmms_render.render(spec, where, judge=judge is not None), PLAIN,
             lambda: {"judge": judge is not None})      # it decides whether a judged task renders
@@ -84,8 +84,8 @@ class LmmsEvalEntry(lm_store.RequestTables):
                 library="lmms-eval")
 
 
-# What planning reads of a rendered task, kept by content (``harness.kept``): a re-run of an
-# entry rendered before imports no lmms-eval.
+# What planning reads of a rendered task, cached by content (``harness.render_cache``): a
+# re-run of an entry rendered before imports no lmms-eval.
 PLAIN = ("task", "metrics", "max_new_tokens", "digest", "lm_keys", "output_type", "judged")
 
 

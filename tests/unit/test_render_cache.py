@@ -1,8 +1,8 @@
-"""Tier 1: an ``lm_eval:`` entry's rendering is kept by the content of what decides it
-(``harness.kept``): reading the sweep again plans from the kept rendering without rendering
-(the same evaluations, groups and cell-key inputs, lm-eval not imported), and an edit of
-anything the rendering depends on (a task YAML, its ``utils.py``, a data file, the entry's
-settings) renders again, with a new request table (so new cells) where the numbers would
+"""Tier 1: an ``lm_eval:`` entry's rendering is cached by the content of what decides it
+(``harness.render_cache``): reading the sweep again plans from the cached rendering without
+rendering (the same evaluations, groups and cell-key inputs, lm-eval not imported), and an
+edit of anything the rendering depends on (a task YAML, its ``utils.py``, a data file, the
+entry's settings) renders again, with a new request table (so new cells) where the numbers would
 change."""
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ pytest.importorskip("lm_eval")
 
 from rayeval.config.schema import numbers_of  # noqa: E402
 from rayeval.errors import RunError, StoreError  # noqa: E402
-from rayeval.harness import kept, render, store  # noqa: E402
+from rayeval.harness import render, render_cache, store  # noqa: E402
 from rayeval.plan.lm_eval_entries import write_requests  # noqa: E402
 from rayeval.plan.loader import load_sweep  # noqa: E402
 
@@ -41,9 +41,9 @@ def _mc(name, data, body=""):
 @pytest.fixture
 def folder(tmp_path, monkeypatch):
     """Two multiple-choice tasks (process_docs from utils.py) over a parquet outside the task
-    folder, a group of both, and a sweep of a task, the group and a limited task; the kept
+    folder, a group of both, and a sweep of a task, the group and a limited task; the cached
     renderings in the test's own folder."""
-    monkeypatch.setenv(kept.ENV, str(tmp_path / "kept"))
+    monkeypatch.setenv(render_cache.ENV, str(tmp_path / "cache"))
     data = tmp_path / "data" / "mc.parquet"
     data.parent.mkdir()
     _write_data(data, ["one", "two", "three", "four"])
@@ -96,26 +96,26 @@ def _plan(folder):
                             e.dataset.path) for e in sweep.evals}, sweep.groups
 
 
-def test_a_kept_rendering_plans_as_the_rendering_did(folder, renders):
+def test_a_cached_rendering_plans_as_the_rendering_did(folder, renders):
     first, keys, groups = _plan(folder)
     assert sorted(renders) == ["tiny_group", "tiny_mc", "tiny_mc"]
-    assert len(os.listdir(folder / "kept")) == 3
+    assert len(os.listdir(folder / "cache")) == 3
     write_requests(first)
     again, keys_again, groups_again = _plan(folder)
     assert sorted(renders) == ["tiny_group", "tiny_mc", "tiny_mc"], "planned without rendering"
     assert keys_again == keys and again.evals == first.evals and groups_again == groups
     assert {e.name for e in again.evals} == {"mc", "grp/tiny_mc", "grp/tiny_two", "lim"}
-    # what the store checks and the sinks read, from the kept rendering
+    # what the store checks and the sinks read, from the cached rendering
     data = {e.name: e.dataset.path for e in again.evals}
     store.RequestTables().prepare(again.evals)
     assert store.limited_from(data["lim"]) == 4 and store.limited_from(data["mc"]) is None
     assert not any(store._RENDERED[d].is_rendered for d in data.values())
-    # the workers' task objects: rendered when asked for, checked against the kept digest
+    # the workers' task objects: rendered when asked for, checked against the cached digest
     shipped = store.RequestTables().shipment(again.evals)
     assert set(shipped) == set(data.values()) and len(renders) == 6
 
 
-def test_planning_from_kept_renderings_imports_no_lm_eval(folder):
+def test_planning_from_cached_renderings_imports_no_lm_eval(folder):
     _plan(folder)
     code = ("import sys; from rayeval.plan.loader import load_sweep; "
             f"load_sweep({str(folder / 'sweep.yaml')!r}); "
@@ -146,8 +146,8 @@ def test_an_edit_renders_again(folder, renders, edit):
     if file.endswith("utils.py"):             # the group's tasks use it too
         assert renders.count("tiny_group") == 2
     before = len(renders)
-    _, keys_kept, _ = _plan(folder)
-    assert len(renders) == before and keys_kept == keys_after, "the new rendering is kept"
+    _, keys_cached, _ = _plan(folder)
+    assert len(renders) == before and keys_cached == keys_after, "the new rendering is cached"
 
 
 def test_a_data_file_edit_renders_again(folder, renders):
@@ -172,23 +172,27 @@ def test_an_entry_setting_is_its_own_rendering(folder, renders):
 def test_what_cannot_be_keyed_renders_every_time(folder):
     from rayeval.config.schema import LmEvalSpec
 
-    with pytest.raises(kept.NotKeyed, match="Hub task"):
-        kept.key("lm-eval", LmEvalSpec(task="arc_easy"))
-    with pytest.raises(kept.NotKeyed, match="not defined"):
-        kept.key("lm-eval", LmEvalSpec(task="arc_easy", include_path=str(folder / "tasks")))
+    with pytest.raises(render_cache.NotKeyed, match="Hub task"):
+        render_cache.key("lm-eval", LmEvalSpec(task="arc_easy"))
+    with pytest.raises(render_cache.NotKeyed, match="not defined"):
+        render_cache.key("lm-eval",
+                         LmEvalSpec(task="arc_easy", include_path=str(folder / "tasks")))
     # a name only listed among a group's tasks: lm-eval's registry would have it
     (folder / "tasks" / "mixed.yaml").write_text("group: mixed\ntask: [tiny_mc, arc_easy]\n")
-    with pytest.raises(kept.NotKeyed, match="not defined"):
-        kept.key("lm-eval", LmEvalSpec(task="arc_easy", include_path=str(folder / "tasks")))
+    with pytest.raises(render_cache.NotKeyed, match="not defined"):
+        render_cache.key("lm-eval",
+                         LmEvalSpec(task="arc_easy", include_path=str(folder / "tasks")))
     (folder / "tasks" / "url.yaml").write_text(
         "task: url_mc\ndataset_path: json\n"
         "dataset_kwargs: {data_files: {test: 'https://example.org/mc.json'}}\n")
-    with pytest.raises(kept.NotKeyed, match="URL"):
-        kept.key("lm-eval", LmEvalSpec(task="tiny_mc", include_path=str(folder / "tasks")))
+    with pytest.raises(render_cache.NotKeyed, match="URL"):
+        render_cache.key("lm-eval",
+                         LmEvalSpec(task="tiny_mc", include_path=str(folder / "tasks")))
     (folder / "tasks" / "url.yaml").unlink()
     (folder / "tasks" / "hub.yaml").write_text("task: hub_mc\ndataset_path: allenai/ai2_arc\n")
-    with pytest.raises(kept.NotKeyed, match="Hub data set"):
-        kept.key("lm-eval", LmEvalSpec(task="tiny_mc", include_path=str(folder / "tasks")))
+    with pytest.raises(render_cache.NotKeyed, match="Hub data set"):
+        render_cache.key("lm-eval",
+                         LmEvalSpec(task="tiny_mc", include_path=str(folder / "tasks")))
 
 
 def test_a_file_read_while_rendering_is_checked(folder, renders):
@@ -205,10 +209,10 @@ def test_a_file_read_while_rendering_is_checked(folder, renders):
     assert renders.count("tiny_mc") == 4
 
 
-def test_a_stale_kept_rendering_is_never_served(folder):
+def test_a_stale_cached_rendering_is_never_served(folder):
     _plan(folder)
-    for name in os.listdir(folder / "kept"):                # as if a dependency went unseen
-        path = folder / "kept" / name
+    for name in os.listdir(folder / "cache"):                # as if a dependency went unseen
+        path = folder / "cache" / name
         body = json.loads(path.read_text())
         for t in body["tasks"]:
             t["digest"] = "0" * 24
@@ -216,10 +220,10 @@ def test_a_stale_kept_rendering_is_never_served(folder):
     sweep, _, _ = _plan(folder)
     with pytest.raises(RunError, match="is not what lm-eval renders now"):
         store.RequestTables().prepare(sweep.evals[:1])      # the table must be written
-    assert len(os.listdir(folder / "kept")) == 2, "dropped"
+    assert len(os.listdir(folder / "cache")) == 2, "dropped"
 
 
-def test_the_stored_table_is_checked_against_the_kept_sha256(folder):
+def test_the_stored_table_is_checked_against_the_cached_sha256(folder):
     first, _, _ = _plan(folder)
     write_requests(first)
     sweep, _, _ = _plan(folder)
@@ -230,8 +234,8 @@ def test_the_stored_table_is_checked_against_the_kept_sha256(folder):
     assert not store._RENDERED[path].is_rendered
 
 
-def test_an_lmms_eval_entry_is_kept_and_an_image_it_reads_is_checked(tmp_path, monkeypatch):
-    """lmms-eval's entries are kept the same way; an image a document names by path (outside
+def test_an_lmms_eval_entry_is_cached_and_an_image_it_reads_is_checked(tmp_path, monkeypatch):
+    """lmms-eval's entries are cached the same way; an image a document names by path (outside
     the task folder, in no YAML) was read while rendering, so editing it renders again."""
     pytest.importorskip("lmms_eval")
     from PIL import Image
@@ -239,7 +243,7 @@ def test_an_lmms_eval_entry_is_kept_and_an_image_it_reads_is_checked(tmp_path, m
     from lmms_reference import write_task
     from rayeval.lmms import render as lmms_render
 
-    monkeypatch.setenv(kept.ENV, str(tmp_path / "kept"))
+    monkeypatch.setenv(render_cache.ENV, str(tmp_path / "cache"))
     (tmp_path / "images").mkdir()
     items = []
     for i, color in enumerate(("red", "blue")):

@@ -1,4 +1,4 @@
-"""Renderings of ``lm_eval:`` and ``lmms_eval:`` entries kept by content, so that planning an
+"""Renderings of ``lm_eval:`` and ``lmms_eval:`` entries cached by content, so that planning an
 entry rendered before imports neither library: a re-run whose cells are all in the store
 pays no rendering at all.
 
@@ -17,21 +17,21 @@ lm-eval or lmms-eval):
     fingerprints are).
 
 Rendering also records the files the library opened while it rendered that none of the above
-covers (an image a document names, a module ``utils.py`` imports from elsewhere): the kept
+covers (an image a document names, a module ``utils.py`` imports from elsewhere): the cached
 rendering lists them with their fingerprints, and is served only while every one is unchanged.
 
-Not kept, so rendered on every run as before: an entry whose task is not defined by its
+Not cached, so rendered on every run as before: an entry whose task is not defined by its
 ``include_path``'s YAMLs (a Hub task, named only: what it renders depends on the Hub and the
 datasets cache, which cannot be keyed offline), one whose YAMLs read a Hub data set (a
 ``dataset_path`` that is neither a local path nor a packaged builder such as ``parquet`` or
 ``json``), one with a ``!function`` of an importable module outside the library, and one whose
 tokenizer lives in an object store.
 
-What is kept is plain data (JSON, never code): per task the digest of its request table and
+What is cached is plain data (JSON, never code): per task the digest of its request table and
 the sha256 of its bytes, its metric layout, decoding, group structure, ``limit:`` count: what
 planning reads (the cell keys' inputs). The table itself is the result store's; the task object
-the workers score with is rendered when a run has cells to evaluate (``KeptTask.rendered``) and
-its digest checked against the kept one: a difference is a one-line error and the kept
+the workers score with is rendered when a run has cells to evaluate (``CachedTask.rendered``) and
+its digest checked against the cached one: a difference is a one-line error and the cached
 rendering is dropped, never a number.
 
 The folder: ``$RAYEVAL_RENDER_CACHE`` (``off`` keeps nothing), else
@@ -54,7 +54,7 @@ ENV = "RAYEVAL_RENDER_CACHE"
 
 
 def folder() -> str | None:
-    """Where kept renderings are, or None when keeping is off."""
+    """Where cached renderings are, or None when caching is off."""
     env = os.environ.get(ENV)
     if env is not None:
         return None if env.strip().lower() in ("", "off", "0", "false", "no") else env
@@ -62,7 +62,7 @@ def folder() -> str | None:
     return os.path.join(base, "rayeval", "rendered")
 
 
-# --- kept renderings ---------------------------------------------------------------------------
+# --- cached renderings ---------------------------------------------------------------------------
 
 def _file(k: str) -> str | None:
     where = folder()
@@ -70,21 +70,21 @@ def _file(k: str) -> str | None:
 
 
 def load(k: str) -> dict | None:
-    """The rendering kept under key ``k``, when every file it read is unchanged; else None."""
+    """The rendering cached under key ``k``, when every file it read is unchanged; else None."""
     path = _file(k)
     if path is None:
         return None
     try:
         with open(path, encoding="utf-8") as f:
-            kept = json.load(f)
+            cached = json.load(f)
     except (OSError, ValueError):
         return None
-    if not isinstance(kept, dict) or kept.get("format") != FORMAT:
+    if not isinstance(cached, dict) or cached.get("format") != FORMAT:
         return None
-    for p, want in (kept.get("read") or {}).items():
+    for p, want in (cached.get("read") or {}).items():
         if fingerprint(p) != want:
             return None
-    return kept
+    return cached
 
 
 def save(k: str, tasks: list[dict], groups: list[dict], read: dict[str, str]) -> None:
@@ -115,8 +115,8 @@ def drop(k: str) -> None:
 
 
 class Source:
-    """The renderer of one kept entry, run when something needs what is not kept (the task
-    object, the table's bytes): once, with every digest checked against the kept ones."""
+    """The renderer of one cached entry, run when something needs what is not cached (the task
+    object, the table's bytes): once, with every digest checked against the cached ones."""
 
     def __init__(self, k: str, library: str, where: str, render):
         self.key, self.library, self.where, self.render = k, library, where, render
@@ -130,16 +130,16 @@ class Source:
         if got is None or got.digest != digest:
             drop(self.key)
             raise RunError(
-                f"{self.where}: the kept rendering of {self.library} task {task!r} is not what "
+                f"{self.where}: the cached rendering of {self.library} task {task!r} is not what "
                 f"{self.library} renders now (digest {digest}, now "
                 f"{getattr(got, 'digest', 'no such task')}): something it depends on changed "
                 "that its key does not cover; it is dropped, run again")
         return got
 
 
-class KeptTask:
+class CachedTask:
     """A task rendered by an earlier run, as planning reads it: the plain attributes of a
-    ``Rendered`` (``PLAIN``) from the kept JSON; ``table``, ``blob`` and ``lm`` from the task
+    ``Rendered`` (``PLAIN``) from the cached JSON; ``table``, ``blob`` and ``lm`` from the task
     rendered again (``Source``) when first asked for."""
 
     def __init__(self, fields: dict, source: Source):
@@ -168,7 +168,7 @@ class KeptTask:
 
 
 def plain_task(rendered, fields: tuple[str, ...]) -> dict:
-    """What is kept of a rendered task: ``fields``, the table's sha256 and its ``limit:``
+    """What is cached of a rendered task: ``fields``, the table's sha256 and its ``limit:``
     count (``store.LIMITED_FROM``), as JSON values."""
     from rayeval.harness import store
 
@@ -178,9 +178,9 @@ def plain_task(rendered, fields: tuple[str, ...]) -> dict:
     return json.loads(json.dumps(out))
 
 
-def task_fields(kept: dict) -> dict:
-    """A kept task's fields with the types a Rendered has (JSON has lists for tuples)."""
-    out = dict(kept)
+def task_fields(cached: dict) -> dict:
+    """A cached task's fields with the types a Rendered has (JSON has lists for tuples)."""
+    out = dict(cached)
     out["metrics"] = [tuple(m) for m in out["metrics"]]
     for name in ("until", "sampling"):
         if name in out:
@@ -190,8 +190,8 @@ def task_fields(kept: dict) -> dict:
 
 def rendering(library: str, spec, where: str, render, fields: tuple[str, ...],
               extra_of=None) -> tuple[list, list]:
-    """An entry's (tasks, groups) for planning: kept by an earlier run (``KeptTask``s, the
-    library not imported), else ``render()``'s, kept for the next run when the entry can be
+    """An entry's (tasks, groups) for planning: cached by an earlier run (``CachedTask``s, the
+    library not imported), else ``render()``'s, cached for the next run when the entry can be
     keyed. ``fields``: the attributes of a rendered task that planning reads (the entry
     kind's ``PLAIN``); ``extra_of()``: what else the rendering depends on (NotKeyed when it
     cannot say)."""
@@ -207,7 +207,7 @@ def rendering(library: str, spec, where: str, render, fields: tuple[str, ...],
     found = load(k)
     if found is not None:
         source = Source(k, library, where, render)
-        return ([KeptTask(task_fields(t), source) for t in found["tasks"]],
+        return ([CachedTask(task_fields(t), source) for t in found["tasks"]],
                 [Group(g["name"], list(g["leaves"]),
                        [(m, f, bool(w)) for m, f, w in g["aggregates"]])
                  for g in found["groups"]])
