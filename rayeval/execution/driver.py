@@ -109,7 +109,7 @@ class RunSequence:
         self.life = life
         self.fit = fit
         self.discard_now = discard_now
-        self.kept = False           # the sweep file is in the store (a watch's first poll)
+        self.sweep_stored = False   # the sweep file is in the store (a watch's first poll)
 
     def __call__(self, plan: Plan) -> list[CellOutcome] | None:
         """The outcomes of the plan's pending cells (none without cells), or None (see the
@@ -119,9 +119,9 @@ class RunSequence:
         outcomes: list[CellOutcome] | None = []
         if plan.cells:
             self.life.ensure_ray()
-            if not self.kept:         # nothing to evaluate, or no Ray to do it: nothing written
+            if not self.sweep_stored:   # nothing to evaluate, or no Ray to do it: nothing written
                 keep_sweep(plan.sweep)
-                self.kept = True
+                self.sweep_stored = True
             with self.life.following((c.key for c in plan.cells), discard_now=self.discard_now):
                 outcomes = self.fit(plan)
             if outcomes is None:

@@ -51,11 +51,11 @@ class Cell:
     evaluation: str              # its name
     key: str                     # content key: the store's file name for this cell
     fingerprint: str = ""        # the checkpoint's: a changed file is a new cell
-    # A partial cell a race left, or a cell in progress kept (io.store.states): its rows of
-    # the buckets below this one are kept (``kept`` rows), so the pass scores the rest.
+    # A partial cell a race left, or a cell in progress saved (io.store.states): its rows of
+    # the buckets below this one are saved (``saved_rows`` rows), so the pass scores the rest.
     # 0: every row.
     resume: int = field(default=0, compare=False)
-    kept: int = field(default=0, compare=False)
+    saved_rows: int = field(default=0, compare=False)
     # A judged evaluation's cell (docs/judges.md): the key its generations are kept under
     # (``generation_key``), and whether the store holds them already (then only the judge
     # runs: the checkpoint is not loaded).
@@ -270,28 +270,28 @@ def generated(store: ResultStore, pending: list[Cell]) -> list[Cell]:
     """Judged cells whose generations the store keeps: only their judge runs."""
     from rayeval.io.store import states as store_states
 
-    kept = store_states.kept(store, [c.generation for c in pending if c.generation],
-                             store_states.GENERATIONS)
-    return [dataclasses.replace(c, generated=True) if c.generation in kept else c
+    stored = store_states.saved(store, [c.generation for c in pending if c.generation],
+                                store_states.GENERATIONS)
+    return [dataclasses.replace(c, generated=True) if c.generation in stored else c
             for c in pending]
 
 
 def resumed(store: ResultStore, pending: list[Cell], evaluations) -> list[Cell]:
-    """Pending cells with states kept (a race left them partial, or a run was stopped while
+    """Pending cells with states saved (a race left them partial, or a run was stopped while
     it scored them): they score the rest only. One listing of ``states/``, one read per
     cell found."""
     from rayeval.core.evaluate import ROWS
     from rayeval.io.store import states as store_states
 
-    kept = store_states.kept(store, [c.key for c in pending])
-    if not kept:
+    saved = store_states.saved(store, [c.key for c in pending])
+    if not saved:
         return pending
     buckets = {e.name: e.spec.bootstrap.k for e in evaluations}
     out = []
     for c in pending:
-        if c.key in kept:
+        if c.key in saved:
             states, below, k = store_states.read(store, c.key)
             if k == buckets[c.evaluation] and 0 < below < k:
-                c = dataclasses.replace(c, resume=below, kept=int(states[ROWS]))
+                c = dataclasses.replace(c, resume=below, saved_rows=int(states[ROWS]))
         out.append(c)
     return out

@@ -262,12 +262,12 @@ def plan_line(plan: Plan) -> str:
 
 
 def resumed_cells(plan: Plan) -> str:
-    """Cells in progress that an earlier run kept (``resume``): they score only the rest."""
+    """Cells in progress that an earlier run saved (``resume``): they score only the rest."""
     resumed = [c for c in plan.cells if c.resume]
     if not resumed:
         return ""
     rows = {e.name: e.data.num_rows for e in plan.evaluations}
-    share = sum(c.kept for c in resumed) / max(1, sum(rows[c.evaluation] for c in resumed))
+    share = sum(c.saved_rows for c in resumed) / max(1, sum(rows[c.evaluation] for c in resumed))
     cells = f"{len(resumed)} cell" + ("s" if len(resumed) != 1 else "")
     return f"; {cells} resumed from {share:.0%} of their rows (--force starts them over)"
 

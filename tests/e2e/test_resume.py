@@ -176,7 +176,7 @@ def test_a_cell_killed_mid_way_resumes_on_1_and_3_workers_bit_for_bit(tmp_path):
 
     killed_after_a_save(tmp_path, sweep, 0, counts[0], workers=2)
     first = states_below(tmp_path)
-    (key,) = store_states.kept(store, [p.stem for p in (tmp_path / "out" / "states").iterdir()])
+    (key,) = store_states.saved(store, [p.stem for p in (tmp_path / "out" / "states").iterdir()])
     kept = int(store_states.read(store, key)[0][ROWS])
     assert 0 < kept < N and not results(tmp_path)
 

@@ -321,7 +321,7 @@ def test_a_worker_killed_mid_cell_resumes_from_the_kept_states(ray_cluster, tmp_
     # only the rows left (the Trap counts a batch's distinct rows: a batch of a few runs
     # padded with their copies, ``backends.torch.MIN_ROWS``)
     assert 4000 - outcome.resumed <= again <= 4000 - outcome.resumed + 40, again
-    assert not store_states.kept(ResultStore(sweep.output), [outcome.key])
+    assert not store_states.saved(ResultStore(sweep.output), [outcome.key])
     got = stored(sweep)
     for metric, value in reference_metrics(build_model(seed=5), x, y).items():
         row = got[("step_5.pt", metric)]

@@ -113,7 +113,7 @@ def test_kept_states_resume_the_cell_and_force_starts_it_over(tmp_path):
 
     plan = _plan(sweep, store)
     (resumed,) = plan.cells
-    assert (resumed.resume, resumed.kept) == (300, 20)
+    assert (resumed.resume, resumed.saved_rows) == (300, 20)
     assert "1 cell resumed from 40% of their rows (--force starts them over)" in plan_line(plan)
     (forced,) = _plan(sweep, store, force=True).cells
     assert forced.resume == 0 and "resumed" not in plan_line(_plan(sweep, store, force=True))

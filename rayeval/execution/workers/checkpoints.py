@@ -66,7 +66,7 @@ class CheckpointLoop:
             lambda path: layouts.read(path, sweep.checkpoint.trust_pickle)),
             cache_budget_bytes(), enabled=constants.prefetch_enabled())
         self.loaded_rss = 0
-        self.kept, self.kept_bytes, self.folders = {}, {}, {}   # a race's loaded checkpoints
+        self.held, self.held_bytes, self.folders = {}, {}, {}   # a race's loaded checkpoints
         self.keep_budget = cache_budget_bytes() // 2
 
     def run(self, plan: Plan, todo: set[str], index_of: dict[str, int], score,
@@ -83,7 +83,7 @@ class CheckpointLoop:
             self.ctx.mark("load", f"while loading {ref.location}")
             with self.ctx.timer.span("load", doing=f"loading {_name(ref.location)}"):
                 model, raw, error = self.load_and_agree(ref, fingerprint)
-            if i + 1 < len(pending) and pending[i + 1][0].location not in self.kept:
+            if i + 1 < len(pending) and pending[i + 1][0].location not in self.held:
                 # the next one comes in while this one runs
                 self.ahead.start(pending[i + 1][0].location, pending[i + 1][1])
             if model is None:
@@ -111,18 +111,18 @@ class CheckpointLoop:
         rank decides for itself: its load step joins the others' agreement whether it loaded
         or kept (``load_and_agree``)."""
         if self.lockstep is not None or self.ctx.device.type != "cpu" \
-                or self.backend.collective_serve or location in self.kept:
+                or self.backend.collective_serve or location in self.held:
             return
         size = sum(t.numel() * t.element_size() for t in model.state_dict().values())
-        if size + sum(self.kept_bytes.values()) <= self.keep_budget:
-            self.kept[location] = ((model, raw), self.folders[location])
-            self.kept_bytes[location] = size
+        if size + sum(self.held_bytes.values()) <= self.keep_budget:
+            self.held[location] = ((model, raw), self.folders[location])
+            self.held_bytes[location] = size
 
     def forget(self, locations: set[str]) -> None:
         """Let go of the kept checkpoints that left the race."""
-        for location in set(self.kept) & locations:
-            del self.kept[location]
-            del self.kept_bytes[location]
+        for location in set(self.held) & locations:
+            del self.held[location]
+            del self.held_bytes[location]
 
     def load_and_agree(self, ref, fingerprint: str):
         """(model, raw, None) on every rank, or (None, None, why) on every rank when any
@@ -134,8 +134,8 @@ class CheckpointLoop:
 
         def stage():
             nonlocal loaded, folder
-            if ref.location in self.kept:          # a race's earlier round loaded it here
-                loaded, folder = self.kept[ref.location]
+            if ref.location in self.held:          # a race's earlier round loaded it here
+                loaded, folder = self.held[ref.location]
                 self._tokenizer(folder, loaded[0])
                 return
             local, raw = self.ahead.take(ref.location)

@@ -116,13 +116,13 @@ class JudgeStage:
         ctx = self.ctx
         index = self.index_of.get(cell.key, 0)
         ctx.mark("judge", f"while judging {cell.checkpoint.location} on {ev.name}")
-        error, states, records, kept = None, None, None, None
+        error, states, records, generations = None, None, None, None
         with ctx.timer.span("judge", doing=f"judging {ev.name}"):
             try:
                 # first, on every rank alike: an engine's start may be collective, and a
                 # rank that failed on the store before it would leave the others waiting
                 self.judge_model(ev.spec.judge)
-                kept, meta = self.kept(cell)
+                generations, meta = self.saved_generations(cell)
                 if step is None and meta.get("step"):
                     step = int(meta["step"])
                 states, records = self.grade(cell, ev, meta["samples"], index)
@@ -167,12 +167,13 @@ class JudgeStage:
                                            f"graded {int(judged)} items but the data set has "
                                            f"{ev.data.num_rows}; not published (please "
                                            "report this bug)")
-        whole = {k: torch.from_numpy(v) for k, v in kept.items()}
+        whole = {k: torch.from_numpy(v) for k, v in generations.items()}
         whole.update(merged)
         return self.publisher.publish(cell, ev, whole, step, layout, started,
                                       metrics=metrics_of(ev))
 
-    def kept(self, cell: Cell) -> tuple[dict, dict]:
+    def saved_generations(self, cell: Cell) -> tuple[dict, dict]:
+        """The states of a judged cell's generations saved in the store, and their metadata."""
         meta: dict = {}
         states, _, _ = store_states.read(self.store, cell.generation, store_states.GENERATIONS,
                                          meta)
@@ -200,7 +201,7 @@ class JudgeStage:
         backend, tok = self.judge_model(js)
         prompts = judging.Prompts(js.prompt, f"{js.key_path}.prompt")
         verdicts = judging.Verdicts(js.verdict, f"{js.key_path}.verdict")
-        kept, texts, swapped, theirs = [], [], [], []
+        answered, texts, swapped, theirs = [], [], [], []
         for row, ident, target in zip(mine.to_pylist(), fields["id"], fields["target"]):
             mine_, other = responses.get(_ident(ident)), \
                 (base or {}).get(_ident(ident), {}).get("response")
@@ -208,7 +209,7 @@ class JudgeStage:
                 raise StoreError(f"the stored generations lack item {ident!r} "
                                  f"({'the baseline' if mine_ else 'this checkpoint'}'s); "
                                  "evaluate the cell again with --force")
-            kept.append(mine_)
+            answered.append(mine_)
             item = {**row, "response": mine_["response"], "target": target}
             if base is None:
                 texts.append(prompts.render(item))
@@ -245,7 +246,7 @@ class JudgeStage:
 
         if not texts:      # a worker given no items writes a table without columns
             return dict(acc.states), pa.table({})
-        records = {name: [r[name] for r in kept] for name in kept[0]}
+        records = {name: [r[name] for r in answered] for name in answered[0]}
         # typed: another worker's items may all lack a verdict (null columns would not join)
         text = pa.string()
         records.update({judging.JUDGE: pa.array(scores, pa.float64()),

@@ -1,4 +1,4 @@
-"""A cell scored in segments of its bootstrap buckets and kept in the store as it goes, so that a
+"""A cell scored in segments of its bootstrap buckets and saved in the store as it goes, so that a
 later run, on any number of workers and with any batch size, or a worker group restarted inside
 this run, scores only the rows left (``resume:`` in the sweep, docs/cluster.md).
 
@@ -10,13 +10,13 @@ segments' states gives exactly an uninterrupted pass's (figures, intervals). Aft
 rank 0 writes the cell's states so far with the boundary (``io.store.states``: ``scored_below``)
 when ``resume.every`` seconds have passed since the last save; a later plan finds them
 (``plan.cells.resumed``) and the cell's pass scores from the boundary on (``sinks.Publish``
-adds the kept states before publishing). Per-item records are written segment by segment under
+adds the saved states before publishing). Per-item records are written segment by segment under
 a tag of their own; the published cell names all of them.
 
 How long a segment is comes from what the last one cost (``Schedule``): the first segment of an
 evaluation without an estimate scores 1/32 of the buckets; after it, a segment is sized to take
 ``every`` seconds, and at least 49 times what a segment costs beyond its rows (reading a shard
-that is not kept in memory again, the all-reduce), so segmenting adds at most 2% to a pass. A
+that is not held in memory again, the all-reduce), so segmenting adds at most 2% to a pass. A
 cell expected to take less than ``every`` seconds is one segment, as without ``resume``.
 
 Not segmented: a race's cells (its rounds are bucket ranges already, published at its end), a
@@ -52,7 +52,7 @@ class Pace:
 
     @classmethod
     def of(cls, cost: Cost, buckets: int) -> "Pace":
-        # A pass that read the shard from its source, now kept in memory, says nothing of
+        # A pass that read the shard from its source, now held in memory, says nothing of
         # what the next passes cost beyond their rows: the next segment measures it.
         fixed = 0.0 if cost.first_read else max(0.0, cost.wall - cost.busy)
         return cls(per_bucket=cost.busy / max(1, buckets), fixed=fixed)
@@ -97,12 +97,13 @@ class Resumable:
     def score(self, model, cell: Cell, ev: Evaluation, step, layout, start: float,
               index: int) -> CellOutcome | None:
         ctx, k = self.ctx, ev.spec.bootstrap.k
-        kept = Kept(self.publisher.store, cell) if ctx.rank == 0 and cell.resume else None
+        earlier = SavedStates(self.publisher.store, cell) if ctx.rank == 0 and cell.resume \
+            else None
         plan = Schedule(self.every, k, cell.resume, self.paces.get(ev.name))
         total, tags, done = None, [], 0
-        if kept is not None:
-            done = kept.rows           # the progress counts them on rank 0
-        saved, kept_now = time.monotonic(), False
+        if earlier is not None:
+            done = earlier.rows         # the progress counts them on rank 0
+        last_save, saved_now = time.monotonic(), False
         while plan.a < k:
             a, b = plan.next()
             whole = a == 0 and b == k
@@ -122,29 +123,29 @@ class Resumable:
             total = merged if total is None else {n: total[n] + v for n, v in merged.items()}
             if tag is not None:
                 tags.append(tag)
-            if b < k and ctx.rank == 0 and time.monotonic() - saved >= self.every:
-                failure = self.save(cell, ev, step, kept, total, b, tags)
+            if b < k and ctx.rank == 0 and time.monotonic() - last_save >= self.every:
+                failure = self.save(cell, ev, step, earlier, total, b, tags)
                 if failure is not None:
                     return failure
-                saved, kept_now = time.monotonic(), True
-        if kept is not None:           # rank 0: the rows an earlier run scored
-            total = kept.added(total)
-        records = _records(kept, tags)
+                last_save, saved_now = time.monotonic(), True
+        if earlier is not None:         # rank 0: the rows an earlier run scored
+            total = earlier.added(total)
+        records = _records(earlier, tags)
         outcome = self.publisher.take(cell, ev, total, step, layout, start, records=records,
-                                      resumed=0 if kept is None else kept.rows)
-        if outcome is not None and outcome.error is None and (kept_now or cell.resume):
-            try:                   # published whole: what was kept of it is not needed
+                                      resumed=0 if earlier is None else earlier.rows)
+        if outcome is not None and outcome.error is None and (saved_now or cell.resume):
+            try:                   # published whole: what was saved of it is not needed
                 store_states.remove(self.publisher.store, cell.key)
             except RayevalError:
                 pass               # a later plan never reads a published cell's states
         return outcome
 
-    def save(self, cell: Cell, ev: Evaluation, step, kept: "Kept | None", total: dict,
+    def save(self, cell: Cell, ev: Evaluation, step, earlier: "SavedStates | None", total: dict,
              below: int, tags: list[str]) -> CellOutcome | None:
-        """Rank 0: the cell's states so far (the kept ones added) with their boundary."""
-        states = {n: v.numpy() for n, v in (total if kept is None else
-                                            kept.added(total)).items()}
-        records = _records(kept, tags)
+        """Rank 0: the cell's states so far (the saved ones added) with their boundary."""
+        states = {n: v.numpy() for n, v in (total if earlier is None else
+                                            earlier.added(total)).items()}
+        records = _records(earlier, tags)
         meta = {"samples": records} if ev.spec.samples and records else {}
         with self.ctx.timer.span("publish", doing=f"keeping {ev.name} so far"):
             try:
@@ -155,9 +156,9 @@ class Resumable:
         return None
 
 
-class Kept:
-    """A cell's states kept by an earlier run (rank 0 reads them once): the rows they count
-    and the tags of their per-item records (None: kept without records, by a race)."""
+class SavedStates:
+    """A cell's states saved by an earlier run (rank 0 reads them once): the rows they count
+    and the tags of their per-item records (None: saved without records, by a race)."""
 
     def __init__(self, store, cell: Cell):
         meta: dict = {}
@@ -166,14 +167,14 @@ class Kept:
         self.records = meta.get("samples")
 
     def added(self, total: dict) -> dict:
-        """``total`` (this run's merged states) with the kept ones added."""
+        """``total`` (this run's merged states) with the saved ones added."""
         return {n: v + torch.from_numpy(self.states[n]).to(v.dtype) if n in self.states else v
                 for n, v in total.items()}
 
 
-def _records(kept: Kept | None, tags: list[str]) -> str:
-    """The records' tags of a cell so far, joined by "+": the kept part's, then this run's
-    segments'; "" where some rows have none (a race kept its states without records)."""
-    if kept is None:
+def _records(earlier: SavedStates | None, tags: list[str]) -> str:
+    """The records' tags of a cell so far, joined by "+": the saved part's, then this run's
+    segments'; "" where some rows have none (a race saved its states without records)."""
+    if earlier is None:
         return "+".join(tags)
-    return "+".join([kept.records] + tags) if kept.records and tags else ""
+    return "+".join([earlier.records] + tags) if earlier.records and tags else ""

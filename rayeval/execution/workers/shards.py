@@ -104,7 +104,7 @@ class Shard:
         self.budget = budget
         self.passes = 0
         self.cache: list | None = []
-        self.kept = 0
+        self.held_bytes = 0
         self.use_cache = False
         self.slabs: dict | None = None
         self.by_bucket = None          # (whole batch, row order by bucket, sorted buckets)
@@ -155,7 +155,7 @@ class Shard:
                         and whole > self.budget.left:
                     self._drop()                # the shard would not fit: keep none of it
                 elif self.budget.take(size):
-                    self.kept += size
+                    self.held_bytes += size
                     batch = self._keep(batch)
                     self.cache.append(batch)
                 else:
@@ -164,10 +164,11 @@ class Shard:
 
     def within(self, lo: int, hi: int):
         """The kept shard's rows of bootstrap buckets [lo, hi) as batches of ``batch_size``
-        rows (in the shard's order, made as they are asked for), taken from an index of the kept rows by bucket made at
-        the first call: a segment of a cell (``resume``), a race's round, costs its own rows,
-        not a pass over the whole shard. None where the shard is not kept whole in its slabs
-        (text tasks keep their batches as they come): the caller filters each batch.
+        rows, in the shard's order, made as they are asked for, from an index of the kept
+        rows by bucket made at the first call: a segment of a cell (``resume``), a race's
+        round, costs its own rows, not a pass over the whole shard. None where the shard is
+        not kept whole in its slabs (text tasks keep their batches as they come): the caller
+        filters each batch.
 
         Before, each segment of a 359,401-row cell went over all of its ~1,400 kept batches,
         and that fixed cost, which grows with the machine's load, sized the segments to at
@@ -214,8 +215,8 @@ class Shard:
 
     def _drop(self) -> None:
         if self.cache is not None:
-            self.budget.give(self.kept)
-        self.kept = 0
+            self.budget.give(self.held_bytes)
+        self.held_bytes = 0
         self.cache = None
         self.slabs = None
         self.by_bucket = None

@@ -151,16 +151,16 @@ class Worker:
             if self.plan.sweep.select is not None:
                 self.race(self.plan)        # every pending cell: a restart races again
             else:
-                self.evaluate(self.kept_so_far(self.plan, todo), todo)
+                self.evaluate(self.saved_so_far(self.plan, todo), todo)
         except Stop:
             pass
         finally:
             self.close()
         return self.outcomes
 
-    def kept_so_far(self, plan: Plan, todo: set[str]) -> Plan:
-        """The plan with what the store keeps of its cells in progress now (``resume``): a
-        restarted group goes on from where the earlier attempt kept them. Rank 0 reads the
+    def saved_so_far(self, plan: Plan, todo: set[str]) -> Plan:
+        """The plan with what the store has saved of its cells in progress now (``resume``): a
+        restarted group goes on from where the earlier attempt saved them. Rank 0 reads the
         store (one listing) and tells the others: only rank 0 knows the attempt. The first
         attempt takes the plan's (none under --force)."""
         from rayeval.io.store import ResultStore
@@ -169,13 +169,13 @@ class Worker:
         found = None
         if self.ctx.rank == 0 and self.ctx.attempt > 1:   # the first: the plan knows (--force)
             left = [c for c in plan.cells if c.key in todo and not c.generation]
-            found = {c.key: (c.resume, c.kept) for c in resumed(
+            found = {c.key: (c.resume, c.saved_rows) for c in resumed(
                 ResultStore(plan.sweep.output), left, plan.evaluations) if c.resume}
-        found = dist.broadcast(found, "the look-up of kept states", self.ctx.timeout)
+        found = dist.broadcast(found, "the look-up of saved states", self.ctx.timeout)
         if not found:
             return plan
         return dataclasses.replace(plan, cells=tuple(
-            dataclasses.replace(c, resume=found[c.key][0], kept=found[c.key][1])
+            dataclasses.replace(c, resume=found[c.key][0], saved_rows=found[c.key][1])
             if c.key in found else c for c in plan.cells))
 
     def evaluate(self, plan: Plan, todo: set[str]) -> None:

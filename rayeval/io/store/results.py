@@ -196,8 +196,8 @@ class ResultStore:
 
     def sweep_texts(self, sweep: str | None = None) -> dict[str, str]:
         """The newest sweep file's text of ``sweep`` (of every sweep when None), per sweep
-        name; a sweep run from a Python object, or before rayeval kept them, has none."""
-        return {name: kept[0][1] for name, kept in self.sweep_files(sweep).items()}
+        name; a sweep run from a Python object, or before rayeval stored them, has none."""
+        return {name: texts[0].text for name, texts in self.sweep_files(sweep).items()}
 
     # --- per-item records: {root}/samples/{cell}/{tag}-{rank}-of-{world}.parquet ----------
 

@@ -2,15 +2,15 @@
 
 A race (``execution.workers.race``) stops scoring a checkpoint after the rows of the bootstrap buckets
 below some boundary; its cell is published partial. A cell in progress (``execution.workers.resume``)
-is kept as it goes, every ``resume.every`` seconds, with the buckets scored so far. Either way
-its states (integer sums, merged over the workers) are kept here, one file per partial cell,
+is saved as it goes, every ``resume.every`` seconds, with the buckets scored so far. Either way
+its states (integer sums, merged over the workers) are saved here, one file per partial cell,
 and removed once the complete cell is published::
 
     {root}/states/{cell}.parquet    columns name (string), shape (list<int64>), values (list<int64>);
                                     schema metadata: scored_below (the bucket boundary),
                                     buckets (the evaluation's bucket count), samples (the
                                     tags of the per-item records of those rows, joined by
-                                    "+"; absent: none were kept)
+                                    "+"; absent: none were saved)
 
 Plain parquet (no pickle): states are int64 arrays. A later run without ``select:`` scores the
 buckets from the boundary on and adds these states before publishing the complete cell, which
@@ -55,8 +55,8 @@ def write(store, cell: str, states: dict, scored_below: int, buckets: int,
                          f"{paths.explain(e, store.location)}") from None
 
 
-def kept(store, cells, folder: str = FOLDER) -> set[str]:
-    """Which of ``cells`` (complete keys) have partial states kept: one listing."""
+def saved(store, cells, folder: str = FOLDER) -> set[str]:
+    """Which of ``cells`` (complete keys) have partial states saved: one listing."""
     try:
         infos = store.fs.get_file_info(pafs.FileSelector(f"{store.root}/{folder}",
                                                          allow_not_found=True))
@@ -76,7 +76,7 @@ def read(store, cell: str, folder: str = FOLDER, meta: dict | None = None
         with store.fs.open_input_file(path) as f:
             table = layout.read_parquet(f)
     except (OSError, pa.ArrowInvalid) as e:
-        raise StoreError(f"the kept states of partial cell {cell} cannot be read ({path}: "
+        raise StoreError(f"the saved states of partial cell {cell} cannot be read ({path}: "
                          f"{e}); evaluate it again with --force") from None
     found = table.schema.metadata or {}
     if meta is not None:
@@ -90,7 +90,7 @@ def read(store, cell: str, folder: str = FOLDER, meta: dict | None = None
 
 
 def remove(store, cell: str, folder: str = FOLDER) -> None:
-    """Forget the kept states of ``cell`` (its complete cell is published); none: nothing."""
+    """Forget the saved states of ``cell`` (its complete cell is published); none: nothing."""
     try:
         store.fs.delete_file(f"{store.root}/{folder}/{cell}.parquet")
     except FileNotFoundError:

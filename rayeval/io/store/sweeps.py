@@ -33,9 +33,10 @@ FOLDER = "sweeps"
 HEADER = "# rayeval: "
 
 
-class Kept(NamedTuple):
-    """One kept text of a sweep file: when it was kept (ISO 8601, UTC) and the text."""
-    kept: str
+class SweepText(NamedTuple):
+    """One stored text of a sweep file: when it was written (ISO 8601, UTC; the header's
+    ``kept`` field, the name the files have always had) and the text."""
+    written: str
     text: str
 
 
@@ -56,17 +57,17 @@ def keep(fs: pafs.FileSystem, root: str, sweep: str, text: str) -> str | None:
     return paths.put(fs, folder, name, f"{HEADER}{header}\n{text}".encode("utf-8"))
 
 
-def read(fs: pafs.FileSystem, root: str, sweep: str | None = None) -> dict[str, list[Kept]]:
-    """Every kept text of ``sweep`` (of every sweep when None), per sweep name, newest first."""
+def read(fs: pafs.FileSystem, root: str, sweep: str | None = None) -> dict[str, list[SweepText]]:
+    """Every stored text of ``sweep`` (of every sweep when None), per sweep name, newest first."""
     folder = f"{root}/{FOLDER}" + (f"/{sweep_folder(sweep)}" if sweep is not None else "")
     found = _read(fs, folder, recursive=sweep is None)
     return found if sweep is None else {k: v for k, v in found.items() if k == sweep}
 
 
-def _read(fs: pafs.FileSystem, folder: str, recursive: bool) -> dict[str, list[Kept]]:
+def _read(fs: pafs.FileSystem, folder: str, recursive: bool) -> dict[str, list[SweepText]]:
     infos = fs.get_file_info(pafs.FileSelector(folder, recursive=recursive,
                                                allow_not_found=True))
-    out: dict[str, list[Kept]] = {}
+    out: dict[str, list[SweepText]] = {}
     for info in sorted(infos, key=lambda i: i.path):
         if info.type != pafs.FileType.File or not info.base_name.endswith(".yaml") \
                 or info.base_name.startswith((".", "_")):       # a writer's temporary
@@ -77,20 +78,20 @@ def _read(fs: pafs.FileSystem, folder: str, recursive: bool) -> dict[str, list[K
         except FileNotFoundError:       # removed since listed
             continue
         if parsed is not None:
-            sweep, kept = parsed
-            out.setdefault(sweep, []).append(kept)
+            sweep, text = parsed
+            out.setdefault(sweep, []).append(text)
     for texts in out.values():
-        texts.sort(key=lambda k: k.kept, reverse=True)
+        texts.sort(key=lambda t: t.written, reverse=True)
     return out
 
 
-def parse(content: str) -> tuple[str, Kept] | None:
-    """(sweep name, Kept) of a kept file's content; None for a file without the header."""
+def parse(content: str) -> tuple[str, SweepText] | None:
+    """(sweep name, SweepText) of a stored file's content; None for a file without the header."""
     first, sep, text = content.partition("\n")
     if not sep or not first.startswith(HEADER):
         return None
     try:
         header = json.loads(first[len(HEADER):])
-        return str(header["sweep"]), Kept(str(header["kept"]), text)
+        return str(header["sweep"]), SweepText(str(header["kept"]), text)
     except (ValueError, KeyError, TypeError):
         return None
