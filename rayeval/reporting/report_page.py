@@ -1,7 +1,8 @@
-"""The results report's page: one HTML document holding the app (``report_app/app.js`` and
-``app.css``, inline) and, for ``rayeval report``, every view it shows as JSON in a
-``<script type="application/json">`` block. Nothing is fetched: no script, style, font or image
-comes from elsewhere (images are data URIs), so the file can be mailed and opened offline.
+"""The results report's page: one HTML document holding the app (``report_app/``: its
+scripts, one per view, and ``app.css``, inline) and, for ``rayeval report``, every view it
+shows as JSON in a ``<script type="application/json">`` block. Nothing is fetched: no script,
+style, font or image comes from elsewhere (images are data URIs), so the file can be mailed
+and opened offline.
 ``rayeval view`` serves the same page without the views; the app then asks the server."""
 
 from __future__ import annotations
@@ -25,6 +26,15 @@ def _asset(name: str) -> str:
     return resources.files("rayeval.reporting").joinpath("report_app", name).read_text("utf-8")
 
 
+# The app's files, one per view, joined in this order inside one function: they share its
+# scope (report_app/app.js says what each holds).
+APP = ("app.js", "board.js", "curves.js", "items.js", "compare.js", "about.js", "start.js")
+
+
+def _app() -> str:
+    return "(function () {\n  'use strict';\n" + "\n".join(_asset(n) for n in APP) + "})();\n"
+
+
 def page(views: dict | None, title: str = "rayeval report") -> str:
     """The page: with ``views`` (name -> JSON-able) a self-contained report; without, the app
     that asks ``api/NAME`` of the server that serves it. The Content-Security-Policy forbids
@@ -33,7 +43,7 @@ def page(views: dict | None, title: str = "rayeval report") -> str:
     if views is not None:
         block = ('<script id="rayeval-views" type="application/json">'
                  + embedded_json(views) + "</script>\n")
-    return SHELL.format(title=escape(title), css=_asset("app.css"), js=_asset("app.js"),
+    return SHELL.format(title=escape(title), css=_asset("app.css"), js=_app(),
                         views=block,
                         connect="" if views is not None else "connect-src 'self';")
 
