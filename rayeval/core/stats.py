@@ -22,6 +22,7 @@ import functools
 import math
 
 import numpy as np
+
 from rayeval.lazy import lazy_module
 
 torch = lazy_module("torch")        # imported on first use (rayeval.lazy)

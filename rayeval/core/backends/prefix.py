@@ -23,9 +23,8 @@ Plain torch and transformers' cache classes; no Ray.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 import time
+from dataclasses import dataclass, field
 
 from rayeval.lazy import lazy_module
 
