@@ -82,7 +82,7 @@ def test_a_factory_its_file_defines_is_digested_without_running_the_file(tmp_pat
         "@functools.lru_cache\ndef build():\n    return 3\n")
     (tmp_path / "own_mod_probe_rebound.py").write_text(
         f"open({str(ran)!r}, 'a').write('rebound ')\ndef build():\n    return 4\n"
-        "if True:\n    build = print\n")
+        "if True:\n    from own_mod_probe_elsewhere import build\n")
     folder = str(tmp_path)
     assert source_digest("own_mod_probe:build", folder) == digest(tmp_path / "own_mod_probe.py")
     assert not ran.exists(), "the file defines build: read, never run"
@@ -90,5 +90,6 @@ def test_a_factory_its_file_defines_is_digested_without_running_the_file(tmp_pat
         digest(tmp_path / "own_mod_probe_elsewhere.py")          # the file build comes from
     assert source_digest("own_mod_probe_wrapped:build", folder) == \
         digest(tmp_path / "own_mod_probe_wrapped.py")
-    assert source_digest("own_mod_probe_rebound:build", folder) == ""      # print: a builtin
+    assert source_digest("own_mod_probe_rebound:build", folder) == \
+        digest(tmp_path / "own_mod_probe_elsewhere.py")          # rebound: found by importing
     assert ran.read_text().split() == ["reexport", "elsewhere", "wrapped", "rebound"]
