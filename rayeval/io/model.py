@@ -138,7 +138,6 @@ def _defining_file(ref: str, base_dir: str) -> str | None:
     one undecorated top-level ``def`` or ``class`` (so the callable's ``__module__`` is that
     module), found as an import would find it but not run; None when that cannot be told
     without running it."""
-    import ast
     import importlib.util
 
     module_name, _, attr = ref.partition(":")
@@ -154,10 +153,28 @@ def _defining_file(ref: str, base_dir: str) -> str | None:
     if not path or not path.endswith(".py"):
         return None
     try:
+        stat = os.stat(path)
+    except OSError:
+        return None
+    seen = (path, stat.st_mtime_ns, stat.st_size, attr)   # a plan asks once per cell
+    if seen not in _DEFINES:
+        _DEFINES[seen] = _defines(path, attr)
+    return path if _DEFINES[seen] else None
+
+
+_DEFINES: dict[tuple, bool] = {}     # (file, mtime, size, name) -> _defines' answer
+
+
+def _defines(path: str, attr: str) -> bool:
+    """Whether the file binds ``attr`` only by one undecorated top-level def or class."""
+    import ast
+
+    try:
         with open(path, "rb") as f:
             tree = ast.parse(f.read(), path)
     except (OSError, SyntaxError, ValueError):
-        return None
+        return False
+
     def binds(node) -> bool:         # a statement outside a top-level def binding the name
         for n in ast.walk(node):
             if isinstance(n, ast.Name) and n.id == attr and isinstance(n.ctx, ast.Store) or \
@@ -175,7 +192,7 @@ def _defining_file(ref: str, base_dir: str) -> str | None:
         elif not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and \
                 binds(node):
             found.append(False)
-    return path if found == [True] else None
+    return found == [True]
 
 
 class ModelSource:
