@@ -113,18 +113,36 @@ def checkpoint_fingerprint(location: str) -> str:
 
 def cell_key(sweep: Sweep, evaluation: Evaluation, checkpoint: CheckpointRef,
              fingerprint: str | None = None, judge_print: str | None = None,
-             baseline: str = "") -> str:
-    """Everything a cell's numbers depend on: the sweep's and the evaluation's fields declared
-    to change them (walked from the schema, ``schema.numbers_of``, so a new field cannot be
-    left out), the checkpoint's bytes (by fingerprint), the data set's and the tokenizer's,
-    the user's code, the installed plugins' code the cell runs (``plugin_code``: only when it
-    runs some, so the keys of cells without plugins stay what they were) and the version of
-    rayeval's metric code. Not the batch size, the worker
-    count or anything else declared ``numbers=False``. The sweep name, the checkpoint's path
-    and the evaluation's name are in it because the stored rows carry them. A judged
-    evaluation's key has its judge's settings (walked with the rest), its judge's files'
-    fingerprint (``judge_print``, else taken here) and, pairwise, the key of the baseline's
-    generations (``baseline``)."""
+             baseline: str = "", ident: dict | None = None) -> str:
+    """Everything a cell's numbers depend on: its evaluation's (``evaluation_ident``, or
+    ``ident``, the same computed once for the evaluation's cells), the checkpoint's bytes (by
+    fingerprint) and, for a pairwise judge, the key of the baseline's generations
+    (``baseline``). Not the batch size, the worker count or anything else declared
+    ``numbers=False``. The checkpoint's path is in it because the stored rows carry it."""
+    ident = dict(ident if ident is not None else evaluation_ident(sweep, evaluation,
+                                                                   judge_print))
+    ident["checkpoint"] = checkpoint.location
+    ident["checkpoint_fingerprint"] = fingerprint or checkpoint_fingerprint(checkpoint.location)
+    if baseline and evaluation.spec.judge is not None:
+        ident["baseline_generation"] = baseline
+    blob = json.dumps(ident, sort_keys=True, default=str).encode()
+    return hashlib.sha256(blob).hexdigest()[:24]
+
+
+def evaluation_ident(sweep: Sweep, evaluation: Evaluation, judge_print: str | None = None
+                     ) -> dict:
+    """What every cell of one evaluation keys alike (``cell_key`` adds the checkpoint): the
+    sweep's and the evaluation's fields declared to change the numbers (walked from the
+    schema, ``schema.numbers_of``, so a new field cannot be left out), the data set's and the
+    tokenizer's fingerprints, the user's code, the installed plugins' code the cell runs
+    (``plugin_code``: only when it runs some, so the keys of cells without plugins stay what
+    they were) and the version of rayeval's metric code. The sweep name and the evaluation's
+    name are in it because the stored rows carry them. A judged evaluation's has its judge's
+    settings (walked with the rest) and its judge's files' fingerprint (``judge_print``, else
+    taken here).
+
+    A plan computes it once per evaluation: per cell, the user's files were read and hashed,
+    the schema walked and the plugins' registries asked again for every checkpoint."""
     spec = evaluation.spec
     text = tasks.get(spec.task).uses_text
     if not spec.bootstrap.enabled:          # without replicates, seed/buckets/confidence unused
@@ -132,8 +150,6 @@ def cell_key(sweep: Sweep, evaluation: Evaluation, checkpoint: CheckpointRef,
     ident = {
         "sweep": numbers_of(sweep, text),
         "evaluation": numbers_of(spec, text),
-        "checkpoint": checkpoint.location,
-        "checkpoint_fingerprint": fingerprint or checkpoint_fingerprint(checkpoint.location),
         "dataset_fingerprint": evaluation.data.fingerprint,
         "code": _code_digests(sweep, spec),
         "metrics_version": METRICS_VERSION,
@@ -143,14 +159,11 @@ def cell_key(sweep: Sweep, evaluation: Evaluation, checkpoint: CheckpointRef,
         ident["plugins"] = plugged
     if spec.judge is not None:
         ident["judge_fingerprint"] = judge_print or checkpoint_fingerprint(spec.judge.model)
-        if baseline:
-            ident["baseline_generation"] = baseline
     if text and sweep.model.tokenizer:
         # The tokenizer's own files: a folder at the same place may be rewritten. (Hugging
         # Face folders' own tokenizers are in the checkpoint's fingerprint.)
         ident["tokenizer_fingerprint"] = checkpoint_fingerprint(sweep.model.tokenizer)
-    blob = json.dumps(ident, sort_keys=True, default=str).encode()
-    return hashlib.sha256(blob).hexdigest()[:24]
+    return ident
 
 
 def generation_spec(spec: EvalSpec) -> EvalSpec:
@@ -161,12 +174,17 @@ def generation_spec(spec: EvalSpec) -> EvalSpec:
 
 
 def generation_key(sweep: Sweep, evaluation: Evaluation, checkpoint: CheckpointRef,
-                   fingerprint: str | None = None) -> str:
+                   fingerprint: str | None = None, ident: dict | None = None) -> str:
     """The key a judged evaluation's generations are kept under (``io.store.states``'
     generations folder, and their records): the key of the same evaluation without its judge,
-    so changing only the judge finds them, and changing the generation does not."""
-    plain = dataclasses.replace(evaluation, spec=generation_spec(evaluation.spec))
-    return cell_key(sweep, plain, checkpoint, fingerprint)
+    so changing only the judge finds them, and changing the generation does not. ``ident``:
+    ``evaluation_ident`` of ``generation_stage(evaluation)``, computed once for its cells."""
+    return cell_key(sweep, generation_stage(evaluation), checkpoint, fingerprint, ident=ident)
+
+
+def generation_stage(evaluation: Evaluation) -> Evaluation:
+    """A judged evaluation's generation stage as an evaluation of its own."""
+    return dataclasses.replace(evaluation, spec=generation_spec(evaluation.spec))
 
 
 def _code_digests(sweep: Sweep, spec: EvalSpec) -> list[str]:
@@ -218,11 +236,16 @@ def make_plan(sweep: Sweep, evaluations: tuple[Evaluation, ...], store: ResultSt
     staged = {e.name for e in evaluations if e.spec.judge is not None and e.spec.judge.staged}
     bases = {e.name: _baseline(sweep, e, ready) for e in evaluations
              if e.name in staged and e.spec.judge.baseline}
+    idents = {e.name: evaluation_ident(sweep, e, judges.get(e.name)) for e in evaluations}
+    staged_idents = {e.name: evaluation_ident(sweep, generation_stage(e)) for e in evaluations
+                     if e.name in staged}
     cells = [Cell(ref, evaluation.name,
-                  cell_key(sweep, evaluation, ref, fingerprint, judges.get(evaluation.name),
-                           bases.get(evaluation.name, "")),
+                  cell_key(sweep, evaluation, ref, fingerprint,
+                           baseline=bases.get(evaluation.name, ""),
+                           ident=idents[evaluation.name]),
                   fingerprint,
-                  generation=generation_key(sweep, evaluation, ref, fingerprint)
+                  generation=generation_key(sweep, evaluation, ref, fingerprint,
+                                            staged_idents[evaluation.name])
                   if evaluation.name in staged else "",
                   baseline=bases.get(evaluation.name, ""))
              for ref, fingerprint in ready for evaluation in evaluations]

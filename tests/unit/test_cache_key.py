@@ -424,3 +424,35 @@ def test_the_judges_files_are_in_a_judged_cells_key(home, tmp_path):
     assert again.cells[0].generation == first.cells[0].generation
     plain = plan(GEN, home, store)
     assert plain.cells[0].key == first.cells[0].generation     # the same generation's key
+
+
+@pytest.mark.parametrize("base", ["tensor", "judged", "pairwise"])
+def test_a_plans_keys_are_each_cells_own(home, tmp_path, base):
+    """The plan computes what an evaluation's cells key alike once (``evaluation_ident``);
+    each cell's key, and a judged cell's generations' key, is still what ``cell_key`` and
+    ``generation_key`` give that cell alone, for every checkpoint, not the first one's."""
+    from rayeval.io.checkpoints import CheckpointRef, expand_checkpoints
+    from rayeval.plan.cells import cell_key, checkpoint_fingerprint, generation_key
+
+    raw = copy.deepcopy(BASES[base])
+    raw["evals"].append({**raw["evals"][0], "name": "other", "bootstrap": {"seed": 1}})
+    sweep = parse_sweep(raw, base_dir=str(home), source="sweep.yaml")
+    evaluations = tuple(Evaluation(spec, inspect_dataset(spec.dataset, tasks.get(spec.task)), 4)
+                        for spec in sweep.evals)
+    ready = [(ref, checkpoint_fingerprint(ref.location))
+             for ref in expand_checkpoints(sweep.checkpoints)]
+    ready.append((CheckpointRef(ready[0][0].location + "-other", 2), "other-fingerprint"))
+    p = make_plan(sweep, evaluations, ResultStore(str(tmp_path / "store")), ready=ready)
+    assert len(p.cells) == 2 * len(evaluations)
+    by_name = {e.name: e for e in evaluations}
+    judges = {e.name: checkpoint_fingerprint(e.spec.judge.model) for e in evaluations
+              if e.spec.judge is not None}
+    for cell in p.cells:
+        ev = by_name[cell.evaluation]
+        alone = cell_key(sweep, ev, cell.checkpoint, cell.fingerprint, judges.get(ev.name),
+                         cell.baseline)
+        assert cell.key == alone
+        if ev.spec.judge is not None:
+            assert cell.generation == generation_key(sweep, ev, cell.checkpoint,
+                                                     cell.fingerprint)
+    assert len({c.key for c in p.cells}) == len(p.cells)
