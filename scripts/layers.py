@@ -6,7 +6,8 @@
 
 An arrow is one rayeval module importing another (``from rayeval.x import y`` and relative
 imports alike), counted once per pair; arrows written inside functions are counted apart, and
-imports under ``if TYPE_CHECKING:`` (annotations only, never run) are not arrows. A string
+imports under ``if TYPE_CHECKING:`` (annotations only, never run) are not arrows, but are
+counted in ``annotation_cycles`` (two modules naming each other's types). A string
 that names a rayeval module ("rayeval.harness.task:Harness", a lazy registration) is an arrow
 for the ladder (``upward_imports``), though not for the counts and cycles. A
 "deferred" import is one inside a function that names a rayeval module but no heavy or optional
@@ -55,8 +56,10 @@ def _target(node: ast.ImportFrom, module: str, is_package: bool) -> str | None:
     return ".".join(base + ([node.module] if node.module else []))
 
 
-def imports_of(module: str, path: str, known: set[str]) -> list[tuple[str, int, bool]]:
-    """(imported rayeval module, line, inside a function) for each import in the file."""
+def imports_of(module: str, path: str, known: set[str], annotations: bool = False
+               ) -> list[tuple[str, int, bool]]:
+    """(imported rayeval module, line, inside a function) for each import in the file;
+    ``annotations``: those under ``if TYPE_CHECKING:`` too."""
     tree = ast.parse(open(path, encoding="utf-8").read(), path)
     is_package = path.endswith("__init__.py")
     found = []
@@ -68,7 +71,8 @@ def imports_of(module: str, path: str, known: set[str]) -> list[tuple[str, int, 
 
     def visit(node, in_function: bool):
         for child in ast.iter_child_nodes(node):
-            if isinstance(child, ast.If) and "TYPE_CHECKING" in ast.unparse(child.test):
+            if isinstance(child, ast.If) and "TYPE_CHECKING" in ast.unparse(child.test) \
+                    and not annotations:
                 continue            # names for annotations only: never imported at run time
             inner = in_function or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef))
             if isinstance(child, ast.Import):
@@ -296,7 +300,17 @@ def measure(root: str) -> dict:
         "largest_modules": largest_modules(root),
         "module_cycles": sccs(full),
         "package_cycles": sccs(pkg_graph),
+        "annotation_cycles": annotation_cycles(modules, known),
     }
+
+
+def annotation_cycles(modules: dict[str, str], known: set[str]) -> list[list[str]]:
+    """Module cycles with the imports under ``if TYPE_CHECKING:`` counted: never run, so not
+    arrows above, but two modules that name each other's types depend on each other all the
+    same (a circle held only by an annotation import is one the layering hides)."""
+    graph = {m: {t for t, _, _ in imports_of(m, path, known, annotations=True)}
+             for m, path in modules.items()}
+    return sccs(graph)
 
 
 def checkout(rev: str) -> str:

@@ -19,7 +19,7 @@ import contextlib
 import logging
 import os
 import time
-from typing import TYPE_CHECKING, Iterable
+from typing import TYPE_CHECKING, Iterable, Protocol
 
 from rayeval import compat
 from rayeval.config import constants
@@ -30,12 +30,19 @@ from rayeval import errors
 from rayeval.errors import RunError
 
 if TYPE_CHECKING:
-    from rayeval.execution.driver import StandingGroups
     from rayeval.execution.profile import Timer
     from rayeval.config.schema import Sweep
 
 STOP_GRACE_S = 30.0            # how long a signal waits for the workers to agree to stop
 HEALTH_CHECK_ENV = constants.HEALTH_CHECK_INTERVAL_ENV
+
+
+class Closes(Protocol):
+    """What the lifecycle holds of a worker group kept across fits (``driver.StandingGroups``,
+    which `watch` hands it): something to close at the teardown. The driver, above this
+    module, builds it; naming its class here was an import circle."""
+
+    def close(self) -> None: ...
 
 
 class RayLifecycle:
@@ -53,7 +60,7 @@ class RayLifecycle:
         self.timer = timer
         self.started = False           # this process started Ray: it shuts it down at the end
         self.connected = False
-        self.standing: StandingGroups | None = None   # watch's worker group, kept across fits
+        self.standing: Closes | None = None         # watch's worker group, kept across fits
         self.partial: set[str] = set()              # cells whose temporary files may be left
         self._signals = contextlib.ExitStack()
 

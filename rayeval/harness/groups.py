@@ -16,7 +16,7 @@ from rayeval.config import names
 from rayeval.config.schema import GroupMetric, GroupSpec
 
 if TYPE_CHECKING:
-    from rayeval.harness.render import Rendered      # or lmms.render's: the same attributes
+    from rayeval.harness.requests import Rendered    # or lmms.render's: the same attributes
 
 
 @dataclass

@@ -27,7 +27,6 @@ import json
 import logging
 import math
 import os
-from dataclasses import dataclass
 
 import pyarrow as pa
 
@@ -37,29 +36,13 @@ from rayeval.errors import SpecError
 from rayeval.config import names
 from rayeval.harness.groups import Group
 from rayeval.harness.store import LIMITED_FROM
-from rayeval.harness.requests import encode, filter_names, layout, table_schema
+from rayeval.harness.requests import Rendered, encode, filter_names, layout, table_schema
 
 # The request table's format: a new one renders to new folders, so a table an older rayeval
 # wrote (with pickled requests) is never read.
 TABLE_FORMAT = "requests-v2"
 GENERATION_KEYS = {"until", "max_gen_toks", "do_sample", "temperature", "top_p", "num_beams",
                    "max_new_tokens"}
-
-
-@dataclass
-class Rendered:
-    """One lm-eval task, rendered: the request table and what scoring it needs."""
-    task: str                 # lm-eval's task name
-    output_type: str
-    table: pa.Table
-    blob: bytes               # the task, pickled without its requests (sent through Ray)
-    metrics: list             # [(key, metric name, first column, higher_is_better)]
-    until: tuple[str, ...]
-    max_gen_toks: int
-    digest: str
-    lm_keys: dict             # lm-eval's "metric,filter" -> the metric's key here
-    sampling: tuple = (0.0, 1.0, 1)      # (temperature, top_p, repeats); 0: greedy
-    lm: object = None         # the task itself, in the process that rendered it
 
 
 def _fail(path: str, problem: str):

@@ -21,12 +21,32 @@ to plan the metrics and the worker to fill them.
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 
 import pyarrow as pa
 
 from rayeval.config import names
 from rayeval.harness import corpus
 from rayeval.harness.items import ITEMS
+
+
+# What a rendered task is, below the modules that render (render), store (store) and group
+# (groups) it: each of the three names it.
+@dataclass
+class Rendered:
+    """One lm-eval task, rendered: the request table and what scoring it needs."""
+    task: str                 # lm-eval's task name
+    output_type: str
+    table: pa.Table
+    blob: bytes               # the task, pickled without its requests (sent through Ray)
+    metrics: list             # [(key, metric name, first column, higher_is_better)]
+    until: tuple[str, ...]
+    max_gen_toks: int
+    digest: str
+    lm_keys: dict             # lm-eval's "metric,filter" -> the metric's key here
+    sampling: tuple = (0.0, 1.0, 1)      # (temperature, top_p, repeats); 0: greedy
+    lm: object = None         # the task itself, in the process that rendered it
+
 
 COLUMNS = ("doc_id", "context", "target", "choices", "instances")
 # lm-eval's aggregation function name -> (rayeval metric, columns per document): those that

@@ -27,7 +27,7 @@ from rayeval.errors import StoreError
 from rayeval.io import paths
 
 if TYPE_CHECKING:
-    from rayeval.harness.render import Rendered
+    from rayeval.harness.requests import Rendered
 
 REQUESTS_DIR = "requests"
 DOCS_FILE = "docs.parquet"

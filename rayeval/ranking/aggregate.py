@@ -48,14 +48,13 @@ from rayeval.config.run_schema import MEAN, WEIGHTS, WIN_RATE, Aggregate
 from rayeval.errors import SpecError, StoreError
 from rayeval.io.store import ResultStore, confidence_of, replicate_arrays
 from rayeval.ranking.replicates import replicates_of
-from rayeval.ranking.rules import (codes, direction, members, shared_evaluations,
+from rayeval.ranking.rules import (AGGREGATE, codes, direction, members, shared_evaluations,
                                    stored_headlines)
 from rayeval.ranking.win_rate import win_rates
 
 if TYPE_CHECKING:
     from rayeval.ranking.columns import Column
 
-AGGREGATE = "aggregate"
 DEFAULT = Aggregate()                 # win_rate
 
 

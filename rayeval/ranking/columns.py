@@ -8,8 +8,7 @@ from dataclasses import dataclass
 
 from rayeval.errors import StoreError
 from rayeval.io.store import confidence_of
-from rayeval.ranking.aggregate import AGGREGATE
-from rayeval.ranking.rules import members, shared_evaluations
+from rayeval.ranking.rules import AGGREGATE, members, shared_evaluations
 
 
 def value_of(row: dict | None) -> float | None:

@@ -30,8 +30,12 @@ import pyarrow.compute as pc
 from rayeval.config.names import group_of, members
 from rayeval.io.store import direction
 
-__all__ = ["direction", "members", "sweep_headline", "stored_headlines", "shown",
+__all__ = ["AGGREGATE", "direction", "members", "sweep_headline", "stored_headlines", "shown",
            "codes", "shared_evaluations"]
+
+# The metric name of a board's suite aggregate row (evaluation "*"): the aggregate's own module
+# and the board's columns both name it, so it lives below them.
+AGGREGATE = "aggregate"
 
 
 def sweep_headline(metrics: Sequence[str]) -> str:

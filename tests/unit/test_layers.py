@@ -14,6 +14,20 @@ def test_no_import_cycle_between_modules_or_packages():
     found = layers.measure(layers.REPO)
     assert found["module_cycles"] == []
     assert found["package_cycles"] == []
+    assert found["annotation_cycles"] == []       # TYPE_CHECKING imports counted too
+
+
+def test_a_cycle_held_by_an_annotation_import_is_found(tmp_path):
+    pkg = tmp_path / "rayeval" / "ranking"
+    pkg.mkdir(parents=True)
+    (tmp_path / "rayeval" / "__init__.py").write_text("")
+    (pkg / "__init__.py").write_text("")
+    (pkg / "a.py").write_text("from rayeval.ranking.b import B\n")
+    (pkg / "b.py").write_text("from typing import TYPE_CHECKING\n\nif TYPE_CHECKING:\n"
+                              "    from rayeval.ranking.a import A\nB = 1\n")
+    found = layers.measure(str(tmp_path))
+    assert found["module_cycles"] == []
+    assert found["annotation_cycles"] == [["rayeval.ranking.a", "rayeval.ranking.b"]]
 
 
 def test_no_import_up_the_ladder_between_top_level_packages():
