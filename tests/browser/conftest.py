@@ -17,7 +17,9 @@ CHROMIUM = os.environ.get("RAYEVAL_CHROMIUM", "/usr/bin/chromium")
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-@pytest.fixture(scope="session")
+# One Chromium for the tier's module, closed after it: as a session fixture its eleven
+# processes (and Playwright's driver) stayed up through every later tier of the run.
+@pytest.fixture(scope="module")
 def browser():
     if not os.path.exists(CHROMIUM):
         message = f"no Chromium at {CHROMIUM}: apt-get install chromium (or set RAYEVAL_CHROMIUM)"
