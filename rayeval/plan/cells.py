@@ -236,9 +236,12 @@ def make_plan(sweep: Sweep, evaluations: tuple[Evaluation, ...], store: ResultSt
     staged = {e.name for e in evaluations if e.spec.judge is not None and e.spec.judge.staged}
     bases = {e.name: _baseline(sweep, e, ready) for e in evaluations
              if e.name in staged and e.spec.judge.baseline}
-    idents = {e.name: evaluation_ident(sweep, e, judges.get(e.name)) for e in evaluations}
+    # what each evaluation's cells key alike, once (none without a checkpoint: a watch poll
+    # that found nothing new reads no user file)
+    idents = {e.name: evaluation_ident(sweep, e, judges.get(e.name))
+              for e in evaluations if ready}
     staged_idents = {e.name: evaluation_ident(sweep, generation_stage(e)) for e in evaluations
-                     if e.name in staged}
+                     if ready and e.name in staged}
     cells = [Cell(ref, evaluation.name,
                   cell_key(sweep, evaluation, ref, fingerprint,
                            baseline=bases.get(evaluation.name, ""),
