@@ -156,7 +156,7 @@ def _defining_file(ref: str, base_dir: str) -> str | None:
         stat = os.stat(path)
     except OSError:
         return None
-    seen = (path, stat.st_mtime_ns, stat.st_size, attr)   # a plan asks once per cell
+    seen = (path, stat.st_mtime_ns, stat.st_size, attr)   # a service asks again per run
     if seen not in _DEFINES:
         _DEFINES[seen] = _defines(path, attr)
     return path if _DEFINES[seen] else None

@@ -239,9 +239,9 @@ def make_plan(sweep: Sweep, evaluations: tuple[Evaluation, ...], store: ResultSt
     # what each evaluation's cells key alike, once (none without a checkpoint: a watch poll
     # that found nothing new reads no user file)
     idents = {e.name: evaluation_ident(sweep, e, judges.get(e.name))
-              for e in evaluations if ready}
-    staged_idents = {e.name: evaluation_ident(sweep, generation_stage(e)) for e in evaluations
-                     if ready and e.name in staged}
+              for e in evaluations} if ready else {}
+    staged_idents = {e.name: evaluation_ident(sweep, generation_stage(e))
+                     for e in evaluations if e.name in staged} if ready else {}
     cells = [Cell(ref, evaluation.name,
                   cell_key(sweep, evaluation, ref, fingerprint,
                            baseline=bases.get(evaluation.name, ""),
