@@ -620,7 +620,7 @@ def _mb(folder: str) -> float:
 
 def _short(view: str) -> str:
     if view.startswith("marks?columns="):
-        return f"marks ({len(view.split('=', 1)[1].split(','))} columns)"
+        return f"marks ({len(json.loads(view.split('=', 1)[1]))} columns)"
     return view
 
 

@@ -6,9 +6,10 @@ A report is made of *views*, each one JSON document the page asks for by name:
 
     meta                    provenance: store, sweeps, evaluations (rows, tokens), level, dates
     board                   the board: entries, columns (values, intervals, marks) and notes
-    marks?columns=...       the marks of some columns (a big store's board comes without them)
+    marks?columns=[...]     the marks of some columns, a JSON list of their names (a big
+                            store's board comes without them)
     paired?ref=I            every entry's paired bootstrap difference to entry I, per column
-                            (``&columns=A,B``: of these columns only, as the served page asks)
+                            (``&columns=["A","B"]``: of these only, as the served page asks)
     items?evaluation=E      an evaluation's items (id, context, choices, target, images) and
                             which entries kept records of it
     cell?evaluation=E&entry=I  one entry's records of it, aligned with ``items``
@@ -23,6 +24,7 @@ Columns are arrays, one value per entry or per item (not a dict per row): a 1,00
 
 from __future__ import annotations
 
+import json
 import math
 import os
 from datetime import datetime, timezone
@@ -344,12 +346,11 @@ class Report:
         if name == "board":
             return self.board_view()
         if name == "marks":
-            return self.marks([c for c in query.get("columns", "").split(",") if c])
+            return self.marks(_columns(query))
         if name == "references":
             return self.references()
         if name == "paired":
-            return self.paired(_index(query, "ref"),
-                               [c for c in query.get("columns", "").split(",") if c] or None)
+            return self.paired(_index(query, "ref"), _columns(query) or None)
         if name == "items":
             return self.items(_required(query, "evaluation"))
         if name == "cell":
@@ -384,6 +385,21 @@ def _epoch(entry) -> int | None:
 def _number(v):
     return None if v is None or (isinstance(v, float) and math.isnan(v)) else v
 
+
+
+def _columns(query: dict[str, str]) -> list[str]:
+    """The ``columns`` of a query: a JSON list of column names. Not a comma-separated text: an
+    lm-eval metric with several filters is named ``exact_match,strict-match``, and such a
+    column's marks were asked for as two columns that do not exist (HTTP 400)."""
+    if not query.get("columns"):
+        return []
+    try:
+        names = json.loads(query["columns"])
+    except ValueError:
+        names = None
+    if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+        raise StoreError(f"columns: {query['columns']!r} is not a JSON list of column names")
+    return names
 
 
 def _required(query: dict[str, str], key: str) -> str:

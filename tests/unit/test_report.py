@@ -64,10 +64,10 @@ def test_paired_differences_are_rankings_paired_bootstrap(store):
     assert report.references() == [0, 1, 2, 3]           # a small board: every checkpoint
     # what a served page asks: the columns it shows, the same figures as the whole view's
     name = made.columns[-1].name
-    some = Report(store, marks=False).view("paired", {"ref": "1", "columns": name})
+    some = Report(store, marks=False).view("paired", {"ref": "1", "columns": json.dumps([name])})
     assert some == {"ref": 1, "columns": {name: report.paired(1)["columns"][name]}}
     with pytest.raises(StoreError, match="nope"):
-        report.view("paired", {"ref": "1", "columns": "nope"})
+        report.view("paired", {"ref": "1", "columns": '["nope"]'})
 
 
 def test_meta_says_where_the_figures_come_from(store):
@@ -136,13 +136,55 @@ def test_the_server_answers_views_and_refuses_bad_ones(store):
     try:
         with urllib.request.urlopen(base, timeout=10) as r:
             assert "connect-src 'self'" in r.read().decode()
-        with urllib.request.urlopen(base + "api/marks?columns=aggregate", timeout=10) as r:
+        with urllib.request.urlopen(base + "api/marks?columns=%5B%22aggregate%22%5D",
+                                    timeout=10) as r:
             assert set(json.loads(r.read())) == {"aggregate"}
         for bad, said in (("api/paired?ref=9", "no entry 9"), ("api/nope", "no view"),
                           ("api/items?evaluation=val", "kept no per-item records")):
             with pytest.raises(urllib.error.HTTPError) as e:
                 urllib.request.urlopen(base + bad, timeout=10)
             assert e.value.code == 400 and said in json.loads(e.value.read())["error"]
+    finally:
+        server.shutdown()
+        thread.join(timeout=10)
+        server.server_close()
+
+
+def test_served_views_take_columns_whose_names_hold_a_comma(tmp_path):
+    """An lm-eval metric with several filters is named ``exact_match,strict-match``: the page
+    asks for such a column's marks and paired differences by name, in a JSON list (a
+    comma-separated list asked for two columns that do not exist: HTTP 400, no marks)."""
+    from urllib.parse import quote
+
+    from rayeval.reporting.report_server import make_server
+
+    location = str(tmp_path / "out")
+    s = ResultStore(location)
+    ckpts = {f"/c/step_{n:06d}": (n, q) for n, q in ((20, 0.25), (200, 0.58), (600, 0.72))}
+    rows = suite(ckpts, {"gen": ["accuracy", "nll"]})
+    for r in rows:
+        r["metric"] = {"accuracy": "exact_match,strict-match"}.get(r["metric"], r["metric"])
+    for loc in ckpts:
+        s.write_cell(f"{abs(hash(loc))}", [r for r in rows if r["checkpoint"] == loc])
+    made = board(location)
+    name = next(c.name for c in made.columns if "strict-match" in c.name)
+    other = next(c.name for c in made.columns if c.name.endswith("nll"))
+    server = make_server(Report(location, marks=False), 0, "t")
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05})
+    thread.start()
+    base = f"http://127.0.0.1:{server.server_address[1]}/api/"
+    wanted = quote(json.dumps([name, other]))
+    try:
+        with urllib.request.urlopen(base + f"marks?columns={wanted}", timeout=10) as r:
+            marks = json.loads(r.read())
+        assert marks[name] == "".join(e.marks.get(name, "") or "." for e in made.entries)
+        assert set(marks) == {name, other}
+        with urllib.request.urlopen(base + f"paired?ref=0&columns={wanted}", timeout=10) as r:
+            assert set(json.loads(r.read())["columns"]) == {name, other}
+        with pytest.raises(urllib.error.HTTPError) as e:
+            urllib.request.urlopen(base + "marks?columns=" + quote(name), timeout=10)
+        assert e.value.code == 400 and "not a JSON list of column names" in \
+            json.loads(e.value.read())["error"]
     finally:
         server.shutdown()
         thread.join(timeout=10)

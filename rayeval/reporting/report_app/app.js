@@ -35,7 +35,7 @@
   function pairedOf(ref, names) {
     // a file holds every column's differences to a reference; rayeval view computes those of
     // the columns shown (all 300 of a 100,000-cell store took 16 s)
-    return q('paired', VIEWS || !names ? { ref: ref } : { ref: ref, columns: names.join(',') });
+    return q('paired', VIEWS || !names ? { ref: ref } : { ref: ref, columns: JSON.stringify(names) });
   }
 
   function q(name, params) {

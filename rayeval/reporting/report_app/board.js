@@ -84,7 +84,7 @@
     return chunks.reduce(function (prev, chunk) {
       return prev.then(function () {
         if (wanted_still && !wanted_still()) return null;
-        return get(q('marks', { columns: chunk.join(',') })).then(function (m) {
+        return get(q('marks', { columns: JSON.stringify(chunk) })).then(function (m) {
           b.columns.forEach(function (c) { if (m[c.name]) { c.marks = m[c.name]; b.marked.push(c.name); } });
           if (then) then(chunk);
         });
