@@ -297,7 +297,12 @@ def console_main() -> None:
                 from rich.console import Console
 
                 code = _interrupted(e, Console(stderr=True, highlight=False))
-    if code in (128 + signal.SIGINT, 128 + signal.SIGTERM):
+    # `view` too: Ctrl-C stops its server while a request's thread may be inside a pyarrow
+    # scan, and an interpreter teardown then can abort with "terminate called without an
+    # active exception" (Arrow's thread pool destroyed with a worker alive: apache/arrow
+    # #39862, #34314; seen once in two tries, not in 20 here). It holds nothing an exit hook
+    # must write: no Ray, no tracker.
+    if code in (128 + signal.SIGINT, 128 + signal.SIGTERM) or _command == ["view"]:
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)
@@ -306,7 +311,7 @@ def console_main() -> None:
 
 _said: list[str] = []      # the interrupted line, once printed (a second signal adds none)
 _CONSOLE: list[bool] = []  # started as the console script (console_main), not called in Python
-_command: list[str] = []   # the command being run (its interrupted line)
+_command: list[str] = []   # the command being run (its interrupted line; `view` ends at once)
 
 
 def _interrupted(error: KeyboardInterrupt, err: Console) -> int:
