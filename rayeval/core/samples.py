@@ -27,6 +27,7 @@ from rayeval.io import images as image_io
 # The columns every record has, in order, and their types; metric values follow (float64).
 # ``id`` keeps the id column's own type (a content id is int64).
 COLUMNS = {
+    "row": pa.int64(),                       # the item's position in its data set (io.data.ROW)
     "context": pa.string(),
     "images": pa.list_(pa.string()),         # image items: each image's path, or its size
     "choices": pa.list_(pa.string()),

@@ -74,11 +74,15 @@ def pipeline(ev: Evaluation, workers: int, base_dir: str, pixels: bool = True):
 
     spec = ev.spec.dataset
     cpus = spec.cpus if spec.cpus is not None else 1.0
-    source = RowsDatasource(ev.data, _read_columns(ev), spec.key_path, workers)
+    from rayeval.core import tasks
+    from rayeval.io.data import ROW
+
+    source = RowsDatasource(ev.data, _read_columns(ev), spec.key_path, workers,
+                            positions=tasks.get(ev.spec.task).row_positions(ev.spec))
     ds = ray.data.read_datasource(source, num_cpus=cpus)
     stage = None
     if spec.transform:
-        stage = Prepare(spec, base_dir, [c for c in (spec.target, spec.id) if c],
+        stage = Prepare(spec, base_dir, [c for c in (spec.target, spec.id, ROW) if c],
                         records=ev.spec.samples)
     elif ev.tokenizer is not None:
         stage = Tokenize(ev.spec, ev.tokenizer, pixels)
@@ -108,12 +112,14 @@ class RowsDatasource(Datasource):
     """A Ray Data datasource over ``sources.read_file``: parquet split into row ranges (one
     file can feed every worker), other formats file by file (images in groups)."""
 
-    def __init__(self, info: DatasetInfo, columns: list[str] | None, key: str, workers: int):
+    def __init__(self, info: DatasetInfo, columns: list[str] | None, key: str, workers: int,
+                 positions: bool = False):
         super().__init__()
         self.info = info
         self.columns = columns
         self.key = key
         self.workers = workers
+        self.positions = positions          # each row's position comes with it (data.ROW)
 
     def get_name(self) -> str:
         return f"Read{self.info.format.capitalize()}"
@@ -130,44 +136,60 @@ class RowsDatasource(Datasource):
         for piece in self._pieces(wanted):
             meta = BlockMetadata(num_rows=piece[2], size_bytes=None, exec_stats=None,
                                  input_files=piece[0])
-            tasks.append(ReadTask(_reader(self.info, self.columns, self.key, piece), meta))
+            tasks.append(ReadTask(_reader(self.info, self.columns, self.key, piece,
+                                          self.positions), meta))
         return tasks
 
     def _pieces(self, wanted: int):
-        """(files, (start, stop) of parquet rows or None, rows) of each read task."""
+        """(files, (start, stop) of parquet rows or None, rows, the position of the files'
+        first row or None) of each read task."""
         info = self.info
         if info.format == "parquet":
             n = info.num_rows
             count = max(1, min(wanted, n // MIN_TASK_ROWS))
             for i in range(count):
                 start, stop = n * i // count, n * (i + 1) // count
-                yield info.files, (start, stop), stop - start
+                yield info.files, (start, stop), stop - start, start
             return
         files = list(info.files)
         rows = list(info.file_rows) or [None] * len(files)
         per = max(1, math.ceil(len(files) / wanted)) if info.format == "images" else 1
         for i in range(0, len(files), per):
             part = rows[i:i + per]
-            yield tuple(files[i:i + per]), None, (sum(part) if None not in part else None)
+            first = sum(rows[:i]) if None not in rows[:i] else None
+            yield tuple(files[i:i + per]), None, (sum(part) if None not in part else None), \
+                first
 
 
-def _reader(info: DatasetInfo, columns, key: str, piece):
-    files, rows, _ = piece
+def _reader(info: DatasetInfo, columns, key: str, piece, positions: bool = False):
+    from rayeval.io import data
+
+    files, rows, _, first = piece
+    if positions and first is None:
+        raise RuntimeError(f"{key}: the rows of a file before {files[0]!r} are not counted; "
+                           "a row's position is unknown (a bug: planning counts them)")
+
+    def numbered(tables):
+        if not positions:
+            yield from tables
+            return
+        at = first
+        for table in tables:
+            yield data.with_positions(table, at)
+            at += table.num_rows
 
     def read():
         if rows is not None:
-            from rayeval.io.data import RowRange
-
-            yield from RowRange(info, columns, rows[0], rows[1], f"{key}.path") \
-                ._pieces(8192)
+            yield from data.RowRange(info, columns, rows[0], rows[1], f"{key}.path",
+                                     positions=positions)._pieces(8192)
             return
         if info.format == "images":
             table = sources.read_images(list(files), info.root, info.schema)
-            yield table.select(columns) if columns is not None else table
+            yield from numbered([table.select(columns) if columns is not None else table])
             return
         for f in files:
-            yield from sources.read_file(info.format, f, schema=info.schema, columns=columns,
-                                         root=info.root, key=key)
+            yield from numbered(sources.read_file(info.format, f, schema=info.schema,
+                                                  columns=columns, root=info.root, key=key))
 
     return read
 

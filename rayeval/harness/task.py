@@ -78,6 +78,9 @@ class Harness(TextTask):
     def spec_problem(self, spec):
         return None
 
+    def row_positions(self, spec) -> bool:
+        return False            # a record's id is lm-eval's doc_id: the document's position
+
     def only_generates(self, spec) -> bool:
         return lm_task(spec.dataset.path).OUTPUT_TYPE == "generate_until"
 

@@ -222,15 +222,20 @@ def _is_list(typ: pa.DataType) -> bool:
         pa.types.is_fixed_size_list(typ)
 
 
-def read_batches(info: DatasetInfo, spec: DatasetSpec, batch_size: int, columns=None):
+def read_batches(info: DatasetInfo, spec: DatasetSpec, batch_size: int, columns=None,
+                 positions: bool = False):
     """Every row as pyarrow tables of ``batch_size`` rows, in one process, in file order (the
-    driver's probe and the single-process reference path), from any source."""
+    driver's probe and the single-process reference path), from any source; ``positions``:
+    with each row's position (``ROW``)."""
     columns = columns if columns is not None else spec.columns
     tables = (t for f in info.files
               for t in sources.read_file(info.format, f, schema=info.schema, columns=columns,
                                          root=info.root, chunk_rows=batch_size,
                                          key=spec.key_path))
-    yield from rebatch(tables, batch_size)
+    first = 0
+    for table in rebatch(tables, batch_size):
+        yield with_positions(table, first) if positions else table
+        first += table.num_rows
 
 
 def rebatch(tables, batch_size: int):
@@ -299,16 +304,36 @@ class ReadAhead:
         self.stop.set()
 
 
+# A row's position in its data set (its files in order, each file's rows in order), from 0:
+# a column the readers add (``positions``) where per-item records name an item by its row, as
+# a data set without an id column has nothing else a user can find it by (its id is a 64-bit
+# hash of its content, for the bootstrap).
+ROW = "__rayeval_row__"
+
+
+def positions(table) -> dict[str, list]:
+    """A record's ``row`` field (each row's position), where the table has ``ROW``."""
+    return {"row": table.column(ROW).to_pylist()} if ROW in table.column_names else {}
+
+
+def with_positions(table: pa.Table, first: int) -> pa.Table:
+    """``table`` with the ``ROW`` column: positions ``first``, ``first + 1``, ..."""
+    return table.append_column(ROW, pa.array(range(first, first + table.num_rows), pa.int64()))
+
+
 class RowRange:
     """Rows [start, stop) of a data set, read straight from its parquet files: one worker's
     shard. Only the row groups that hold them are read; batches are read ahead on a thread
-    (pyarrow releases the GIL) while the model runs."""
+    (pyarrow releases the GIL) while the model runs. ``positions``: each row's position in
+    the data set comes with it (``ROW``)."""
 
-    def __init__(self, info: DatasetInfo, columns, start: int, stop: int, key: str):
+    def __init__(self, info: DatasetInfo, columns, start: int, stop: int, key: str,
+                 positions: bool = False):
         self.info = info
         self.columns = columns
         self.start, self.stop = start, stop
         self.key = key
+        self.positions = positions
 
     @property
     def num_rows(self) -> int:
@@ -335,7 +360,7 @@ class RowRange:
         offset = 0
         for location, n in zip(self.info.files, self._file_rows()):
             lo, hi = max(self.start, offset) - offset, min(self.stop, offset + n) - offset
-            offset += n
+            first, offset = offset, offset + n
             if lo >= hi:
                 continue
             fs, path = paths.filesystem(location)
@@ -352,7 +377,8 @@ class RowRange:
                                                      row_groups=groups, columns=self.columns):
                         a, b = max(lo, at), min(hi, at + batch.num_rows)
                         if a < b:
-                            yield pa.Table.from_batches([batch.slice(a - at, b - a)])
+                            table = pa.Table.from_batches([batch.slice(a - at, b - a)])
+                            yield with_positions(table, first + a) if self.positions else table
                         at += batch.num_rows
                         if at >= hi:
                             break

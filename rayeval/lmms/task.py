@@ -63,6 +63,9 @@ class LmmsEval(ImageGeneration):
     def spec_problem(self, spec):
         return None
 
+    def row_positions(self, spec) -> bool:
+        return False            # a record's id is lmms-eval's doc_id: the document's position
+
     def check_schema(self, spec, schema):
         check_request_table(spec, schema, COLUMNS, "lmms-eval")
         super().check_schema(spec, schema)

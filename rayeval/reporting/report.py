@@ -246,11 +246,13 @@ class Report:
                              "store")
         table = self._cell_table(evaluation, holders[0])
         shown = [f for f in ITEM_FIELDS if f in table.column_names]
-        # ids travel as text: a data set without an id column has 64-bit hashed ids, which a
-        # JSON number loses in JavaScript (-9219662817155844128 showed as ...844000, and two
-        # items could share one)
+        # An item is shown by its row (its position in the data set) where its data has no id
+        # column: its id is then a 64-bit hash of its content. Ids travel as text: a JSON
+        # number loses such a hash in JavaScript (-9219662817155844128 showed as ...844000,
+        # and two items could share one).
+        name = "row" if "row" in table.column_names else "id"
         out = {"evaluation": evaluation, "entries": holders,
-               "id": [str(i) for i in (table["id"].to_pylist() if "id" in table.column_names
+               "id": [str(i) for i in (table[name].to_pylist() if name in table.column_names
                                        else range(table.num_rows))]}
         for f in shown:
             values = table[f].to_pylist()
@@ -310,14 +312,13 @@ class Report:
         key = (evaluation, entry)
         if key not in self._records:
             from rayeval.io.store import ResultStore
+            from rayeval.reporting.samples import in_item_order
 
             row = _cell_row(self.board.entries[entry], evaluation)
             if row is None:
                 raise StoreError(f"entry {entry} kept no records of {evaluation!r}")
             table = ResultStore(self.store).read_samples(row["cell"], row["samples"])
-            if "id" in table.column_names and table.num_rows:
-                table = table.sort_by("id")
-            self._records[key] = table
+            self._records[key] = in_item_order(table)
         return self._records[key]
 
     def _any_records(self, evaluation: str):

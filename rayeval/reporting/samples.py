@@ -20,7 +20,7 @@ from rayeval.ranking import find_checkpoint
 from rayeval.io.store import ResultStore, newest
 
 # Record columns that are not metric values (core.samples.COLUMNS, and the id)
-RECORD_COLUMNS = ("id", "context", "choices", "target", "response", "responses",
+RECORD_COLUMNS = ("id", "row", "context", "choices", "target", "response", "responses",
                   "loglikelihoods", "tokens", "probability", "images", "thumbnails",
                   # a judged item's (docs/judges.md): its score is the ``judge`` column
                   "judge_prompt", "judge_output", "judge_failed", "baseline_response",
@@ -46,7 +46,7 @@ def evaluations_with_samples(rows: list[dict]) -> list[str]:
 def read_cell_samples(store: str, rows: list[dict], evaluation: str | None,
                       what: str = "--eval") -> tuple[str, pa.Table]:
     """(evaluation, records) of one checkpoint's rows (``find_checkpoint``'s) on one
-    evaluation (the only one with records when None), sorted by item id."""
+    evaluation (the only one with records when None), in item order (``in_item_order``)."""
     kept = evaluations_with_samples(rows)
     if evaluation is None:
         if not kept:
@@ -66,9 +66,16 @@ def read_cell_samples(store: str, rows: list[dict], evaluation: str | None,
                          f"{HOW_TO_KEEP}")
     table = ResultStore(paths.resolve(os.fspath(store), os.getcwd())).read_samples(
         row["cell"], row["samples"])
-    if "id" in table.column_names and table.num_rows:
-        table = table.sort_by("id")
-    return evaluation, table
+    return evaluation, in_item_order(table)
+
+
+def in_item_order(table: pa.Table) -> pa.Table:
+    """Records in their data's order: by ``row`` (the item's position, where its data has no
+    id column), else by ``id``."""
+    for by in ("row", "id"):
+        if by in table.column_names and table.num_rows:
+            return table.sort_by(by)
+    return table
 
 
 def checkpoint_rows(store: str | os.PathLike, checkpoint: str, sweep: str | None,

@@ -112,7 +112,8 @@ def _ordered(table: pa.Table, metrics: list[str], metric: str | None,
 def _item(r: dict, metrics: list[str], metric: str | None) -> str:
     mark = "" if metric is None or r.get(metric) is None else \
         (" wrong" if r[metric] == 0.0 else " right")
-    parts = [f'<div class="field"><span class="label">id</span>{escape(str(r.get("id")))}'
+    name = "row" if r.get("row") is not None else "id"      # a row: the id is a content hash
+    parts = [f'<div class="field"><span class="label">{name}</span>{escape(str(r.get(name)))}'
              '</div>']
     if r.get("context") is not None:
         parts.append(f'<pre class="context">{escape(r["context"])}</pre>')

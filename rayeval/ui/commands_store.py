@@ -326,9 +326,11 @@ def _samples_table(out: Console, title: str, table, width: int = 60) -> None:
     # thumbnails in json, csv and html
     many = "choices" in table.column_names
     # a judged item's prompt (long) stays in json, csv and html too
+    # an item's row (its position in the data) where it has one: its id is then a hash
     shown = [c for c in table.column_names
              if not (many and c in ("choices", "loglikelihoods"))
-             and c not in ("thumbnails", "judge_prompt", "judge_prompt_swapped")]
+             and c not in ("thumbnails", "judge_prompt", "judge_prompt_swapped")
+             and not (c == "id" and "row" in table.column_names)]
     out.print(title, markup=False, highlight=False, soft_wrap=True)
     view = Table()
     for c in shown:

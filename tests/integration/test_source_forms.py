@@ -90,6 +90,48 @@ def test_every_source_gives_the_numbers_of_parquet(standing, forms):
         assert by_form(rows, form) == reference, form
 
 
+def test_records_name_each_item_by_its_row_where_the_data_has_no_id(standing, forms,
+                                                                    tmp_path):
+    """Without an id column an item's id is a hash of its content (the bootstrap's), which no
+    user can look up: its records carry its row, the position in the data set as it is read
+    (files in order, rows in file order), from every reader: parquet read directly, JSON lines
+    and CSV (a transform stage) and a folder of PNGs through Ray Data, split over 2 workers.
+    Checked against the data itself: every row once, each record's target the label at its
+    row, and the same item (its content id) at the same row in every form."""
+    import pyarrow.parquet as pq
+    import yaml
+
+    folder, path = forms
+    spec = yaml.safe_load(open(path))
+    spec["evals"] = [{**e, "dataset": {k: v for k, v in e["dataset"].items() if k != "id"}}
+                     for e in spec["evals"] if e["name"] in ("parquet", "jsonl", "csv", "images")]
+    spec["checkpoints"] = [spec["checkpoints"][0].replace("step_*", "step_000600*")]
+    spec["output"] = str(tmp_path / "out")
+    variant = folder / "no_ids.yaml"
+    variant.write_text(yaml.safe_dump(spec, sort_keys=False))
+    report = run_sweep(load_sweep(str(variant)), standing=standing)
+    assert len(report.outcomes) == 4 and all(o.ok for o in report.outcomes), \
+        [o.error for o in report.outcomes]
+    data = pq.read_table(folder / "digits.parquet")
+    labels = [str(v) for v in data["label"].to_pylist()]
+    # the folder of PNGs is read in the sorted order of its files' paths ("LABEL/ROW.png")
+    files = sorted(data["path"].to_pylist())
+    image_labels = [str(labels[int(p.split("/")[1].split(".")[0])]) for p in files]
+    store = ResultStore(spec["output"])
+    items = {}
+    for r in latest_rows(store.read()):
+        if r["metric"] != "accuracy":
+            continue
+        records = store.read_samples(r["cell"], r["samples"]).to_pylist()
+        rows = [x["row"] for x in records]
+        assert sorted(rows) == list(range(ROWS)), r["dataset"]
+        expected = image_labels if r["dataset"] == "images" else labels
+        assert all(x["target"] == expected[x["row"]] for x in records), r["dataset"]
+        items[r["dataset"]] = {x["row"]: x["id"] for x in records}
+    assert set(items) == {"parquet", "jsonl", "csv", "images"}
+    assert items["jsonl"] == items["parquet"] and items["csv"] == items["parquet"]
+
+
 @pytest.mark.parametrize("workers", [2, 3])
 def test_parquet_through_ray_data_equals_the_direct_read(ray_cluster, forms, tmp_path,
                                                          monkeypatch, workers):

@@ -211,3 +211,33 @@ def test_item_ids_travel_as_exact_text(tmp_path):
     assert items["id"] == [str(i) for i in sorted(ids)]
     sent = json.loads(embedded_json(items))
     assert sent["id"] == ["-9219662817155844128", "7", str(2**62 + 1)]
+
+
+def test_items_without_an_id_column_are_shown_by_their_row(tmp_path):
+    """Records that carry each item's row (its data had no id column, so its id is a content
+    hash) show the row, in the data's order; another checkpoint's records, written in
+    another order, line up with them by id."""
+    from rayeval.core.evaluate import MetricResult
+    from rayeval.core.samples import records_table
+    from rayeval.io.store import cell_rows
+
+    ids, rows = [-9219662817155844128, 2**62 + 1, 7], [2, 0, 1]
+    s = ResultStore(str(tmp_path / "out"))
+    for n, order in ((1, [0, 1, 2]), (2, [2, 0, 1])):
+        table = records_table([{"id": [ids[k] for k in order], "row": [rows[k] for k in order],
+                                "context": [f"text {rows[k]}" for k in order],
+                                "target": ["x"] * 3, "response": ["x", "y", "x"],
+                                "exact_match": [1.0, 0.0, 1.0]}])
+        s.write_samples(f"c{n}", "tag", 0, 1, table)
+        s.write_cell(f"c{n}", cell_rows(
+            sweep="s", checkpoint=f"/c/ckpt-{n}", step=n, evaluation="ev",
+            results={"exact_match": MetricResult(2 / 3)}, higher_is_better={"exact_match": True},
+            num_samples=3, world_size=1, bootstrap_key="k", samples="tag"))
+    report = Report(str(tmp_path / "out"))
+    items = report.items("ev")
+    assert items["id"] == ["0", "1", "2"]
+    assert items["context"] == ["text 0", "text 1", "text 2"]
+    # ckpt-1 answered x, y, x for the items at rows 2, 0, 1; ckpt-2 x, y, x for rows 1, 2, 0
+    shown = {report.board.entries[e].checkpoint: report.cell("ev", e)["response"]
+             for e in items["entries"]}
+    assert shown == {"/c/ckpt-1": ["y", "x", "x"], "/c/ckpt-2": ["x", "x", "y"]}

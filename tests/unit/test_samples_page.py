@@ -313,3 +313,32 @@ def test_the_cards_picks_are_the_metrics_own():
         _, acc, norm = choice_picks({"choices": choices, "loglikelihoods": lls})
         assert acc == int(ChoiceAccuracy.scores(outputs).argmax(dim=1))
         assert norm == int(ChoiceAccuracyNorm.scores(outputs).argmax(dim=1))
+
+
+def test_items_of_data_without_an_id_column_are_shown_by_their_row(tmp_path, capsys):
+    """Records that carry each item's row (its id is a 64-bit hash of its content) list the
+    items in the data's order and name each by its row: the table and the page show the row
+    (not the hash), the JSON keeps both."""
+    ids, rows = [-9219662817155844128, 2**62 + 1, 7], [2, 0, 1]
+    s = ResultStore(str(tmp_path / "out"))
+    table = records_table([{"id": ids, "row": rows, "context": ["c2", "c0", "c1"],
+                            "target": ["x"] * 3, "response": ["x", "y", "x"],
+                            "exact_match": [1.0, 0.0, 1.0]}])
+    s.write_samples("c1", "tag", 0, 1, table)
+    s.write_cell("c1", cell_rows(sweep="s", checkpoint="/c/ckpt-1", step=1, evaluation="ev",
+                                 results={"exact_match": MetricResult(2 / 3)},
+                                 higher_is_better={"exact_match": True}, num_samples=3,
+                                 world_size=1, bootstrap_key="k", samples="tag"))
+    out = str(tmp_path / "out")
+    code, text, err = run_cli(capsys, "samples", out, "--checkpoint", "ckpt-1")
+    assert code == 0, err
+    assert "row" in text and "-9219662817155844128" not in text
+    assert text.index("c0") < text.index("c1") < text.index("c2")
+    code, text, err = run_cli(capsys, "samples", out, "--checkpoint", "ckpt-1",
+                              "--format", "json")
+    assert code == 0 and [(r["row"], r["id"]) for r in json.loads(text)] == \
+        [(0, 2**62 + 1), (1, 7), (2, -9219662817155844128)]
+    code, text, err = run_cli(capsys, "samples", out, "--checkpoint", "ckpt-1",
+                              "--format", "html")
+    shown = [t.split("<", 1)[0] for t in text.split('<span class="label">row</span>')[1:]]
+    assert code == 0 and sorted(shown) == ["0", "1", "2"] and "label\">id<" not in text

@@ -71,6 +71,13 @@ class Task:
         ``close()`` (always, after it); None: nothing (an lmms-eval task's served judge)."""
         return None
 
+    def row_positions(self, spec) -> bool:
+        """Whether evaluation ``spec``'s (an EvalSpec) per-item records name each item by its
+        row: where they are kept and its data has no id column (the item's id is then a
+        64-bit hash of its content, for the bootstrap, which no user can look up). The
+        readers then add each row's position in the data set (``io.data.ROW``)."""
+        return bool(spec.samples) and spec.dataset.id is None
+
     def held_rows(self, spec) -> int:
         """Rows a pass holds back to score together (0: each batch as it comes)."""
         return self.group_rows
@@ -229,7 +236,7 @@ class Classification(Task):
             ids = data.column_array(table, spec.id).to_pylist()
         else:
             ids = self.row_ids(table, spec, x, y).tolist()
-        fields = {"id": ids, "target": [str(c) for c in y.tolist()]}
+        fields = {"id": ids, "target": [str(c) for c in y.tolist()], **data.positions(table)}
         thumbs = prepared.thumbnails(table) if prepared.is_prepared(table) else \
             samples.image_thumbnails(table, spec)
         if thumbs is not None:

@@ -170,8 +170,11 @@ def transformed(transform, table, spec: DatasetSpec) -> Inputs:
     """The transform's output for a batch, checked: tensors whose first dimension is the
     batch; a DataError naming the key otherwise."""
     key = f"{spec.key_path}.transform"
+    given = table if isinstance(table, pa.Table) else pa.Table.from_batches([table])
+    if data.ROW in given.column_names:          # rayeval's own column, not the user's data
+        given = given.drop_columns([data.ROW])
     try:
-        out = transform(table if isinstance(table, pa.Table) else pa.Table.from_batches([table]))
+        out = transform(given)
     except DataError:
         raise
     except Exception as e:

@@ -141,7 +141,8 @@ class TextTask(Task):
         else:
             ids = self.row_ids(table, spec, None, None).tolist()
         context = data.column_array(table, getattr(spec, self.reads[0])).to_pylist()
-        return {"id": ids, "context": context, "target": self.target_texts(table, spec)}
+        return {"id": ids, "context": context, "target": self.target_texts(table, spec),
+                **data.positions(table)}
 
     def target_texts(self, table, spec) -> list:
         return [None] * table.num_rows

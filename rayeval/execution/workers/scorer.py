@@ -72,7 +72,8 @@ class CellScorer:
             else:
                 start, stop = ev.data.shard_rows(replica, replicas)
                 rows = RowRange(ev.data, ev.spec.dataset.columns, start, stop,
-                                f"{ev.spec.dataset.key_path}.path")
+                                f"{ev.spec.dataset.key_path}.path",
+                                positions=tasks.get(ev.spec.task).row_positions(ev.spec))
             self.shards[ev.name] = Shard(rows, Decoder(ev.spec, ev.data, plan.sweep.base_dir),
                                          ev.spec.batch_size, budget,
                                          pin=ctx.device.type == "cuda")
