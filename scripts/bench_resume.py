@@ -173,6 +173,10 @@ def main() -> None:
     print(f"; the kill came {killed - last:.2f} s after the last save (lost: at most that, "
           f"target <= {args.every:g} s + one batch)")
     report = run_sweep(load_sweep(sweep))
+    if not report.outcomes:          # the cell was published between the last poll and the kill
+        print("[bench_resume] the killed run had published its cell before the kill landed: "
+              "nothing to resume (run again, or with more --rows)")
+        return
     (outcome,) = report.outcomes
     assert outcome.ok, outcome
     print(f"[bench_resume] killed with {kept} of 1024 buckets kept ({outcome.resumed:,} of "

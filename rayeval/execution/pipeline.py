@@ -154,11 +154,12 @@ class RowsDatasource(Datasource):
         files = list(info.files)
         rows = list(info.file_rows) or [None] * len(files)
         per = max(1, math.ceil(len(files) / wanted)) if info.format == "images" else 1
+        first = 0                               # None once a file's rows are not counted
         for i in range(0, len(files), per):
             part = rows[i:i + per]
-            first = sum(rows[:i]) if None not in rows[:i] else None
-            yield tuple(files[i:i + per]), None, (sum(part) if None not in part else None), \
-                first
+            counted = None not in part
+            yield tuple(files[i:i + per]), None, (sum(part) if counted else None), first
+            first = first + sum(part) if counted and first is not None else None
 
 
 def _reader(info: DatasetInfo, columns, key: str, piece, positions: bool = False):
