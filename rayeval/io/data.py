@@ -222,20 +222,15 @@ def _is_list(typ: pa.DataType) -> bool:
         pa.types.is_fixed_size_list(typ)
 
 
-def read_batches(info: DatasetInfo, spec: DatasetSpec, batch_size: int, columns=None,
-                 positions: bool = False):
+def read_batches(info: DatasetInfo, spec: DatasetSpec, batch_size: int, columns=None):
     """Every row as pyarrow tables of ``batch_size`` rows, in one process, in file order (the
-    driver's probe and the single-process reference path), from any source; ``positions``:
-    with each row's position (``ROW``)."""
+    driver's probe and the single-process reference path), from any source."""
     columns = columns if columns is not None else spec.columns
     tables = (t for f in info.files
               for t in sources.read_file(info.format, f, schema=info.schema, columns=columns,
                                          root=info.root, chunk_rows=batch_size,
                                          key=spec.key_path))
-    first = 0
-    for table in rebatch(tables, batch_size):
-        yield with_positions(table, first) if positions else table
-        first += table.num_rows
+    yield from rebatch(tables, batch_size)
 
 
 def rebatch(tables, batch_size: int):
