@@ -251,7 +251,7 @@ class Report:
         # number loses such a hash in JavaScript (-9219662817155844128 showed as ...844000,
         # and two items could share one).
         name = "row" if "row" in table.column_names else "id"
-        out = {"evaluation": evaluation, "entries": holders,
+        out = {"evaluation": evaluation, "entries": holders, "named": name,
                "id": [str(i) for i in (table[name].to_pylist() if name in table.column_names
                                        else range(table.num_rows))]}
         for f in shown:

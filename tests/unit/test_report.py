@@ -235,7 +235,7 @@ def test_items_without_an_id_column_are_shown_by_their_row(tmp_path):
             num_samples=3, world_size=1, bootstrap_key="k", samples="tag"))
     report = Report(str(tmp_path / "out"))
     items = report.items("ev")
-    assert items["id"] == ["0", "1", "2"]
+    assert items["id"] == ["0", "1", "2"] and items["named"] == "row"
     assert items["context"] == ["text 0", "text 1", "text 2"]
     # ckpt-1 answered x, y, x for the items at rows 2, 0, 1; ckpt-2 x, y, x for rows 1, 2, 0
     shown = {report.board.entries[e].checkpoint: report.cell("ev", e)["response"]

@@ -48,7 +48,8 @@
       }
       var ranged = items.right_or_wrong || items.metrics[0];
       if (ranged) bar.appendChild(el('label', null, [ranged + ' from ', rangeInput('min', r), ' to ', rangeInput('max', r)]));
-      var orders = [['', items.right_or_wrong ? 'by id' : 'by ' + items.metrics[0] + ', worst first'], ['id', 'by id'],
+      var named = items.named || 'id';      // 'row' where the data has no id column
+      var orders = [['', items.right_or_wrong ? 'by ' + named : 'by ' + items.metrics[0] + ', worst first'], ['id', 'by ' + named],
         ['metric', 'by metric, worst first'], ['margin', 'by log-likelihood margin'], ['confidence', 'by confidence, most confident first']];
       bar.appendChild(select('order', 'Sort', orders, r.order || ''));
       main.appendChild(bar);
@@ -155,7 +156,7 @@
       card.appendChild(side);
     }
     var body = el('div', { 'class': 'body' });
-    body.appendChild(field('id', el('a', { href: '#item?evaluation=' + encodeURIComponent(ev) + '&id=' + encodeURIComponent(text(items.id[k])) + '&entry=' + a,
+    body.appendChild(field(items.named || 'id', el('a', { href: '#item?evaluation=' + encodeURIComponent(ev) + '&id=' + encodeURIComponent(text(items.id[k])) + '&entry=' + a,
                                             text: text(items.id[k]) })));
     var context = cell.context ? cell.context[k] : items.context && items.context[k];
     if (context !== null && context !== undefined) {
