@@ -74,11 +74,10 @@ def pipeline(ev: Evaluation, workers: int, base_dir: str, pixels: bool = True):
 
     spec = ev.spec.dataset
     cpus = spec.cpus if spec.cpus is not None else 1.0
-    from rayeval.core import tasks
     from rayeval.io.data import ROW
 
     source = RowsDatasource(ev.data, _read_columns(ev), spec.key_path, workers,
-                            positions=tasks.get(ev.spec.task).row_positions(ev.spec))
+                            positions=ev.row_positions)
     ds = ray.data.read_datasource(source, num_cpus=cpus)
     stage = None
     if spec.transform:

@@ -44,6 +44,11 @@ class Evaluation:
     def name(self) -> str:
         return self.spec.name
 
+    @property
+    def row_positions(self) -> bool:
+        """Whether its readers add each row's position (``Task.row_positions``)."""
+        return tasks.get(self.spec.task).row_positions(self.spec)
+
 
 @dataclass(frozen=True)
 class Cell:

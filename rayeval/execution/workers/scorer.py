@@ -73,7 +73,7 @@ class CellScorer:
                 start, stop = ev.data.shard_rows(replica, replicas)
                 rows = RowRange(ev.data, ev.spec.dataset.columns, start, stop,
                                 f"{ev.spec.dataset.key_path}.path",
-                                positions=tasks.get(ev.spec.task).row_positions(ev.spec))
+                                positions=ev.row_positions)
             self.shards[ev.name] = Shard(rows, Decoder(ev.spec, ev.data, plan.sweep.base_dir),
                                          ev.spec.batch_size, budget,
                                          pin=ctx.device.type == "cuda")
