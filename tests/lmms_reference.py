@@ -108,6 +108,69 @@ def write_task(task_dir: str, items: list[dict], *, max_new_tokens: int = MAX_NE
     return path
 
 
+# multiple_choice tasks (lmms-eval's llava_hf scores their requests' losses): each document's
+# choices are four easy-vqa answers, the right one among them at a place that differs by item;
+# an image task, and the same items without their images (a text task: no doc_to_visual).
+CHOICE_TASK = "rayeval_vqa_choice"
+TEXT_CHOICE_TASK = "rayeval_vqa_text_choice"
+CHOICE_METRICS = ("acc", "acc_norm")
+
+CHOICE_UTILS = UTILS + '''
+
+ANSWERS = ANSWER_LIST
+
+
+def doc_to_choice(doc):
+    others = [a for a in ANSWERS if a != doc["answer"]]
+    picked = [others[(doc["id"] * 7 + k * 5) % len(others)] for k in range(3)]
+    picked = list(dict.fromkeys(picked))
+    while len(picked) < 3:
+        picked.append(next(a for a in others if a not in picked))
+    at = doc["id"] % 4
+    return picked[:at] + [doc["answer"]] + picked[at:]
+
+
+def doc_to_target(doc):
+    return doc["id"] % 4
+
+
+def question(doc):
+    return doc["question"] + " Answer:"
+'''
+
+
+def write_choice_tasks(task_dir: str, items: list[dict]) -> None:
+    """``items`` as a JSON-lines file and two ``multiple_choice`` tasks over it in
+    ``task_dir``: CHOICE_TASK with each item's image, TEXT_CHOICE_TASK without."""
+    from vlm_support import easy_vqa_answers
+
+    os.makedirs(task_dir, exist_ok=True)
+    task_dir = os.path.abspath(task_dir)
+    data = os.path.join(task_dir, "choice_items.jsonl")
+    with open(data, "w", encoding="utf-8") as f:
+        for it in items:
+            f.write(json.dumps(it) + "\n")
+    with open(os.path.join(task_dir, "choice_utils.py"), "w", encoding="utf-8") as f:
+        f.write(CHOICE_UTILS.replace("ANSWER_LIST", repr(easy_vqa_answers())))
+    for name, visual in ((CHOICE_TASK, "doc_to_visual: !function choice_utils.doc_to_visual\n"),
+                         (TEXT_CHOICE_TASK, "")):
+        with open(os.path.join(task_dir, f"{name}.yaml"), "w", encoding="utf-8") as f:
+            f.write(f"task: {name}\n"
+                    "dataset_path: json\n"
+                    "dataset_kwargs:\n"
+                    f"  data_files: {{test: {json.dumps(data)}}}\n"
+                    f"  cache_dir: {json.dumps(os.path.join(task_dir, 'datasets_cache'))}\n"
+                    "test_split: test\n"
+                    "output_type: multiple_choice\n"
+                    + visual +
+                    "doc_to_text: !function choice_utils.question\n"
+                    "doc_to_choice: !function choice_utils.doc_to_choice\n"
+                    "doc_to_target: !function choice_utils.doc_to_target\n"
+                    "metric_list:\n"
+                    "  - {metric: acc, aggregation: mean, higher_is_better: true}\n"
+                    "  - {metric: acc_norm, aggregation: mean, higher_is_better: true}\n")
+
+
 def run_lmms_eval(model_dir: str, task_dir: str, *, task: str = TASK, batch_size: int = 1,
                   output: str | None = None, limit: int | None = None,
                   timeout: float = 600, members: tuple[str, ...] = (),
@@ -127,10 +190,11 @@ def run_lmms_eval(model_dir: str, task_dir: str, *, task: str = TASK, batch_size
 
 def run_cli(model_dir: str, task_dir: str, tasks: list[str], output: str, *,
             batch_size: int = 1, limit: int | None = None, timeout: float = 600,
-            model: str = "huggingface") -> None:
+            model: str = "huggingface", simple: bool = False) -> None:
     """lmms-eval's command line on ``tasks`` (tasks or groups found under ``task_dir``, one
     run: one results file, one samples file per task) into ``output``. ``model``: its generic
-    ``huggingface`` chat model, or ``llava_hf`` (LLaVA's own, in float32)."""
+    ``huggingface`` chat model, or ``llava_hf`` (LLaVA's own, in float32); ``simple``: its
+    simple form (``--force_simple``: what scores ``multiple_choice`` tasks)."""
     model_args = f"pretrained={model_dir},device_map=cpu"
     if model == "llava_hf":
         model_args += ",dtype=float32"
@@ -141,6 +205,8 @@ def run_cli(model_dir: str, task_dir: str, tasks: list[str], output: str, *,
             "--output_path", output, "--verbosity", "WARNING"]
     if limit is not None:
         args += ["--limit", str(limit)]
+    if simple:
+        args.append("--force_simple")
     done = subprocess.run(args, env=offline_env(), capture_output=True, text=True, timeout=timeout)
     if done.returncode != 0:
         raise RuntimeError(f"lmms-eval failed ({done.returncode}):\n{done.stderr[-3000:]}")
@@ -312,6 +378,57 @@ def _patch_reference_model() -> None:
     hf_chat.AutoProcessor = _Processor
 
 
+def _patch_choice_scoring() -> None:
+    """Two fixes for lmms-eval 0.7.3's ``multiple_choice`` path, in this process only (the
+    reference run):
+    - its evaluator keeps a model's answer to a request through ``unwrap_generation_output``,
+      which turns a log-likelihood answer, ``(loss, is_greedy)``, into its ``str``; the task's
+      ``process_results`` then fails on every document (``lls, is_greedy = zip(*results)``:
+      too many values). Such a tuple is kept as the model gave it;
+    - ``llava_hf`` scores a document without images (a text task) by handing its processor
+      ``images=[]``, whose empty pixel values the model cannot take, and calls a task's
+      missing ``doc_to_visual``: such a document goes to the processor with no images, as
+      rayeval scores it (the prompt otherwise as llava_hf renders it)."""
+    import transformers
+    from lmms_eval import evaluator
+    from lmms_eval.api import task as lmms_task
+    from lmms_eval.models.simple import llava_hf
+
+    unwrap = evaluator.unwrap_generation_output
+
+    def unwrap_answers(output):
+        if isinstance(output, tuple) and len(output) == 2 and isinstance(output[0], float) \
+                and isinstance(output[1], bool):
+            return output, None
+        return unwrap(output)
+
+    evaluator.unwrap_generation_output = unwrap_answers
+
+    class _Processor:
+        @staticmethod
+        def from_pretrained(path, **kwargs):
+            processor = transformers.AutoProcessor.from_pretrained(path, **kwargs)
+            base = type(processor)
+
+            def call(self, *args, **kw):
+                if "images" in kw and not kw["images"]:
+                    kw["images"] = None
+                return base.__call__(self, *args, **kw)
+
+            processor.__class__ = type(f"Reference{base.__name__}", (base,),
+                                       {"__call__": call})
+            return processor
+
+    llava_hf.AutoProcessor = _Processor
+    visual = lmms_task.ConfigurableTask.doc_to_visual
+
+    def doc_to_visual(self, doc):
+        found = visual(self, doc)
+        return [] if found is None else found
+
+    lmms_task.ConfigurableTask.doc_to_visual = doc_to_visual
+
+
 def _without_decord() -> None:
     """lmms-eval's ``llava_hf`` imports the video decoder decord at its module's import (not
     installed here); image tasks never call it. In the reference's process only: a stand-in
@@ -334,6 +451,7 @@ if __name__ == "__main__":
     go_offline()
     _patch_reference_model()
     _without_decord()
+    _patch_choice_scoring()
     from lmms_eval.__main__ import cli_evaluate
 
     cli_evaluate()

@@ -115,8 +115,10 @@ def _one(output: str, task, name: str, path: str, common: dict,
     lm_store.UNWRITTEN[data] = (output, task)
     # The request table: the chat as JSON (the prompt column, templated by the checkpoint's
     # processor on the CPU stage), the images as PNG bytes, lmms-eval's doc_id as the row id.
+    # A multiple_choice task's continuations too (the context is the chat's text).
+    choices = "choices" if task.output_type == "multiple_choice" else None   # requests.CHOICES
     dataset = DatasetSpec(path=data, prompt="messages", images="images", target="target",
-                          id="doc_id", key_path=f"{path}.lmms_eval")
+                          id="doc_id", choices=choices, key_path=f"{path}.lmms_eval")
     metrics = tuple(MetricSpec(name=kind, task="lmms_eval", key=key,
                                params=(("column", column), ("higher", higher)))
                     for key, kind, column, higher in task.metrics)

@@ -16,8 +16,12 @@ A group (or a tag) is rendered as its tasks, each its own request table, and its
 ``consolidate_group_results`` averages (``_aggregates``), and the plan stores it as an lm-eval
 group's aggregate is stored (``plan.groups``).
 
+A ``multiple_choice`` task is rendered from the requests lmms-eval builds for its models'
+``loglikelihood`` (``choice_rows``: the context, each choice's continuation, the images) and
+scored as lmms-eval's ``llava_hf`` scores them (``lmms.task``).
+
 What is refused, in one line naming the task: an output type other than ``generate_until``
-(lmms-eval's chat models generate only), a video or audio in a document, a task judged by an
+and ``multiple_choice``, a choice task asking mutual information or several contexts, a video or audio in a document, a task judged by an
 API model (unless it asks lmms-eval's ``llm_judge`` and the entry gives a ``judge``, which the
 workers serve it: ``judge_server``), sampling, an aggregation that is not a mean (a task's, or
 a group's).
@@ -118,8 +122,8 @@ def _silent():
 
 
 def load_tasks(spec: LmmsEvalSpec, path: str) -> tuple[dict, list[tuple]]:
-    """{task name: the task lmms-eval builds for a chat model, with the sweep's generation
-    overrides}, and the groups, the one asked for first: [(name, leaf tasks in lmms-eval's
+    """{task name: the task lmms-eval builds for a chat model (a ``multiple_choice`` one: for a
+    simple model, ``_simple``), with the sweep's generation overrides}, and the groups, the one asked for first: [(name, leaf tasks in lmms-eval's
     order, aggregate_metric_list as lmms-eval's group config has it, or None)]. A task alone
     has no groups; a tag has tasks and no groups (lmms-eval aggregates no tag)."""
     manager = task_manager(spec, path)
@@ -148,11 +152,25 @@ def load_tasks(spec: LmmsEvalSpec, path: str) -> tuple[dict, list[tuple]]:
         return leaves
 
     walk(loaded)
+    for name, task in tasks.items():
+        if task.OUTPUT_TYPE == "multiple_choice":
+            tasks[name] = _simple(manager, name, path)
     groups.sort(key=lambda g: g[0] != spec.task)
     for task in tasks.values():
         if spec.gen_kwargs:
             task.set_config(key="generation_kwargs", value=dict(spec.gen_kwargs), update=True)
     return tasks, groups
+
+
+def _simple(manager, name: str, path: str):
+    """Task ``name`` as lmms-eval builds it for a simple model (``--force_simple``): its chat
+    form builds generation requests only, so lmms-eval runs a ``multiple_choice`` task on a
+    simple model's ``loglikelihood`` (``llava_hf``'s)."""
+    try:
+        loaded = manager.load_task_or_group([name], task_type="simple")
+    except Exception as error:
+        _fail(f"{path}.task", f"lmms-eval could not build {name!r}: {build_failure(error)}")
+    return next(v for k, v in loaded.items() if str(k) == name)
 
 
 def check_task(task, name: str, path: str, judge: bool = False) -> str | None:
@@ -178,15 +196,31 @@ def verdict(task, name: str, judge: bool = False) -> tuple[tuple[str, str] | Non
                                                              tuple[str, bool] | None]:
     """(``refusal``'s answer, ``judge_route``'s), the task's sources read once."""
     kind = task.OUTPUT_TYPE
-    if kind != "generate_until":
+    if kind not in ("generate_until", "multiple_choice"):
         return ("task", f"lmms-eval task {name!r} has output_type {kind!r}; rayeval "
-                        "evaluates generate_until tasks (what lmms-eval's chat models do)"), None
+                        "evaluates generate_until and multiple_choice tasks"), None
+    problem = _choice_problem(task, name) if kind == "multiple_choice" else None
+    if problem:
+        return ("task", problem), None
     media = _media(task)
     if media:
         return ("task", f"lmms-eval task {name!r} gives its model {media}; rayeval "
                         "evaluates images and text (video and audio are not supported)"), None
     found = judge_route(task)
     return _refused(task, name, judge, found), found
+
+
+def _choice_problem(task, name: str) -> str | None:
+    """Why a ``multiple_choice`` task cannot be scored as lmms-eval's ``llava_hf`` scores it
+    (``choice_rows``), or None: mutual information asks log-likelihoods of choices without
+    their context, and several contexts per document put the choices in the prompt."""
+    if "acc_mutual_info" in (getattr(task, "_metric_fn_list", None) or {}):
+        return f"lmms-eval task {name!r} asks acc_mutual_info (each choice's likelihood " \
+               "without its context); rayeval scores choices after their context only"
+    if getattr(task, "multiple_input", False):
+        return f"lmms-eval task {name!r} puts its choices in the context (several contexts " \
+               "per document); rayeval scores one context per document"
+    return None
 
 
 def _refused(task, name: str, judge: bool, found) -> tuple[str, str] | None:
@@ -334,23 +368,18 @@ def _render_task(spec, path, name, task) -> Rendered:
     except Exception as error:
         _fail(f"{path}.task", f"lmms-eval could not render the requests of {name!r}: "
                               f"{reason(error, typed=True)}")
-    instances = sorted(task.instances, key=lambda i: i.doc_id)
-    rows = {"doc_id": [], "messages": [], "images": [], "context": [], "target": []}
+    instances = sorted(task.instances, key=lambda i: (i.doc_id, i.idx))
+    choices = task.OUTPUT_TYPE == "multiple_choice"
+    rows = choice_rows(task, instances, name, path) if choices else \
+        chat_rows(task, instances, name, path)
     digest = hashlib.sha256()
-    for inst in instances:
-        ctx, doc_to_messages, gen_kwargs, doc_id, _, split = inst.args
-        doc = task.dataset[split][doc_id]
-        messages, images = chat_of(doc_to_messages(doc), name, doc_id, path)
-        rows["doc_id"].append(int(doc_id))
-        rows["messages"].append(encode_messages(messages))
-        rows["images"].append(images)
-        rows["context"].append(context_of(messages))
-        rows["target"].append(_text(task.doc_to_target(doc)))
-        for part in (rows["messages"][-1], rows["target"][-1], *images):
+    for i in range(len(rows["doc_id"])):
+        for part in (rows["messages"][i], rows["target"][i], *rows["images"][i],
+                     *(rows["choices"][i] if choices else ())):
             digest.update(part if isinstance(part, bytes) else part.encode("utf-8"))
             digest.update(b"\0")
-    table = pa.table(rows, schema=table_schema())
-    max_new_tokens = _generation(instances, path, name)
+    table = pa.table(rows, schema=table_schema(choices))
+    max_new_tokens = 0 if choices else _generation(instances, path, name)
     metrics = layout(task)
     filters = filter_names(task)
     lm_keys = {names.metric_key(m, f): names.result_key(m, f, len(filters))
@@ -363,7 +392,53 @@ def _render_task(spec, path, name, task) -> Rendered:
     compat.forget_instances(task)
     blob = pickle_task(task, spec)
     return Rendered(name, table, blob, metrics, max_new_tokens, digest.hexdigest()[:24],
-                    lm_keys, lm=task)
+                    lm_keys, lm=task, output_type=task.OUTPUT_TYPE)
+
+
+def chat_rows(task, instances, name: str, path: str) -> dict:
+    """A ``generate_until`` task's rows: each document's chat (``doc_to_messages``) and its
+    images."""
+    rows = {"doc_id": [], "messages": [], "images": [], "context": [], "target": []}
+    for inst in instances:
+        ctx, doc_to_messages, gen_kwargs, doc_id, _, split = inst.args
+        doc = task.dataset[split][doc_id]
+        messages, images = chat_of(doc_to_messages(doc), name, doc_id, path)
+        rows["doc_id"].append(int(doc_id))
+        rows["messages"].append(encode_messages(messages))
+        rows["images"].append(images)
+        rows["context"].append(context_of(messages))
+        rows["target"].append(_text(task.doc_to_target(doc)))
+    return rows
+
+
+def choice_rows(task, instances, name: str, path: str) -> dict:
+    """A ``multiple_choice`` task's rows, from the requests lmms-eval builds for its models'
+    ``loglikelihood``: one per choice, (context, delimiter + choice, doc_to_visual, ...). A
+    document's row holds the context, its continuations in the requests' order and the images
+    ``doc_to_visual`` gives (flattened, as lmms-eval's ``llava_hf`` flattens them; a task
+    without ``doc_to_visual``, a text task, has none). ``messages`` is the one user turn of
+    the images and the context, for the record; the worker renders what ``llava_hf`` renders
+    (``lmms.task``)."""
+    rows = {"doc_id": [], "messages": [], "images": [], "context": [], "target": [],
+            "choices": []}
+    for inst in instances:
+        ctx, continuation, doc_to_visual, doc_id, _, split = inst.args
+        if rows["doc_id"] and rows["doc_id"][-1] == int(doc_id):
+            rows["choices"][-1].append(continuation)
+            continue
+        doc = task.dataset[split][doc_id]
+        visuals = doc_to_visual(doc) if callable(doc_to_visual) else None
+        visuals = [] if visuals is None else \
+            list(visuals) if isinstance(visuals, (list, tuple)) else [visuals]
+        images = [png_bytes(v, name, doc_id, path) for v in visuals]
+        content = [{"type": "image"} for _ in images] + [{"type": "text", "text": ctx}]
+        rows["doc_id"].append(int(doc_id))
+        rows["messages"].append(encode_messages([{"role": "user", "content": content}]))
+        rows["images"].append(images)
+        rows["context"].append(ctx)
+        rows["target"].append(_text(task.doc_to_target(doc)))
+        rows["choices"].append([continuation])
+    return rows
 
 
 def _config(task) -> dict:

@@ -9,8 +9,11 @@ One row per document of the task:
               image a placeholder in prompt order
     images    the images ``doc_to_visual`` returned, in that order, encoded as PNG bytes
               (lossless: the decoded pixels are the ones lmms-eval hands its processor)
-    context   the text of the messages (for the per-item record)
+    context   the text of the messages (for the per-item record); for a ``multiple_choice``
+              task, the context lmms-eval hands its model (``doc_to_text``, few-shot included)
     target    ``doc_to_target`` as text (for the record)
+    choices   ``multiple_choice`` tasks only: each request's continuation, in lmms-eval's order
+              (``target_delimiter`` + the choice)
 
 Nothing in it is a pickle: a table read back from a shared store is data, never code; the
 driver checks the stored bytes against its own rendering (``harness.store.check_stored``)
@@ -28,6 +31,7 @@ from rayeval.harness.requests import filter_names, metric_layout  # noqa: F401 -
 
 COLUMNS = ("doc_id", "messages", "images", "context", "target")
 IMAGES = "images"
+CHOICES = "choices"
 # lmms-eval aggregation function name -> (rayeval metric over its per-document value, columns
 # per document). Only means merge as sums (a sum and a count); any other aggregation (a
 # median, a BLEU, a task's own ``*_aggregate_results``) is the task's own function over every
@@ -35,10 +39,10 @@ IMAGES = "images"
 AGGREGATIONS = {"mean": ("lm_mean", 1)}
 
 
-def table_schema() -> pa.Schema:
-    return pa.schema([("doc_id", pa.int64()), ("messages", pa.string()),
-                      (IMAGES, pa.list_(pa.binary())), ("context", pa.string()),
-                      ("target", pa.string())])
+def table_schema(choices: bool = False) -> pa.Schema:
+    fields = [("doc_id", pa.int64()), ("messages", pa.string()),
+              (IMAGES, pa.list_(pa.binary())), ("context", pa.string()), ("target", pa.string())]
+    return pa.schema(fields + ([(CHOICES, pa.list_(pa.string()))] if choices else []))
 
 
 def encode_messages(messages: list[dict]) -> str:

@@ -43,19 +43,26 @@ def documents(task):
     return docs
 
 
-def instances(task, doc_ids: list[int], texts: list[list[str]]) -> list:
-    """One lmms-eval ``Instance`` per document, its responses the generated texts."""
+def instances(task, doc_ids: list[int], answers: list[list]) -> list[list]:
+    """Per document, one lmms-eval ``Instance`` per request (a generation: one; a
+    ``multiple_choice`` task: one per choice, in order), its response the model's answer to
+    it (a generated text; a choice's (loss, greedy))."""
     from lmms_eval.api.instance import Instance
 
     name = task.task_name
+    kind = "loglikelihood" if task.OUTPUT_TYPE == "multiple_choice" else "generate_until"
     out = []
-    for doc_id, generated in zip(doc_ids, texts):
-        inst = Instance(request_type="generate_until", arguments=("", None, {}, int(doc_id),
-                                                                  name, None),
-                        idx=0, metadata={"task": name, "doc_id": int(doc_id), "repeats": 1})
-        inst.doc = documents(task)[int(doc_id)]
-        inst.resps = [generated[0]]
-        out.append(inst)
+    for doc_id, given in zip(doc_ids, answers):
+        doc = documents(task)[int(doc_id)]
+        mine = []
+        for idx, answer in enumerate(given):
+            inst = Instance(request_type=kind, arguments=("", None, {}, int(doc_id), name, None),
+                            idx=idx, metadata={"task": name, "doc_id": int(doc_id),
+                                               "repeats": 1})
+            inst.doc = doc
+            inst.resps = [answer]
+            mine.append(inst)
+        out.append(mine)
     return out
 
 
@@ -92,29 +99,33 @@ def process_results(task, doc, results: list) -> dict:
     return fn(task, doc, results)
 
 
-def score_documents(task, doc_ids: list[int], texts: list[list[str]], where: str
+def score_documents(task, doc_ids: list[int], answers: list[list], where: str
                     ) -> tuple[torch.Tensor, list[str], list[str] | None]:
     """(one float64 row per document of its metric values in ``layout``'s columns, the first
     filter's response per document, for the records; the values of the task's own-aggregation
-    metrics per document, as the records keep them, None where it has none)."""
-    found = instances(task, doc_ids, texts)
+    metrics per document, as the records keep them, None where it has none). ``answers``:
+    per document, the model's answer to each of its requests (``instances``)."""
+    by_doc = instances(task, doc_ids, answers)
+    every = [inst for mine in by_doc for inst in mine]
     for ensemble in getattr(task, "_filters", None) or []:
-        ensemble.apply(found, task.task_docs)
+        ensemble.apply(every, task.task_docs)
     columns = layout(task)
     filters = filter_names(task)
     tags = reasoning_tags(task)
-    out = torch.zeros((len(found), max((col + width(kind) for _, kind, col, _ in columns),
+    out = torch.zeros((len(by_doc), max((col + width(kind) for _, kind, col, _ in columns),
                                        default=0)), dtype=torch.float64)
     responses = []
     own = [key for key, kind, _, _ in columns if kind == items.ITEMS]
     kept = [] if own else None
-    for i, inst in enumerate(found):
+    for i, mine in enumerate(by_doc):
+        inst = mine[0]
         values, first = {}, None
         for name in filters:
-            got = without_reasoning(inst.filtered_resps.get(name, inst.resps[0]), tags)
-            first = got if first is None else first
+            got = [without_reasoning(one.filtered_resps.get(name, one.resps[0]), tags)
+                   for one in mine]
+            first = got[0] if first is None else first
             try:
-                result = process_results(task, inst.doc, [got])
+                result = process_results(task, inst.doc, got)
             except Exception as error:
                 raise DataError(f"{where}: lmms-eval's process_results failed on document "
                                 f"{inst.doc_id}: {reason(error, typed=True)}") from None

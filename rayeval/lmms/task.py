@@ -8,6 +8,12 @@ as JSON, its images as PNG bytes, the target. The task is the image ``generation
   (``apply_chat_template(messages, add_generation_prompt=True)``, what lmms-eval's
   ``huggingface`` model does), not a question wrapped in one user turn; the images are decoded
   and run through the processor on the same CPU stage as for any image item;
+- a ``multiple_choice`` task's document is scored as lmms-eval's ``llava_hf`` model scores
+  its requests (``choice_texts``, ``HFBackend.choice_losses``): each choice's text is the
+  tokenizer's chat template over a user turn (one ``<image>`` per image, a newline, the
+  context) and the assistant's continuation; the model's mean loss over its tokens after the
+  prompt's (the prompt counted as the processor tokenizes it without images), and lmms-eval's
+  ``process_results`` picks the choice with the lowest;
 - the generated texts are scored by lmms-eval's own filters and ``process_results``
   (``scoring.py``) with the task object the driver sent through Ray, into one float row of
   metric values per document, which the ``lm_mean`` metrics below sum exactly (a metric of
@@ -17,13 +23,17 @@ as JSON, its images as PNG bytes, the target. The task is the image ``generation
 
 from __future__ import annotations
 
-from rayeval.core.tasks.vision import ImageGeneration
+from rayeval.core.tasks.text import _row
+from rayeval.core.tasks.vision import ImageBatch, ImageGeneration
 from rayeval.errors import DataError
 from rayeval.harness import items, store
 from rayeval.harness.task import check_request_table, own_results
-from rayeval.io import data
+from rayeval.io import data, images as image_io
 from rayeval.lmms.requests import COLUMNS, context_of, decode_messages
 from rayeval.lmms.scoring import score_documents
+from rayeval.lazy import lazy_module
+
+torch = lazy_module("torch")        # imported on first use (rayeval.lazy)
 
 
 def lmms_task(data_location: str):
@@ -56,9 +66,49 @@ class TemplatedChats:
             messages, tokenize=False, add_generation_prompt=True)
 
 
+# lmms-eval's llava_hf puts this in a choice's user turn for each image (DEFAULT_IMAGE_TOKEN).
+IMAGE_TOKEN = "<image>"
+
+
+def choice_texts(tok, context: str, images: int, continuations: list[str]
+                 ) -> tuple[str, list[str]]:
+    """What lmms-eval's ``llava_hf`` renders for a document's choices: (the prompt: the user
+    turn, one ``<image>`` per image joined by spaces, a newline, the context, with the
+    generation prompt; each choice's text: the user turn and the assistant's continuation),
+    through the chat template of the processor's tokenizer."""
+    tokenizer = tok.processor.tokenizer
+    if not getattr(tokenizer, "chat_template", None):
+        raise DataError("the checkpoint's tokenizer has no chat template, which lmms-eval's "
+                        "multiple_choice prompts are rendered with; save one with it")
+    user = {"role": "user", "content": f"{' '.join([IMAGE_TOKEN] * images)}\n{context}"}
+    prompt = tokenizer.apply_chat_template([user], tokenize=False, add_generation_prompt=True)
+    texts = [tokenizer.apply_chat_template([user, {"role": "assistant", "content": c}],
+                                           tokenize=False, add_generation_prompt=False)
+             for c in continuations]
+    return prompt, texts
+
+
+def stacked(inputs: list[dict]) -> dict:
+    """One document's choices' processor outputs as one: their ``input_ids`` right-padded
+    into rows, ``attention_mask`` saying each row's length, the rest (the images' tensors,
+    the same for every choice) from the first."""
+    width = max(int(i["input_ids"].shape[1]) for i in inputs)
+    ids = torch.zeros((len(inputs), width), dtype=torch.int64)
+    mask = torch.zeros((len(inputs), width), dtype=torch.int64)
+    for j, one in enumerate(inputs):
+        n = int(one["input_ids"].shape[1])
+        ids[j, :n] = one["input_ids"][0]
+        mask[j, :n] = 1
+    rest = {k: v for k, v in inputs[0].items() if k not in ("input_ids", "attention_mask")}
+    return {"input_ids": ids, "attention_mask": mask, **rest}
+
+
 class LmmsEval(ImageGeneration):
     name = "lmms_eval"
     needs_target = False
+
+    def only_generates(self, spec) -> bool:
+        return spec.dataset.choices is None        # a choice task runs the model's forward
 
     def spec_problem(self, spec):
         return None
@@ -70,8 +120,43 @@ class LmmsEval(ImageGeneration):
         check_request_table(spec, schema, COLUMNS, "lmms-eval")
         super().check_schema(spec, schema)
 
+    def check_values(self, ds, spec, size):
+        # A choice task's document may have no image (a text task); its images are the PNGs
+        # rendering encoded from lmms-eval's own, in a table checked against that rendering.
+        if spec.choices is None:
+            super().check_values(ds, spec, size)
+
     def tokenize(self, table, spec, tok, decoder):
-        return super().tokenize(table, spec, TemplatedChats(tok), decoder)
+        if spec.choices is None:
+            return super().tokenize(table, spec, TemplatedChats(tok), decoder)
+        root = image_io.root_for(spec.path)
+        columns = [data.column_array(table, c).to_pylist()
+                   for c in (spec.prompt, spec.images, spec.choices)]
+        prompts, pictures, inputs = [], [], []
+        for i, (chat, cell, continuations) in enumerate(zip(*columns)):
+            context = context_of(decode_messages(chat))      # the one text part: the context
+            decoded = image_io.decode_cell(cell, root, _row(table, spec, i),
+                                           f"{spec.key_path}.images") if cell else []
+            prompt, texts = choice_texts(tok, context, len(decoded), continuations)
+            prompts.append(prompt)
+            pictures.append(decoded)
+            inputs.append(stacked([tok.inputs(t, decoded) for t in texts]))
+        extra = self.item_extra(table, spec, tok, prompts)
+        n = sum(int(t.nbytes) for row in inputs for t in row.values()) + sum(
+            int(a.nbytes) for row in pictures for a in row)
+        return ImageBatch(prompts, pictures, inputs, extra, n,
+                          ids=self.row_ids(table, spec, None, None).tolist())
+
+    def item_extra(self, table, spec, proc, prompts):
+        """A choice task's (the prompt's tokens, which lmms-eval's llava_hf masks: the
+        processor's tokens of the prompt without its images; the continuations) per
+        document; a generation task's target."""
+        if spec.choices is None:
+            return super().item_extra(table, spec, proc, prompts)
+        choices = data.column_array(table, spec.choices).to_pylist()
+        masked = [int(proc.processor(text=[p], return_tensors="pt")["input_ids"].shape[1])
+                  for p in prompts]
+        return list(zip(masked, choices))
 
     def limited_from(self, spec) -> int | None:
         """As ``harness.task.Harness.limited_from``: the task's document count where the
@@ -100,10 +185,19 @@ class LmmsEval(ImageGeneration):
         return PassJudge(spec, device, model_spec)
 
     def score(self, backend, x, y, ctx):
-        texts = backend.generate_images(x.requests(), x.ids, ctx)
-        rows, x.responses, x.values = score_documents(lmms_task(ctx.spec.path), x.ids, texts,
-                                                      ctx.spec.key_path)
+        task = lmms_task(ctx.spec.path)
         x.repeats = None
+        if ctx.spec.choices is not None:
+            found = backend.choice_losses([(r, masked) for r, (masked, _) in
+                                           zip(x.requests(), x.extra)], ctx)
+            rows, _, x.values = score_documents(task, x.ids, found, ctx.spec.key_path)
+            # the record's response: the choice lmms-eval's argmin picks (the first of ties)
+            x.responses = [conts[min(range(len(got)), key=lambda j, g=got: (g[j][0], j))]
+                           .strip() for got, (_, conts) in zip(found, x.extra)]
+            return rows, y
+        texts = backend.generate_images(x.requests(), x.ids, ctx)
+        rows, x.responses, x.values = score_documents(task, x.ids, [[t[0]] for t in texts],
+                                                      ctx.spec.key_path)
         return rows, y
 
     def item_records(self, x, out):

@@ -151,7 +151,8 @@ BAD = {
                       {"output_type: generate_until": "output_type: loglikelihood",
                        "generation_kwargs:\n  max_new_tokens: 6\n  temperature: 0\n  "
                        "do_sample: false\n": ""},
-                      "has output_type 'loglikelihood'; rayeval evaluates generate_until tasks"),
+                      "has output_type 'loglikelihood'; rayeval evaluates generate_until and "
+                      "multiple_choice tasks"),
     "beside task": ({"task": "rayeval_easyvqa", "include_path": "tasks"}, None,
                     "evals[0].task: an lmms_eval entry takes its data, metrics and decoding "
                     "from lmms-eval; remove the key"),

@@ -159,6 +159,13 @@ class Backend:
         raise NotImplementedError(f"backend {self.name!r} does not score log-likelihoods "
                                   "of image items")
 
+    def choice_losses(self, requests: list[tuple[ImageRequest, int]], ctx: Context
+                      ) -> list[list[tuple[float, bool]]]:
+        """lmms-eval's ``multiple_choice``: per (request, masked tokens), each choice's mean
+        loss and whether greedy decoding gives it (``hf.HFBackend.choice_losses``)."""
+        raise NotImplementedError(f"backend {self.name!r} does not score lmms-eval's "
+                                  "multiple_choice tasks; use model.backend: hf")
+
 
 def wrong_output(out: Any, task: str, needs: str) -> ModelError:
     """The one line for a model whose output does not fit the task."""

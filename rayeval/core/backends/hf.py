@@ -3,8 +3,9 @@ process. Forward passes, log-likelihoods and greedy decoding as ``torch.TorchBac
 for any module; a Hugging Face causal model scores log-likelihoods with its shared prefixes
 computed once (``prefix``; ``share_prefixes: true`` turns it on) and generates with its KV
 cache, batched and left-padded. A vision-language model generates from image+text items
-(``generate_images``) and scores their choices (``loglikelihood_images``) from the processor
-outputs a Ray Data stage made.
+(``generate_images``) and scores their choices (``loglikelihood_images``; lmms-eval's
+``multiple_choice`` as its ``llava_hf`` does: ``choice_losses``) from the processor outputs a
+Ray Data stage made.
 """
 
 from __future__ import annotations
@@ -172,6 +173,38 @@ class HFBackend(TorchBackend):
                 start = len(prompt) - 1
                 logp = torch.log_softmax(logits[j, start:start + len(c)].float(), dim=-1)
                 item.append(continuation_score(logp, c))
+            out.append(item)
+            ctx.partly(done, len(requests))
+        return out
+
+
+    def choice_losses(self, requests: list[tuple[ImageRequest, int]], ctx: Context
+                      ) -> list[list[tuple[float, bool]]]:
+        """lmms-eval's ``multiple_choice`` as its ``llava_hf`` model scores it: per (request,
+        masked), each choice's text (a row of the request's ``input_ids``, its own length in
+        ``attention_mask``) run alone with the request's images, labels masked over its first
+        ``masked`` tokens; (the model's own mean loss over the rest, whether the greedy token
+        at each of those positions is the token there). One forward pass per choice, as
+        there: a choice's numbers never depend on its neighbours."""
+        out = []
+        for done, (request, masked) in enumerate(requests, 1):
+            inputs = request.inputs
+            rest = {k: v for k, v in inputs.items() if k not in TEXT_KEYS}
+            item = []
+            for j, length in enumerate(inputs["attention_mask"].sum(dim=1).tolist()):
+                ids = inputs["input_ids"][j:j + 1, :int(length)]
+                labels = ids.clone()
+                labels[:, :masked] = -100
+                batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids), **rest}
+                with torch.inference_mode():
+                    result = self.model(**move(batch, self.device, self.dtype),
+                                        labels=labels.to(self.device))
+                logits = logits_of(result)
+                if not stats.all_finite(logits):
+                    raise CheckpointError("the model produced NaN or infinite logits with this "
+                                          "checkpoint")
+                greedy = logits.argmax(dim=-1)[:, masked:].cpu()
+                item.append((float(result.loss.item()), bool((greedy == ids[:, masked:]).all())))
             out.append(item)
             ctx.partly(done, len(requests))
         return out
