@@ -39,7 +39,9 @@ def mark() -> None:
 def users() -> list[str]:
     """The modules imported since ``mark`` from a sweep's own files."""
     found = []
-    for name, module in list(sys.modules.items()):
+    # a copy in one call: list(items()) failed with "dictionary changed size during
+    # iteration" while another thread (Ray's, in a run on a standing group) imported
+    for name, module in sys.modules.copy().items():
         if name in _KEPT:
             continue
         path = getattr(module, "__file__", None)

@@ -341,7 +341,9 @@ def pickle_task(task, spec: LmEvalSpec) -> bytes:
     import cloudpickle
 
     local = []
-    for name, module in list(sys.modules.items()):
+    # a copy in one call: list(items()) failed with "dictionary changed size during
+    # iteration" while another thread (Ray's, in a run on a standing group) imported
+    for name, module in sys.modules.copy().items():
         where = getattr(module, "__file__", None) or ""
         if os.sep in name or (spec.include_path and where.startswith(spec.include_path)):
             local.append(module)

@@ -6,12 +6,13 @@
     scoring   generated texts -> lmms-eval's filters and ``process_results`` -> per-document
               float rows (the worker's half of the numbers)
     task      the worker's half: the ``lmms_eval`` task, generating through the backend's
-              ``generate_images``
+              ``generate_images`` (a ``multiple_choice`` task: each choice's loss through
+              ``choice_losses``, as lmms-eval's ``llava_hf`` scores it)
     entries   the sweep file's ``lmms_eval:`` entries rendered into evaluations (an entry kind)
 
 Why its own package and not inside ``harness``: lmms-eval is a fork of lm-eval whose task API
 differs where it matters here (chat messages instead of contexts, ``doc_to_visual``, images,
-generation only, its own module tree ``lmms_eval.*``); what the two share is taken from
+choices scored by a model's loss, its own module tree ``lmms_eval.*``); what the two share is taken from
 ``harness`` rather than written twice: the naming grammar (``config.names``), the request
 tables in the store and the task objects sent through Ray (``harness.store``), and the
 task pickling and config digest helpers (``harness.render``). It stands on harness's floor.

@@ -1,9 +1,11 @@
-"""Generated texts -> lmms-eval's own filters and ``process_results`` -> per-document float rows.
+"""Generated texts (or choices' losses) -> lmms-eval's own filters and ``process_results`` ->
+per-document float rows.
 
 What lmms-eval's evaluator does after its model answered, for the documents one worker
-scored: each document's response becomes an ``Instance``'s ``resps``; each of the task's
+scored: each request's answer (a generated text; a ``multiple_choice`` task has a request per
+choice, answered (loss, is_greedy)) becomes an ``Instance``'s ``resps``; each of the task's
 filter ensembles (``filter_list``: ``take_first``, regexes, ``lowercase``, a task's own)
-writes its ``filtered_resps``; the task's ``process_results(doc, [filtered response])`` gives
+writes its ``filtered_resps``; the task's ``process_results(doc, [filtered responses])`` gives
 the document's metric values, per filter. The values land in the columns
 ``requests.layout`` assigns; the ``lm_mean`` metric sums them and counts the documents (exact
 states: any split of the documents over workers merges to the same sums). A metric the task

@@ -202,3 +202,113 @@ def test_per_item_records_equal_lmms_eval_samples(example, reference, ray_stores
             for f in FILTERS:
                 for m in METRICS:
                     assert r[f"{m},{f}"] == theirs[f][m], (workers, r["id"], m, f)
+
+
+# --- multiple_choice: lmms-eval's llava_hf losses, its process_results ---------------------
+
+@pytest.fixture(scope="module")
+def choices(llava):
+    """Two ``multiple_choice`` tasks over the same items (tests/lmms_reference.py: an image
+    task, and a text task without doc_to_visual) and lmms-eval's own run of them on the tiny
+    LLaVA (``--model llava_hf --force_simple``, the form lmms-eval scores choices with; its
+    0.7.3 choice path fixed in the reference's process: ``_patch_choice_scoring``)."""
+    import lmms_reference as ref
+    from vlm_support import easy_vqa_items
+
+    root, _ = llava
+    tasks_dir = str(root / "choice_tasks")
+    ref.write_choice_tasks(tasks_dir, easy_vqa_items("test", n=N, seed=0))
+    output = str(root / "choice_reference")
+    ref.run_cli(str(root / "ckpts" / "checkpoint-1"), tasks_dir,
+                [ref.CHOICE_TASK, ref.TEXT_CHOICE_TASK], output, model="llava_hf", simple=True)
+    theirs = {t: ref.read_output(output, t, filters=("none",))
+              for t in (ref.CHOICE_TASK, ref.TEXT_CHOICE_TASK)}
+    (root / "sweep-choices.yaml").write_text(yaml.safe_dump({      # an evaluation per task
+        "name": "choices", "checkpoints": ["ckpts/checkpoint-*"], "output": "results",
+        "workers": 1, "evals": [{"name": task, "batch_size": 16,
+                                 "lmms_eval": {"task": task, "include_path": tasks_dir}}
+                                for task in theirs]}))
+    return root, theirs
+
+
+def _picked(sample) -> int:
+    """The choice lmms-eval's process_results picks for a logged sample: its lowest loss (the
+    log holds each (loss, is_greedy) as text)."""
+    losses = [float(str(r[0]).strip("[]'\"")) for r in sample["filtered_resps"]]
+    return min(range(len(losses)), key=lambda j: (losses[j], j))
+
+
+def test_the_choice_references_are_not_degenerate(choices):
+    """lmms-eval scored every document, its picks differ from document to document, and the
+    two normalisations disagree somewhere (acc against acc_norm)."""
+    _, theirs = choices
+    for ref in theirs.values():
+        assert ref["n"] == N
+        picks = [_picked(s) for s in ref["samples"]["none"]]
+        assert len(set(picks)) > 1
+    assert any(ref["results"]["acc,none"] != ref["results"]["acc_norm,none"]
+               for ref in theirs.values())
+
+
+@pytest.mark.parametrize("batch_size", [1, 16])
+def test_choice_tasks_in_one_process_equal_lmms_evals_llava_hf(choices, batch_size):
+    root, theirs = choices
+    sweep = load_sweep(str(root / "sweep-choices.yaml"))
+    done = []
+    for _, ev, model, decode, p, metrics in single_process_passes(sweep):
+        ref = theirs[ev.spec.name]
+        done.append(ev.spec.name)
+        assert type(model).__name__ == "LlavaForConditionalGeneration"
+        for table in read_batches(ev.data, ev.spec.dataset, batch_size):
+            p.update(*decode(table))
+        p.finish()
+        results = finalize(metrics, p.states, ev.output_size, ev.spec.bootstrap)
+        assert sorted(results) == ["acc", "acc_norm"]
+        for key, r in results.items():
+            assert float(r.value) == pytest.approx(ref["results"][f"{key},none"],
+                                                   abs=1e-12), (ev.spec.name, key)
+    assert sorted(done) == sorted(theirs)
+
+
+@pytest.mark.ray
+def test_choice_tasks_on_1_and_3_workers_equal_lmms_eval_item_by_item(choices, standing):
+    """On one real local Ray, 1 and 3 workers: lmms-eval's figures, the same intervals for
+    both, and each document once, its record's metric values lmms-eval's and its response the
+    choice lmms-eval picked."""
+    import runpy
+
+    import rayeval
+    from rayeval.execution.driver import run_sweep
+    from vlm_support import easy_vqa_items
+
+    root, theirs = choices
+    items = easy_vqa_items("test", n=N, seed=0)
+    doc_to_choice = runpy.run_path(str(root / "choice_tasks" / "choice_utils.py"))["doc_to_choice"]
+    sweep = load_sweep(str(root / "sweep-choices.yaml"))
+    stores = {}
+    for workers in (1, 3):
+        stores[workers] = out = root / f"choices-{workers}"
+        report = run_sweep(dataclasses.replace(sweep, workers=workers, output=str(out)),
+                           standing=standing)
+        assert all(o.ok for o in report.outcomes), report.outcomes
+    for task, ref in theirs.items():
+        runs = {}
+        for workers, out in stores.items():
+            rows = [r for r in latest_rows(ResultStore(str(out)).read()) if r["dataset"] == task]
+            assert sorted(r["metric"] for r in rows) == ["acc", "acc_norm"]
+            for r in rows:
+                assert r["world_size"] == workers and r["num_samples"] == N
+                assert r["value"] == pytest.approx(ref["results"][f"{r['metric']},none"],
+                                                   abs=1e-12)
+            runs[workers] = {r["metric"]: (r["value"], r["ci_low"], r["ci_high"]) for r in rows}
+            records = rayeval.samples(str(out), checkpoint="checkpoint-1",
+                                      evaluation=task).to_pylist()
+            assert sorted(r["id"] for r in records) == list(range(N))     # each once
+            for r in records:
+                sample = ref["samples"]["none"][r["id"]]
+                assert sample["doc_id"] == r["id"]
+                assert r["context"] == sample["input"]
+                options = doc_to_choice(items[r["id"]])           # the task's own choices
+                assert r["response"] == options[_picked(sample)]
+                assert r["acc"] == sample["acc"] and r["acc_norm"] == sample["acc_norm"]
+        assert runs[1] == runs[3], task
