@@ -153,6 +153,16 @@ BAD = {
                        "do_sample: false\n": ""},
                       "has output_type 'loglikelihood'; rayeval evaluates generate_until and "
                       "multiple_choice tasks"),
+    # a multiple_choice task that asks each choice's likelihood without its context
+    "mutual information": ({"task": "rayeval_easyvqa", "include_path": "tasks"},
+                           {"output_type: generate_until": "output_type: multiple_choice\n"
+                                                           "doc_to_choice: [\"yes\", \"no\"]",
+                            "generation_kwargs:\n  max_new_tokens: 6\n  temperature: 0\n  "
+                            "do_sample: false\n": "",
+                            "metric: exact_match,": "metric: acc_mutual_info,"},
+                           "lmms-eval task 'rayeval_easyvqa' asks acc_mutual_info (each "
+                           "choice's likelihood without its context); rayeval scores choices "
+                           "after their context only"),
     "beside task": ({"task": "rayeval_easyvqa", "include_path": "tasks"}, None,
                     "evals[0].task: an lmms_eval entry takes its data, metrics and decoding "
                     "from lmms-eval; remove the key"),
