@@ -58,18 +58,26 @@ def process_results(doc, results):
 '''
 
 
+def _write_items(task_dir: str, items: list[dict], data_name: str, utils_name: str,
+                 utils: str) -> tuple[str, str]:
+    """``items`` as a JSON-lines file and a utils module in ``task_dir`` (made): (the folder's
+    absolute path, the data file's)."""
+    os.makedirs(task_dir, exist_ok=True)
+    task_dir = os.path.abspath(task_dir)
+    data = os.path.join(task_dir, data_name)
+    with open(data, "w", encoding="utf-8") as f:
+        for it in items:
+            f.write(json.dumps(it) + "\n")
+    with open(os.path.join(task_dir, utils_name), "w", encoding="utf-8") as f:
+        f.write(utils)
+    return task_dir, data
+
+
 def write_task(task_dir: str, items: list[dict], *, max_new_tokens: int = MAX_NEW_TOKENS,
                name: str = TASK) -> str:
     """Write ``items`` (easy-vqa's: id, image, question, answer) as a JSON-lines file and a
     local lmms-eval task over it into ``task_dir``; return the YAML's path."""
-    os.makedirs(task_dir, exist_ok=True)
-    task_dir = os.path.abspath(task_dir)
-    data = os.path.join(task_dir, "items.jsonl")
-    with open(data, "w", encoding="utf-8") as f:
-        for it in items:
-            f.write(json.dumps(it) + "\n")
-    with open(os.path.join(task_dir, "utils.py"), "w", encoding="utf-8") as f:
-        f.write(UTILS)
+    task_dir, data = _write_items(task_dir, items, "items.jsonl", "utils.py", UTILS)
     yaml_text = (
         f"task: {name}\n"
         "dataset_path: json\n"
@@ -144,14 +152,8 @@ def write_choice_tasks(task_dir: str, items: list[dict]) -> None:
     ``task_dir``: CHOICE_TASK with each item's image, TEXT_CHOICE_TASK without."""
     from vlm_support import easy_vqa_answers
 
-    os.makedirs(task_dir, exist_ok=True)
-    task_dir = os.path.abspath(task_dir)
-    data = os.path.join(task_dir, "choice_items.jsonl")
-    with open(data, "w", encoding="utf-8") as f:
-        for it in items:
-            f.write(json.dumps(it) + "\n")
-    with open(os.path.join(task_dir, "choice_utils.py"), "w", encoding="utf-8") as f:
-        f.write(CHOICE_UTILS.replace("ANSWER_LIST", repr(easy_vqa_answers())))
+    task_dir, data = _write_items(task_dir, items, "choice_items.jsonl", "choice_utils.py",
+                                  CHOICE_UTILS.replace("ANSWER_LIST", repr(easy_vqa_answers())))
     for name, visual in ((CHOICE_TASK, "doc_to_visual: !function choice_utils.doc_to_visual\n"),
                          (TEXT_CHOICE_TASK, "")):
         with open(os.path.join(task_dir, f"{name}.yaml"), "w", encoding="utf-8") as f:
@@ -358,6 +360,19 @@ def _patch_reference_model() -> None:
             kwargs["torch_dtype"] = torch.float32
             return transformers.AutoModelForImageTextToText.from_pretrained(path, **kwargs)
 
+    def fix(kw):
+        for key in ("videos", "audios"):
+            if not kw.get(key):
+                kw.pop(key, None)
+
+    hf_chat.AutoModel = _ImageTextToText                 # the class its lookup falls back to
+    hf_chat.AutoProcessor = _processor_loader(fix)
+
+
+def _processor_loader(fix):
+    """An ``AutoProcessor`` stand-in whose processors call ``fix(kwargs)`` before each call."""
+    import transformers
+
     class _Processor:
         @staticmethod
         def from_pretrained(path, **kwargs):
@@ -365,17 +380,14 @@ def _patch_reference_model() -> None:
             base = type(processor)
 
             def call(self, *args, **kw):
-                for key in ("videos", "audios"):
-                    if not kw.get(key):
-                        kw.pop(key, None)
+                fix(kw)
                 return base.__call__(self, *args, **kw)
 
             processor.__class__ = type(f"Reference{base.__name__}", (base,),
                                        {"__call__": call})
             return processor
 
-    hf_chat.AutoModel = _ImageTextToText                 # the class its lookup falls back to
-    hf_chat.AutoProcessor = _Processor
+    return _Processor
 
 
 def _patch_choice_scoring() -> None:
@@ -389,7 +401,6 @@ def _patch_choice_scoring() -> None:
       ``images=[]``, whose empty pixel values the model cannot take, and calls a task's
       missing ``doc_to_visual``: such a document goes to the processor with no images, as
       rayeval scores it (the prompt otherwise as llava_hf renders it)."""
-    import transformers
     from lmms_eval import evaluator
     from lmms_eval.api import task as lmms_task
     from lmms_eval.models.simple import llava_hf
@@ -404,22 +415,11 @@ def _patch_choice_scoring() -> None:
 
     evaluator.unwrap_generation_output = unwrap_answers
 
-    class _Processor:
-        @staticmethod
-        def from_pretrained(path, **kwargs):
-            processor = transformers.AutoProcessor.from_pretrained(path, **kwargs)
-            base = type(processor)
+    def fix(kw):
+        if "images" in kw and not kw["images"]:
+            kw["images"] = None
 
-            def call(self, *args, **kw):
-                if "images" in kw and not kw["images"]:
-                    kw["images"] = None
-                return base.__call__(self, *args, **kw)
-
-            processor.__class__ = type(f"Reference{base.__name__}", (base,),
-                                       {"__call__": call})
-            return processor
-
-    llava_hf.AutoProcessor = _Processor
+    llava_hf.AutoProcessor = _processor_loader(fix)
     visual = lmms_task.ConfigurableTask.doc_to_visual
 
     def doc_to_visual(self, doc):
