@@ -41,23 +41,85 @@ def pytest_configure(config):
         f.write(secrets.token_hex(32))     # Ray's own format (authentication_token_generator)
 
 
+# Test files that time a run's exit after a signal against a fixed bound (10 s after Ctrl-C,
+# measured ~2 s idle): under ``-n 2`` they run beside light files only (``Lanes``).
+TIMED_FILES = ("tests/e2e/test_signals.py", "tests/e2e/test_signals_paths.py",
+               "tests/e2e/test_service.py")
+
+
+def _lane_kind(scope: str) -> str:
+    """What a unit of work is to ``Lanes``: the integration tier (one unit, CPU-bound: its
+    runs keep both cores busy, at a load of 6-10), a file timed against a bound, a file that
+    starts Ray or a server of its own (end-to-end: ~1.2 of the 2 cores busy, the rest waiting
+    on its subprocesses), or a light one (unit, models, browser: one core, no Ray)."""
+    if scope == "tests/integration":
+        return "integration"
+    if scope in TIMED_FILES:
+        return "timed"
+    return "ray" if _tier(scope) == "e2e" else "light"
+
+
+# the order in which ``Lanes`` hands out the kinds: the end-to-end files two at a time first,
+# then a timed file or the integration tier on one worker while light files fill the other
+_LANE_ORDER = ("ray", "timed", "integration", "light")
+# what may run on one worker while the other runs a unit of the key's kind
+_BESIDE = {"ray": {"ray", "light"}, "timed": {"light"}, "integration": {"light"},
+           "light": {"ray", "timed", "integration", "light"}}
+
+
 @pytest.hookimpl(tryfirst=True)        # before xdist's own (the hook's first answer wins)
 def pytest_xdist_make_scheduler(config, log):
-    """Under ``-n N`` (pytest-xdist's default ``--dist load``): each file whole to one worker
-    (its module fixtures built once), and the integration tier whole to one worker, so two of
-    its runs never share the cores: each worker has its own session Ray and standing groups,
-    and two integration tests at once each ran ~2.5x slower (their sum 3,332 s against 1,304 s
-    in one process, README "Tests"). Another ``--dist`` is xdist's own."""
+    """Under ``-n N`` (pytest-xdist's default ``--dist load``, the README's test command):
+    ``Lanes``. Another ``--dist`` is xdist's own.
+
+    Each file goes whole to one worker (its module fixtures built once) and the integration
+    tier whole to one worker, so two of its runs never share the cores (two integration tests
+    at once each ran ~2.5x slower: their sum 3,332 s against 1,304 s in one process). The
+    end-to-end files, which wait on their own subprocesses' Ray much of the time (~1.2 cores
+    busy), run two at once first; then the timed files and the integration tier, each beside
+    light files only, never beside another Ray test (the whole suite with the integration tier
+    beside the end-to-end files ran at a load of 10-50 and a Ctrl-C case missed its bound)."""
     if config.getvalue("dist") != "load":
         return None
     from xdist.scheduler import LoadScopeScheduling
 
-    class Tiers(LoadScopeScheduling):
+    class Lanes(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
             return "tests/integration" if _tier(nodeid) == "integration" else \
                 nodeid.split("::")[0]
 
-    return Tiers(config, log)
+        def _running(self, node) -> set[str]:
+            """The kinds of the units a node has tests of still to run."""
+            return {_lane_kind(scope) for scope, unit in self.assigned_work.get(node, {}).items()
+                    if not all(unit.values())}
+
+        def _next_scope(self, node) -> str | None:
+            """The first waiting unit, in ``_LANE_ORDER``, that may run beside what the other
+            workers run; None when every waiting one must wait for them."""
+            others = [self._running(n) for n in self.nodes if n is not node]
+            for kind in _LANE_ORDER:
+                for scope in self.workqueue:
+                    if _lane_kind(scope) == kind and all(
+                            running <= _BESIDE[kind] and all(kind in _BESIDE[r] for r in running)
+                            for running in others):
+                        return scope
+            return None
+
+        def _assign_work_unit(self, node) -> None:
+            scope = self._next_scope(node)
+            if scope is None:
+                return
+            self.workqueue.move_to_end(scope, last=False)
+            super()._assign_work_unit(node)
+
+        def _reschedule(self, node) -> None:
+            # a worker left waiting (nothing could run beside the other's unit) is given work
+            # when the other finishes a test, not only when one of its own finishes
+            for each in [node] + [n for n in self.nodes if n is not node]:
+                if not each.shutting_down and (self.workqueue or each is node):
+                    super()._reschedule(each)
+
+    return Lanes(config, log)
 
 
 def pytest_runtest_setup(item):

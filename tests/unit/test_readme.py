@@ -35,7 +35,7 @@ def test_ci_runs_the_readme_test_command():
     beside the test extra, in one resolution) and runs the test command as a line of its own."""
     ci = open(os.path.join(REPO, ".ci", "run"), encoding="utf-8").read().splitlines()
     install, test = quickstart_commands()[1].split(" && ")
-    assert test == "python -m pytest" and test in ci
+    assert test == "python -m pytest -n 2" and test in ci
     m = re.fullmatch(r"(pip install torch==2\.13\.0 -e )'\.\[([\w,-]+)\]'", install)
     assert m, install
     installs = [ln for ln in ci if ln.startswith(m.group(1))]
