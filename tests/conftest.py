@@ -59,12 +59,13 @@ def _lane_kind(scope: str) -> str:
     return "ray" if _tier(scope) == "e2e" else "light"
 
 
-# the order in which ``Lanes`` hands out the kinds: the end-to-end files two at a time first,
-# then a timed file or the integration tier on one worker while light files fill the other
-_LANE_ORDER = ("ray", "timed", "integration", "light")
+# the order in which ``Lanes`` hands out the kinds: the timed files first, one at a time, each
+# beside other end-to-end files, which also run two at a time; light files fill in; then the
+# integration tier on one worker beside light files only
+_LANE_ORDER = ("timed", "ray", "integration", "light")
 # what may run on one worker while the other runs a unit of the key's kind
-_BESIDE = {"ray": {"ray", "light"}, "timed": {"light"}, "integration": {"light"},
-           "light": {"ray", "timed", "integration", "light"}}
+_BESIDE = {"ray": {"ray", "timed", "light"}, "timed": {"ray", "light"},
+           "integration": {"light"}, "light": {"ray", "timed", "integration", "light"}}
 
 
 @pytest.hookimpl(tryfirst=True)        # before xdist's own (the hook's first answer wins)
