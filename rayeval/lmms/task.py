@@ -24,7 +24,7 @@ as JSON, its images as PNG bytes, the target. The task is the image ``generation
 from __future__ import annotations
 
 from rayeval.core.tasks.text import _row
-from rayeval.core.tasks.vision import ImageBatch, ImageGeneration
+from rayeval.core.tasks.vision import ImageGeneration
 from rayeval.errors import DataError
 from rayeval.harness import items, store
 from rayeval.harness.task import check_request_table, own_results
@@ -141,11 +141,7 @@ class LmmsEval(ImageGeneration):
             prompts.append(prompt)
             pictures.append(decoded)
             inputs.append(stacked([tok.inputs(t, decoded) for t in texts]))
-        extra = self.item_extra(table, spec, tok, prompts)
-        n = sum(int(t.nbytes) for row in inputs for t in row.values()) + sum(
-            int(a.nbytes) for row in pictures for a in row)
-        return ImageBatch(prompts, pictures, inputs, extra, n,
-                          ids=self.row_ids(table, spec, None, None).tolist())
+        return self.image_batch(table, spec, tok, prompts, pictures, inputs)
 
     def item_extra(self, table, spec, proc, prompts):
         """A choice task's (the prompt's tokens, which lmms-eval's llava_hf masks: the

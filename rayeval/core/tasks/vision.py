@@ -162,6 +162,11 @@ class ImageItems:
             prompts.append(prompt)
             pictures.append(decoded)
             inputs.append(tok.inputs(prompt, decoded))
+        return self.image_batch(table, spec, tok, prompts, pictures, inputs)
+
+    def image_batch(self, table, spec, tok, prompts, pictures, inputs) -> ImageBatch:
+        """The rows of ``table`` tokenized: each row's prompt, decoded images and processor
+        outputs, with the task's ``item_extra`` and the bytes they hold."""
         extra = self.item_extra(table, spec, tok, prompts)
         n = sum(int(t.nbytes) for row in inputs for t in row.values()) + sum(
             int(a.nbytes) for row in pictures for a in row)
