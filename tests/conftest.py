@@ -42,14 +42,15 @@ def pytest_configure(config):
 
 
 # Test files that time a run's exit after a signal against a fixed bound (10 s after Ctrl-C,
-# measured ~2 s idle): under ``-n 2`` they run beside light files only (``Lanes``).
+# measured ~2 s idle): under ``-n 2`` they run one at a time, never beside the integration tier
+# (``Lanes``).
 TIMED_FILES = ("tests/e2e/test_signals.py", "tests/e2e/test_signals_paths.py",
                "tests/e2e/test_service.py")
 
 
 def _lane_kind(scope: str) -> str:
     """What a unit of work is to ``Lanes``: the integration tier (one unit, CPU-bound: its
-    runs keep both cores busy, at a load of 6-10), a file timed against a bound, a file that
+    runs keep both cores busy, at a load of 3-10), a file timed against a bound, a file that
     starts Ray or a server of its own (end-to-end: ~1.2 of the 2 cores busy, the rest waiting
     on its subprocesses), or a light one (unit, models, browser: one core, no Ray)."""
     if scope == "tests/integration":
@@ -77,9 +78,11 @@ def pytest_xdist_make_scheduler(config, log):
     tier whole to one worker, so two of its runs never share the cores (two integration tests
     at once each ran ~2.5x slower: their sum 3,332 s against 1,304 s in one process). The
     end-to-end files, which wait on their own subprocesses' Ray much of the time (~1.2 cores
-    busy), run two at once first; then the timed files and the integration tier, each beside
+    busy), run two at once first, the timed ones one at a time (their Ctrl-C exits: 1.9-2.9 s
+    beside another end-to-end file, against a 10 s bound); then the integration tier beside
     light files only, never beside another Ray test (the whole suite with the integration tier
-    beside the end-to-end files ran at a load of 10-50 and a Ctrl-C case missed its bound)."""
+    beside the end-to-end files ran at a load of 10-50 and a Ctrl-C case missed its bound).
+    The tiers before the integration tier: 797 s on two lanes, 1,319 s in one process."""
     if config.getvalue("dist") != "load":
         return None
     from xdist.scheduler import LoadScopeScheduling
