@@ -64,7 +64,8 @@ def _lane_kind(scope: str) -> str:
 # beside other end-to-end files, which also run two at a time; light files fill in; then the
 # integration tier alone (beside light files, a worker-loss case of test_judge failed once)
 _LANE_ORDER = ("timed", "ray", "integration", "light")
-# what may run on one worker while the other runs a unit of the key's kind
+# what may run on one worker while the other runs a unit of the key's kind (symmetric: a kind
+# listed under another lists it back)
 _BESIDE = {"ray": {"ray", "timed", "light"}, "timed": {"ray", "light"},
            "integration": set(), "light": {"ray", "timed", "light"}}
 
@@ -103,9 +104,8 @@ def pytest_xdist_make_scheduler(config, log):
             others = [self._running(n) for n in self.nodes if n is not node]
             for kind in _LANE_ORDER:
                 for scope in self.workqueue:
-                    if _lane_kind(scope) == kind and all(
-                            running <= _BESIDE[kind] and all(kind in _BESIDE[r] for r in running)
-                            for running in others):
+                    if _lane_kind(scope) == kind and all(running <= _BESIDE[kind]
+                                                         for running in others):
                         return scope
             return None
 
