@@ -1,7 +1,10 @@
 import os
 import pathlib
+import time
 
 import pytest
+
+from lanes import tier as _tier
 
 # Ray 2.60 turns token auth on for clusters that ray.init() starts; say so explicitly so every
 # test (and every CLI subprocess, which inherits this) runs the same way on any machine.
@@ -41,89 +44,17 @@ def pytest_configure(config):
         f.write(secrets.token_hex(32))     # Ray's own format (authentication_token_generator)
 
 
-# Test files that time a run's exit after a signal against a fixed bound (10 s after Ctrl-C,
-# measured ~2 s idle): under ``-n 2`` they run one at a time, never beside the integration tier
-# (``Lanes``).
-TIMED_FILES = ("tests/e2e/test_signals.py", "tests/e2e/test_signals_paths.py",
-               "tests/e2e/test_service.py")
-
-
-def _lane_kind(scope: str) -> str:
-    """What a unit of work is to ``Lanes``: the integration tier (one unit, CPU-bound: its
-    runs keep both cores busy, at a load of 3-10), a file timed against a bound, a file that
-    starts Ray or a server of its own (end-to-end: ~1.2 of the 2 cores busy, the rest waiting
-    on its subprocesses), or a light one (unit, models, browser: one core, no Ray)."""
-    if scope == "tests/integration":
-        return "integration"
-    if scope in TIMED_FILES:
-        return "timed"
-    return "ray" if _tier(scope) == "e2e" else "light"
-
-
-# the order in which ``Lanes`` hands out the kinds: the timed files first, one at a time, each
-# beside other end-to-end files, which also run two at a time; light files fill in; then the
-# integration tier alone (beside light files, a worker-loss case of test_judge failed once)
-_LANE_ORDER = ("timed", "ray", "integration", "light")
-# what may run on one worker while the other runs a unit of the key's kind (symmetric: a kind
-# listed under another lists it back)
-_BESIDE = {"ray": {"ray", "timed", "light"}, "timed": {"ray", "light"},
-           "integration": set(), "light": {"ray", "timed", "light"}}
-
-
 @pytest.hookimpl(tryfirst=True)        # before xdist's own (the hook's first answer wins)
 def pytest_xdist_make_scheduler(config, log):
-    """Under ``-n N`` (pytest-xdist's default ``--dist load``, the README's test command):
-    ``Lanes``. Another ``--dist`` is xdist's own.
-
-    Each file goes whole to one worker (its module fixtures built once) and the integration
-    tier whole to one worker, so two of its runs never share the cores (two integration tests
-    at once each ran ~2.5x slower: their sum 3,332 s against 1,304 s in one process). The
-    end-to-end files, which wait on their own subprocesses' Ray much of the time (~1.2 cores
-    busy), run two at once first, the timed ones one at a time (their Ctrl-C exits: 1.9-2.9 s
-    beside another end-to-end file, against a 10 s bound); then the integration tier alone,
-    never beside another test (the whole suite with the integration tier
-    beside the end-to-end files ran at a load of 10-50 and a Ctrl-C case missed its bound).
-    The tiers before the integration tier: 797 s on two lanes, 1,319 s in one process."""
+    """Under ``-n N`` (pytest-xdist's default ``--dist load``, the README's test command): the
+    lanes of tests/lanes.py. Another ``--dist`` is xdist's own."""
     if config.getvalue("dist") != "load":
         return None
-    from xdist.scheduler import LoadScopeScheduling
+    from lanes import Lanes, watch
 
-    class Lanes(LoadScopeScheduling):
-        def _split_scope(self, nodeid: str) -> str:
-            return "tests/integration" if _tier(nodeid) == "integration" else \
-                nodeid.split("::")[0]
-
-        def _running(self, node) -> set[str]:
-            """The kinds of the units a node has tests of still to run."""
-            return {_lane_kind(scope) for scope, unit in self.assigned_work.get(node, {}).items()
-                    if not all(unit.values())}
-
-        def _next_scope(self, node) -> str | None:
-            """The first waiting unit, in ``_LANE_ORDER``, that may run beside what the other
-            workers run; None when every waiting one must wait for them."""
-            others = [self._running(n) for n in self.nodes if n is not node]
-            for kind in _LANE_ORDER:
-                for scope in self.workqueue:
-                    if _lane_kind(scope) == kind and all(running <= _BESIDE[kind]
-                                                         for running in others):
-                        return scope
-            return None
-
-        def _assign_work_unit(self, node) -> None:
-            scope = self._next_scope(node)
-            if scope is None:
-                return
-            self.workqueue.move_to_end(scope, last=False)
-            super()._assign_work_unit(node)
-
-        def _reschedule(self, node) -> None:
-            # a worker left waiting (nothing could run beside the other's unit) is given work
-            # when the other finishes a test, not only when one of its own finishes
-            for each in [node] + [n for n in self.nodes if n is not node]:
-                if not each.shutting_down and (self.workqueue or each is node):
-                    super()._reschedule(each)
-
-    return Lanes(config, log)
+    lanes = Lanes(config, log)
+    watch(lanes, _LAST_REPORT)
+    return lanes
 
 
 def pytest_runtest_setup(item):
@@ -317,16 +248,13 @@ _TIER_SECONDS: dict[str, float] = {}
 _TIER_TESTS: dict[str, int] = {}
 
 
-def _tier(nodeid: str) -> str:
-    """The tier of a test: the folder under tests/ its file sits in (unit, models, ...), from
-    its node id (relative to the project, whatever folder a test has moved into)."""
-    parts = nodeid.split("::")[0].split("/")
-    return parts[1] if len(parts) > 2 and parts[0] == "tests" else "tests"
+_LAST_REPORT = [time.monotonic()]    # when a test last reported, for lanes.watch
 
 
 def pytest_runtest_logreport(report):
     """Setup, call and teardown of every test, summed per tier: a module-scoped fixture's
     cost (a model built, a reference run) is in the setup of its module's first test."""
+    _LAST_REPORT[0] = time.monotonic()
     tier = _tier(report.nodeid)
     _TIER_SECONDS[tier] = _TIER_SECONDS.get(tier, 0.0) + report.duration
     if report.when == "call":
