@@ -2,7 +2,8 @@
 
 Every leaf task the library registers (lm-eval's or lmms-eval's ``TaskManager``) is built with
 the library's own constructor up to the moment it would load its documents, and put through the
-rules a run applies to the tasks it loads (``render.refusal`` of each slice): ``accepted``, or
+rules a run applies to the tasks it loads (``refusal`` of each slice: lm-eval's
+``harness.render``, lmms-eval's ``lmms.rules``): ``accepted``, or
 the first reason it is refused and what would lift it. Nothing is downloaded: the construction
 stops at the data (``without_data``), where the task already holds everything the rules read
 (its class, output type, generation_kwargs, metrics and their aggregations). A task the library

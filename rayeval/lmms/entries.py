@@ -58,7 +58,7 @@ class LmmsEvalEntry(lm_store.RequestTables):
 
     def coverage(self, include_path: str | None, pattern: str | None = None) -> list:
         """Every leaf task of lmms-eval's registry (and ``include_path``'s YAMLs), built for a
-        chat model as a run builds it, judged by the rules a run applies (``render.refusal``)
+        chat model as a run builds it, judged by the rules a run applies (``rules.refusal``)
         for an entry with a ``judge:``; an accepted task that asks the judge says so. A list
         of ``harness.coverage.Verdict`` (``pattern``: only the names it matches)."""
         from lmms_eval.api.task import ConfigurableTask, Task
@@ -67,9 +67,10 @@ class LmmsEvalEntry(lm_store.RequestTables):
         from rayeval.harness import coverage
         from rayeval.lmms import judge_server
         from rayeval.lmms import render as lmms_render
+        from rayeval.lmms import rules as lmms_rules
 
         def note(task, name: str) -> str:
-            found = lmms_render.judge_route(task)
+            found = lmms_rules.judge_route(task)
             return "" if found is None else \
                 f"judged ({found[0]}): give the entry judge: {{model: FOLDER}}"
 
@@ -80,7 +81,7 @@ class LmmsEvalEntry(lm_store.RequestTables):
             return coverage.check(
                 coverage.matching(manager.all_subtasks, pattern),
                 lambda name: manager.load_task_or_group([name], task_type="chat"), Task,
-                lambda task, name: lmms_render.refusal(task, name, judge=True), note,
+                lambda task, name: lmms_rules.refusal(task, name, judge=True), note,
                 library="lmms-eval")
 
 
