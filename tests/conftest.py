@@ -22,6 +22,10 @@ os.environ.setdefault("RAYEVAL_SERVICE_FILE", os.path.join(
 # (the judge module's plain loop: 17 s on 2 threads, 2.3 s on 1).
 for _var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_var, "1")
+# At most 2 tasks of a Ray Data stage at once (docs/sweep-file.md): the session's Ray declares
+# 12 CPUs on 2 cores (support.SESSION_CPUS), and an image evaluation's first run started a
+# stage process per CPU, each importing transformers: 64 s, 28 s with 2 (test_vlm_ray's data).
+os.environ.setdefault("RAYEVAL_DATA_CONCURRENCY", "2")
 
 # The tiers that start no Ray: the session's Ray (support.shared_ray), up from an earlier tier,
 # is stopped before their first test, so its idle processes do not sit beside them.

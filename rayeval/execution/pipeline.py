@@ -28,6 +28,7 @@ import pyarrow as pa
 from ray.data.datasource import Datasource    # loaded with ray.train anyway
 
 from rayeval import compat
+from rayeval.config import constants
 from rayeval.config.plugins import load_plugins
 from rayeval.core import prepared, samples
 from rayeval.errors import DataError
@@ -86,8 +87,10 @@ def pipeline(ev: Evaluation, workers: int, base_dir: str, pixels: bool = True):
     elif ev.tokenizer is not None:
         stage = Tokenize(ev.spec, ev.tokenizer, pixels)
     if stage is not None:
+        concurrency = spec.concurrency if spec.concurrency is not None else \
+            constants.data_concurrency()
         ds = ds.map_batches(stage, batch_format="pyarrow", batch_size=None, num_cpus=cpus,
-                            concurrency=spec.concurrency, zero_copy_batch=True)
+                            concurrency=concurrency, zero_copy_batch=True)
     # Small blocks: the split hands out whole blocks, so a few large ones would leave a
     # worker idle (the default target is 128 MiB).
     size = sum(_file_size(f) for f in ev.data.files)

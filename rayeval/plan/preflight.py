@@ -22,7 +22,7 @@ import tempfile
 
 from rayeval.io import engine, paths, vision
 from rayeval.core import tasks
-from rayeval.config import entries
+from rayeval.config import constants, entries
 from rayeval.config.plugins import load_plugins
 from rayeval.config.schema import EvalSpec, Sweep
 from rayeval.io.data import inspect_dataset, probe_dataset
@@ -182,6 +182,11 @@ def _check_data(sweep: Sweep, force: bool) -> tuple[Evaluation, ...]:
         if why:
             raise SpecError(f"{sweep.source}: model.backend: {why}")
     data = inspect_data(sweep)
+    if any(e.data.via_ray_data(e.spec.dataset) for e in data):
+        try:
+            constants.data_concurrency()        # read by the pipelines, once Ray is up
+        except ValueError as error:
+            raise SpecError(str(error)) from None
     if sweep.parallelism.tensor > 1:
         for e in data:
             if e.data.via_ray_data(e.spec.dataset):

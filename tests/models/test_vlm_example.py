@@ -22,7 +22,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 EXAMPLE = os.path.join(REPO, "configs", "vlm")
 
 
-def test_the_script_builds_the_example_the_sweep_file_runs(tmp_path):
+def test_the_script_builds_the_example_the_sweep_file_runs(tmp_path, monkeypatch):
     written = script("make_vlm_example").build(str(tmp_path), steps=4, checkpoints=2)
     assert [os.path.basename(p) for p in written] == ["checkpoint-1", "checkpoint-4"]
     from safetensors.torch import load_file
@@ -40,3 +40,11 @@ def test_the_script_builds_the_example_the_sweep_file_runs(tmp_path):
     assert all(e.dataset.images == "image" for e in sweep.evals)
     plan = prepare(sweep.replace(output=str(tmp_path / "out")))
     assert len(plan.cells) == 4 and not plan.failed
+    # image items go through Ray Data: a bound on its stages that is no number fails here,
+    # before Ray, naming the variable
+    from rayeval.errors import SpecError
+
+    monkeypatch.setenv("RAYEVAL_DATA_CONCURRENCY", "0")
+    with pytest.raises(SpecError, match=r"^RAYEVAL_DATA_CONCURRENCY='0': expected a whole "):
+        prepare(sweep.replace(output=str(tmp_path / "out2")))
+    assert not os.path.exists(tmp_path / "out2")
