@@ -66,7 +66,10 @@ def test_a_stall_keeps_its_own_message_and_bad_input_is_not_retried():
 
 
 def test_the_test_hook_costs_nothing_unset_and_is_not_forwarded(monkeypatch):
-    monkeypatch.delenv(recovery.KILL_ENV, raising=False)
+    from rayeval.config import constants
+
+    for name in (recovery.KILL_ENV, *constants.WORKER_ENVS):    # (tests/conftest.py sets one)
+        monkeypatch.delenv(name, raising=False)
     assert recovery.worker_env() == {}
     monkeypatch.setattr(recovery, "_KILL", None)
     recovery.fault_point("reduce", 1, lambda: pytest.fail("asked the attempt"))
