@@ -124,7 +124,7 @@ def watch(lanes: Lanes, last_report: list[float], quiet_s: float = 1200) -> None
             if quiet >= quiet_s:
                 try:
                     state = lanes.describe()
-                except RuntimeError:         # the controller changed it meanwhile
+                except (RuntimeError, KeyError):     # the controller changed it meanwhile
                     continue
                 print(f"\n[lanes] no test has ended for {quiet / 60:.0f} min: {state}",
                       file=sys.__stderr__, flush=True)
