@@ -144,14 +144,7 @@ def cluster():
     temp = tempfile.mkdtemp(prefix="rt", dir="/tmp")      # short: Ray's socket paths are long
     nodes: list[RayNode] = []
     try:
-        port, dash = free_port(), free_port()
-        cluster = Cluster(f"http://127.0.0.1:{dash}", token)
-        nodes.append(RayNode([
-            "--head", f"--port={port}", "--node-ip-address=127.0.0.1", "--num-cpus=1",
-            "--include-dashboard=true", "--dashboard-host=127.0.0.1", f"--dashboard-port={dash}",
-            f"--ray-client-server-port={free_port()}", f"--temp-dir={temp}", *own_ports()],
-            env, os.path.join(temp, "head.out")))
-        assert cluster.joined(1, nodes[0]), nodes[0].said()
+        cluster, port = head_node(env, temp, token, nodes)
         for count in (2, 3):
             nodes.append(worker_node(cluster, count, f"127.0.0.1:{port}", env, temp))
             cluster.workers.append(nodes[-1])
@@ -162,6 +155,28 @@ def cluster():
         left = [n.proc.pid for n in nodes if not gone(n)]
         shutil.rmtree(temp, ignore_errors=True)
         assert not left, f"processes of the sessions {left} outlived SIGKILL"
+
+
+def head_node(env: dict, temp: str, token: str, nodes: list[RayNode],
+              tries: int = 3) -> tuple[Cluster, int]:
+    """The head (appended to ``nodes``, so the fixture stops every start) and its GCS port, on
+    fresh ports at each of up to ``tries`` starts. `ray start` gives its raylet a fixed 30 s to
+    register with the GCS (ray/_private/node.py) and exits when it has not: beside another
+    end-to-end file on CI's 2 cores, one head's GCS answered too late and the case failed at
+    setup ("The current node timed out during startup", CI of stop 71)."""
+    for attempt in range(tries):
+        port, dash = free_port(), free_port()
+        cluster = Cluster(f"http://127.0.0.1:{dash}", token)
+        nodes.append(RayNode([
+            "--head", f"--port={port}", "--node-ip-address=127.0.0.1", "--num-cpus=1",
+            "--include-dashboard=true", "--dashboard-host=127.0.0.1", f"--dashboard-port={dash}",
+            f"--ray-client-server-port={free_port()}", f"--temp-dir={temp}", *own_ports()],
+            env, os.path.join(temp, f"head{attempt}.out")))
+        if cluster.joined(1, nodes[-1]):
+            return cluster, port
+        kill_node(nodes[-1])
+        gone(nodes[-1])
+    pytest.fail(f"the head did not start in {tries} starts:\n{nodes[-1].said()}")
 
 
 def worker_node(cluster: Cluster, count: int, gcs: str, env: dict, temp: str,

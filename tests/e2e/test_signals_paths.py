@@ -421,14 +421,13 @@ def test_rayeval_s_trainer_never_installs_ray_train_s_sigint_handler():
 def head():
     """One `ray start --head` node with the dashboard (the Jobs API) and without
     authentication; the job's driver inherits its environment (progress every 0.5 s)."""
-    from test_cluster import start_head, stop_nodes, user_env, wait_for_nodes
+    from test_cluster import start_head, stop_nodes, user_env
 
     env = user_env(RAY_AUTH_MODE="disabled", **PROGRESS)
     env.pop("RAY_AUTH_TOKEN", None)
     temp = tempfile.mkdtemp(prefix="rt", dir="/tmp")
-    node, gcs, dashboard = start_head(env, temp, "{}")
+    node, _, dashboard = start_head(env, temp, "{}")
     try:
-        wait_for_nodes(gcs, 1, env, node)
         yield {"dashboard": dashboard, "env": env}
     finally:
         stop_nodes([node])
