@@ -21,12 +21,14 @@ YAML's ``!function``) is the task's own function over every document's value
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import io
 import json
 import logging
 import math
 import os
+import sys
 
 import pyarrow as pa
 
@@ -336,8 +338,6 @@ def pickle_task(task, spec: LmEvalSpec) -> bytes:
     """The task, with the code of its YAMLs' ``!function`` modules (``utils.py`` beside them,
     which lm-eval imports under its file path, not a name a worker can import) pickled by
     value, so that a worker on any node can run them."""
-    import sys
-
     import cloudpickle
 
     local = []
@@ -350,10 +350,46 @@ def pickle_task(task, spec: LmEvalSpec) -> bytes:
     for module in local:
         cloudpickle.register_pickle_by_value(module)
     try:
-        return cloudpickle.dumps(task)
+        out = io.BytesIO()
+        _task_pickler()(out).dump(task)
+        return out.getvalue()
     finally:
         for module in local:
             cloudpickle.unregister_pickle_by_value(module)
+
+
+@functools.lru_cache(maxsize=None)
+def _task_pickler():
+    import cloudpickle
+
+    class TaskPickler(cloudpickle.Pickler):
+        """cloudpickle's, with an API client a task module made at import (an ``openai``
+        client: its connection pool holds locks, which do not pickle) sent as the arguments
+        that make it again on the worker (whose requests go to the served judge:
+        ``lmms.judge_server.redirected``)."""
+
+        def reducer_override(self, obj):
+            made = _api_client(obj)
+            return made if made is not None else super().reducer_override(obj)
+
+    return TaskPickler
+
+
+def _api_client(obj):
+    """How to make an ``openai`` client again (its class and its key, base URL and, for
+    Azure, API version), or None for anything else."""
+    openai = sys.modules.get("openai")
+    clients = tuple(getattr(openai, n, None) for n in ("OpenAI", "AsyncOpenAI"))
+    if openai is None or None in clients or not isinstance(obj, clients):
+        return None
+    kwargs = {"api_key": obj.api_key, "base_url": str(obj.base_url)}
+    if getattr(obj, "_api_version", None):
+        kwargs["api_version"] = obj._api_version
+    return _make_client, (type(obj), kwargs)
+
+
+def _make_client(cls, kwargs: dict):
+    return cls(**kwargs)
 
 
 def _text(target, task, doc, output_type) -> str:

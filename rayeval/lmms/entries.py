@@ -46,7 +46,8 @@ class LmmsEvalEntry(lm_store.RequestTables):
             lambda: {"judge": judge is not None})      # it decides whether a judged task renders
         if judge is not None and not any(t.judged for t in tasks):
             r.fail(f"{path}.judge", f"lmms-eval task {spec.task!r} asks no judge (nothing in "
-                                    "it calls lmms_eval.llm_judge); remove judge:")
+                                    "it calls lmms_eval.llm_judge or an API client); remove "
+                                    "judge:")
         common = dict(batch_size=batch_size, bootstrap=bootstrap, samples=samples,
                       lmms_eval=spec, key_path=path)
         name = m["name"]
@@ -72,7 +73,7 @@ class LmmsEvalEntry(lm_store.RequestTables):
         def note(task, name: str) -> str:
             found = lmms_rules.judge_route(task)
             return "" if found is None else \
-                f"judged ({found[0]}): give the entry judge: {{model: FOLDER}}"
+                f"judged ({found}): give the entry judge: {{model: FOLDER}}"
 
         with lmms_render._silent():
             manager = TaskManager("ERROR", include_path=include_path)

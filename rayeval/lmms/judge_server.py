@@ -12,13 +12,17 @@ there while the task's pass runs, so the task's prompts, parsing and aggregation
                   ``/v1/chat/completions`` (the messages through the judge tokenizer's chat
                   template, greedy, at most the request's ``max_tokens``), GET ``/v1/models``
     routed        while the pass runs: ``API_TYPE=local`` and ``LLM_JUDGE_URL`` in the
-                  environment, and every lmms-eval judge provider in the process posting as
-                  the ``local`` one posts, to that server (restored after)
+                  environment, every lmms-eval judge provider in the process posting as
+                  the ``local`` one posts, to that server, and every chat-completions POST
+                  the task's own API client makes (``requests``; ``httpx``, under the
+                  ``openai`` SDK) sent there too (``redirected``; all restored after)
     PassJudge     the pass hook (``core.tasks.base.Task.pass_service``): the server started
-                  and routed to before an lmms-eval evaluation's pass, stopped after
+                  and routed to before an lmms-eval evaluation's pass, stopped after; and
+                  around the task's own aggregation on rank 0 (MMBench asks its judge there)
     rendering     on the driver: an entry's tasks built with ``API_TYPE=local``, so the
                   providers their modules make at import are ``local`` ones (plain data that
-                  travels to the workers with the task, never an API client)
+                  travels to the workers with the task, never an API client), and with an
+                  API key that opens nothing, so a client a module makes at import is made
 
 Greedy only: a request's ``temperature``/``top_p`` is not followed (MM-Vet retries an
 unparseable verdict at a higher temperature, and gets the same answer); the requests that asked
@@ -43,6 +47,11 @@ MODELS_PATH = "/v1/models"
 # there (port 9 is "discard"); a worker routes every provider to its own server during a pass.
 NOWHERE = "http://127.0.0.1:9/v1/chat/completions"
 ENV = ("API_TYPE", "LLM_JUDGE_URL", "NO_PROXY", "no_proxy")
+# The keys a task module reads at import to make its own API client (the ``openai`` SDK
+# raises without one: 7 lmms-eval 0.7.3 tasks did not build): set, where unset, to a value
+# that opens nothing; every request such a client makes in a pass goes to the served judge.
+KEYS = ("OPENAI_API_KEY", "JUDGE_API_KEY")
+NO_KEY = "rayeval-served-judge"
 
 
 # --- the server ------------------------------------------------------------------------------
@@ -188,10 +197,11 @@ def _handler(server: JudgeServer):
 
 @contextlib.contextmanager
 def environment(url: str):
-    """``API_TYPE=local`` and ``LLM_JUDGE_URL=url`` for the block, 127.0.0.1 in ``NO_PROXY``
-    (restored after)."""
-    saved = {k: os.environ.get(k) for k in ENV}
+    """``API_TYPE=local`` and ``LLM_JUDGE_URL=url`` for the block, 127.0.0.1 in ``NO_PROXY``,
+    the API keys of ``KEYS`` that are unset set to ``NO_KEY`` (all restored after)."""
+    saved = {k: os.environ.get(k) for k in ENV + KEYS}
     os.environ.update({"API_TYPE": "local", "LLM_JUDGE_URL": url})
+    os.environ.update({k: NO_KEY for k in KEYS if not saved[k]})
     for key in ("NO_PROXY", "no_proxy"):          # loopback never through a proxy
         os.environ[key] = ",".join(filter(None, [saved[key], "127.0.0.1"]))
     try:
@@ -249,7 +259,7 @@ def routed(url: str):
             saved.append((cls, name, cls.__dict__.get(name, _ABSENT)))
             setattr(cls, name, fn)
     try:
-        with environment(url):
+        with environment(url), redirected(url):
             yield
     finally:
         for cls, name, old in reversed(saved):
@@ -260,6 +270,81 @@ def routed(url: str):
 
 
 _ABSENT = object()
+
+
+def to_judge(method: str, target: str) -> bool:
+    """Whether a request a task's own code makes is its judge's: a POST to an OpenAI-style
+    chat-completions path (OpenAI's, Azure's deployments, any base URL), or to an address
+    that is no URL at all (the placeholder a module kept when its key was unset at import:
+    MMBench's ``"YOUR_API_URL"`` under ``API_TYPE=local``)."""
+    if method.upper() != "POST":
+        return False
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(target)
+    return parts.scheme not in ("http", "https") or \
+        parts.path.rstrip("/").endswith("/chat/completions")
+
+
+@contextlib.contextmanager
+def redirected(url: str):
+    """For the block: the judge's requests (``to_judge``) that a task's own code makes with
+    ``requests`` or ``httpx`` (the ``openai`` SDK's transport, sync and async) sent to ``url``
+    instead; every other request as it was. The clients are made at the task module's import
+    with the URL it read then, so the request is redirected, not the client."""
+    import importlib
+
+    patches = []
+    try:
+        import requests
+    except ImportError:
+        requests = None
+    if requests is not None:
+        request = requests.Session.request
+
+        def session_request(self, method, target=None, *args, **kwargs):
+            if target is None:            # by keyword, as requests.post passes it
+                target = kwargs.pop("url")
+            return request(self, method, url if to_judge(method, str(target)) else target,
+                           *args, **kwargs)
+
+        patches.append((requests.Session, "request", request, session_request))
+    # httpx2: the openai SDK's own fork of httpx (openai 3.x), beside httpx itself
+    for name in ("httpx", "httpx2"):
+        try:
+            module = importlib.import_module(name)
+        except ImportError:
+            continue
+        for cls in (module.Client, module.AsyncClient):
+            patches.append((cls, "send", cls.send, _send(cls.send, url, module)))
+    for cls, name, _, new in patches:
+        setattr(cls, name, new)
+    try:
+        yield
+    finally:
+        for cls, name, old, _ in reversed(patches):
+            setattr(cls, name, old)
+
+
+def _send(send, url: str, httpx):
+    """``httpx``'s ``Client.send`` (or ``AsyncClient.send``) with a judge's request sent to
+    ``url`` (the same method, headers and body)."""
+    import inspect
+
+    def moved(request):
+        if to_judge(request.method, str(request.url)):
+            request.url = httpx.URL(url)
+            request.headers["Host"] = request.url.netloc.decode("ascii")
+        return request
+
+    if inspect.iscoroutinefunction(send):
+        async def asend(self, request, *args, **kwargs):
+            return await send(self, moved(request), *args, **kwargs)
+        return asend
+
+    def ssend(self, request, *args, **kwargs):
+        return send(self, moved(request), *args, **kwargs)
+    return ssend
 
 
 def _subclasses(cls) -> list[type]:

@@ -168,7 +168,8 @@ def render(spec: LmmsEvalSpec, path: str, judge: bool = False
     ``judge``: the entry serves its tasks a judge (each Rendered says whether it asks one).
     The tasks' modules are imported as lmms-eval's run with ``API_TYPE=local`` imports them:
     a judge a module makes at import is a ``local`` provider (plain data, which a worker
-    routes to its served judge), never an API client (whose constructor wants a key)."""
+    routes to its served judge); an API client a module makes gets a key that opens nothing
+    (a worker sends its requests to the served judge: ``judge_server.redirected``)."""
     from rayeval.lmms import judge_server
 
     with _silent(), judge_server.rendering():

@@ -5,9 +5,9 @@ disagree.
 
 What is refused, in one line naming the task: an output type other than ``generate_until``
 and ``multiple_choice``, a choice task asking mutual information or several contexts, a video
-or audio in a document, a task judged by an API model (unless it asks lmms-eval's
-``llm_judge`` and the entry gives a ``judge``, which the workers serve it: ``judge_server``),
-sampling or beam search.
+or audio in a document, a task judged by an API model whose entry gives no ``judge`` (with
+one, the workers serve it to the task, whether the task asks lmms-eval's ``llm_judge`` or
+posts with an API client of its own: ``judge_server``), sampling or beam search.
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ from rayeval.errors import SpecError
 # What a task module that asks lmms-eval for its judge contains: such a task is judged by the
 # ``local`` provider's requests when the entry gives ``judge: {model: ...}`` (judge_server).
 SERVED_MARKS = ("lmms_eval.llm_judge", "lmms_eval.verifiers")
-# What a task module that calls an API itself contains (an API client, its key); the task's
-# process_results is then a network call, which rayeval does not make.
+# What a task module that calls an API itself contains (an API client, its key): its
+# chat-completions requests go to the served judge too (``judge_server.redirected``).
 API_MARKS = ("import openai", "from openai", "OPENAI_API_KEY", "gpt_eval_model_name")
 
 
@@ -33,7 +33,7 @@ def check_task(task, name: str, path: str, judge: bool = False) -> str | None:
     refused, route = verdict(task, name, judge)
     if refused:
         raise SpecError(f"{path}.{refused[0]}: {refused[1]}")
-    return None if route is None else route[0]
+    return route
 
 
 def refusal(task, name: str, judge: bool = False) -> tuple[str, str] | None:
@@ -46,8 +46,7 @@ def refusal(task, name: str, judge: bool = False) -> tuple[str, str] | None:
     return verdict(task, name, judge)[0]
 
 
-def verdict(task, name: str, judge: bool = False) -> tuple[tuple[str, str] | None,
-                                                             tuple[str, bool] | None]:
+def verdict(task, name: str, judge: bool = False) -> tuple[tuple[str, str] | None, str | None]:
     """(``refusal``'s answer, ``judge_route``'s), the task's sources read once."""
     kind = task.OUTPUT_TYPE
     if kind not in ("generate_until", "multiple_choice"):
@@ -78,16 +77,10 @@ def _choice_problem(task, name: str) -> str | None:
 
 
 def _refused(task, name: str, judge: bool, found) -> tuple[str, str] | None:
-    if found is not None:
-        where, served = found
-        said = f"lmms-eval task {name!r} is judged by an API model ({where}); rayeval does " \
-               "not call API judges"
-        if not served:
-            return "task", said + ("; it calls the API itself, not through lmms-eval's "
-                                   "llm_judge, so a judge: cannot serve it" if judge else "")
-        if not judge:
-            return "task", f"{said}: give the entry judge: {{model: FOLDER}}, a local model " \
-                           "rayeval serves it (docs/lmms-judges.md)"
+    if found is not None and not judge:
+        return "task", f"lmms-eval task {name!r} is judged by an API model ({found}); " \
+                       "rayeval does not call API judges: give the entry judge: " \
+                       "{model: FOLDER}, a local model rayeval serves it (docs/lmms-judges.md)"
     kwargs = dict(task.get_config("generation_kwargs") or {})
     problem = generation_problem(kwargs, name)
     if problem:
@@ -120,10 +113,10 @@ def _media(task) -> str | None:
     return None
 
 
-def judge_route(task) -> tuple[str, bool] | None:
-    """Where a task calls a judge, and whether through lmms-eval's ``llm_judge`` (which a
-    served judge answers): its functions' modules asking it, else its config's judge model or
-    a module importing an API client."""
+def judge_route(task) -> str | None:
+    """Where a task calls a judge, through lmms-eval's ``llm_judge`` or with an API client of
+    its own (a served judge answers both): its functions' modules asking ``llm_judge``, else
+    its config's judge model, else a module importing an API client; None when it calls none."""
     marks = {}
     for key in ("process_results", "doc_to_target", "doc_to_visual", "doc_to_messages"):
         for where in _sources(task.get_config(key)):
@@ -138,12 +131,12 @@ def judge_route(task) -> tuple[str, bool] | None:
                     marks.setdefault(mark, f"{key} in {os.path.basename(where)} uses {mark}")
     served = [marks[m] for m in SERVED_MARKS if m in marks]
     if served:
-        return served[0], True
+        return served[0]
     metadata = task.get_config("metadata")
     if isinstance(metadata, dict) and "gpt_eval_model_name" in metadata:
-        return f"metadata.gpt_eval_model_name {metadata['gpt_eval_model_name']!r}", False
+        return f"metadata.gpt_eval_model_name {metadata['gpt_eval_model_name']!r}"
     api = [marks[m] for m in API_MARKS if m in marks]
-    return (api[0], False) if api else None
+    return api[0] if api else None
 
 
 def _sources(fn) -> list[str]:

@@ -92,6 +92,68 @@ def process_results(doc, results):
     return {"judge_score": 0.0 if score is None else score,
             "judge_failed": float(score is None), "judge_retries": temperature / 0.5}
 '''
+# The same items judged as the tasks that call an API themselves do (lmms-eval 0.7.3's
+# reasoning tasks, MMBench, HallusionBench, WildVision: not through llm_judge): an OpenAI
+# client made at import, asked in process_results; and, as MMBench asks its judge while it
+# aggregates, ``requests.post`` to the chat-completions URL the module read at import, once
+# per item, inside the task's own aggregation function.
+API_TASK = "rayeval_api_judged_vqa"
+API_METRICS = ("api_score", "api_agreed")
+API_UTILS = '''\
+import os
+
+import requests
+from openai import OpenAI
+from PIL import Image
+
+MODEL_VERSION = os.getenv("MODEL_VERSION", "judge-model")
+API_URL = os.getenv("OPENAI_API_URL", "https://api.openai.com/v1/chat/completions")
+API_KEY = os.getenv("OPENAI_API_KEY", "YOUR_API_KEY")
+client = OpenAI(api_key=os.getenv("JUDGE_API_KEY", "YOUR_API_KEY"),
+                base_url=os.getenv("JUDGE_BASE_URL", "https://api.openai.com/v1"))
+PROMPT = "Question: {question}\\nReference: {answer}\\nAnswer: {pred}"
+
+
+def doc_to_visual(doc):
+    return [Image.open(doc["image"]).convert("RGB")]
+
+
+def doc_to_text(doc, lmms_eval_specific_kwargs=None):
+    kwargs = lmms_eval_specific_kwargs or {}
+    return f"{kwargs.get('pre_prompt', '')}{doc['question']}{kwargs.get('post_prompt', '')}"
+
+
+def first_word(text):
+    words = (text or "").split()
+    return words[0].lower() if words else ""
+
+
+def process_results(doc, results):
+    pred = results[0].strip()
+    reply = client.chat.completions.create(
+        model=MODEL_VERSION, max_tokens=3, temperature=0, messages=[{"role": "user",
+        "content": PROMPT.format(question=doc["question"], answer=doc["answer"], pred=pred)}])
+    item = {"question": doc["question"], "answer": doc["answer"], "pred": pred}
+    return {"api_score": float(first_word(reply.choices[0].message.content) == "yes"),
+            "api_agreed": item}
+
+
+def agreement(items):
+    """The share of items the judge does not call right when asked again, reference first."""
+    said = 0
+    for item in items:
+        payload = {"model": MODEL_VERSION, "max_tokens": 3, "temperature": 0,
+                   "messages": [{"role": "user", "content": "Reference: {answer}\\nQuestion: "
+                                 "{question}\\nAnswer: {pred}".format(**item)}]}
+        response = requests.post(API_URL, json=payload, timeout=60,
+                                 headers={"Authorization": f"Bearer {API_KEY}"})
+        response.raise_for_status()
+        said += first_word(response.json()["choices"][0]["message"]["content"]) != "yes"
+    return said / len(items)
+'''
+API_METRIC_LIST = ("  - {metric: api_score, aggregation: mean, higher_is_better: true}\n"
+                   "  - {metric: api_agreed, aggregation: !function utils.agreement, "
+                   "higher_is_better: false}\n")
 # The same task without a judge: its process_results compares texts.
 PLAIN_UTILS = UTILS[UTILS.index("def doc_to_visual"):UTILS.index("def grade")] + '''\
 def process_results(doc, results):
@@ -100,15 +162,15 @@ def process_results(doc, results):
 '''
 
 
-def write_task(folder, items, name=TASK, utils=UTILS) -> str:
+def write_task(folder, items, name=TASK, utils=UTILS, metric_list=None) -> str:
     os.makedirs(folder, exist_ok=True)
     data = os.path.join(folder, "items.jsonl")
     with open(data, "w", encoding="utf-8") as f:
         f.writelines(json.dumps(it) + "\n" for it in items)
     with open(os.path.join(folder, "utils.py"), "w", encoding="utf-8") as f:
         f.write(("from PIL import Image\n\n\n" if utils is PLAIN_UTILS else "") + utils)
-    metrics = "".join(f"  - {{metric: {m}, aggregation: mean, higher_is_better: true}}\n"
-                      for m in METRICS)
+    metrics = metric_list or "".join(
+        f"  - {{metric: {m}, aggregation: mean, higher_is_better: true}}\n" for m in METRICS)
     path = os.path.join(folder, f"{name}.yaml")
     with open(path, "w", encoding="utf-8") as f:
         f.write(f"task: {name}\n"
@@ -238,12 +300,25 @@ def environ(**values):
                 os.environ[k] = v
 
 
-def write_sweep(root, entry: dict, name="sweep.yaml", workers=2) -> str:
+def write_sweep(root, entry, name="sweep.yaml", workers=2, **top) -> str:
+    """A sweep of ``entry`` (an evaluation, or a list of them) over the module's checkpoint."""
     path = os.path.join(root, name)
     with open(path, "w") as f:
         yaml.safe_dump({"name": "judged-vqa", "checkpoints": ["ckpts/checkpoint-*"],
-                        "output": "results", "workers": workers, "evals": [entry]}, f)
+                        "output": "results", "workers": workers, **top,
+                        "evals": entry if isinstance(entry, list) else [entry]}, f)
     return path
+
+
+# The environment of a process run with its judge at ``url`` (lmms-eval's reference): the
+# llm_judge provider's, and the URLs and keys the API task's module reads at import.
+def reference_environment(url: str) -> dict:
+    return dict(API_TYPE="local", LLM_JUDGE_URL=url, OPENAI_API_URL=url,
+                JUDGE_BASE_URL=url[:-len("/chat/completions")], OPENAI_API_KEY="reference",
+                JUDGE_API_KEY="reference")
+
+
+KEYS = ("API_TYPE", "LLM_JUDGE_URL", "OPENAI_API_KEY", "JUDGE_API_KEY")
 
 
 @pytest.fixture(scope="module")
@@ -254,29 +329,40 @@ def example(tmp_path_factory, tiny_vlm):
     root = tmp_path_factory.mktemp("lmms_judge")
     items = easy_vqa_items(n=N, seed=3)
     tasks = str(root / "tasks")
-    write_task(tasks, items)
+    write_task(os.path.join(tasks, "served"), items)
+    write_task(os.path.join(tasks, "api"), items, name=API_TASK, utils=API_UTILS,
+               metric_list=API_METRIC_LIST)
     judge = build_judge(root / "judge-model", items)
     os.makedirs(root / "ckpts")
     os.symlink(tiny_vlm, root / "ckpts" / "checkpoint-1")
     reference = Reference(judge)
-    with reference.serving() as url, environ(API_TYPE="local", LLM_JUDGE_URL=url):
-        run_cli(tiny_vlm, tasks, [TASK], str(root / "reference"))
-    write_sweep(str(root), {"name": "vqa", "batch_size": 4,
-                            "lmms_eval": {"task": TASK, "include_path": "tasks"},
-                            "judge": {"model": "judge-model"}})
-    return root, read_output(str(root / "reference"), TASK, ("none",)), reference.requests
+    with reference.serving() as url, environ(**reference_environment(url)):
+        run_cli(tiny_vlm, tasks, [TASK, API_TASK], str(root / "reference"))
+    # 20 replicates: the API task's own aggregation asks the judge once per item per resample
+    write_sweep(str(root), [
+        {"name": "vqa", "batch_size": 4, "lmms_eval": {"task": TASK, "include_path": "tasks"},
+         "judge": {"model": "judge-model"}},
+        {"name": "api", "batch_size": 4,
+         "lmms_eval": {"task": API_TASK, "include_path": "tasks"},
+         "judge": {"model": "judge-model"}}], bootstrap={"replicates": 20})
+    return (root, read_output(str(root / "reference"), TASK, ("none",)), reference.requests,
+            read_output(str(root / "reference"), API_TASK, ("none",)))
 
 
 def test_the_reference_is_not_degenerate(example):
     """The verdicts vary: yes, no and none (then the temperature was raised and the same
     greedy answer came back, twice)."""
-    _, theirs, requests = example
+    _, theirs, requests, api = example
     values = {m: [s[m] for s in theirs["samples"]["none"]] for m in METRICS}
-    assert theirs["n"] == N
+    assert theirs["n"] == N and api["n"] == N
     assert 0 < sum(values["judge_score"]) < N - sum(values["judge_failed"])   # yes and no
     assert 0 < sum(values["judge_failed"]) < N
     assert {r["temperature"] for r in requests} == {0.0, 0.5, 1.0}
-    assert len(requests) == N + 2 * sum(values["judge_failed"])
+    # the llm_judge task's requests, then the API task's: one per item in process_results,
+    # one per item in its aggregation
+    assert len(requests) == N + 2 * sum(values["judge_failed"]) + 2 * N
+    scores = [s["api_score"] for s in api["samples"]["none"]]
+    assert 0 < sum(scores) < N and 0 < api["results"]["api_agreed,none"] < 1
 
 
 @pytest.mark.ray
@@ -286,16 +372,24 @@ def test_a_ray_run_serving_the_judge_equals_lmms_eval(example, ray_cluster):
     from rayeval.io.store import ResultStore
     from rayeval.ranking import latest_rows
 
-    root, theirs, _ = example
-    environment = {k: os.environ.get(k) for k in ("API_TYPE", "LLM_JUDGE_URL")}
+    root, theirs, _, api = example
+    environment = {k: os.environ.get(k) for k in KEYS}
     report = run_sweep(load_sweep(str(root / "sweep.yaml")))
-    assert all(o.ok for o in report.outcomes), report.outcomes
+    assert all(o.ok for o in report.outcomes), [o.error for o in report.outcomes]
     rows = latest_rows(ResultStore(str(root / "results")).read())
-    assert sorted(r["metric"] for r in rows) == sorted(METRICS)
+    assert sorted((r["dataset"], r["metric"]) for r in rows) == sorted(
+        [("vqa", m) for m in METRICS] + [("api", m) for m in API_METRICS])
     for r in rows:
+        want = (theirs if r["dataset"] == "vqa" else api)["results"][f"{r['metric']},none"]
         assert r["world_size"] == 2 and r["num_samples"] == N
-        assert r["value"] == pytest.approx(theirs["results"][f"{r['metric']},none"],
-                                           abs=1e-12), r["metric"]
+        assert r["value"] == pytest.approx(want, abs=1e-12), (r["dataset"], r["metric"])
+    records = rayeval.samples(str(root / "results"), checkpoint="checkpoint-1",
+                              evaluation="api").to_pylist()
+    assert sorted(r["id"] for r in records) == list(range(N))
+    for r in records:
+        sample = api["samples"]["none"][r["id"]]
+        assert r["response"] == sample["filtered_resps"]
+        assert r["api_score"] == sample["api_score"], r["id"]
     records = rayeval.samples(str(root / "results"), checkpoint="checkpoint-1",
                               evaluation="vqa").to_pylist()
     assert sorted(r["id"] for r in records) == list(range(N))
@@ -309,7 +403,11 @@ def test_a_ray_run_serving_the_judge_equals_lmms_eval(example, ray_cluster):
 
 def test_the_served_judge_answers_as_the_local_provider_asks(example):
     """In one process: the judge server, lmms-eval's providers routed to it (a provider made
-    before, as an ``openai`` one, included), its answers the reference's; all undone after."""
+    before, as an ``openai`` one, included), and a task's own API clients' chat completions
+    (``requests`` to a placeholder address or OpenAI's, ``httpx`` to an Azure deployment),
+    its answers the reference's; other requests untouched; all undone after."""
+    import httpx
+    import requests
     from lmms_eval.llm_judge import Request, ServerConfig, get_server
 
     from rayeval.config.schema import DatasetSpec, JudgeSpec, ModelSpec
@@ -318,7 +416,7 @@ def test_the_served_judge_answers_as_the_local_provider_asks(example):
 
     import torch
 
-    root, _, _ = example
+    root, _, _, _ = example
     judge = str(root / "judge-model")
     reference = Reference(judge)
     js = JudgeSpec(model=judge)
@@ -330,7 +428,8 @@ def test_the_served_judge_answers_as_the_local_provider_asks(example):
     with environ(OPENAI_API_KEY="never-used"):      # an OpenAI client wants one to be made
         made_before = get_server("openai", config)
     own = type(made_before).__dict__["evaluate"]
-    environment = {k: os.environ.get(k) for k in ("API_TYPE", "LLM_JUDGE_URL")}
+    sends = (requests.Session.request, httpx.Client.send, httpx.AsyncClient.send)
+    environment = {k: os.environ.get(k) for k in KEYS}
     try:
         with routed(server.url):
             assert os.environ["API_TYPE"] == "local"
@@ -340,8 +439,20 @@ def test_the_served_judge_answers_as_the_local_provider_asks(example):
                 request = Request(messages=[{"role": "user", "content": text}], config=config)
                 want = reference.answer({"messages": request.messages, "max_tokens": 3})
                 assert made_before.evaluate(request).content == want.strip()
+                body = {"model": "judge-model", "max_tokens": 3, "messages": request.messages}
+                for target in ("YOUR_API_URL", "https://api.openai.com/v1/chat/completions"):
+                    got = requests.post(target, json=body, timeout=60).json()
+                    assert got["choices"][0]["message"]["content"].strip() == want.strip(), \
+                        target
+                with httpx.Client() as client:
+                    got = client.post("https://example.invalid/openai/deployments/judge/chat/"
+                                      "completions?api-version=2024-06-01", json=body).json()
+                assert got["choices"][0]["message"]["content"].strip() == want.strip()
+            with pytest.raises(requests.exceptions.MissingSchema):     # a GET: untouched
+                requests.get("YOUR_API_URL", timeout=5)
         assert server.sampled == 2
         assert type(made_before).__dict__["evaluate"] is own
+        assert (requests.Session.request, httpx.Client.send, httpx.AsyncClient.send) == sends
         assert {k: os.environ.get(k) for k in environment} == environment
     finally:
         server.close()
@@ -370,7 +481,7 @@ BAD = {
         {"lmms_eval": {"task": PLAIN, "include_path": "tasks/plain"},
          "judge": {"model": "judge-model"}},
         f"evals[0].judge: lmms-eval task '{PLAIN}' asks no judge (nothing in it calls "
-        "lmms_eval.llm_judge); remove judge:"),
+        "lmms_eval.llm_judge or an API client); remove judge:"),
     "a prompt": (
         {"lmms_eval": {"task": TASK, "include_path": "tasks/judged"},
          "judge": {"model": "judge-model", "prompt": "{{ response }}"}},
@@ -410,7 +521,7 @@ def test_a_judged_entry_puts_the_judge_in_its_key(plain):
     path = write_sweep(str(plain), {"name": "vqa", "lmms_eval": {
         "task": TASK, "include_path": "tasks/judged"}, "judge": {"model": "judge-model"}},
         name="judged.yaml")
-    environment = {k: os.environ.get(k) for k in ("API_TYPE", "LLM_JUDGE_URL")}
+    environment = {k: os.environ.get(k) for k in KEYS}
     sweep = load_sweep(path)
     js = sweep.evals[0].judge
     assert js is not None and not js.staged

@@ -68,7 +68,9 @@ class Task:
     def pass_service(self, spec, device, model_spec):
         """What one pass of evaluation ``spec`` (an EvalSpec) needs running beside the model
         on a worker, with ``start()`` (before the pass: an error fails the cell) and
-        ``close()`` (always, after it); None: nothing (an lmms-eval task's served judge)."""
+        ``close()`` (always, after it); None: nothing (an lmms-eval task's served judge).
+        Rank 0 starts one again around the task's own aggregation of a cell's records
+        (``workers.sinks.Publish``): the task's code may ask it there too."""
         return None
 
     def row_positions(self, spec) -> bool:

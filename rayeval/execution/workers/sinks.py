@@ -52,6 +52,21 @@ class Publish:
             return self.publish(cell, ev, merged, step, layout, start, records=records,
                                 resumed=resumed)
 
+    def own_aggregations(self, ev: Evaluation, keys: list[str], key: str, tag) -> dict:
+        """The task's own aggregation of the cell's records, with what the task runs beside
+        the model during a pass (``Task.pass_service``: a judged lmms-eval task's judge,
+        which MMBench asks while it aggregates) up around it."""
+        task = tasks.get(ev.spec.task)
+        records = self.store.read_samples(key, tag)
+        service = task.pass_service(ev.spec, self.ctx.device, self.plan.sweep.model)
+        if service is None:
+            return task.own_aggregations(ev.spec, keys, records, ev.spec.bootstrap)
+        try:
+            service.start()
+            return task.own_aggregations(ev.spec, keys, records, ev.spec.bootstrap)
+        finally:
+            service.close()
+
     def publish(self, cell: Cell, ev: Evaluation, merged, step, layout, start,
                 partial=None, metrics=None, records: str | None = None, resumed: int = 0
                 ) -> CellOutcome:
@@ -76,8 +91,7 @@ class Publish:
             results = finalize(metrics, merged, ev.output_size, ev.spec.bootstrap)
             own = [k for k, m in metrics if getattr(m, "from_items", False)]
             if own:           # the task's own aggregation, over every worker's records
-                results.update(tasks.get(ev.spec.task).own_aggregations(
-                    ev.spec, own, self.store.read_samples(cell.key, tag), ev.spec.bootstrap))
+                results.update(self.own_aggregations(ev, own, cell.key, tag))
         except RayevalError as e:          # a custom metric's compute: this cell only
             ctx.details[cell.key] = e.detail
             return ctx.failure(cell, step, f"{ev.name}: {e.message}")
