@@ -88,7 +88,8 @@ class LmmsEvalEntry(lm_store.RequestTables):
 
 # What planning reads of a rendered task, cached by content (``harness.render_cache``): a
 # re-run of an entry rendered before imports no lmms-eval.
-PLAIN = ("task", "metrics", "max_new_tokens", "digest", "lm_keys", "output_type", "judged")
+PLAIN = ("task", "metrics", "max_new_tokens", "digest", "lm_keys", "output_type", "judged",
+         "decoding")
 
 
 def _judge(r, raw, path: str) -> JudgeSpec | None:
@@ -128,6 +129,7 @@ def _one(output: str, task, name: str, path: str, common: dict,
     # (it does not apply a task's ``until``): so does this evaluation.
     # The judge only on the tasks that ask one: the others' keys do not change with it.
     return EvalSpec(name=name, task="lmms_eval", dataset=dataset, metrics=metrics,
-                    generation=Generation(until=(), max_new_tokens=max(1, task.max_new_tokens)),
+                    generation=Generation(until=(), max_new_tokens=max(1, task.max_new_tokens),
+                                          **task.decoding),
                     judge=judge if task.judged else None,
                     **with_own_records(common, task.metrics))

@@ -31,6 +31,7 @@ import hashlib
 import io
 import json
 import os
+import dataclasses
 from dataclasses import dataclass
 
 import pyarrow as pa
@@ -45,6 +46,7 @@ from rayeval.harness.render import (build_failure, check_known, config_value, li
 from rayeval.lmms.requests import (context_of, encode_messages, filter_names, layout,
                                    table_schema)
 from rayeval.lmms.rules import check_task, generation_problem
+from rayeval.lmms.scoring import repeats_of
 
 TABLE_FORMAT = "lmms-requests-v1"
 INSTALL = ("rayeval install lmms-eval (pip install 'rayeval[lmms-eval]' && pip install "
@@ -66,6 +68,8 @@ class Rendered:
     lm: object = None         # the task itself, in the process that rendered it
     output_type: str = "generate_until"
     judged: str | None = None     # where it asks lmms-eval's judge (None: it asks none)
+    # how it samples ({"temperature", "top_p", "repeats"}: Generation's fields; {}: greedy, once)
+    decoding: dict = dataclasses.field(default_factory=dict)
 
 
 def _fail(path: str, problem: str):
@@ -225,20 +229,20 @@ def _render_task(spec, path, name, task) -> Rendered:
             digest.update(part if isinstance(part, bytes) else part.encode("utf-8"))
             digest.update(b"\0")
     table = pa.table(rows, schema=table_schema(choices))
-    max_new_tokens = 0 if choices else _generation(instances, path, name)
+    max_new_tokens, decoding = (0, {}) if choices else _generation(task, instances, path, name)
     metrics = layout(task)
     filters = filter_names(task)
     lm_keys = {names.metric_key(m, f): names.result_key(m, f, len(filters))
                for f in filters for m in task.aggregation()}
     config = json.dumps(_config(task), sort_keys=True, default=config_value)
     for part in (TABLE_FORMAT, version("lmms_eval"), version("pyarrow"), config,
-                 spec.model_name, str(max_new_tokens)):
+                 spec.model_name, str(max_new_tokens), json.dumps(decoding, sort_keys=True)):
         digest.update(part.encode("utf-8"))
         digest.update(b"\0")
     compat.forget_instances(task)
     blob = pickle_task(task, spec)
     return Rendered(name, table, blob, metrics, max_new_tokens, digest.hexdigest()[:24],
-                    lm_keys, lm=task, output_type=task.OUTPUT_TYPE)
+                    lm_keys, lm=task, output_type=task.OUTPUT_TYPE, decoding=decoding)
 
 
 def chat_rows(task, instances, name: str, path: str) -> dict:
@@ -347,9 +351,11 @@ def _text(target) -> str:
     return json.dumps(target) if isinstance(target, (list, dict)) else str(target)
 
 
-def _generation(instances, path, name) -> int:
-    """The task's token budget; greedy decoding only (lmms-eval's huggingface model samples
-    when temperature is above 0)."""
+def _generation(task, instances, path, name) -> tuple[int, dict]:
+    """The task's token budget and how it samples, as lmms-eval's huggingface model decodes:
+    greedily, or sampled when the temperature is above 0 (at ``top_p``, 1 unless given), each
+    document the task's ``repeats`` times. A draw is rayeval's own, seeded per
+    document and repeat (``generation.seed``): the same on any worker and in any batch."""
     kinds = {json.dumps(i.args[2], sort_keys=True, default=str) for i in instances}
     if len(kinds) != 1:
         _fail(f"{path}.task", f"lmms-eval task {name!r} asks for different generation_kwargs "
@@ -358,4 +364,10 @@ def _generation(instances, path, name) -> int:
     problem = generation_problem(kwargs, name)
     if problem:                 # a document's own kwargs, where the task sets them per item
         _fail(f"{path}.gen_kwargs", problem)
-    return int(kwargs.get("max_new_tokens", DEFAULT_MAX_NEW_TOKENS))
+    decoding = {}
+    temperature = float(kwargs.get("temperature", 0) or 0)
+    if temperature > 0:
+        decoding.update(temperature=temperature, top_p=float(kwargs.get("top_p") or 1.0),
+                        repeats=repeats_of(task))
+    return int(kwargs.get("max_new_tokens", DEFAULT_MAX_NEW_TOKENS)), decoding
+

@@ -7,7 +7,7 @@ What is refused, in one line naming the task: an output type other than ``genera
 and ``multiple_choice``, a choice task asking mutual information or several contexts, a video
 or audio in a document, a task judged by an API model whose entry gives no ``judge`` (with
 one, the workers serve it to the task, whether the task asks lmms-eval's ``llm_judge`` or
-posts with an API client of its own: ``judge_server``), sampling or beam search.
+posts with an API client of its own: ``judge_server``), beam search.
 """
 
 from __future__ import annotations
@@ -168,9 +168,13 @@ def generation_problem(kwargs: dict, name: str) -> str | None:
     (``huggingface``, ``llava_hf``: lmms-eval 0.7.3's models/chat) read four of a task's
     generation_kwargs, max_new_tokens, temperature (above 0: sampling), top_p and num_beams,
     and ignore every other (image_aspect_ratio, repetition_penalty, seed, until, do_sample):
-    rayeval ignores the same ones."""
-    if float(kwargs.get("temperature", 0) or 0) > 0 or int(kwargs.get("num_beams", 1) or 1) > 1:
-        return f"lmms-eval task {name!r} samples or searches beams (temperature above 0 or " \
-               "num_beams above 1); rayeval decodes lmms-eval tasks greedily: " \
-               "gen_kwargs: {temperature: 0}"
+    rayeval ignores the same ones, samples with its own seeded draws and searches no beams."""
+    if int(kwargs.get("num_beams", 1) or 1) > 1:
+        return f"lmms-eval task {name!r} searches {int(kwargs['num_beams'])} beams " \
+               "(num_beams), which rayeval does not run: gen_kwargs: {num_beams: 1}"
+    top_p = kwargs.get("top_p")          # read only when sampling (POPE's greedy top_p: 0)
+    if float(kwargs.get("temperature", 0) or 0) > 0 and top_p is not None and \
+            not 0 < float(top_p) <= 1:
+        return f"lmms-eval task {name!r} samples with top_p {top_p}; a nucleus is above 0 " \
+               "and at most 1"
     return None

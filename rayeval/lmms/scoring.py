@@ -45,10 +45,17 @@ def documents(task):
     return docs
 
 
+def repeats_of(task) -> int:
+    """The answers lmms-eval asks per document (the task's ``repeats``): sampled, each its own
+    draw; greedy, one answer that many times."""
+    return int(getattr(task.config, "repeats", None) or 1)
+
+
 def instances(task, doc_ids: list[int], answers: list[list]) -> list[list]:
     """Per document, one lmms-eval ``Instance`` per request (a generation: one; a
-    ``multiple_choice`` task: one per choice, in order), its response the model's answer to
-    it (a generated text; a choice's (loss, greedy))."""
+    ``multiple_choice`` task: one per choice, in order), its responses the model's answer to
+    it (a generated text, or a list of them: the task's ``repeats``; a choice's (loss,
+    greedy))."""
     from lmms_eval.api.instance import Instance
 
     name = task.task_name
@@ -58,11 +65,12 @@ def instances(task, doc_ids: list[int], answers: list[list]) -> list[list]:
         doc = documents(task)[int(doc_id)]
         mine = []
         for idx, answer in enumerate(given):
+            resps = answer if isinstance(answer, list) else [answer]
             inst = Instance(request_type=kind, arguments=("", None, {}, int(doc_id), name, None),
                             idx=idx, metadata={"task": name, "doc_id": int(doc_id),
-                                               "repeats": 1})
+                                               "repeats": len(resps)})
             inst.doc = doc
-            inst.resps = [answer]
+            inst.resps = resps
             mine.append(inst)
         out.append(mine)
     return out

@@ -30,7 +30,7 @@ from rayeval.harness import items, store
 from rayeval.harness.task import check_request_table, own_results
 from rayeval.io import data, images as image_io
 from rayeval.lmms.requests import COLUMNS, context_of, decode_messages
-from rayeval.lmms.scoring import score_documents
+from rayeval.lmms.scoring import repeats_of, score_documents
 from rayeval.lazy import lazy_module
 
 torch = lazy_module("torch")        # imported on first use (rayeval.lazy)
@@ -192,7 +192,10 @@ class LmmsEval(ImageGeneration):
                            .strip() for got, (_, conts) in zip(found, x.extra)]
             return rows, y
         texts = backend.generate_images(x.requests(), x.ids, ctx)
-        rows, x.responses, x.values = score_documents(task, x.ids, [[t[0]] for t in texts],
+        # the task's repeats: each document's k answers (a greedy one k times, as lmms-eval's)
+        k = repeats_of(task)
+        answers = [t[0] if k == 1 else list(t) if len(t) == k else [t[0]] * k for t in texts]
+        rows, x.responses, x.values = score_documents(task, x.ids, [[a] for a in answers],
                                                       ctx.spec.key_path)
         return rows, y
 

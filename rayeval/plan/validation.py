@@ -164,17 +164,12 @@ def tokenizer(r: Reader, spec: ModelSpec, evals: tuple[EvalSpec, ...]) -> None:
 
 
 def backend_fits(r: Reader, sweep: Sweep) -> None:
-    """What only vLLM does: tensor-parallel engines and sampling from images; and its engine
-    arguments, checked against the installed vLLM's own (before Ray starts)."""
+    """What only vLLM does: tensor-parallel engines; and its engine arguments, checked
+    against the installed vLLM's own (before Ray starts)."""
     vllm = sweep.model.backend == "vllm"
     if sweep.parallelism.tensor > 1 and not vllm:
         r.fail("parallelism.tensor", "tensor-parallel engines are vLLM's: set model.backend: "
                                      "vllm, or remove parallelism.tensor")
-    for ev in sweep.evals:
-        if ev.generation.samples and not vllm and ev.dataset.images is not None:
-            r.fail(f"{ev.key_path}.generation.temperature",
-                   "sampled generation from images runs on model.backend: vllm, which seeds "
-                   "each item; set it, or set temperature: 0")
     if vllm:
         from rayeval import compat
         from rayeval.io import engine

@@ -235,10 +235,6 @@ def test_an_engine_that_cannot_start_is_one_line_naming_the_key(example):
     ({"backend": "vllm", "vllm": {"tensor_parallel_size": 2}}, {},
      "model.vllm.tensor_parallel_size", "use parallelism.tensor"),
     ({"vllm": {"enforce_eager": True}}, {}, "model.vllm", "set it, or remove model.vllm"),
-    # text generation samples on every backend (tests/unit/test_sampling.py); from images,
-    # on vLLM only
-    ({}, {"generation": {"temperature": 0.7}, "dataset": {"images": "image"}},
-     "evals[0].generation.temperature", "from images runs on model.backend: vllm"),
     ({"backend": "vllm"}, {"generation": {"repeats": 4}}, "evals[0].generation.repeats",
      "set generation.temperature"),
     ({}, {"parallelism": {"tensor": 2}, "workers": 2}, "parallelism.tensor", "vLLM's"),

@@ -144,9 +144,9 @@ BAD = {
                                               "\n    return get_server\n"},
                   "is judged by an API model (process_results in utils.py uses "
                   "lmms_eval.llm_judge); rayeval does not call API judges"),
-    "sampling": ({"task": "rayeval_easyvqa", "include_path": "tasks",
-                  "gen_kwargs": {"temperature": 0.7}}, None,
-                 "samples or searches beams (temperature above 0 or num_beams above 1)"),
+    "beam search": ({"task": "rayeval_easyvqa", "include_path": "tasks",
+                     "gen_kwargs": {"num_beams": 3}}, None,
+                    "searches 3 beams (num_beams), which rayeval does not run"),
     "loglikelihood": ({"task": "rayeval_easyvqa", "include_path": "tasks"},
                       {"output_type: generate_until": "output_type: loglikelihood",
                        "generation_kwargs:\n  max_new_tokens: 6\n  temperature: 0\n  "

@@ -140,18 +140,19 @@ def test_lmms_eval_tasks_have_the_runs_verdicts(tmp_path):
     assert "metric: answer_chars, aggregation: mean" in text
     open(path, "w").write(text.replace("metric: answer_chars, aggregation: mean",
                                        "metric: answer_chars, aggregation: median"))
-    # a generation kwarg lmms-eval's chat models ignore is ignored; sampling is refused
+    # a generation kwarg lmms-eval's chat models ignore is ignored; beam search is refused
     aspect = write_task(str(tmp_path / "tasks" / "aspect"), easy_vqa_items(n=2, seed=1),
                         name="rayeval_aspect")
     text = open(aspect).read()
     assert "  do_sample: false\n" in text
     open(aspect, "w").write(text.replace("  do_sample: false\n",
                                          "  do_sample: false\n  image_aspect_ratio: pad\n"))
-    sampled = write_task(str(tmp_path / "tasks" / "sampled"), easy_vqa_items(n=2, seed=1),
-                         name="rayeval_sampled")
-    text = open(sampled).read()
+    beams = write_task(str(tmp_path / "tasks" / "beams"), easy_vqa_items(n=2, seed=1),
+                       name="rayeval_beams")
+    text = open(beams).read()
     assert "  temperature: 0\n" in text
-    open(sampled, "w").write(text.replace("  temperature: 0\n", "  temperature: 0.7\n"))
+    open(beams, "w").write(text.replace("  temperature: 0\n",
+                                        "  temperature: 0\n  num_beams: 4\n"))
     done = rayeval("tasks", "--check", "lmms_eval", "--include-path", str(tmp_path / "tasks"),
                    "--format", "json", **OFFLINE_ENV)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -172,7 +173,8 @@ def test_lmms_eval_tasks_have_the_runs_verdicts(tmp_path):
     # MMBench and HallusionBench call an API client of their own: the served judge answers it
     assert verdicts["mmbench_en_dev"][0] == verdicts["hallusion_bench_image"][0] == "accepted"
     assert verdicts["mmbench_en_dev"][1].startswith("judged (process_results in en_utils.py")
-    assert "samples or searches beams" in verdicts["mmvet"][1]
+    # MM-Vet samples (temperature 0.2): rayeval's seeded draws; its judge is served
+    assert verdicts["mmvet"][0] == "accepted"
     assert "gives its model video (dataset_kwargs.video)" in verdicts["videomme"][1]
     assert "gives its model audio" in verdicts["voxpopuli_en"][1]
     # multiple_choice, scored as lmms-eval's llava_hf scores it: text and image tasks; a video
@@ -183,13 +185,13 @@ def test_lmms_eval_tasks_have_the_runs_verdicts(tmp_path):
     assert judged and all(verdicts[t][1].startswith("judged (") for t in judged)
     assert verdicts["rayeval_median"] == verdicts["rayeval_aspect"] == ("accepted", "")
     # the run refuses a task the check refuses, in the check's words
-    status, reason = verdicts["rayeval_sampled"]
-    assert status == "refused" and "samples or searches beams" in reason
+    status, reason = verdicts["rayeval_beams"]
+    assert status == "refused" and "searches 4 beams" in reason
     os.makedirs(tmp_path / "ckpts" / "checkpoint-1")
     sweep = tmp_path / "s.yaml"
     sweep.write_text(yaml.safe_dump({"name": "v", "checkpoints": ["ckpts/checkpoint-*"],
                                      "output": "results", "evals": [{"name": "m", "lmms_eval": {
-                                         "task": "rayeval_sampled", "include_path": "tasks"}}]}))
+                                         "task": "rayeval_beams", "include_path": "tasks"}}]}))
     with pytest.MonkeyPatch.context() as env:
         for key, value in OFFLINE_ENV.items():
             env.setenv(key, value)

@@ -173,3 +173,45 @@ def test_items_with_one_and_two_images_in_one_batch(tiny):
         ref = model.generate(**r.inputs, do_sample=False, max_new_tokens=NEW_TOKENS,
                              pad_token_id=proc.tokenizer.pad_token_id, eos_token_id=proc.eos_id)
         assert tokens[:NEW_TOKENS] == ref[0, r.inputs["input_ids"].shape[1]:].tolist()
+
+
+def test_sampled_image_generations_are_each_items_own_draws_at_any_batch(tiny):
+    """Sampling from images (temperature 1, top_p 0.9, 3 repeats): each item's repeat r is
+    drawn with its own seed (``item_seed(seed, row id, r)``), so batches of 1 and 16 give the
+    same texts, and each equals a token-by-token loop on the item alone that draws from
+    softmax(logits / temperature) over the nucleus with that seed (``Sampler.pick``, whose
+    draws tests/unit/test_sampling.py checks against the distribution)."""
+    from rayeval.core.backends.base import Sampler, item_seed
+
+    model, proc, requests, _ = tiny
+    backend = _backend(model)
+    gen = Generation(until=(), max_new_tokens=NEW_TOKENS, temperature=1.0, top_p=0.9,
+                     repeats=3, seed=7)
+    ids = list(range(100, 100 + len(requests)))
+    texts = {}
+    for batch in (1, 16):
+        ctx = dataclasses.replace(_context(proc, batch), generation=gen)
+        texts[batch] = backend.generate_images(requests, ids, ctx)
+    assert texts[1] == texts[16]
+    assert all(len(t) == 3 for t in texts[1])
+    assert sum(len(set(t)) > 1 for t in texts[1]) > len(requests) // 2    # the repeats differ
+    for i in (0, 5):                           # two items, every repeat, drawn alone
+        for r in range(3):
+            sampler = Sampler([item_seed(7, ids[i], r)], gen)
+            inputs = dict(requests[i].inputs)
+            tokens = []
+            for _ in range(NEW_TOKENS):
+                with torch.no_grad():
+                    logits = model(**inputs).logits[0, -1]
+                tokens.append(sampler.pick(0, logits))
+                if tokens[-1] == proc.eos_id:
+                    break
+                step = torch.tensor([[tokens[-1]]])
+                inputs["input_ids"] = torch.cat([inputs["input_ids"], step], dim=1)
+                inputs["attention_mask"] = torch.cat(
+                    [inputs["attention_mask"], torch.ones_like(step)], dim=1)
+                if "mm_token_type_ids" in inputs:
+                    inputs["mm_token_type_ids"] = torch.cat(
+                        [inputs["mm_token_type_ids"], torch.zeros_like(step)], dim=1)
+            want = proc.decode(tokens[:-1] if tokens[-1] == proc.eos_id else tokens)
+            assert texts[1][i][r] == want, (i, r)

@@ -15,7 +15,7 @@ import logging
 from rayeval.core import stats
 from rayeval.core.backends import prefix
 from rayeval.core.backends.base import (BACKENDS, Context, ImageRequest, Sampler, TokenPair,
-                                        batched_texts)
+                                        batched_texts, sampled_texts)
 from rayeval.core.backends.torch import (TorchBackend, checked_logits, continuation_score,
                                          logits_of, move, stopped)
 from rayeval.errors import CheckpointError, ModelError
@@ -97,16 +97,12 @@ class HFBackend(TorchBackend):
                 return torch.tensor([stopped(row[width:].tolist(), ctx) for row in input_ids],
                                     dtype=torch.bool, device=input_ids.device)
 
-        class Draw(transformers.LogitsProcessor):
-            def __call__(self, input_ids, scores):
-                return sampler.one_hot(scores)
-
         result = self.model.generate(
             input_ids=ids.to(self.device), attention_mask=mask.to(self.device),
             do_sample=False, max_new_tokens=ctx.generation.max_new_tokens, pad_token_id=pad,
             eos_token_id=tok.eos_id,
             stopping_criteria=transformers.StoppingCriteriaList([Until()]), use_cache=True,
-            logits_processor=transformers.LogitsProcessorList([Draw()] if sampler else []),
+            logits_processor=drawn(sampler),
             # transformers turns synced_gpus on for FSDP models: an all-reduce over the whole
             # world at every step, which other replicas never join. A sharded model's replica
             # is kept in step by sharding.Lockstep instead.
@@ -117,15 +113,20 @@ class HFBackend(TorchBackend):
 
     def generate_images(self, requests: list[ImageRequest], ids: list[int] | None,
                         ctx: Context) -> list[list[str]]:
-        """Greedy generations of image+text items from their processor outputs, ``batch``
-        items at a time, left-padded (an item's tokens equal those of ``generate`` on the
-        item alone: tests/models/test_vlm_backend.py)."""
+        """Generations of image+text items from their processor outputs, ``batch`` items at
+        a time, left-padded (an item's tokens equal those of ``generate`` on the item alone:
+        tests/models/test_vlm_backend.py): greedy, or each item's repeats sampled with their
+        own seeds (``Sampler``), as text generations are."""
         if not hasattr(self.model, "generate"):
             raise ModelError("model: image items need a Hugging Face vision-language model "
                              "(one with generate); this model has none")
+        if ctx.generation.samples:
+            return sampled_texts(requests, ids, lambda items, seeds, c: self.image_tokens(
+                items, c, Sampler(seeds, c.generation)), ctx)
         return batched_texts(requests, self.image_tokens, ctx)
 
-    def image_tokens(self, requests: list[ImageRequest], ctx: Context) -> list[list[int]]:
+    def image_tokens(self, requests: list[ImageRequest], ctx: Context,
+                     sampler: Sampler | None = None) -> list[list[int]]:
         import transformers
 
         tok = ctx.text
@@ -142,7 +143,8 @@ class HFBackend(TorchBackend):
             **move(batch, self.device, self.dtype), do_sample=False,
             max_new_tokens=ctx.generation.max_new_tokens, pad_token_id=pad,
             eos_token_id=tok.eos_id, use_cache=True, synced_gpus=False,
-            stopping_criteria=transformers.StoppingCriteriaList([Until()]))
+            stopping_criteria=transformers.StoppingCriteriaList([Until()]),
+            logits_processor=drawn(sampler))
         return [row[width:].tolist() for row in result.cpu()]
 
     def loglikelihood_images(self, requests: list[tuple[ImageRequest, list[list[int]]]],
@@ -268,3 +270,16 @@ def collate(inputs: list, pad: int, left: bool) -> dict:
             padded.append(v)
         out[key] = torch.cat(padded)
     return out
+
+
+def drawn(sampler: Sampler | None):
+    """transformers' logits processors for a greedy ``generate`` that takes ``sampler``'s
+    draws: each sequence's drawn token left as its only finite score (transformers' own
+    sampling draws from one generator for the whole batch); none without a sampler."""
+    import transformers
+
+    class Draw(transformers.LogitsProcessor):
+        def __call__(self, input_ids, scores):
+            return sampler.one_hot(scores)
+
+    return transformers.LogitsProcessorList([Draw()] if sampler is not None else [])
