@@ -11,8 +11,8 @@ token, so it varies with the response: yes, no, or no verdict at all).
 
 The reference is lmms-eval's command line with ``API_TYPE=local`` and ``LLM_JUDGE_URL`` at a
 server this module runs on loopback: plain transformers, greedy, the judge tokenizer's chat
-template (``Reference``). rayeval runs the sweep once on local Ray with two workers, each
-serving the judge on its own loopback. Figures, per-document values and responses must equal
+template (``Reference``). rayeval runs the sweep once on local Ray with two standing workers,
+each serving the judge on its own loopback. Figures, per-document values and responses must equal
 lmms-eval's; the bad inputs are one line before Ray.
 """
 
@@ -366,7 +366,9 @@ def test_the_reference_is_not_degenerate(example):
 
 
 @pytest.mark.ray
-def test_a_ray_run_serving_the_judge_equals_lmms_eval(example, ray_cluster):
+def test_a_ray_run_serving_the_judge_equals_lmms_eval(example, standing):
+    """On the session's standing workers (as a service runs it): each serves the judge for
+    its passes, and rank 0 around the API task's own aggregation."""
     import rayeval
     from rayeval.execution.driver import run_sweep
     from rayeval.io.store import ResultStore
@@ -374,7 +376,7 @@ def test_a_ray_run_serving_the_judge_equals_lmms_eval(example, ray_cluster):
 
     root, theirs, _, api = example
     environment = {k: os.environ.get(k) for k in KEYS}
-    report = run_sweep(load_sweep(str(root / "sweep.yaml")))
+    report = run_sweep(load_sweep(str(root / "sweep.yaml")), standing=standing)
     assert all(o.ok for o in report.outcomes), [o.error for o in report.outcomes]
     rows = latest_rows(ResultStore(str(root / "results")).read())
     assert sorted((r["dataset"], r["metric"]) for r in rows) == sorted(
