@@ -14,8 +14,8 @@ there while the task's pass runs, so the task's prompts, parsing and aggregation
     routed        while the pass runs: ``API_TYPE=local`` and ``LLM_JUDGE_URL`` in the
                   environment, every lmms-eval judge provider in the process posting as
                   the ``local`` one posts, to that server, and every chat-completions POST
-                  the task's own API client makes (``requests``; ``httpx``, under the
-                  ``openai`` SDK) sent there too (``redirected``; all restored after)
+                  the task's own API client makes (``requests``, ``httpx``, and ``httpx2``
+                  under the ``openai`` SDK) sent there too (``redirected``; all restored)
     PassJudge     the pass hook (``core.tasks.base.Task.pass_service``): the server started
                   and routed to before an lmms-eval evaluation's pass, stopped after; and
                   around the task's own aggregation on rank 0 (MMBench asks its judge there)
@@ -289,8 +289,8 @@ def to_judge(method: str, target: str) -> bool:
 @contextlib.contextmanager
 def redirected(url: str):
     """For the block: the judge's requests (``to_judge``) that a task's own code makes with
-    ``requests`` or ``httpx`` (the ``openai`` SDK's transport, sync and async) sent to ``url``
-    instead; every other request as it was. The clients are made at the task module's import
+    ``requests``, ``httpx`` or ``httpx2`` (the ``openai`` SDK's transport, sync and async) sent
+    to ``url`` instead; every other request as it was. The clients are made at the task module's import
     with the URL it read then, so the request is redirected, not the client."""
     import importlib
 
