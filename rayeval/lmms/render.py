@@ -31,8 +31,7 @@ import hashlib
 import io
 import json
 import os
-import dataclasses
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import pyarrow as pa
 
@@ -69,7 +68,7 @@ class Rendered:
     output_type: str = "generate_until"
     judged: str | None = None     # where it asks lmms-eval's judge (None: it asks none)
     # how it samples ({"temperature", "top_p", "repeats"}: Generation's fields; {}: greedy, once)
-    decoding: dict = dataclasses.field(default_factory=dict)
+    decoding: dict = field(default_factory=dict)
 
 
 def _fail(path: str, problem: str):

@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import time
 
-import torch
-
 from rayeval.core import tasks
 from rayeval.core.evaluate import ROWS, finalize
 from rayeval.errors import RayevalError
@@ -59,13 +57,13 @@ class Publish:
         task = tasks.get(ev.spec.task)
         records = self.store.read_samples(key, tag)
         service = task.pass_service(ev.spec, self.ctx.device, self.plan.sweep.model)
-        if service is None:
-            return task.own_aggregations(ev.spec, keys, records, ev.spec.bootstrap)
         try:
-            service.start()
+            if service is not None:
+                service.start()
             return task.own_aggregations(ev.spec, keys, records, ev.spec.bootstrap)
         finally:
-            service.close()
+            if service is not None:
+                service.close()
 
     def publish(self, cell: Cell, ev: Evaluation, merged, step, layout, start,
                 partial=None, metrics=None, records: str | None = None, resumed: int = 0
