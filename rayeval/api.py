@@ -133,7 +133,7 @@ def results(store: str | os.PathLike, *, sweep: str | None = None,
 
     ``store``: a sweep's ``output``, a local folder (relative to the current folder) or an
     ``s3://bucket/prefix``-style URI. ``sweep`` and ``evaluation`` keep only that sweep's rows
-    and only that evaluation's (the store's ``dataset`` column).
+    and only that evaluation's (the store's ``evaluation`` column).
 
     Returns a ``pyarrow.Table`` with the store's schema (``rayeval.io.store.SCHEMA``; its columns
     are listed in docs/result-store.md), in store order, with no rows when nothing
@@ -225,7 +225,7 @@ def samples(store: str | os.PathLike, *, checkpoint: str, evaluation: str | None
     item (``acc``, ``acc_norm``, ``exact_match`` 1 or 0; a document's perplexities).
 
     Raises :class:`rayeval.StoreError` when the store, the checkpoint or the evaluation is not
-    there, or the cell kept no records (``samples: false``, or stored before records existed).
+    there, or the cell stored no records (``samples: false``, or stored before records existed).
     """
     from rayeval.reporting.samples import checkpoint_rows, read_cell_samples
 

@@ -91,12 +91,12 @@ class Recovery:
 
 @dataclass(frozen=True)
 class Resume:
-    """The sweep's ``resume:`` section: a cell in progress keeps its merged states in the store
+    """The sweep's ``resume:`` section: a cell in progress saves its merged states in the store
     (``states/``) as it goes, so that a later run, or a restarted worker group, scores only the
     rows left (docs/cluster.md, "What survives what")."""
     every: float = setting(
         "Seconds between two saves of a cell in progress (at most one save per this many "
-        "seconds); 0: a cell is kept only once complete.", numbers=False, default=60,
+        "seconds); 0: no saves, a cell is stored only once complete.", numbers=False, default=60,
         minimum=0)
 
 

@@ -42,7 +42,7 @@ class Bootstrap:
         "Seeds the row buckets and replicate weights: another seed, other resamples.",
         numbers=True, default=0, minimum=0)
     buckets: int = setting(
-        "Hashed row buckets the replicate states keep: how rows are grouped for resampling.",
+        "Hashed row buckets the replicate states hold: how rows are grouped for resampling.",
         numbers=True, default=1024, minimum=1)
 
     @property
@@ -224,7 +224,8 @@ class Generation:
                                   minimum=1)
     temperature: float = setting("0: greedy; above 0: sampled.", numbers=True,
                                  default=0.0, minimum=0.0)
-    top_p: float = setting("Sampling: the nucleus kept.", numbers=True, default=1.0,
+    top_p: float = setting("Sampling: only the most likely tokens, up to this share of the "
+                           "probability, are drawn from.", numbers=True, default=1.0,
                            minimum=0.0, above=0, maximum=1)
     repeats: int = setting(
         "Generations per item; its score is the mean over them (pass@1 estimated from k).",
@@ -350,7 +351,7 @@ class LmmsEvalSpec:
 @dataclass(frozen=True)
 class EvalSpec:
     """One evaluation of a suite: a data set, a task and its metrics."""
-    name: str = setting("The evaluation's name: stored rows carry it (their dataset column).",
+    name: str = setting("The evaluation's name: stored rows carry it (their evaluation column).",
                         numbers=True, single_form="dataset.name")
     task: str = setting("The kind of evaluation.", numbers=True)
     dataset: DatasetSpec = setting("The data set and how its columns are read.", numbers=True)
@@ -372,9 +373,9 @@ class EvalSpec:
         "A judge model grading the generations (the metric ``judge``): docs/judges.md.",
         numbers=True, default=None, keyed_if_set=True)
     samples: bool = setting(
-        "Keep each item's record (text tasks and classification; default true for them): "
+        "Store each item's record (text tasks and classification; default true for them): "
         "which items a checkpoint got right, what it generated or chose, or the class it "
-        "predicted with its probability. Not the numbers: cells already stored keep what "
+        "predicted with its probability. Not the numbers: cells already stored have what "
         "they were evaluated with.", numbers=False, default=False, sweep_default=True)
     key_path: str = setting("Where it is in the sweep file, for messages.", numbers=False,
                             default="evals[0]", yaml=None)
@@ -441,13 +442,13 @@ class Sweep:
     source: str = setting("The sweep file, for messages.", numbers=False, default="",
                           yaml=None)
     text: str = setting(
-        "The sweep file's text as read (the result store keeps a copy: ``io.store.sweeps``); "
+        "The sweep file's text as read (the result store stores a copy: ``io.store.sweeps``); "
         "empty for a sweep built in Python.", numbers=False, default="", yaml=None)
     checkpoint: CheckpointSpec = setting("How a checkpoint's state dict is found.",
                                          numbers=True, default=CheckpointSpec())
     recovery: Recovery = setting("Restarts after a worker fails or stalls.", numbers=False,
                                  default=Recovery())
-    resume: Resume = setting("How a cell in progress is kept for a later run.",
+    resume: Resume = setting("How a cell in progress is saved for a later run.",
                              numbers=False, default=Resume())
     resources_per_worker: tuple[tuple[str, float], ...] = setting(
         "Ray resources each worker holds.", numbers=False, default=(), minimum=0,

@@ -49,7 +49,7 @@ class Decoder:
 
     def use(self, text) -> bool:
         """Decode with this tokenizer context from now on; whether that changes the decoded
-        batches (a cached shard decoded with another tokenizer must go)."""
+        batches (a held shard decoded with another tokenizer must go)."""
         same = (self.text is None and text is None) or (
             self.text is not None and text is not None and self.text.key == text.key)
         self.text = text

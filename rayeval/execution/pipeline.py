@@ -352,7 +352,7 @@ class SplitRows:
     """One worker's split of an evaluation's pipeline, read like ``data.RowRange``:
     ``iter_batches`` gives pyarrow tables, one epoch of the split per call. How many rows an
     epoch gives a worker is not known before it ends; ``num_rows`` is an even share, which
-    sizes the kept shard's blocks (rows beyond it are kept as they come). ``start`` begins
+    sizes the held shard's blocks (rows beyond it are kept as they come). ``start`` begins
     the first epoch at once, on a thread, so the pipeline starts (its coordinator, its read
     and preprocessing tasks) while the worker loads its first checkpoint."""
 

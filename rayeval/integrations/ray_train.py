@@ -351,7 +351,7 @@ class RayevalValidation:
         out: dict[str, float] = {}
         for r in rows:
             if r["value"] is not None and not r.get("matrix"):
-                out[f"{self.prefix}/{r['dataset']}/{r['metric']}"] = float(r["value"])
+                out[f"{self.prefix}/{r['evaluation']}/{r['metric']}"] = float(r["value"])
         for agg in aggregates(rows):
             if not math.isnan(agg["value"]):
                 out[f"{self.prefix}/aggregate"] = float(agg["value"])

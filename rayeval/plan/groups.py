@@ -41,7 +41,7 @@ def group_rows(group: GroupSpec, stored: dict[str, dict[str, dict]]) -> list[dic
         values = [math.nan if p["value"] is None else float(p["value"]) for p in parts]
         total = sum(weights)
         row = {k: parts[0].get(k) for k in ("sweep", "checkpoint", "step", "epoch")}
-        row.update(dataset=group.name, metric=gm.key, num_tokens=None, matrix=None,
+        row.update(evaluation=group.name, metric=gm.key, num_tokens=None, matrix=None,
                    value=sum(w * v for w, v in zip(weights, values)) / total,
                    ci_low=None, ci_high=None, replicates=None, samples=None,
                    num_samples=sum(int(p["num_samples"]) for p in parts),

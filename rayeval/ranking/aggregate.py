@@ -119,7 +119,7 @@ def _weighted(evaluations: list[str], weights: list[float] | None
     return [e for e, _ in kept], [w for _, w in kept]
 
 # What of a part an aggregate row keeps (and the suite files' key reads)
-_PART_FIELDS = ["sweep", "checkpoint", "step", "dataset", "metric", "value", "num_samples",
+_PART_FIELDS = ["sweep", "checkpoint", "step", "evaluation", "metric", "value", "num_samples",
                 "created_at", "bootstrap", "higher_is_better", "cell"]
 
 
@@ -172,7 +172,7 @@ def averaged(rows: list[dict]) -> dict[str, str]:
     (``rules``), a group's members left out; empty when there are fewer than two."""
     evaluations, found = suite_parts(
         [r["sweep"] for r in rows], [r["checkpoint"] for r in rows],
-        [r["dataset"] for r in rows], [r["metric"] for r in rows],
+        [r["evaluation"] for r in rows], [r["metric"] for r in rows],
         ranked(len(r.get("matrix") or ()) for r in rows))
     heads: dict[str, str] = {}
     shared = set(evaluations)
@@ -267,7 +267,7 @@ def _spans(averaged: list[Column], rows: list[dict]) -> dict[str, tuple[float, f
     names = {(c.evaluation, c.metric): c.name for c in averaged}
     found: dict[str, list[float]] = {c.name: [] for c in averaged}
     for r in rows:
-        name = names.get((r["dataset"], r["metric"]))
+        name = names.get((r["evaluation"], r["metric"]))
         v = r.get("value")
         if name is not None and v is not None and not math.isnan(v):
             found[name].append(v)
@@ -303,7 +303,7 @@ def aggregate_row(parts: list[dict | None], evaluations: list[str],
     present = [p for p in parts if p is not None]
     first = present[0] if present else like
     row = {"sweep": first["sweep"], "checkpoint": first["checkpoint"], "step": first["step"],
-           "dataset": "*", "metric": AGGREGATE, "higher_is_better": True,
+           "evaluation": "*", "metric": AGGREGATE, "higher_is_better": True,
            "value": math.nan, "ci_low": None, "ci_high": None, "replicates": None,
            "aggregate": MEAN if weights is None else WEIGHTS,
            "evaluations": list(evaluations),
@@ -370,7 +370,7 @@ def aggregates(rows: list[dict], how: Aggregate | str | None = None) -> list[dic
     how = aggregate_spec(how)
     evaluations, found = suite_parts(
         [r["sweep"] for r in rows], [r["checkpoint"] for r in rows],
-        [r["dataset"] for r in rows], [r["metric"] for r in rows],
+        [r["evaluation"] for r in rows], [r["metric"] for r in rows],
         ranked(len(r.get("matrix") or ()) for r in rows))
     evaluations, weights = _weighted(evaluations, weights_for(how, evaluations))
     deferred: list = []
@@ -392,7 +392,7 @@ def stored_aggregates(table: pa.Table, store: ResultStore, sweep: str | None = N
     if table.num_rows == 0:
         return []
     evaluations, found = suite_parts(
-        table["sweep"], table["checkpoint"], table["dataset"], table["metric"],
+        table["sweep"], table["checkpoint"], table["evaluation"], table["metric"],
         ranked_of(table))
     if not found:
         return []
@@ -412,7 +412,7 @@ def stored_aggregates(table: pa.Table, store: ResultStore, sweep: str | None = N
 
 
 def _part_key(p: dict) -> tuple:
-    return p["cell"], p["dataset"], p["metric"]
+    return p["cell"], p["evaluation"], p["metric"]
 
 
 def _stored_intervals(rows: list[dict], store: ResultStore, sweep: str | None,

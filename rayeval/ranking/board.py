@@ -1,6 +1,6 @@
 """Leaderboards from stored results.
 
-A sweep evaluates its checkpoints on one or more *evaluations* (the store's ``dataset`` column:
+A sweep evaluates its checkpoints on one or more *evaluations* (the store's ``evaluation`` column:
 ``val``, ``ood``, ...), each with its metrics. A board has one row per (sweep, checkpoint) and one
 column per (evaluation, metric), named ``EVAL/METRIC`` — or just ``METRIC`` when the rows shown
 hold a single evaluation — and, with two or more evaluations, an ``aggregate`` column first
@@ -38,7 +38,7 @@ def without_members(rows: list[dict]) -> list[dict]:
     (``NAME``) is stored for the same checkpoint (``rules.shown``): a board shows the group,
     its members on request."""
     keep = shown([r["sweep"] for r in rows], [r["checkpoint"] for r in rows],
-                 [r["dataset"] for r in rows])
+                 [r["evaluation"] for r in rows])
     return [r for r, k in zip(rows, keep) if k]
 
 
@@ -103,7 +103,7 @@ def run_board(sweep: Sweep, keys: set[str], stored: list[dict] | None = None) ->
     groups = {g.name for g in sweep.groups}
     rows = without_members([r for r in stored
                             if r["cell"] in keys or (r["sweep"] == sweep.name
-                                                     and r["dataset"] in groups)])
+                                                     and r["evaluation"] in groups)])
     return build_board(rows, aggregate=sweep.aggregate) if rows else None
 
 
@@ -129,9 +129,9 @@ def build_board(rows: list[dict], metric: str | None = None,
     for r in rows:
         e = entries.setdefault((r["sweep"], r["checkpoint"]),
                                Entry(r["sweep"], r["checkpoint"], r["step"]))
-        e.rows[names[(r["dataset"], r["metric"])]] = r
+        e.rows[names[(r["evaluation"], r["metric"])]] = r
         if r.get("limited_from") is not None:
-            e.limited[names[(r["dataset"], r["metric"])]] = limit_text(r)
+            e.limited[names[(r["evaluation"], r["metric"])]] = limit_text(r)
         if r.get("items_total") is not None and e.stopped is None:
             e.stopped = r.get("stopped") or f"partial: {r['num_samples']} of " \
                                              f"{r['items_total']} items"
@@ -208,17 +208,17 @@ def _column_rows(table) -> list[dict]:
     table = table.filter(pa.array(ranked_of(table)))
     if table.num_rows == 0:
         return []
-    _, first = np.unique(codes(table["sweep"], table["dataset"], table["metric"]),
+    _, first = np.unique(codes(table["sweep"], table["evaluation"], table["metric"]),
                          return_index=True)
     return table.take(pa.array(first)).select(
-        ["sweep", "checkpoint", "dataset", "metric", "higher_is_better", "matrix"]).to_pylist()
+        ["sweep", "checkpoint", "evaluation", "metric", "higher_is_better", "matrix"]).to_pylist()
 
 
 def without_members_table(table):
     """``without_members`` of a table."""
     import pyarrow as pa
 
-    keep = shown(table["sweep"], table["checkpoint"], table["dataset"])
+    keep = shown(table["sweep"], table["checkpoint"], table["evaluation"])
     return table if all(keep) else table.filter(pa.array(keep))
 
 
@@ -253,7 +253,7 @@ def token_notes(rows: list[dict]) -> list[str]:
     seen: dict[str, tuple[int, int]] = {}
     for r in rows:
         if r.get("num_tokens") is not None:
-            seen.setdefault(r["dataset"], (r["num_samples"], r["num_tokens"]))
+            seen.setdefault(r["evaluation"], (r["num_samples"], r["num_tokens"]))
     return [f"{name}: {n:,} row(s), {t:,} scored token(s)"
             for name, (n, t) in sorted(seen.items())]
 
@@ -263,7 +263,7 @@ def small_data_notes(rows: list[dict]) -> list[str]:
     ranking on it) say little."""
     sizes: dict[str, int] = {}
     for r in rows:
-        sizes[r["dataset"]] = min(sizes.get(r["dataset"], r["num_samples"]), r["num_samples"])
+        sizes[r["evaluation"]] = min(sizes.get(r["evaluation"], r["num_samples"]), r["num_samples"])
     return [f"warning: {name} has only {n} row(s); with fewer than {SMALL_DATA_ROWS} the "
             "intervals and the ranking on it mean little" for name, n in sorted(sizes.items())
             if n < SMALL_DATA_ROWS]
@@ -275,7 +275,7 @@ def shared_notes(rows: list[dict], averaged: list[Column]) -> list[str]:
     sweeps; or there is no aggregate, when they share fewer than two."""
     held: dict[str, set[str]] = {}
     for r in rows:
-        held.setdefault(r["dataset"], set()).add(r["sweep"])
+        held.setdefault(r["evaluation"], set()).add(r["sweep"])
     sweeps = {r["sweep"] for r in rows}
     names = set(held) - members(list(held))
     apart = sorted(e for e in names if held[e] != sweeps)
@@ -306,9 +306,9 @@ def limit_notes(rows: list[dict], entries: list[Entry]) -> list[str]:
     whole: set[str] = set()
     for r in rows:
         if r.get("limited_from") is None:
-            whole.add(r["dataset"])
+            whole.add(r["evaluation"])
         else:
-            counts.setdefault(r["dataset"], set()).add((r["num_samples"], r["limited_from"]))
+            counts.setdefault(r["evaluation"], set()).add((r["num_samples"], r["limited_from"]))
     notes = [f"warning: {LIMITED} {name}: limit: "
              + ", ".join(f"{n:,} of {of:,}" for n, of in sorted(found))
              + " items scored, not the whole task (an entry's limit: is for trying a task; "

@@ -93,7 +93,7 @@ def limit_text(row: dict | None) -> str | None:
              p.get("limited_from") is not None]
     if not parts:
         return None
-    return "averages " + ", ".join(f"{p['dataset']} ({limit_text(p)})" for p in parts)
+    return "averages " + ", ".join(f"{p['evaluation']} ({limit_text(p)})" for p in parts)
 
 
 # --- columns -------------------------------------------------------------------------------
@@ -101,7 +101,7 @@ def limit_text(row: dict | None) -> str | None:
 @dataclass(frozen=True)
 class Column:
     name: str                  # "val/accuracy"; "accuracy" when one evaluation; "aggregate"
-    evaluation: str            # the store's dataset; "*" for the aggregate
+    evaluation: str            # the store's evaluation column; "*" for the aggregate
     metric: str
     higher_is_better: bool
 
@@ -117,7 +117,7 @@ def ranked_rows(rows: list[dict]) -> list[dict]:
 def evaluations_of(rows: list[dict]) -> list[str]:
     """The evaluations (data sets) of ranked rows, by name: the store's file order follows
     content keys, so it says nothing about the suite's order."""
-    return sorted({r["dataset"] for r in ranked_rows(rows)})
+    return sorted({r["evaluation"] for r in ranked_rows(rows)})
 
 
 def columns_of(rows: list[dict]) -> list[Column]:
@@ -128,11 +128,11 @@ def columns_of(rows: list[dict]) -> list[Column]:
     aggregate, not a column of '-'; nor have two sweeps that share fewer than two)."""
     evaluations = evaluations_of(rows)
     qualified = len(evaluations) > 1
-    shared = shared_evaluations([r["sweep"] for r in rows], [r["dataset"] for r in rows])
+    shared = shared_evaluations([r["sweep"] for r in rows], [r["evaluation"] for r in rows])
     combined = len(set(shared) - members(shared)) > 1     # what every sweep holds
     found: dict[tuple[str, str], Column] = {}
     for r in ranked_rows(rows):
-        key = (r["dataset"], r["metric"])
+        key = (r["evaluation"], r["metric"])
         if key not in found:
             name = f"{key[0]}/{key[1]}" if qualified else key[1]
             found[key] = Column(name, key[0], key[1], bool(r["higher_is_better"]))

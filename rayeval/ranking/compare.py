@@ -101,12 +101,12 @@ def compare(a_rows: list[dict], b_rows: list[dict], metric: str | None = None,
     if not common:
         raise StoreError("A and B were not evaluated on a common data set; `rayeval "
                          "leaderboard STORE --format csv` lists what each holds")
-    a_rows = [r for r in a_rows if r["dataset"] in common]
-    a_by = {(r["dataset"], r["metric"]): r for r in a_rows}
-    b_by = {(r["dataset"], r["metric"]): r for r in b_rows if r["dataset"] in common}
+    a_rows = [r for r in a_rows if r["evaluation"] in common]
+    a_by = {(r["evaluation"], r["metric"]): r for r in a_rows}
+    b_by = {(r["evaluation"], r["metric"]): r for r in b_rows if r["evaluation"] in common}
     columns = [c for c in columns_of(a_rows) if (c.evaluation, c.metric) in b_by]
     firsts = stored_headlines(*([r[k] for r in a_rows] for k in
-                                ("sweep", "checkpoint", "dataset", "metric")))
+                                ("sweep", "checkpoint", "evaluation", "metric")))
     headline = [(e, firsts[e]) for e in common]       # what the aggregate averages
     lacking = [f"{e}/{m}" for e, m in headline if (e, m) not in b_by]
     if len(common) > 1 and not lacking:

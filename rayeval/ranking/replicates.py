@@ -31,7 +31,7 @@ def resample_key(row: dict) -> tuple:
     evaluation and its row count."""
     params = bootstrap_params(row.get("bootstrap"))
     params.pop("confidence", None)
-    return tuple(sorted(params.items())), row["dataset"], row["num_samples"]
+    return tuple(sorted(params.items())), row["evaluation"], row["num_samples"]
 
 
 def percentiles(samples, confidence: float) -> tuple[np.ndarray, np.ndarray]:

@@ -44,22 +44,22 @@ def with_replicates(store: str | os.PathLike, rows: list[dict], sweep: str | Non
     from only the row groups that hold them: ``compare`` reads two checkpoints' replicates,
     not the store's."""
     if wanted is None:
-        wanted = {(r["cell"], r["dataset"], r["metric"]) for r in ranked_rows(rows)}
+        wanted = {(r["cell"], r["evaluation"], r["metric"]) for r in ranked_rows(rows)}
     opened = ResultStore(paths.resolve(os.fspath(store), os.getcwd()))
     sweeps = {r["sweep"] for r in rows}
     if sweep is None and len(sweeps) == 1:            # that sweep's parts only
         sweep = next(iter(sweeps))
     found = opened.replicates(wanted, sweep)
     for r in rows:
-        r["replicates"] = found.get((r["cell"], r["dataset"], r["metric"]))
+        r["replicates"] = found.get((r["cell"], r["evaluation"], r["metric"]))
     return rows
 
 
 def _headline(rows: list[dict]) -> set[tuple[str, str, str]]:
     """The rows a suite aggregate averages (``aggregate.averaged``)."""
     heads = averaged(rows)
-    return {(r["cell"], r["dataset"], r["metric"]) for r in ranked_rows(rows)
-            if heads.get(r["dataset"]) == r["metric"]}
+    return {(r["cell"], r["evaluation"], r["metric"]) for r in ranked_rows(rows)
+            if heads.get(r["evaluation"]) == r["metric"]}
 
 
 def checkpoint_pattern(pattern: str | None) -> str | None:

@@ -34,7 +34,7 @@ SCHEMA = pa.schema([
     pa.field("ci_high", pa.float64()),
 ])
 
-_COLUMNS = ("sweep", "checkpoint", "dataset", "metric", "cell", "created_at",
+_COLUMNS = ("sweep", "checkpoint", "evaluation", "metric", "cell", "created_at",
             "higher_is_better", "bootstrap")
 
 
@@ -45,13 +45,13 @@ def summaries(rows: pa.Table) -> pa.Table | None:
     the board's own choice). None when no checkpoint qualifies."""
     rows = rows.sort_by([("cell", "ascending"), ("ordinal", "ascending")])   # as a board reads
     _, found = suite_parts(
-        rows["sweep"], rows["checkpoint"], rows["dataset"], rows["metric"],
+        rows["sweep"], rows["checkpoint"], rows["evaluation"], rows["metric"],
         ranked_of(rows))
     counts = Counter(zip(rows["sweep"].to_pylist(), rows["checkpoint"].to_pylist(),
-                         rows["dataset"].to_pylist(), rows["metric"].to_pylist()))
+                         rows["evaluation"].to_pylist(), rows["metric"].to_pylist()))
     cols = {c: rows[c].to_pylist() for c in _COLUMNS}
     settled = [[own[e] for e in sorted(own)] for _, own in found if len(own) >= 2 and all(
-        counts[tuple(cols[c][i] for c in ("sweep", "checkpoint", "dataset", "metric"))] == 1
+        counts[tuple(cols[c][i] for c in ("sweep", "checkpoint", "evaluation", "metric"))] == 1
         for i in own.values())]
     if not settled:
         return None
@@ -62,7 +62,7 @@ def summaries(rows: pa.Table) -> pa.Table | None:
     for parts in settled:
         first = parts[0]
         row = {"sweep": cols["sweep"][first], "checkpoint": cols["checkpoint"][first],
-               "evaluations": [cols["dataset"][i] for i in parts],
+               "evaluations": [cols["evaluation"][i] for i in parts],
                "metrics": [cols["metric"][i] for i in parts],
                "cells": [cols["cell"][i] for i in parts],
                "stamps": [cols["created_at"][i] for i in parts],

@@ -48,7 +48,7 @@ li.warning { color: #8a4b00; }
 # The frozen columns' widths (em, padding included): sticky cells need fixed offsets, and
 # these keep four of them to ~27em (380 px), leaving an 800 px window room for two values
 # with their intervals. Longer names wrap inside them.
-_FROZEN_EM = {"rank": 4.0, "sweep": 6.5, "dataset": 6.5, "checkpoint": 11.0, "step": 5.5}
+_FROZEN_EM = {"rank": 4.0, "sweep": 6.5, "evaluation": 6.5, "checkpoint": 11.0, "step": 5.5}
 
 
 def to_html(board: Board, title: str = "rayeval leaderboard",
@@ -150,7 +150,7 @@ def _html_cell(e: Entry, column: str, samples: dict[tuple[str, str], str]) -> st
         return "<td>-</td>"
     mark = e.marks.get(column, "")
     text = format_value(row["value"])
-    page = samples.get((e.checkpoint, row.get("dataset")))
+    page = samples.get((e.checkpoint, row.get("evaluation")))
     if page is not None:
         text = f'<a href="{escape(page)}" title="each item">{text}</a>'
     text += _interval_html(row)

@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 
 EXACT = "exact"          # ``shown_interval``'s kind for an all-0 or all-1 cell
 
-NAMES = ("sweep", "dataset", "checkpoint")           # left-aligned text; may fold if need be
+NAMES = ("sweep", "evaluation", "checkpoint")           # left-aligned text; may fold if need be
 _NAME_WIDTH = 32
 _LEGEND = "*: best; ~: not distinguishable from the best"
 LIMIT_LEGEND = f"{LIMITED}: scored on the first items of its task only (limit:; see the notes)"
@@ -111,12 +111,12 @@ def aggregate_legend(board: Board) -> str:
 
 def table_rows(board: Board, intervals: bool = True, columns: list[Column] | None = None,
                unmarked: str = "") -> tuple[list[str], list[list[str]]]:
-    """Header and cells; a ``dataset`` column only when the board holds one evaluation (with
+    """Header and cells; an ``evaluation`` column only when the board holds one evaluation (with
     several, the column names carry it)."""
     columns = board.columns if columns is None else columns
     single = len(board.evaluations) == 1
     names = _short_names(board.entries)
-    header = ["rank", "sweep"] + (["dataset"] if single else []) + ["checkpoint", "step"] \
+    header = ["rank", "sweep"] + (["evaluation"] if single else []) + ["checkpoint", "step"] \
         + [c.name for c in columns]
     rows = []
     for e in board.entries:
@@ -207,10 +207,10 @@ def _rich_table(board: Board, columns: list[Column], hidden: list[Column], inter
 
     header, rows = table_rows(board, intervals, columns, unmarked)
     keep = [i for i, h in enumerate(header)
-            if h not in ("sweep", "dataset") or len({r[i] for r in rows}) > 1]
+            if h not in ("sweep", "evaluation") or len({r[i] for r in rows}) > 1]
     if title is None:
         constant = [f"{h} {rows[0][i]}" for i, h in enumerate(header)
-                    if h in ("sweep", "dataset") and i not in keep]
+                    if h in ("sweep", "evaluation") and i not in keep]
         title = ", ".join(constant) or None
     elif len(board.evaluations) == 1 and not title.endswith(f" on {board.evaluations[0]}"):
         title += f" on {board.evaluations[0]}"           # the data set, named somewhere
@@ -272,7 +272,7 @@ def to_csv(board: Board) -> str:
     limits = names if any_limited(board) else []
     out = io.StringIO()
     w = csv.writer(out)
-    w.writerow(["rank", "best", "sweep"] + (["dataset"] if single else [])
+    w.writerow(["rank", "best", "sweep"] + (["evaluation"] if single else [])
                + ["checkpoint", "step"] + names
                + [f"{m}_{part}" for m in names for part in ("ci_low", "ci_high", "mark")]
                + [f"{m}_limit" for m in limits])
@@ -294,7 +294,7 @@ def to_csv(board: Board) -> str:
 
 # --- json ----------------------------------------------------------------------------------
 
-_AGGREGATE_FIELDS = ("sweep", "checkpoint", "step", "dataset", "metric", "value", "ci_low",
+_AGGREGATE_FIELDS = ("sweep", "checkpoint", "step", "evaluation", "metric", "value", "ci_low",
                      "ci_high", "higher_is_better", "num_samples", "created_at", "bootstrap",
                      "confidence", "aggregate", "evaluations", "metrics")
 
@@ -304,7 +304,7 @@ def to_json(rows: list[dict], replicates: bool = False, aggregates: list[dict] =
     per (sweep, checkpoint) for the aggregate over a suite's evaluations (see
     ``leaderboard.aggregate_row``)::
 
-        {"sweep": ..., "checkpoint": ..., "step": ..., "dataset": "*", "metric": "aggregate",
+        {"sweep": ..., "checkpoint": ..., "step": ..., "evaluation": "*", "metric": "aggregate",
          "value": ..., "ci_low": ..., "ci_high": ..., "higher_is_better": true,
          "num_samples": <sum over the evaluations>, "created_at": <newest part>,
          "bootstrap": <the parts' key when they share one, else null>, "confidence": ...,

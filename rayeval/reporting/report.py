@@ -11,7 +11,7 @@ A report is made of *views*, each one JSON document the page asks for by name:
     paired?ref=I            every entry's paired bootstrap difference to entry I, per column
                             (``&columns=["A","B"]``: of these only, as the served page asks)
     items?evaluation=E      an evaluation's items (id, context, choices, target, images) and
-                            which entries kept records of it
+                            which entries stored records of it
     cell?evaluation=E&entry=I  one entry's records of it, aligned with ``items``
 
 The page never computes an interval itself: every figure it shows comes from ``ranking``
@@ -70,7 +70,7 @@ class Report:
         stored = [r for r in rows if r.get("cell")]
         by_evaluation: dict[str, list[dict]] = {}     # one pass, not one per evaluation
         for r in stored:
-            by_evaluation.setdefault(r["dataset"], []).append(r)
+            by_evaluation.setdefault(r["evaluation"], []).append(r)
         evaluations = []
         for name in self.board.evaluations:
             mine = by_evaluation.get(name, [])
@@ -126,7 +126,7 @@ class Report:
             "entries": [{"sweep": e.sweep, "checkpoint": e.checkpoint,
                          "name": names[e.checkpoint], "step": e.step,
                          "epoch": _epoch(e), "rank": e.rank, "stopped": e.stopped,
-                         "cells": {r["dataset"]: r["cell"] for r in e.rows.values()
+                         "cells": {r["evaluation"]: r["cell"] for r in e.rows.values()
                                    if r.get("cell")}}
                         for e in b.entries],
             "columns": columns,
@@ -236,13 +236,13 @@ class Report:
         return [name for name in self.board.evaluations if self.items_entries(name)]
 
     def items(self, evaluation: str) -> dict:
-        """An evaluation's items, by id in one order, and the entries that kept records of
+        """An evaluation's items, by id in one order, and the entries that stored records of
         it; what describes an item is read from the first of them."""
         from rayeval.reporting.samples_page import data_uri
 
         holders = self.items_entries(evaluation)
         if not holders:
-            raise StoreError(f"evaluation: {evaluation!r} kept no per-item records in this "
+            raise StoreError(f"evaluation: {evaluation!r} stored no per-item records in this "
                              "store")
         table = self._cell_table(evaluation, holders[0])
         shown = [f for f in ITEM_FIELDS if f in table.column_names]
@@ -298,7 +298,7 @@ class Report:
         if self._holders is None:
             holders: dict[str, list[int]] = {}
             for i, e in enumerate(self.board.entries):
-                for name in {r.get("dataset") for r in e.rows.values() if r.get("samples")}:
+                for name in {r.get("evaluation") for r in e.rows.values() if r.get("samples")}:
                     holders.setdefault(name, []).append(i)
             self._holders = holders
         return list(self._holders.get(evaluation, []))
@@ -316,7 +316,7 @@ class Report:
 
             row = _cell_row(self.board.entries[entry], evaluation)
             if row is None:
-                raise StoreError(f"entry {entry} kept no records of {evaluation!r}")
+                raise StoreError(f"entry {entry} stored no records of {evaluation!r}")
             table = ResultStore(self.store).read_samples(row["cell"], row["samples"])
             self._records[key] = in_item_order(table)
         return self._records[key]
@@ -372,7 +372,7 @@ def _right_or_wrong(table, evaluation: str) -> str | None:
 def _cell_row(entry, evaluation: str) -> dict | None:
     """The entry's stored row of an evaluation that names its records, if any."""
     return next((r for r in entry.rows.values()
-                 if r.get("dataset") == evaluation and r.get("samples")), None)
+                 if r.get("evaluation") == evaluation and r.get("samples")), None)
 
 
 def _same_column(a, b, name: str) -> bool:

@@ -28,19 +28,19 @@ RECORD_COLUMNS = ("id", "row", "context", "choices", "target", "response", "resp
 
 
 # What a cell without records was evaluated with, and the fix: one clause for every message.
-HOW_TO_KEEP = ("text and classification evaluations keep them unless evaluated with samples: "
+HOW_TO_KEEP = ("text and classification evaluations store them unless evaluated with samples: "
                "false (regression and language modeling keep none, nor do cells stored before "
-               "their task kept records); to get them, evaluate again with samples on and "
+               "their task stored records); to get them, evaluate again with samples on and "
                "--force")
 
 
 def _evaluations(rows: list[dict]) -> str:
-    return ", ".join(dict.fromkeys(r["dataset"] for r in rows))
+    return ", ".join(dict.fromkeys(r["evaluation"] for r in rows))
 
 
 def evaluations_with_samples(rows: list[dict]) -> list[str]:
-    """The evaluations of one checkpoint's rows whose cells kept per-item records."""
-    return list(dict.fromkeys(r["dataset"] for r in rows if r.get("samples")))
+    """The evaluations of one checkpoint's rows whose cells stored per-item records."""
+    return list(dict.fromkeys(r["evaluation"] for r in rows if r.get("samples")))
 
 
 def read_cell_samples(store: str, rows: list[dict], evaluation: str | None,
@@ -50,19 +50,19 @@ def read_cell_samples(store: str, rows: list[dict], evaluation: str | None,
     kept = evaluations_with_samples(rows)
     if evaluation is None:
         if not kept:
-            raise StoreError(f"{rows[0]['checkpoint']} kept no per-item records on any of its "
+            raise StoreError(f"{rows[0]['checkpoint']} stored no per-item records on any of its "
                              f"evaluations ({_evaluations(rows)}); {HOW_TO_KEEP}")
         if len(kept) != 1:
             raise StoreError(f"{what}: name the evaluation; {rows[0]['checkpoint']} has per-item "
                              f"records for {', '.join(kept)}")
         evaluation = kept[0]
-    mine = [r for r in rows if r["dataset"] == evaluation]
+    mine = [r for r in rows if r["evaluation"] == evaluation]
     if not mine:
         raise StoreError(f"{what}: no evaluation {evaluation!r} for {rows[0]['checkpoint']} "
                          f"(it has {_evaluations(rows)})")
     row = mine[0]
     if not row.get("samples"):
-        raise StoreError(f"{what}: {row['checkpoint']} on {evaluation} kept no per-item records; "
+        raise StoreError(f"{what}: {row['checkpoint']} on {evaluation} stored no per-item records; "
                          f"{HOW_TO_KEEP}")
     table = ResultStore(paths.resolve(os.fspath(store), os.getcwd())).read_samples(
         row["cell"], row["samples"])
@@ -82,7 +82,7 @@ def checkpoint_rows(store: str | os.PathLike, checkpoint: str, sweep: str | None
                     what: str = "--checkpoint") -> list[dict]:
     """The newest stored rows of the one checkpoint a user named (no wide columns)."""
     table = newest(store, sweep=sweep, what="STORE")
-    columns = ["sweep", "checkpoint", "step", "dataset", "metric", "value", "cell", "samples"]
+    columns = ["sweep", "checkpoint", "step", "evaluation", "metric", "value", "cell", "samples"]
     return find_checkpoint(table.select(columns).to_pylist(), checkpoint, what)
 
 
@@ -146,7 +146,7 @@ def judge_warnings(sweep, rows: list[dict], location: str) -> list[str]:
              if e.judge is not None and e.judge.verdict}
     lines = []
     for name, verdict in rules.items():
-        failed = [r for r in rows if r["dataset"] == name and r["metric"] == "judge_failed"
+        failed = [r for r in rows if r["evaluation"] == name and r["metric"] == "judge_failed"
                   and r.get("value") is not None]
         missed = sum(int(r["value"]) for r in failed)
         judged = sum(int(r["num_samples"] or 0) for r in failed)

@@ -65,7 +65,7 @@ def points(rows: list[dict]) -> tuple[list[Point], int]:
         if r.get("step") is None:
             unstepped += 1
             continue
-        base = metric_name(r["dataset"], r["metric"])
+        base = metric_name(r["evaluation"], r["metric"])
         created = r.get("created_at")
         ms = int(created.timestamp() * 1000) if created is not None else 0
         for suffix, column in (("", "value"), ("_ci_low", "ci_low"), ("_ci_high", "ci_high")):
@@ -73,9 +73,9 @@ def points(rows: list[dict]) -> tuple[list[Point], int]:
                 out.append(Point(base + suffix, float(r[column]), int(r["step"]), ms,
                                  bound=bool(suffix)))
         of = r.get("limited_from")
-        if of is not None and (r["checkpoint"], r["dataset"], r["step"]) not in counted:
-            counted.add((r["checkpoint"], r["dataset"], r["step"]))
-            n_key, of_key = limit_names(r["dataset"])
+        if of is not None and (r["checkpoint"], r["evaluation"], r["step"]) not in counted:
+            counted.add((r["checkpoint"], r["evaluation"], r["step"]))
+            n_key, of_key = limit_names(r["evaluation"])
             out += [Point(n_key, float(r["num_samples"]), int(r["step"]), ms, count=True),
                     Point(of_key, float(of), int(r["step"]), ms, count=True)]
     return out, unstepped
@@ -92,8 +92,8 @@ def limits(rows: list[dict]) -> dict[str, str]:
         if r.get("limited_from") is not None:
             stamp = r.get("created_at")
             key = (stamp is not None, stamp or 0)
-            if r["dataset"] not in found or key >= found[r["dataset"]][0]:
-                found[r["dataset"]] = (key, limit_text(r))
+            if r["evaluation"] not in found or key >= found[r["evaluation"]][0]:
+                found[r["evaluation"]] = (key, limit_text(r))
     return {name: text for name, (_, text) in sorted(found.items())}
 
 
@@ -166,7 +166,7 @@ class _Sink:
         self.unstepped += unstepped
         if pts:
             self._log(pts)
-            self.cells += len({(r["checkpoint"], r["dataset"]) for r in rows
+            self.cells += len({(r["checkpoint"], r["evaluation"]) for r in rows
                                if r.get("step") is not None})
         found = {k: v for k, v in limits(rows).items() if self.limited.get(k) != v}
         if found:

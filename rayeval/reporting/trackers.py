@@ -38,7 +38,7 @@ from rayeval.reporting.tracker_sinks import (EXPERIMENT, STEP_METRIC, SWEEP_TAG,
 from rayeval.reporting.tracker_wandb import WandbSink, wandb_run_id
 
 # The store columns a tracker needs (not the wide replicates and matrices).
-COLUMNS = ["sweep", "checkpoint", "step", "dataset", "metric", "value", "ci_low", "ci_high",
+COLUMNS = ["sweep", "checkpoint", "step", "evaluation", "metric", "value", "ci_low", "ci_high",
            "created_at", "num_samples", "limited_from"]
 
 

@@ -153,7 +153,7 @@ def _parser() -> argparse.ArgumentParser:
                          "or aggregate (default: the aggregate with several evaluations, else "
                          "the first metric)")
     lb.add_argument("--sweep", metavar="NAME", help="only this sweep")
-    lb.add_argument("--eval", "--dataset", dest="dataset", metavar="NAME",
+    lb.add_argument("--eval", "--dataset", dest="evaluation", metavar="NAME",
                     help="only this evaluation (--dataset: the same, its older name)")
     lb.add_argument("--checkpoint", metavar="GLOB", dest="checkpoint_glob",
                     help="only checkpoints whose location matches this pattern ('*' crosses "
@@ -192,8 +192,8 @@ def _parser() -> argparse.ArgumentParser:
                                      "latest, cells)")
     q.add_argument("store", metavar="STORE", help="a result store: folder or s3://bucket/prefix")
     q.add_argument("sql", metavar="SQL",
-                   help="e.g. \"SELECT dataset, avg(value) FROM latest WHERE metric = "
-                        "'accuracy' GROUP BY dataset\"")
+                   help="e.g. \"SELECT evaluation, avg(value) FROM latest WHERE metric = "
+                        "'accuracy' GROUP BY evaluation\"")
     q.add_argument("--format", choices=("csv", "json"), default="csv")
     q.add_argument("--skip-damaged", action="store_true",
                    help="leave out files that cannot be read (named on stderr) instead of "
@@ -206,7 +206,7 @@ def _parser() -> argparse.ArgumentParser:
     cmp.add_argument("b", metavar="B")
     cmp.add_argument("--metric", metavar="NAME",
                      help="only this: EVAL/METRIC, METRIC or aggregate (default: all)")
-    cmp.add_argument("--eval", "--dataset", dest="dataset", metavar="NAME",
+    cmp.add_argument("--eval", "--dataset", dest="evaluation", metavar="NAME",
                      help="only this evaluation (--dataset: the same, its older name)")
     cmp.add_argument("--sweep", metavar="NAME", help="only this sweep")
     cmp.add_argument("--aggregate", metavar="HOW",
@@ -256,7 +256,7 @@ def _parser() -> argparse.ArgumentParser:
     cm.add_argument("store", metavar="STORE")
     cm.add_argument("checkpoint", metavar="CHECKPOINT",
                     help="its path, file name, unique suffix, file stem or step")
-    cm.add_argument("--eval", "--dataset", dest="dataset", metavar="NAME",
+    cm.add_argument("--eval", "--dataset", dest="evaluation", metavar="NAME",
                     help="only this evaluation (--dataset: the same, its older name)")
     cm.add_argument("--sweep", metavar="NAME", help="only this sweep")
     for command in sub.choices.values():

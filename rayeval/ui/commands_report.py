@@ -15,7 +15,7 @@ if TYPE_CHECKING:
 
 
 def _title(args) -> str:
-    shown = args.dataset or args.sweep
+    shown = args.evaluation or args.sweep
     return f"rayeval report: {shown}" if shown else "rayeval report"
 
 
@@ -30,7 +30,7 @@ def _report(args, out: Console) -> int:
     if os.path.isdir(target):
         raise SpecError(f"--output: {args.output!r} is a folder; give a file name such as "
                         "report.html")
-    report = Report(args.store, sweep=args.sweep, evaluation=args.dataset,
+    report = Report(args.store, sweep=args.sweep, evaluation=args.evaluation,
                     checkpoint=args.checkpoint_glob)
     html = page(report.views(items=not args.no_items), _title(args))
     temporary = os.path.join(os.path.dirname(target), f".{os.path.basename(target)}.partial")
@@ -50,7 +50,7 @@ def _view(args, out: Console) -> int:
 
     if not 0 <= args.port <= 65535:
         raise SpecError(f"--port: {args.port} is no port; give 0 to 65535 (0: any free one)")
-    report = Report(args.store, sweep=args.sweep, evaluation=args.dataset,
+    report = Report(args.store, sweep=args.sweep, evaluation=args.evaluation,
                     checkpoint=args.checkpoint_glob, marks=False)
 
     def ready(url: str) -> None:
@@ -85,7 +85,7 @@ def add_parsers(sub) -> None:
             p.add_argument("--port", type=int, default=8765,
                            help="the port on 127.0.0.1 (default 8765; 0: any free one)")
         p.add_argument("--sweep", metavar="NAME", help="only this sweep")
-        p.add_argument("--eval", "--dataset", dest="dataset", metavar="NAME",
+        p.add_argument("--eval", "--dataset", dest="evaluation", metavar="NAME",
                        help="only this evaluation")
         p.add_argument("--checkpoint", metavar="GLOB", dest="checkpoint_glob",
                        help="only checkpoints whose location matches this pattern")

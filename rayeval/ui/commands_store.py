@@ -23,7 +23,7 @@ def _stored_rows(args, replicates: str = "all", metric: str | None = None) -> li
     from rayeval.ranking.stored import stored_rows
 
     return stored_rows(args.store, sweep=getattr(args, "sweep", None) or None,
-                       evaluation=getattr(args, "dataset", None) or None, metric=metric,
+                       evaluation=getattr(args, "evaluation", None) or None, metric=metric,
                        checkpoint=getattr(args, "checkpoint_glob", None),
                        replicates=replicates)
 
@@ -33,7 +33,7 @@ def _board(args, **options):
     is the one board the API makes)."""
     from rayeval.api import leaderboard
 
-    return leaderboard(args.store, sweep=args.sweep or None, evaluation=args.dataset or None,
+    return leaderboard(args.store, sweep=args.sweep or None, evaluation=args.evaluation or None,
                        checkpoint=args.checkpoint_glob, members=args.members, _what="STORE",
                        aggregate=getattr(args, "aggregate", None), **options)
 
@@ -58,7 +58,7 @@ def _json_board(args):
             table, summary = matrices, []
         else:
             column = resolve_metric(args.metric, board.columns)
-            table = table.filter(pc.and_(pc.equal(table["dataset"], column.evaluation),
+            table = table.filter(pc.and_(pc.equal(table["evaluation"], column.evaluation),
                                          pc.equal(table["metric"], column.metric)))
             summary = summary if column.name == AGGREGATE else []
     if not args.replicates:
@@ -66,8 +66,8 @@ def _json_board(args):
     from rayeval.ranking.stored import with_replicates
 
     rows = with_replicates(args.store, table.to_pylist(), args.sweep or None,
-                           {(r["cell"], r["dataset"], r["metric"]) for r in
-                            table.select(["cell", "dataset", "metric"]).to_pylist()})
+                           {(r["cell"], r["evaluation"], r["metric"]) for r in
+                            table.select(["cell", "evaluation", "metric"]).to_pylist()})
     return [to_json(rows, replicates=True, aggregates=summary)]
 
 
@@ -110,21 +110,21 @@ def _leaderboard(args, out: Console) -> int:
 
 def _board_with_records(args):
     """``leaderboard --format html --samples-dir DIR``'s board; a StoreError naming the fix
-    when none of its cells kept per-item records (there would be no page to write)."""
+    when none of its cells stored per-item records (there would be no page to write)."""
     from rayeval.reporting.samples import HOW_TO_KEEP
 
     board = _board(args, metric=args.metric, marks=True)
     rows = [r for e in board.entries for r in e.rows.values() if r.get("cell")]
     if not any(r.get("samples") for r in rows):
-        shown = ", ".join(dict.fromkeys(r["dataset"] for r in rows)) or "none"
-        raise StoreError(f"--samples-dir: no cell of this board kept per-item records (its "
+        shown = ", ".join(dict.fromkeys(r["evaluation"] for r in rows)) or "none"
+        raise StoreError(f"--samples-dir: no cell of this board stored per-item records (its "
                          f"evaluations: {shown}); {HOW_TO_KEEP}, or leave out --samples-dir")
     return board
 
 
 def _samples_pages(store: str, rows: list[dict], folder: str) -> dict[tuple[str, str], str]:
     """``leaderboard --format html --samples-dir DIR``: the page of every (checkpoint,
-    evaluation) of the board that kept per-item records, written to DIR/<cell>.html; the
+    evaluation) of the board that stored per-item records, written to DIR/<cell>.html; the
     board links to each as DIR/<cell>.html (DIR as given: relative to where the board is
     opened, so put DIR beside it)."""
     import os
@@ -134,10 +134,10 @@ def _samples_pages(store: str, rows: list[dict], folder: str) -> dict[tuple[str,
     os.makedirs(folder, exist_ok=True)
     pages = {}
     for row in rows:
-        key = (row["checkpoint"], row["dataset"])
+        key = (row["checkpoint"], row["evaluation"])
         if not row.get("samples") or key in pages:
             continue
-        evaluation, table = read_cell_samples(store, [row], row["dataset"])
+        evaluation, table = read_cell_samples(store, [row], row["evaluation"])
         name = f"{row['cell']}.html"
         with open(os.path.join(folder, name), "w", encoding="utf-8") as f:
             f.write(samples_html(table, row["checkpoint"], evaluation))
@@ -238,7 +238,7 @@ def _compare(args, out: Console) -> int:
 
 def _evaluation_of(c, row: dict) -> str:
     """The evaluation a compared row belongs to: its own, or the aggregate's name."""
-    return c.name if row.get("dataset") == "*" else row["dataset"]
+    return c.name if row.get("evaluation") == "*" else row["evaluation"]
 
 
 def _limited_cells(found) -> dict[tuple[str, str], str]:
@@ -358,11 +358,11 @@ def _compare_items(args, out: Console) -> int:
 
     a_rows = checkpoint_rows(args.store, args.a, args.sweep, what="A")
     b_rows = checkpoint_rows(args.store, args.b, args.sweep, what="B")
-    evaluations = [args.dataset] if args.dataset else [
+    evaluations = [args.evaluation] if args.evaluation else [
         e for e in evaluations_with_samples(a_rows) if e in evaluations_with_samples(b_rows)]
     if not evaluations:
         raise StoreError("--items: A and B have no evaluation with per-item records in common "
-                         "(text and classification tasks keep them; samples: true)")
+                         "(text and classification tasks store them; samples: true)")
     metric = args.metric
     for evaluation in evaluations:
         _, a = read_cell_samples(args.store, a_rows, evaluation, what="--eval")
@@ -391,7 +391,7 @@ def _confusion(args, out: Console) -> int:
                          "to the sweep's metrics")
     for r in rows:
         m = r["matrix"]
-        out.print(Text(f"{r['checkpoint']} on {r['dataset']} (rows: target, columns: "
+        out.print(Text(f"{r['checkpoint']} on {r['evaluation']} (rows: target, columns: "
                        "prediction)"), soft_wrap=True)     # a heading: a path is not folded
         table = Table()
         table.add_column("target")

@@ -37,7 +37,7 @@ def row(checkpoint, evaluation, metric, value, *, sweep="s", step=None, created_
     """One stored row (``write_cell`` adds the cell key)."""
     ci = (None, None) if replicates is None else \
         tuple(np.quantile(replicates, [0.025, 0.975]).tolist())
-    return {"sweep": sweep, "checkpoint": checkpoint, "step": step, "dataset": evaluation,
+    return {"sweep": sweep, "checkpoint": checkpoint, "step": step, "evaluation": evaluation,
             "metric": metric, "value": value, "ci_low": ci[0], "ci_high": ci[1],
             "num_samples": 500, "world_size": 2, "created_at": created_at,
             "higher_is_better": HIGHER.get(metric, True),
@@ -130,7 +130,7 @@ def test_results_hold_the_newest_row_per_cell_with_the_stores_schema(history):
     table = rayeval.results(location)
     assert table.schema == SCHEMA
     assert table.to_pylist() == latest_rows(store.read()), "the leaderboard's rows, as a table"
-    got = {(r["sweep"], r["checkpoint"].rsplit("/", 1)[-1], r["dataset"], r["metric"]):
+    got = {(r["sweep"], r["checkpoint"].rsplit("/", 1)[-1], r["evaluation"], r["metric"]):
            (r["value"], r["cell"]) for r in table.to_pylist()}
     assert got == {
         ("s", "step_10.pt", "val", "accuracy"): (0.75, "c1-new"),     # not 0.5 from c2-old
@@ -151,7 +151,7 @@ def test_results_filter_by_sweep_and_evaluation(history, tmp_path, monkeypatch):
     only = rayeval.results(location, sweep="other")
     assert only.column("value").to_pylist() == [0.3]
     val = rayeval.results(location, sweep="s", evaluation="val")
-    assert set(val.column("dataset").to_pylist()) == {"val"} and val.num_rows == 4
+    assert set(val.column("evaluation").to_pylist()) == {"val"} and val.num_rows == 4
     assert set(rayeval.results(location, evaluation="ood").column("cell").to_pylist()) == {"c4"}
     none = rayeval.results(location, sweep="nope")
     assert none.num_rows == 0 and none.schema == SCHEMA
@@ -227,7 +227,7 @@ def test_leaderboard_ranks_like_the_cli(suite_store, capsys):
     for e, r in zip(board.entries, agg):
         assert (e.value("aggregate"), e.rows["aggregate"]["ci_low"]) == \
             pytest.approx((r["value"], r["ci_low"]), rel=1e-12)
-    stored = {(r["checkpoint"], f"{r['dataset']}/{r['metric']}"): r["value"]
+    stored = {(r["checkpoint"], f"{r['evaluation']}/{r['metric']}"): r["value"]
               for r in data if r["metric"] != "aggregate"}
     for e in board.entries:
         for c in board.columns[1:]:

@@ -279,7 +279,7 @@ def test_quickstart_example_end_to_end(tmp_path):
                                    "json").stdout)
     stored = [r for r in rows if r["metric"] != "aggregate"]
     assert len(stored) == 24 and len(rows) == 28, "4 checkpoints x 2 evaluations x 3, + 4"
-    assert {(r["dataset"], r["num_samples"]) for r in stored} == {("clean", 1009),
+    assert {(r["evaluation"], r["num_samples"]) for r in stored} == {("clean", 1009),
                                                                    ("noisy", 2003)}
     assert {r["world_size"] for r in stored} == {2}
     md = rayeval_main("leaderboard", str(example / "out"), "--format", "markdown", "--metric",

@@ -165,7 +165,7 @@ def digits(tmp_path, **settings):
 
 def stored(store) -> dict:
     rows = json.loads(rayeval_cli("leaderboard", str(store), "--format", "json").stdout)
-    return {(os.path.basename(r["checkpoint"]), r["dataset"], r["metric"]): r for r in rows
+    return {(os.path.basename(r["checkpoint"]), r["evaluation"], r["metric"]): r for r in rows
             if r["metric"] != "aggregate"}
 
 

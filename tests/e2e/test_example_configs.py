@@ -69,7 +69,7 @@ def store_rows(store) -> dict:
     from rayeval.io.store import ResultStore
     from rayeval.ranking import latest_rows
 
-    return {(os.path.basename(r["checkpoint"]), r["dataset"], r["metric"]): r
+    return {(os.path.basename(r["checkpoint"]), r["evaluation"], r["metric"]): r
             for r in latest_rows(ResultStore(str(store)).read())}
 
 

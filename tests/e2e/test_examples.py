@@ -92,7 +92,7 @@ def test_vision_example_on_two_workers_equals_a_single_process_reference(vision,
                                                           "transforms:decode_with_brightness"]
     report = run_sweep(sweep)
     assert len(report.outcomes) == 6 and not report.failures, report.failures
-    rows = {(os.path.basename(r["checkpoint"]), r["dataset"], r["metric"]): r
+    rows = {(os.path.basename(r["checkpoint"]), r["evaluation"], r["metric"]): r
             for r in latest_rows(ResultStore(sweep.output).read())}
     checkpoints = sorted(glob.glob(str(vision / "ckpts" / "step_*")))
     assert [os.path.basename(c) for c in checkpoints] == [

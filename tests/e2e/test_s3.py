@@ -81,7 +81,7 @@ def test_data_checkpoints_and_results_in_s3(s3, ray_cluster, tmp_path):
     # The local example is a suite; its `noisy` evaluation reads the same file as sweep_s3.yaml.
     ref = {(os.path.basename(r["checkpoint"]), r["metric"]): r
            for r in latest_rows(ResultStore(local_sweep.output).read())
-           if r["dataset"] == "noisy"}
+           if r["evaluation"] == "noisy"}
     assert set(ref) == set(got)
     for key, row in ref.items():
         assert got[key]["value"] == pytest.approx(row["value"], rel=1e-9, abs=1e-12), key
@@ -134,7 +134,7 @@ def test_transient_errors_are_retried(s3, tmp_path, monkeypatch):
         store = ResultStore("s3://rayeval-example/flaky")
         for i in range(4):
             store.write_cell(f"cell{i}", [{"sweep": "s", "checkpoint": "c", "step": i,
-                                           "dataset": "d", "metric": "m", "value": float(i),
+                                           "evaluation": "d", "metric": "m", "value": float(i),
                                            "ci_low": None, "ci_high": None, "num_samples": 1,
                                            "world_size": 1, "higher_is_better": True}])
         assert sorted(store.read().column("value").to_pylist()) == [0.0, 1.0, 2.0, 3.0]

@@ -101,7 +101,7 @@ def expected(rows: list[dict], suffix: str = "") -> dict[str, list[tuple[int, fl
     out: dict[str, list] = {}
     column = {"": "value", "_ci_low": "ci_low", "_ci_high": "ci_high"}[suffix]
     for r in rows:
-        out.setdefault(metric_name(r["dataset"], r["metric"]) + suffix, []).append(
+        out.setdefault(metric_name(r["evaluation"], r["metric"]) + suffix, []).append(
             (r["step"], r[column]))
     return {k: sorted(v) for k, v in out.items()}
 
@@ -271,8 +271,8 @@ def test_run_logs_the_leaderboard_as_a_table_artifact(evaluated, client, tmp_pat
     by_step = {int(line["step"]): line for line in lines}
     for r in evaluated["rows"]:
         line = by_step[r["step"]]
-        assert float(line[f"{r['dataset']}/{r['metric']}"]) == r["value"]
-        assert float(line[f"{r['dataset']}/{r['metric']}_ci_low"]) == r["ci_low"]
+        assert float(line[f"{r['evaluation']}/{r['metric']}"]) == r["value"]
+        assert float(line[f"{r['evaluation']}/{r['metric']}_ci_low"]) == r["ci_low"]
     # ranked by the sweep's aggregate: mean, as the terminal's board (issue 57: the trackers
     # used the default win rate whatever the sweep said)
     mean = {e.step: e.value("aggregate") for e in
@@ -335,7 +335,7 @@ def store(tmp_path):
         for i, step in enumerate(steps):
             ckpt = f"/ckpts/{sweep}/step_{step}.pt" if step else f"/ckpts/{sweep}/final.pt"
             for e in EVALS:
-                rows = [{"sweep": sweep, "checkpoint": ckpt, "step": step, "dataset": e,
+                rows = [{"sweep": sweep, "checkpoint": ckpt, "step": step, "evaluation": e,
                          "metric": m, "value": 0.5 + 0.1 * i + 0.01 * j,
                          "ci_low": 0.4 + 0.1 * i, "ci_high": 0.6 + 0.1 * i + 0.02 * j,
                          "num_samples": 500, "world_size": 1, "created_at": T0,
@@ -524,7 +524,7 @@ def test_flags_override_the_uri_and_project_and_keep_the_rest():
 
 
 def test_points_carry_the_step_and_leave_out_what_cannot_be_charted():
-    row = {"sweep": "s", "checkpoint": "c", "dataset": "val set", "metric": "top_k(k=5)",
+    row = {"sweep": "s", "checkpoint": "c", "evaluation": "val set", "metric": "top_k(k=5)",
            "step": 7, "value": 0.5, "ci_low": 0.4, "ci_high": None, "created_at": T0}
     pts, unstepped = points([row, {**row, "step": None}, {**row, "value": float("nan")}])
     assert [(p.key, p.value, p.step) for p in pts] == [

@@ -179,11 +179,11 @@ def test_own_aggregations_equal_lm_eval_on_any_workers_and_batch(example, checkp
         rows = latest_rows(ResultStore(str(out)).read())
         assert len(rows) == len(checkpoints) * len(KINDS)
         for r in rows:
-            theirs = reference[r["checkpoint"]][(r["dataset"], r["metric"])]
+            theirs = reference[r["checkpoint"]][(r["evaluation"], r["metric"])]
             assert r["value"] == pytest.approx(theirs, rel=1e-12, abs=1e-12), (run, r["metric"])
             assert r["ci_low"] <= r["value"] <= r["ci_high"], (run, r["metric"])
             assert r["world_size"] == run[0]
-            seen.setdefault((r["checkpoint"], r["dataset"], r["metric"]), {})[run] = \
+            seen.setdefault((r["checkpoint"], r["evaluation"], r["metric"]), {})[run] = \
                 (r["value"], r["ci_low"], r["ci_high"], list(r["replicates"]))
     for key, by_run in seen.items():
         assert len(by_run) == len(RUNS), key

@@ -273,15 +273,15 @@ def test_ray_runs_with_1_2_and_3_workers_equal_lm_eval(checkpoints, reference, r
             checkpoints[0]])
         assert len(rows) == len(checkpoints) * expected
         for r in rows:
-            theirs = reference[r["checkpoint"]][r["dataset"]]
+            theirs = reference[r["checkpoint"]][r["evaluation"]]
             assert r["world_size"] == workers
-            parts = [f"{GROUP}/{m}" for m in MEMBERS] if r["dataset"] == GROUP else [
-                r["dataset"]]
+            parts = [f"{GROUP}/{m}" for m in MEMBERS] if r["evaluation"] == GROUP else [
+                r["evaluation"]]
             assert r["num_samples"] == sum(len({s["doc_id"] for s in reference[r[
                 "checkpoint"]][p]["samples"]}) for p in parts)
             assert r["ci_low"] <= r["value"] <= r["ci_high"]
             _check(r["metric"], r["value"], _theirs(theirs["metrics"], r["metric"]))
-        runs[workers] = {(r["checkpoint"], r["dataset"], r["metric"]): r for r in rows}
+        runs[workers] = {(r["checkpoint"], r["evaluation"], r["metric"]): r for r in rows}
     # The intervals do not depend on the world size: exactly for counts, to float rounding for
     # sums of log-likelihoods (the batches' padding differs).
     for workers in (2, 3):
@@ -334,13 +334,13 @@ def test_a_limited_entry_is_stored_as_n_of_n_and_marked(example, reference, ray_
     docs = pq.read_metadata(example / "data" / "mc.parquet").num_rows
     scored = math.ceil(docs * LIMIT)
     out = str(ray_stores[2])
-    rows = [r for r in latest_rows(ResultStore(out).read()) if r["dataset"] == LIMITED]
+    rows = [r for r in latest_rows(ResultStore(out).read()) if r["evaluation"] == LIMITED]
     assert len(rows) == len(reference) * 2                             # acc, acc_norm
     for r in rows:
         assert (r["num_samples"], r["limited_from"]) == (scored, docs), r
         assert len(reference[r["checkpoint"]][LIMITED]["samples"]) == scored
         assert r["items_total"] is None and r["stopped"] is None
-    others = [r for r in latest_rows(ResultStore(out).read()) if r["dataset"] != LIMITED]
+    others = [r for r in latest_rows(ResultStore(out).read()) if r["evaluation"] != LIMITED]
     assert all(r["limited_from"] is None for r in others)
     board = rayeval.leaderboard(out, evaluation=LIMITED)
     assert all(e.rank for e in board.entries) and not any(e.stopped for e in board.entries)

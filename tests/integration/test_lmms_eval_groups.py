@@ -106,7 +106,7 @@ def test_ray_run_of_the_group_equals_lmms_eval(reference, ray_store):
     rows = latest_rows(ResultStore(str(ray_store)).read())
     by_eval: dict[str, dict] = {}
     for r in rows:
-        by_eval.setdefault(r["dataset"], {})[r["metric"]] = r
+        by_eval.setdefault(r["evaluation"], {})[r["metric"]] = r
     assert sorted(by_eval) == sorted([NAME, *(f"{NAME}/{t}" for t in TASKS)])
     for task, n in TASKS.items():                       # every member's figures
         theirs = reference["members"][task]["results"]

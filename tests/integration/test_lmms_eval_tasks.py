@@ -294,7 +294,7 @@ def test_choice_tasks_on_1_and_3_workers_equal_lmms_eval_item_by_item(choices, s
     for task, ref in theirs.items():
         runs = {}
         for workers, out in stores.items():
-            rows = [r for r in latest_rows(ResultStore(str(out)).read()) if r["dataset"] == task]
+            rows = [r for r in latest_rows(ResultStore(str(out)).read()) if r["evaluation"] == task]
             assert sorted(r["metric"] for r in rows) == ["acc", "acc_norm"]
             for r in rows:
                 assert r["world_size"] == workers and r["num_samples"] == N

@@ -371,12 +371,12 @@ def test_a_ray_run_serving_the_judge_equals_lmms_eval(example, standing):
     report = run_sweep(load_sweep(str(root / "sweep.yaml")), standing=standing)
     assert all(o.ok for o in report.outcomes), [o.error for o in report.outcomes]
     rows = latest_rows(ResultStore(str(root / "results")).read())
-    assert sorted((r["dataset"], r["metric"]) for r in rows) == sorted(
+    assert sorted((r["evaluation"], r["metric"]) for r in rows) == sorted(
         [("vqa", m) for m in METRICS] + [("api", m) for m in API_METRICS])
     for r in rows:
-        want = (theirs if r["dataset"] == "vqa" else api)["results"][f"{r['metric']},none"]
+        want = (theirs if r["evaluation"] == "vqa" else api)["results"][f"{r['metric']},none"]
         assert r["world_size"] == 2 and r["num_samples"] == N
-        assert r["value"] == pytest.approx(want, abs=1e-12), (r["dataset"], r["metric"])
+        assert r["value"] == pytest.approx(want, abs=1e-12), (r["evaluation"], r["metric"])
     # each document once, its response and per-document values lmms-eval's (the API task's
     # own-aggregation values are kept whole: its mean metric is compared)
     for name, reference, compared in (("vqa", theirs, METRICS), ("api", api, ("api_score",))):

@@ -100,9 +100,9 @@ def write_sweep(folder) -> str:
         "name": "plugin", "model": {"factory": "tiny_models:build"}, "checkpoints": ["ckpts/*"],
         "workers": WORKERS, "output": "out", "batch_size": 64,
         "evals": [
-            {"name": "classes", "task": "classification", "dataset": dataset,
+            {"name": "classes", "task": "classification", "evaluation": dataset,
              "metrics": ["accuracy", "example_hinge"]},
-            {"name": "ranks", "task": "example_ranking", "dataset": dataset,
+            {"name": "ranks", "task": "example_ranking", "evaluation": dataset,
              "metrics": ["example_mrr"]},
         ],
     }

@@ -76,7 +76,7 @@ def _same(a, b) -> bool:
 
 def _cells(sweep) -> dict:
     rows = ResultStore(sweep.output).read().to_pylist()
-    return {(r["checkpoint"], r["dataset"], r["metric"]): r for r in rows}
+    return {(r["checkpoint"], r["evaluation"], r["metric"]): r for r in rows}
 
 
 def _accuracy(cells, evaluation="data") -> dict:
@@ -171,7 +171,7 @@ def test_a_later_run_without_select_completes_the_partial_cells(runs, sweep_dir)
     assert all(o.ok and o.rows == (ROWS if o.evaluation == "data" else MORE)
                for o in report.outcomes)
     assert len(report.plan.cached) == 2 * CHECKPOINTS - len(partial)
-    rows = {(r["checkpoint"], r["dataset"], r["metric"]): r
+    rows = {(r["checkpoint"], r["evaluation"], r["metric"]): r
             for r in latest_rows(ResultStore(sweep.output).read())}
     assert rows.keys() == full.keys()
     for key, row in rows.items():

@@ -192,7 +192,7 @@ def test_returned_metrics_name_each_evaluation_and_add_the_suites_aggregate(proj
     t0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
 
     def row(evaluation, metric, value, higher=True, matrix=None):
-        return {"sweep": "rt", "checkpoint": "/c/step_1", "step": 1, "dataset": evaluation,
+        return {"sweep": "rt", "checkpoint": "/c/step_1", "step": 1, "evaluation": evaluation,
                 "metric": metric, "value": value, "ci_low": None, "ci_high": None,
                 "num_samples": 10, "world_size": 1, "created_at": t0, "higher_is_better": higher,
                 "bootstrap": None, "replicates": None, "matrix": matrix}
@@ -322,7 +322,7 @@ def test_store_rows_equal_a_separate_run_and_are_found_cached(fitted, tmp_path):
     assert {(r["checkpoint"], r["step"]) for r in rows} == {(files[s], s) for s in good}, \
         "the persisted checkpoint's path and the right step, not a temporary copy"
     for r in rows:                      # what Ray Train got is what the store holds
-        metrics, key = by_step[r["step"]][1], f"eval/{r['dataset']}/{r['metric']}"
+        metrics, key = by_step[r["step"]][1], f"eval/{r['evaluation']}/{r['metric']}"
         if r["matrix"]:                 # a confusion matrix is stored, not returned
             assert key not in metrics
         else:
@@ -341,11 +341,11 @@ def test_store_rows_equal_a_separate_run_and_are_found_cached(fitted, tmp_path):
     other = rayeval.run(sweep.replace(checkpoints=tuple(files.values())),
                         output=str(tmp_path / "other"))
     assert len(other.outcomes) == 1 and not other.failures
-    theirs = {(r["checkpoint"], r["dataset"], r["metric"]): r
+    theirs = {(r["checkpoint"], r["evaluation"], r["metric"]): r
               for r in latest_rows(ResultStore(str(tmp_path / "other")).read())}
     assert len(theirs) == len(rows) == 3
     for r in rows:
-        t = theirs[(r["checkpoint"], r["dataset"], r["metric"])]
+        t = theirs[(r["checkpoint"], r["evaluation"], r["metric"])]
         for column in ("value", "ci_low", "ci_high", "num_samples", "replicates", "matrix",
                        "cell", "bootstrap", "higher_is_better"):
             assert r[column] == t[column] or r[column] != r[column] and t[column] != t[column], \

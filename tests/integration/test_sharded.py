@@ -210,7 +210,7 @@ def single_process(sweep_path: str) -> dict:
 
 
 def _stored(out) -> dict:
-    return {(r["checkpoint"], r["dataset"], r["metric"]): r
+    return {(r["checkpoint"], r["evaluation"], r["metric"]): r
             for r in latest_rows(ResultStore(str(out)).read())}
 
 

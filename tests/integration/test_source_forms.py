@@ -37,7 +37,7 @@ ROWS = 1009
 
 def stored(output) -> dict:
     """{(evaluation, checkpoint basename, metric): (value, ci_low, ci_high, replicates, rows)}"""
-    return {(r["dataset"], os.path.basename(r["checkpoint"]), r["metric"]):
+    return {(r["evaluation"], os.path.basename(r["checkpoint"]), r["metric"]):
             (r["value"], r["ci_low"], r["ci_high"], tuple(r["replicates"]), r["num_samples"],
              r["world_size"])
             for r in latest_rows(ResultStore(output).read())}
@@ -124,10 +124,10 @@ def test_records_name_each_item_by_its_row_where_the_data_has_no_id(standing, fo
             continue
         records = store.read_samples(r["cell"], r["samples"]).to_pylist()
         rows = [x["row"] for x in records]
-        assert sorted(rows) == list(range(ROWS)), r["dataset"]
-        expected = image_labels if r["dataset"] == "images" else labels
-        assert all(x["target"] == expected[x["row"]] for x in records), r["dataset"]
-        items[r["dataset"]] = {x["row"]: x["id"] for x in records}
+        assert sorted(rows) == list(range(ROWS)), r["evaluation"]
+        expected = image_labels if r["evaluation"] == "images" else labels
+        assert all(x["target"] == expected[x["row"]] for x in records), r["evaluation"]
+        items[r["evaluation"]] = {x["row"]: x["id"] for x in records}
     assert set(items) == {"parquet", "jsonl", "csv", "images"}
     assert items["jsonl"] == items["parquet"] and items["csv"] == items["parquet"]
 

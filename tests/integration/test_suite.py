@@ -73,7 +73,7 @@ def make_suite(folder, workers, output, transform="shapes:flat"):
 
 
 def stored(sweep):
-    return {(os.path.basename(r["checkpoint"]), r["dataset"], r["metric"]): r
+    return {(os.path.basename(r["checkpoint"]), r["evaluation"], r["metric"]): r
             for r in latest_rows(ResultStore(sweep.output).read())}
 
 

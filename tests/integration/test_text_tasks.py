@@ -193,7 +193,7 @@ def test_ray_runs_with_1_and_3_workers_equal_the_harness(checkpoints, harness, r
         rows = latest_rows(ResultStore(str(out)).read())
         assert len(rows) == len(checkpoints) * 7
         for r in rows:
-            theirs = harness[r["checkpoint"]][EVALS[r["dataset"]]]
+            theirs = harness[r["checkpoint"]][EVALS[r["evaluation"]]]
             assert r["world_size"] == workers
             assert r["ci_low"] <= r["value"] <= r["ci_high"]
             if r["metric"] == "token_perplexity":
@@ -202,7 +202,7 @@ def test_ray_runs_with_1_and_3_workers_equal_the_harness(checkpoints, harness, r
                 assert r["value"] == theirs[r["metric"]]
             else:
                 assert r["value"] == pytest.approx(theirs[r["metric"]], rel=REL)
-        runs[workers] = {(r["checkpoint"], r["dataset"], r["metric"]): r for r in rows}
+        runs[workers] = {(r["checkpoint"], r["evaluation"], r["metric"]): r for r in rows}
     # The intervals do not depend on the world size: exactly for counts, to float rounding for
     # sums of log-likelihoods (the batches' padding differs).
     for key, r in runs[3].items():
@@ -238,7 +238,7 @@ def test_per_item_records_equal_the_harness_items(example, checkpoints, harness,
                                                  == answers[r["id"]].strip())
                 assert r["target"] == answers[r["id"]]
             if workers == 1:           # samples: false for docs in this run
-                with pytest.raises(rayeval.StoreError, match="kept no per-item records"):
+                with pytest.raises(rayeval.StoreError, match="stored no per-item records"):
                     rayeval.samples(out, checkpoint=c, evaluation="docs")
                 continue
             docs = rayeval.samples(out, checkpoint=c, evaluation="docs").to_pylist()
@@ -248,7 +248,7 @@ def test_per_item_records_equal_the_harness_items(example, checkpoints, harness,
                                                                rel=REL)
             # the stored corpus figure is the items' total over their total tokens
             stored = {row["metric"]: row for row in latest_rows(ResultStore(str(out)).read())
-                      if row["checkpoint"] == c and row["dataset"] == "docs"}
+                      if row["checkpoint"] == c and row["evaluation"] == "docs"}
             assert stored["token_perplexity"]["value"] == pytest.approx(math.exp(
                 -sum(r["loglikelihoods"][0] for r in docs) / sum(r["tokens"] for r in docs)),
                 rel=1e-9)

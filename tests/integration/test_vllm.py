@@ -102,7 +102,7 @@ def _records(store: str, checkpoint: str, evaluation: str, column: str = "respon
 
 
 def _values(store: str) -> dict:
-    return {(os.path.basename(r["checkpoint"]), r["dataset"], r["metric"]): r["value"]
+    return {(os.path.basename(r["checkpoint"]), r["evaluation"], r["metric"]): r["value"]
             for r in rayeval.results(store).to_pylist()}
 
 
@@ -180,7 +180,7 @@ def test_a_checkpoint_the_engine_cannot_hold_fails_its_own_cells(example, greedy
     tp, report = greedy["tp"]
     failed = {(os.path.basename(o.checkpoint), o.evaluation) for o in report.failures}
     assert failed and {c for c, _ in failed} == {"checkpoint-500"}, report.failures
-    rows = {(os.path.basename(r["checkpoint"]), r["dataset"])
+    rows = {(os.path.basename(r["checkpoint"]), r["evaluation"])
             for r in rayeval.results(tp).to_pylist()}
     assert ("checkpoint-500", "sums") not in rows
     assert {(os.path.basename(example[c]), e) for c in ("A", "B", "A again")

@@ -83,10 +83,10 @@ def test_1_and_3_workers_and_batch_sizes_1_and_16_equal_transformers_item_by_ite
         assert all(o.ok for o in report.outcomes), [o.error for o in report.outcomes]
         rows = latest_rows(ResultStore(str(store)).read())
         assert len(rows) == 4
-        runs[workers] = {(r["dataset"], r["metric"]): r for r in rows}
+        runs[workers] = {(r["evaluation"], r["metric"]): r for r in rows}
         for r in rows:
             assert r["world_size"] == workers and r["num_samples"] == N
-            assert r["value"] == want[r["metric"]], (workers, r["dataset"], r["metric"])
+            assert r["value"] == want[r["metric"]], (workers, r["evaluation"], r["metric"])
         for name in ("gen_b1", "gen_b16"):
             records = rayeval.samples(str(store), checkpoint=ckpt, evaluation=name).to_pylist()
             assert sorted(r["id"] for r in records) == sorted(ref["texts"])     # each once

@@ -99,11 +99,11 @@ def test_sharded_over_2_ranks_equals_transformers_item_by_item(example, standing
     assert report.outcomes and all(o.ok for o in report.outcomes), [
         o.error for o in report.outcomes]
     rows = latest_rows(ResultStore(str(out / "store")).read())
-    assert sorted((r["dataset"], r["metric"]) for r in rows) == [
+    assert sorted((r["evaluation"], r["metric"]) for r in rows) == [
         ("gen", "exact_match"), ("mc", "acc"), ("mc", "acc_norm")]
     for r in rows:
         assert r["world_size"] == 2 and r["num_samples"] == N
-        assert r["value"] == want[r["metric"]], (r["dataset"], r["metric"])
+        assert r["value"] == want[r["metric"]], (r["evaluation"], r["metric"])
     gen = rayeval.samples(str(out / "store"), checkpoint=ckpt, evaluation="gen").to_pylist()
     assert sorted(r["id"] for r in gen) == sorted(ref["texts"])         # each item once
     assert {r["id"]: r["response"] for r in gen} == ref["texts"]

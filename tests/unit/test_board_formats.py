@@ -81,7 +81,7 @@ def test_every_format_and_the_api_give_one_board(tmp_path, flags):
     store_of(tmp_path)
     args = cli._parser().parse_args(["leaderboard", str(tmp_path), *flags])
     api = rayeval.leaderboard(tmp_path, metric=args.metric, sweep=args.sweep,
-                              evaluation=args.dataset, checkpoint=args.checkpoint_glob,
+                              evaluation=args.evaluation, checkpoint=args.checkpoint_glob,
                               members=args.members)
     in_hand = build_board(rows_in_hand(args), args.metric)
     assert figures(api) == figures(in_hand)
@@ -103,8 +103,8 @@ def test_every_format_and_the_api_give_one_board(tmp_path, flags):
                 assert got == ("" if want is None or math.isnan(want) else repr(want)), (c, e)
             assert line[f"{c}_mark"] == e.marks.get(c, "")
     assert any(line[f"{c}_mark"] for line in table for c in api.metrics)
-    if args.dataset:                                   # --eval, or --dataset: one evaluation
-        assert {e.rows[api.rank_by]["dataset"] for e in api.entries} == {args.dataset}
+    if args.evaluation:                                   # --eval, or --dataset: one evaluation
+        assert {e.rows[api.rank_by]["evaluation"] for e in api.entries} == {args.evaluation}
 
     # markdown, HTML and the terminal's table: the API board's own text
     assert run_cli(tmp_path, "--format", "markdown", *flags) == to_markdown(api)
@@ -116,13 +116,13 @@ def test_every_format_and_the_api_give_one_board(tmp_path, flags):
     # JSON: the rows shown and the aggregate rows (with --metric, that column's alone), the
     # same values and intervals
     stored = json.loads(run_cli(tmp_path, "--format", "json", *flags))
-    by_key = {(r["sweep"], r["checkpoint"], r["dataset"], r["metric"]): r for r in stored}
+    by_key = {(r["sweep"], r["checkpoint"], r["evaluation"], r["metric"]): r for r in stored}
     for e in api.entries:
         for c in [api.rank_by] if args.metric else api.metrics:
             row = e.rows.get(c)
             if row is None:
                 continue
-            key = (e.sweep, e.checkpoint, "*" if c == AGGREGATE else row["dataset"],
+            key = (e.sweep, e.checkpoint, "*" if c == AGGREGATE else row["evaluation"],
                    AGGREGATE if c == AGGREGATE else row["metric"])
             got = by_key.pop(key)
             for k in ("value", "ci_low", "ci_high"):
@@ -178,7 +178,7 @@ def test_no_interval_is_said_as_none():
 def scaled(columns: dict[str, list[float]]):
     """Averaged columns named EVAL/METRIC and one row per value."""
     cols = [Column(name, *name.split("/"), True) for name in columns]
-    rows = [{"dataset": c.evaluation, "metric": c.metric, "value": v}
+    rows = [{"evaluation": c.evaluation, "metric": c.metric, "value": v}
             for c in cols for v in columns[c.name]]
     return cols, rows
 
@@ -217,7 +217,7 @@ def hand_rows():
                 v + shared[e] + rng.normal(0, 0.0005, 200)
             low, high = np.quantile(reps, [0.025, 0.975]).tolist()
             rows.append({"sweep": "s", "checkpoint": f"/runs/{name}", "step": i + 1,
-                         "dataset": e, "metric": m, "value": v, "ci_low": low, "ci_high": high,
+                         "evaluation": e, "metric": m, "value": v, "ci_low": low, "ci_high": high,
                          "num_samples": n, "higher_is_better": higher, "created_at": T0,
                          "bootstrap": key_at(0.95), "replicates": reps.tolist(),
                          "cell": f"{name}{e}", "matrix": None})

@@ -358,7 +358,7 @@ def stored(home, base, where):
         if not store.has(cell.key):
             store.write_cell(cell.key, [{
                 "sweep": "t", "checkpoint": cell.checkpoint.location, "step": 1,
-                "dataset": cell.evaluation, "metric": "m", "value": 0.5, "ci_low": None,
+                "evaluation": cell.evaluation, "metric": "m", "value": 0.5, "ci_low": None,
                 "ci_high": None, "num_samples": 1, "world_size": 1,
                 "higher_is_better": True}])
     again = plan(BASES[base], home, store)
@@ -405,7 +405,7 @@ def test_the_tokenizers_files_are_in_a_text_cells_key(home, tmp_path):
     store = ResultStore(str(tmp_path / "store"))
     first = plan(raw, home, store)
     store.write_cell(first.cells[0].key, [{
-        "sweep": "t", "checkpoint": "c", "step": 1, "dataset": "mc", "metric": "acc",
+        "sweep": "t", "checkpoint": "c", "step": 1, "evaluation": "mc", "metric": "acc",
         "value": 0.5, "ci_low": None, "ci_high": None, "num_samples": 1, "world_size": 1,
         "higher_is_better": True}])
     assert plan(raw, home, store).cached

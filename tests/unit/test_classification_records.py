@@ -341,12 +341,12 @@ def test_a_store_without_records_is_refused_in_one_line_before_anything_is_writt
                         cwd=str(tmp_path))
     lines = page.stderr.strip().splitlines()
     assert page.returncode == 2 and len(lines) == 1 and page.stdout == "", page.stderr
-    assert "--samples-dir: no cell of this board kept per-item records (its evaluations: " \
+    assert "--samples-dir: no cell of this board stored per-item records (its evaluations: " \
            "clean, noisy)" in lines[0]
     assert "samples on and --force, or leave out --samples-dir" in lines[0]
     assert not (tmp_path / "items").exists(), "no empty folder"
     items = rayeval_main("samples", out, "--checkpoint", "step_1")
     lines = items.stderr.strip().splitlines()
     assert items.returncode == 2 and len(lines) == 1
-    assert "/c/step_1 kept no per-item records on any of its evaluations (clean, noisy)" \
+    assert "/c/step_1 stored no per-item records on any of its evaluations (clean, noisy)" \
         in lines[0] and "--force" in lines[0] and "for none" not in lines[0]

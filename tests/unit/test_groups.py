@@ -14,7 +14,7 @@ from rayeval.io.store import ResultStore
 
 def _row(dataset, metric, value, n, reps=None, checkpoint="c1"):
     return {"sweep": "s", "checkpoint": checkpoint, "step": 1, "epoch": None,
-            "dataset": dataset, "metric": metric, "value": value, "num_samples": n,
+            "evaluation": dataset, "metric": metric, "value": value, "num_samples": n,
             "world_size": 2, "higher_is_better": True, "replicates": reps,
             "bootstrap": "seed=0;replicates=3;confidence=0.95" if reps else None,
             "cell": f"cell-{dataset}", "created_at": None, "matrix": None}
@@ -33,7 +33,7 @@ def test_weighted_by_size_or_not_as_lm_eval():
     for weight in (True, False):
         (row,) = group_rows(_group(weight), stored)
         assert row["value"] == aggregate_subtask_metrics([0.5, 0.9], [10, 30], weight)
-        assert row["dataset"] == "g" and row["num_samples"] == 40
+        assert row["evaluation"] == "g" and row["num_samples"] == 40
         w = (10, 30) if weight else (1, 1)
         assert row["replicates"] == pytest.approx(
             [(w[0] * a + w[1] * b) / sum(w) for a, b in zip([0.4, 0.5, 0.6], [0.8, 0.9, 1.0])])
@@ -56,8 +56,8 @@ def test_a_board_shows_the_group_and_counts_it_once():
     rows = [_row("g", "acc", 0.8, 40), _row("g/a", "acc", 0.5, 10),
             _row("g/b", "acc", 0.9, 30), _row("other", "acc", 0.2, 5),
             _row("lone/x", "acc", 0.3, 5)]                 # no group row: shown as it is
-    assert members(r["dataset"] for r in rows) == {"g/a", "g/b"}
-    assert sorted(r["dataset"] for r in without_members(rows)) == ["g", "lone/x", "other"]
+    assert members(r["evaluation"] for r in rows) == {"g/a", "g/b"}
+    assert sorted(r["evaluation"] for r in without_members(rows)) == ["g", "lone/x", "other"]
     (agg,) = aggregates(rows)
     assert sorted(agg["evaluations"]) == ["g", "lone/x", "other"]
     assert agg["value"] == pytest.approx((0.8 + 0.2 + 0.3) / 3)
@@ -80,6 +80,6 @@ def test_publish_reads_only_the_members_cells_and_writes_each_aggregate_once(tmp
                Cell(c2, "g/b", "c2-b")))                   # c2-b failed: not stored
     assert publish(plan, store) == 1
     (row,) = store.read_cell(cell_key(_group(True), ["c1-a", "c1-b"]))
-    assert (row["dataset"], row["checkpoint"], row["num_samples"]) == ("g", "c1", 40)
+    assert (row["evaluation"], row["checkpoint"], row["num_samples"]) == ("g", "c1", 40)
     assert row["value"] == pytest.approx((0.5 * 10 + 0.9 * 30) / 40)
     assert publish(plan, store) == 0                       # stored already

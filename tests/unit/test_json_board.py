@@ -32,7 +32,7 @@ def cell(sweep, checkpoint, dataset, step, value, seed, reps=16, stamp=None):
     for m, k, higher in (("accuracy", 1.0, True), ("nll", 2.0, False)):
         r = rng.normal(value * k, 0.05, reps).tolist()
         rows.append({"sweep": sweep, "checkpoint": checkpoint, "step": step,
-                     "dataset": dataset, "metric": m, "value": value * k,
+                     "evaluation": dataset, "metric": m, "value": value * k,
                      "ci_low": value * k - 0.01, "ci_high": value * k + 0.01,
                      "num_samples": 40 + seed % 7, "world_size": 1, "higher_is_better": higher,
                      "replicates": r, "bootstrap": f"seed=0;buckets=64;replicates={reps};"
@@ -76,7 +76,7 @@ FLAGS = [(), ("--members",), ("--sweep", "b"), ("--dataset", "ood"), ("--metric"
 
 def rows_in_hand(args) -> list[dict]:
     """The newest rows of the command's filters, with every row's replicates, as dicts."""
-    rows = stored_rows(args.store, sweep=args.sweep or None, evaluation=args.dataset or None,
+    rows = stored_rows(args.store, sweep=args.sweep or None, evaluation=args.evaluation or None,
                        checkpoint=args.checkpoint_glob)
     return rows if args.members else without_members(rows)
 
@@ -90,7 +90,7 @@ def json_rows(args, rows: list[dict]) -> str:
     elif args.metric and rows:
         column = resolve_metric(args.metric, columns_of(rows))
         rows = [r for r in rows
-                if (r["dataset"], r["metric"]) == (column.evaluation, column.metric)]
+                if (r["evaluation"], r["metric"]) == (column.evaluation, column.metric)]
         summary = summary if column.name == AGGREGATE else []
     return to_json(rows, aggregates=summary)
 

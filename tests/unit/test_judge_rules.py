@@ -245,10 +245,10 @@ def test_a_warning_only_when_most_verdicts_are_unread(tmp_path):
         return SimpleNamespace(evals=[judged, SimpleNamespace(name="plain", judge=None)])
 
     def rows(*failed):
-        return [{"dataset": "nq", "metric": "judge_failed", "value": float(f),
+        return [{"evaluation": "nq", "metric": "judge_failed", "value": float(f),
                  "num_samples": 40, "cell": f"c{i}", "samples": None}
                 for i, f in enumerate(failed)] + [
-            {"dataset": "plain", "metric": "judge_failed", "value": 40.0, "num_samples": 40,
+            {"evaluation": "plain", "metric": "judge_failed", "value": 40.0, "num_samples": 40,
              "cell": "p", "samples": None}]         # not a judged evaluation of this sweep
 
     words = sweep({"yes": 1, "no": 0})

@@ -36,7 +36,7 @@ def stored(checkpoint, step, evaluation, metric, value, replicates=None, sweep="
     """One row as the store holds it."""
     ci = (None, None) if replicates is None else \
         tuple(np.quantile(replicates, [0.025, 0.975]).tolist())
-    return {"sweep": sweep, "checkpoint": checkpoint, "step": step, "dataset": evaluation,
+    return {"sweep": sweep, "checkpoint": checkpoint, "step": step, "evaluation": evaluation,
             "metric": metric, "value": value, "ci_low": ci[0], "ci_high": ci[1],
             "num_samples": num_samples, "world_size": 2, "created_at": WHEN,
             "higher_is_better": HIGHER[metric], "cell": f"{sweep}-{checkpoint}-{evaluation}",
@@ -68,7 +68,7 @@ SUITE = {"val": ["accuracy", "nll"], "ood": ["nll", "accuracy"]}   # ood's first
 
 
 def reps_of(rows, loc, evaluation, metric):
-    return np.array(next(r for r in rows if (r["checkpoint"], r["dataset"], r["metric"])
+    return np.array(next(r for r in rows if (r["checkpoint"], r["evaluation"], r["metric"])
                          == (loc, evaluation, metric))["replicates"])
 
 
@@ -93,16 +93,16 @@ def test_suite_board_is_one_row_per_checkpoint_with_a_column_per_evaluation_metr
 
 
 def test_one_evaluation_keeps_bare_metric_names_and_no_aggregate():
-    rows = [r for r in suite(CKPTS, SUITE) if r["dataset"] == "val"]       # like --dataset val
+    rows = [r for r in suite(CKPTS, SUITE) if r["evaluation"] == "val"]       # like --dataset val
     board = build_board(rows)
     assert board.metrics == ["accuracy", "nll"] and board.rank_by == "accuracy"
     assert board.averaged == []
     assert to_markdown(board).splitlines()[0] == \
-        "| rank | sweep | dataset | checkpoint | step | accuracy | nll |"
+        "| rank | sweep | evaluation | checkpoint | step | accuracy | nll |"
     assert build_board(rows, "val/nll").rank_by == "nll"      # EVAL/METRIC names it too
     out = Console(file=io.StringIO(), width=200)
     render_rich(board, out)
-    assert "sweep s, dataset val" in out.file.getvalue()
+    assert "sweep s, evaluation val" in out.file.getvalue()
 
 
 def test_metric_names_resolve_or_fail_with_the_choices():
@@ -117,7 +117,7 @@ def test_metric_names_resolve_or_fail_with_the_choices():
     with pytest.raises(StoreError, match="no results for metric 'f1'; the store has: "
                                          "aggregate, ood/accuracy, val/accuracy, val/brier"):
         build_board(rows, "f1")
-    one = [r for r in rows if r["dataset"] == "val"]
+    one = [r for r in rows if r["evaluation"] == "val"]
     with pytest.raises(StoreError, match="aggregate needs results on two or more evaluations; "
                                          "the rows shown hold only val"):
         build_board(one, "aggregate")
@@ -146,9 +146,9 @@ def test_aggregate_value_and_interval_match_a_direct_computation():
 def test_aggregate_is_missing_without_every_evaluation_and_has_no_interval_without_replicates():
     rows = suite(CKPTS, SUITE)
     # step 20 lacks ood; step 200's ood/nll has fewer replicates than its val/accuracy.
-    rows = [r for r in rows if not (r["step"] == 20 and r["dataset"] == "ood")]
+    rows = [r for r in rows if not (r["step"] == 20 and r["evaluation"] == "ood")]
     for r in rows:
-        if r["step"] == 200 and (r["dataset"], r["metric"]) == ("ood", "nll"):
+        if r["step"] == 200 and (r["evaluation"], r["metric"]) == ("ood", "nll"):
             r["replicates"] = r["replicates"][:100]
     board = build_board(rows)
     values = {e.step: e.value("aggregate") for e in board.entries}
@@ -160,7 +160,7 @@ def test_aggregate_is_missing_without_every_evaluation_and_has_no_interval_witho
     assert "| 3 | s | step_000020.pt | 20 | - |" in text
     # Neither headline metric (val/accuracy, ood/nll): still one aggregate row, missing.
     only_tails = [r for r in suite(CKPTS, SUITE) if r["step"] != 20
-                  or (r["dataset"], r["metric"]) in (("val", "nll"), ("ood", "accuracy"))]
+                  or (r["evaluation"], r["metric"]) in (("val", "nll"), ("ood", "accuracy"))]
     by_step = {a["step"]: a for a in aggregates(only_tails)}
     assert sorted(by_step) == [20, 200, 600] and math.isnan(by_step[20]["value"])
     assert by_step[20]["metrics"] == [None, None]
@@ -205,7 +205,7 @@ def test_csv_markdown_html_and_json_carry_the_aggregate():
     top = board.entries[0].rows["aggregate"]
     assert float(parsed[0]["aggregate"]) == top["value"]
     assert float(parsed[0]["aggregate_ci_low"]) == top["ci_low"]
-    assert "dataset" not in parsed[0] and "ood/nll_ci_high" in parsed[0]
+    assert "evaluation" not in parsed[0] and "ood/nll_ci_high" in parsed[0]
     html = to_html(board)
     # the ranking column underlined, with its n (summed over the evaluations averaged)
     assert '<th class="rank-by">aggregate<span class="n">n = 2,000 in all</span></th>' in html
@@ -217,25 +217,25 @@ def test_csv_markdown_html_and_json_carry_the_aggregate():
     assert len(out) == len(rows) + 3
     agg = [r for r in out if r["metric"] == "aggregate"]
     assert {r["checkpoint"] for r in agg} == set(CKPTS)
-    assert set(agg[0]) == {"sweep", "checkpoint", "step", "dataset", "metric", "value",
+    assert set(agg[0]) == {"sweep", "checkpoint", "step", "evaluation", "metric", "value",
                            "ci_low", "ci_high", "higher_is_better", "num_samples", "created_at",
                            "bootstrap", "confidence", "aggregate", "evaluations", "metrics"}
     assert agg[0]["aggregate"] == "win_rate"
-    assert agg[0]["dataset"] == "*" and agg[0]["higher_is_better"] is True
+    assert agg[0]["evaluation"] == "*" and agg[0]["higher_is_better"] is True
     assert agg[0]["evaluations"] == ["ood", "val"] and agg[0]["num_samples"] == 2000
 
 
 def test_compare_needs_a_common_evaluation_and_reports_unpaired_rows():
     rows = suite(CKPTS, SUITE)
     a = [r for r in rows if r["step"] == 600]
-    b = [r for r in rows if r["step"] == 200 and r["dataset"] == "val"]
+    b = [r for r in rows if r["step"] == 200 and r["evaluation"] == "val"]
     assert [c.name for c in compare(a, b)] == ["accuracy", "nll"]     # one shared: bare names
     with pytest.raises(StoreError, match="not evaluated on a common data set"):
-        compare([r for r in a if r["dataset"] == "ood"], b)
+        compare([r for r in a if r["evaluation"] == "ood"], b)
     other_seed = [dict(r, bootstrap=KEY.replace("seed=0", "seed=1")) for r in b]
     assert [c.paired for c in compare(a, other_seed)] == [None, None]
     # B holds both evaluations but not ood's first metric: no aggregate to compare.
-    b = [r for r in rows if r["step"] == 200 and (r["dataset"], r["metric"]) != ("ood", "nll")]
+    b = [r for r in rows if r["step"] == 200 and (r["evaluation"], r["metric"]) != ("ood", "nll")]
     assert [c.name for c in compare(a, b)] == ["ood/accuracy", "val/accuracy", "val/nll"]
     with pytest.raises(StoreError, match="no aggregate to compare: B lacks ood/nll"):
         compare(a, b, "aggregate")
@@ -254,7 +254,7 @@ def store(tmp_path):
     rows = suite(ckpts, SUITE)
     for loc in ckpts:
         for e in SUITE:
-            cell = [r for r in rows if (r["checkpoint"], r["dataset"]) == (loc, e)]
+            cell = [r for r in rows if (r["checkpoint"], r["evaluation"]) == (loc, e)]
             if e == "val":
                 cell.append(dict(cell[0], metric="confusion_matrix", value=None, ci_low=None,
                                  ci_high=None, replicates=None, matrix=[[5, 1], [2, 7]]))
@@ -281,7 +281,7 @@ def test_cli_json_adds_one_aggregate_row_per_checkpoint(store, capsys):
     assert {r["metric"] for r in data} == {"aggregate"} and len(data[0]["replicates"]) == B
     _, out, _ = run_cli(capsys, "leaderboard", location, "--format", "json", "--metric",
                         "ood/accuracy")
-    assert {(r["dataset"], r["metric"]) for r in json.loads(out)} == {("ood", "accuracy")}
+    assert {(r["evaluation"], r["metric"]) for r in json.loads(out)} == {("ood", "accuracy")}
     _, out, _ = run_cli(capsys, "leaderboard", location, "--format", "json", "--dataset", "val")
     assert "aggregate" not in {r["metric"] for r in json.loads(out)}
     code, _, err = run_cli(capsys, "leaderboard", location, "--metric", "nll")
@@ -421,7 +421,7 @@ def printed(board, console) -> str:
 def test_wide_tables_print_every_shown_number_whole(width, terminal):
     rows = suite(WIDE_CKPTS, WIDE)
     board = build_board(rows)
-    stored_by = {(r["checkpoint"].rsplit("/", 1)[-1], f"{r['dataset']}/{r['metric']}"): r
+    stored_by = {(r["checkpoint"].rsplit("/", 1)[-1], f"{r['evaluation']}/{r['metric']}"): r
                  for r in rows}
     for e in board.entries:
         stored_by[(e.checkpoint.rsplit("/", 1)[-1], "aggregate")] = e.rows["aggregate"]
@@ -536,7 +536,7 @@ def test_tiny_data_warns_and_identical_best_values_are_all_marked_best():
     from rayeval.reporting.render import render_rich
 
     def row(ckpt, step, value):
-        return {"sweep": "s", "checkpoint": f"/c/{ckpt}", "step": step, "dataset": "one",
+        return {"sweep": "s", "checkpoint": f"/c/{ckpt}", "step": step, "evaluation": "one",
                 "metric": "accuracy", "value": value, "ci_low": value, "ci_high": value,
                 "num_samples": 1, "world_size": 1, "created_at": None,
                 "higher_is_better": True, "cell": ckpt, "bootstrap": None,
@@ -559,7 +559,7 @@ def test_tiny_data_warns_and_identical_best_values_are_all_marked_best():
 def test_language_modeling_boards_say_how_many_tokens_were_scored():
     from rayeval.ranking import build_board
 
-    row = {"sweep": "s", "checkpoint": "/c/a.pt", "step": 1, "dataset": "docs",
+    row = {"sweep": "s", "checkpoint": "/c/a.pt", "step": 1, "evaluation": "docs",
            "metric": "perplexity", "value": 12.5, "ci_low": None, "ci_high": None,
            "num_samples": 120, "num_tokens": 3456, "world_size": 1, "created_at": None,
            "higher_is_better": False, "cell": "k", "bootstrap": None, "replicates": None,

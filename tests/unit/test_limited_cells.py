@@ -59,7 +59,7 @@ def store(tmp_path):
 
 
 def test_a_limited_cell_is_stored_as_n_of_n_and_ranked(store):
-    rows = {(r["checkpoint"], r["dataset"]): r for r in rayeval.results(store).to_pylist()}
+    rows = {(r["checkpoint"], r["evaluation"]): r for r in rayeval.results(store).to_pylist()}
     a = rows[("/r/ckpts/a.pt", "arith")]
     assert (a["num_samples"], a["limited_from"]) == (30, 2376)
     assert a["items_total"] is None and a["stopped"] is None       # not a race's partial cell
@@ -107,7 +107,7 @@ def test_every_board_format_marks_the_limited_cells(store, capsys):
     assert cli.main(["leaderboard", store, "--format", "json"]) == 0
     got = json.loads(capsys.readouterr().out)
     arith = {r["checkpoint"]: (r["num_samples"], r["limited_from"]) for r in got
-             if r["dataset"] == "arith"}
+             if r["evaluation"] == "arith"}
     assert arith == {"/r/ckpts/a.pt": (30, 2376), "/r/ckpts/b.pt": (30, 2376),
                      "/r/ckpts/c.pt": (2376, None)}
     # the command's table: the marks and the note

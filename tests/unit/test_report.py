@@ -33,7 +33,7 @@ def store(tmp_path):
     for loc in ckpts:
         for e in SUITE:
             s.write_cell(f"{abs(hash((loc, e)))}",
-                         [r for r in rows if (r["checkpoint"], r["dataset"]) == (loc, e)])
+                         [r for r in rows if (r["checkpoint"], r["evaluation"]) == (loc, e)])
     return location
 
 
@@ -140,7 +140,7 @@ def test_the_server_answers_views_and_refuses_bad_ones(store):
                                     timeout=10) as r:
             assert set(json.loads(r.read())) == {"aggregate"}
         for bad, said in (("api/paired?ref=9", "no entry 9"), ("api/nope", "no view"),
-                          ("api/items?evaluation=val", "kept no per-item records")):
+                          ("api/items?evaluation=val", "stored no per-item records")):
             with pytest.raises(urllib.error.HTTPError) as e:
                 urllib.request.urlopen(base + bad, timeout=10)
             assert e.value.code == 400 and said in json.loads(e.value.read())["error"]

@@ -19,7 +19,7 @@ def rows(checkpoint, step, values, sweep="s", dataset="d", when=None):
     higher = {"accuracy": True, "nll": False}
     out = []
     for metric, value in values.items():
-        r = {"sweep": sweep, "checkpoint": checkpoint, "step": step, "dataset": dataset,
+        r = {"sweep": sweep, "checkpoint": checkpoint, "step": step, "evaluation": dataset,
              "metric": metric, "value": value, "ci_low": None, "ci_high": None,
              "num_samples": 10, "world_size": 2, "higher_is_better": higher[metric]}
         if when:
@@ -118,7 +118,7 @@ def test_json_rows_have_the_store_fields(tmp_path):
     store.write_cell("abc", rows("/c/a.pt", 1, {"accuracy": float("nan")}))
     out = json.loads(to_json(latest_rows(store.read())))
     assert out[0]["value"] is None and out[0]["created_at"].endswith("+00:00")
-    assert {"sweep", "checkpoint", "step", "dataset", "metric", "value", "ci_low", "ci_high",
+    assert {"sweep", "checkpoint", "step", "evaluation", "metric", "value", "ci_low", "ci_high",
             "num_samples", "world_size", "created_at"} <= set(out[0])
 
 
@@ -219,7 +219,7 @@ def test_plot_of_several_evaluations_takes_the_epoch_from_the_rows_under_the_agg
     data = []
     for epoch in (1, 2, 3):
         for dataset in ("val", "ood"):
-            data += [{**r, "dataset": dataset, "epoch": epoch}
+            data += [{**r, "evaluation": dataset, "epoch": epoch}
                      for r in rows(f"/c/epoch_{epoch}.pt", None, {"accuracy": epoch / 10})]
     board = build_board(data)
     assert [axis_of(board, c) for c in board.columns] == ["epoch"] * 3

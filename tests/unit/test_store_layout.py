@@ -1,6 +1,7 @@
 """Tier 1: the store at scale: parts, compaction beside running writers, filters in the scan,
 SQL, and the one-line errors (a newer format, a damaged file, a failing query)."""
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -23,7 +24,7 @@ T0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
 
 def cell(sweep, checkpoint, dataset, step, value, reps=8, seed=0):
     r = np.random.default_rng(seed).normal(value, 0.01, reps).tolist()
-    return [{"sweep": sweep, "checkpoint": checkpoint, "step": step, "dataset": dataset,
+    return [{"sweep": sweep, "checkpoint": checkpoint, "step": step, "evaluation": dataset,
              "metric": m, "value": value * k, "ci_low": value * k - 0.01,
              "ci_high": value * k + 0.01, "num_samples": 50, "world_size": 1,
              "higher_is_better": m != "nll", "replicates": [x * k for x in r],
@@ -177,12 +178,12 @@ def test_query_answers_as_the_rows_say(tmp_path):
     store = old_store(tmp_path)
     store.write_cell("a1val", cell("a", "/ck/a/step_1", "val", 9, 0.9))   # written again
     store.compact()
-    table = query(str(tmp_path), "SELECT dataset, avg(value) AS mean, count(*) AS n FROM latest "
-                                 "WHERE metric = 'accuracy' GROUP BY dataset ORDER BY dataset")
+    table = query(str(tmp_path), "SELECT evaluation, avg(value) AS mean, count(*) AS n FROM latest "
+                                 "WHERE metric = 'accuracy' GROUP BY evaluation ORDER BY evaluation")
     rows = newest(str(tmp_path), metric="accuracy").to_pylist()
     for d in ("ood", "val"):
-        values = [r["value"] for r in rows if r["dataset"] == d]
-        got = next(r for r in table.to_pylist() if r["dataset"] == d)
+        values = [r["value"] for r in rows if r["evaluation"] == d]
+        got = next(r for r in table.to_pylist() if r["evaluation"] == d)
         assert got["n"] == len(values) == 6 and got["mean"] == pytest.approx(np.mean(values))
     assert 0.9 in [r["value"] for r in rows]        # the newest write of a cell
 
@@ -246,3 +247,64 @@ def test_zeroed_bytes_inside_a_part_are_found_and_named(tmp_path, capsys):
         with open(path, "wb") as f:
             f.write(whole)
     assert {r["cell"]: r["value"] for r in store.read().to_pylist()} == want
+
+
+def legacy_cell(store, name, rows):
+    """A cell file as rayeval wrote it before 2026-12-02: the evaluation's name in a column
+    named ``dataset``."""
+    import pyarrow as pa
+
+    from rayeval.io.store import layout
+
+    table = pa.Table.from_pylist([{**r, "cell": name} for r in rows], schema=SCHEMA)
+    old = table.rename_columns(["dataset" if n == "evaluation" else n for n in table.column_names])
+    with open(os.path.join(store.dir, f"{name}.parquet"), "wb") as f:
+        f.write(layout.to_parquet(old))
+
+
+def test_files_that_name_the_evaluation_dataset_read_beside_new_ones(tmp_path, capsys):
+    """A store written before the rename (and added to after it) reads as one: every read,
+    filter, replicate lookup, board, compaction and SQL query gives the same answers as a store
+    written whole today; queries that still say ``dataset`` run."""
+    import pyarrow.parquet as pq
+
+    new, mixed = ResultStore(str(tmp_path / "new")), ResultStore(str(tmp_path / "mixed"))
+    mixed.check(write=True)
+    os.makedirs(mixed.dir, exist_ok=True)
+    n = 0
+    for step in (1, 2, 3):
+        for d in ("val", "ood"):
+            n += 1
+            rows = cell("a", f"/ck/a/step_{step}", d, step, 0.1 * step + (d == "ood") * 0.05,
+                        seed=n)
+            new.write_cell(f"a{step}{d}", rows)
+            if step < 3:
+                legacy_cell(mixed, f"a{step}{d}", rows)
+            else:
+                mixed.write_cell(f"a{step}{d}", rows)
+    assert "dataset" in pq.read_schema(os.path.join(mixed.dir, "a1val.parquet")).names
+
+    def answers(root):
+        out = {"read": ResultStore(root).read().to_pylist(),
+               "ood": ResultStore(root).read(evaluation="ood").to_pylist(),
+               "newest": newest(root, columns=["evaluation", "metric", "value"]).to_pylist(),
+               "replicates": {k: v.tolist() for k, v in ResultStore(root).replicates(
+                   {("a1ood", "ood", "nll"), ("a3val", "val", "accuracy")}).items()}}
+        for flags in [(), ("--eval", "ood"), ("--replicates",)]:
+            out[flags] = board(capsys, root, *flags)
+        return out
+
+    want = answers(str(tmp_path / "new"))
+    assert len(want["ood"]) == 6 and len(want["replicates"]) == 2
+    assert answers(str(tmp_path / "mixed")) == want
+    mixed.compact()                       # old and new files into one part
+    assert not [n for n in os.listdir(mixed.dir) if n.endswith(".parquet")]
+    assert answers(str(tmp_path / "mixed")) == want
+    if importlib.util.find_spec("duckdb") is not None:
+        from rayeval.io.store.query import query
+
+        legacy_cell(mixed, "a9val", cell("a", "/ck/a/step_9", "val", 9, 0.9))
+        sql = "SELECT {0}, count(*) AS n FROM latest GROUP BY {0} ORDER BY {0}"
+        for column in ("evaluation", "dataset"):
+            got = query(str(tmp_path / "mixed"), sql.format(column)).to_pylist()
+            assert got == [{column: "ood", "n": 6}, {column: "val", "n": 8}]

@@ -59,7 +59,7 @@ def test_the_rows_readers_and_compaction_do_not_see_the_sweep_files(tmp_path):
     store = ResultStore(str(tmp_path))
     store.keep_sweep("s", A)
     assert store.read().num_rows == 0
-    store.write_cell("abc", [{"sweep": "s", "checkpoint": "/c/a.pt", "step": 1, "dataset": "d",
+    store.write_cell("abc", [{"sweep": "s", "checkpoint": "/c/a.pt", "step": 1, "evaluation": "d",
                               "metric": "accuracy", "value": 0.5, "ci_low": None,
                               "ci_high": None, "num_samples": 10, "world_size": 1,
                               "higher_is_better": True}])

@@ -22,7 +22,7 @@ WHEN = datetime(2026, 1, 1, tzinfo=timezone.utc)
 
 
 def row(ckpt, step, evaluation, metric, value, higher, reps=None, bootstrap=KEY, sweep="s"):
-    return {"sweep": sweep, "checkpoint": ckpt, "step": step, "dataset": evaluation,
+    return {"sweep": sweep, "checkpoint": ckpt, "step": step, "evaluation": evaluation,
             "metric": metric, "value": value, "ci_low": None, "ci_high": None,
             "num_samples": 500, "created_at": WHEN, "higher_is_better": higher,
             "cell": f"{sweep}-{ckpt}-{evaluation}", "matrix": None,
@@ -141,7 +141,7 @@ def test_no_interval_unless_every_checkpoint_pairs():
     reps = paired_replicates()
     rows = table_rows(reps)
     for r in rows:                          # one checkpoint's docs resampled with another seed
-        if r["checkpoint"] == "/ck/d" and r["dataset"] == "docs":
+        if r["checkpoint"] == "/ck/d" and r["evaluation"] == "docs":
             r["bootstrap"] = KEY.replace("seed=0", "seed=1")
     found = aggregates(rows)
     assert all(a["ci_low"] is None and a["replicates"] is None for a in found)
@@ -151,7 +151,7 @@ def test_no_interval_unless_every_checkpoint_pairs():
 
 def test_a_missing_evaluation_leaves_the_aggregate_missing_but_still_counts_as_opponent():
     rows = [r for r in table_rows() if not (r["checkpoint"] == "/ck/d" and
-                                            r["dataset"] == "qa")]
+                                            r["evaluation"] == "qa")]
     by = {a["checkpoint"][-1]: a["value"] for a in aggregates(rows)}
     assert math.isnan(by["d"])
     # qa among a, b, c only: a 0/2, b 1.5/2, c 1.5/2; arith and docs among all four
@@ -192,7 +192,7 @@ def test_weights_and_the_mean_note():
     assert not [n for n in board.notes + build_board(rows).notes
                 if n.startswith("warning: the aggregate")]
     # both directions on one scale: said too
-    flipped = [dict(r, metric="error", value=r["value"] / 20) if r["dataset"] == "docs" else r
+    flipped = [dict(r, metric="error", value=r["value"] / 20) if r["evaluation"] == "docs" else r
                for r in rows]
     note = [n for n in build_board(flipped, aggregate="mean").notes
             if n.startswith("warning: the aggregate")]
@@ -382,15 +382,15 @@ def test_two_sweeps_with_different_suites_average_what_both_hold():
     assert all(e.value("aggregate") is not None and not math.isnan(e.value("aggregate"))
                for e in wins.entries)
 
-    apart = [r for r in rows if r["dataset"] not in ("y",)]
-    apart = [dict(r, dataset="v") if r["sweep"] == "b" and r["dataset"] == "x" else r
+    apart = [r for r in rows if r["evaluation"] not in ("y",)]
+    apart = [dict(r, evaluation="v") if r["sweep"] == "b" and r["evaluation"] == "x" else r
              for r in apart]
     board = build_board(apart)
     assert "aggregate" not in [c.name for c in board.columns]
     assert any(n.startswith("no aggregate: the sweeps on the board share fewer than two")
                for n in board.notes), board.notes
 
-    lacking = [r for r in rows if not (r["checkpoint"] == "/a/c2" and r["dataset"] == "y")]
+    lacking = [r for r in rows if not (r["checkpoint"] == "/a/c2" and r["evaluation"] == "y")]
     board = build_board(lacking, aggregate="mean")
     assert [c.evaluation for c in board.averaged] == ["x", "y"]
     assert next(e for e in board.entries if e.checkpoint == "/a/c2").value("aggregate") is None

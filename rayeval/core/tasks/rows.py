@@ -34,7 +34,7 @@ class Recorded:
     """A tensor task's decoded batch with what each row's per-item record shows of it
     (``items``: a list per record column, one value per row), made only when the evaluation
     keeps records. The model sees ``inputs`` alone (``inputs_of``); the functions here carry
-    ``items`` along with the rows they describe (a kept shard, a race's round)."""
+    ``items`` along with the rows they describe (a held shard, a race's round)."""
     inputs: Inputs
     items: dict[str, list]
 
@@ -112,7 +112,7 @@ def nbytes(x: Inputs) -> int:
 
 def _items_nbytes(items: dict[str, list]) -> int:
     """About what records' items hold: each thumbnail's bytes, 8 for any other value (an id,
-    a class): what a kept shard counts against its budget."""
+    a class): what a held shard counts against its budget."""
     return sum(sum(len(t) for t in v) if isinstance(v, list) else 8
                for column in items.values() for v in column)
 

@@ -124,7 +124,7 @@ class CellScorer:
         ctx = self.ctx
         ev = self.plan.evaluation(cell.evaluation)
         shard = self.shards[ev.name]
-        streamed = not shard.use_cache        # read and decoded (not from the kept shard)
+        streamed = not shard.use_cache        # read and decoded (not from the held shard)
         began = time.perf_counter()
         ctx.mark("pass", f"during the pass over {cell.checkpoint.location} on {ev.name}")
         with ctx.timer.span("pass", doing=first_rows(ev)):
@@ -203,7 +203,7 @@ class CellScorer:
         rows, stopped = 0, False
         task = tasks.get(ev.spec.task)
         shard = self.shards[ev.name]
-        # A segment's or a round's rows: from the kept shard's index by bucket where it has
+        # A segment's or a round's rows: from the held shard's index by bucket where it has
         # one (only those rows, in full batches), else filtered from each batch and those of
         # several batches scored together, full batches as without ``within`` (a task that
         # holds rows, a text task, does so itself).

@@ -3,7 +3,7 @@ for later passes when every worker's shard fits one budget shared by the evaluat
 
     Budget     bytes of decoded shards a worker may still keep
     Shard      an evaluation's decoded batches (or a BadBatch for one that cannot be decoded)
-    Slab       one block per tensor that a kept shard's batches are views of
+    Slab       one block per tensor that a held shard's batches are views of
 """
 
 from __future__ import annotations
@@ -163,7 +163,7 @@ class Shard:
             yield batch
 
     def within(self, lo: int, hi: int):
-        """The kept shard's rows of bootstrap buckets [lo, hi) as batches of ``batch_size``
+        """The held shard's rows of bootstrap buckets [lo, hi) as batches of ``batch_size``
         rows, in the shard's order, made as they are asked for, from an index of the kept
         rows by bucket made at the first call: a segment of a cell (``resume``), a race's
         round, costs its own rows, not a pass over the whole shard. None where the shard is
@@ -209,7 +209,7 @@ class Shard:
         return self.by_bucket
 
     def reset(self) -> None:
-        """Forget the kept shard: the next pass streams and decodes again."""
+        """Forget the held shard: the next pass streams and decodes again."""
         self._drop()
         self.cache, self.passes, self.use_cache = [], 0, False
 

@@ -188,10 +188,10 @@ def _by_sweep(table: pa.Table):
 
 def _publish(fs, root: str, sweep: str, rows: pa.Table,
              summarize: Summarize | None = None) -> str:
-    """One part, rows by (metric, dataset, cell, ordinal): a metric's rows sit together, so a
+    """One part, rows by (metric, evaluation, cell, ordinal): a metric's rows sit together, so a
     read of one metric skips the others' row groups by their statistics. Its suite file
     (``summarize``) and figures file go first: a part is read once it is there."""
-    rows = rows.sort_by([("metric", "ascending"), ("dataset", "ascending"),
+    rows = rows.sort_by([("metric", "ascending"), ("evaluation", "ascending"),
                          ("cell", "ascending"), (layout.ORDINAL, "ascending")])
     stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S%f")
     name = f"part-{stamp}-{uuid.uuid4().hex[:8]}.parquet"

@@ -10,13 +10,16 @@ Two kinds of files, both with the rows of ``store.SCHEMA``::
 A run writes each cell as it finishes into ``results/`` (so a restarted worker group and a
 concurrent run see it at once), then moves its cells into one part (``store.compact``). A part
 holds an extra column, ``ordinal`` (a row's place in its cell: the cell's first row is its
-headline metric), and its rows are sorted by (metric, dataset, cell, ordinal) in row groups, so
+headline metric), and its rows are sorted by (metric, evaluation, cell, ordinal) in row groups, so
 that reading one metric's replicates reads only the row groups that hold it. A board reads the
 figures (every column but ``replicates``): parquet keeps each column apart, so the replicates'
 bytes (most of a cell: 1,000 float64 per metric row) are not read at all.
 
 Old stores (``results/`` only, no ``store.json``) read as they are; a store whose
-``store.json`` names a newer format is refused in one line.
+``store.json`` names a newer format is refused in one line. Files written before 2026-12-02
+hold the evaluation's name in a column named ``dataset`` (a word the sweep file uses for the
+data an evaluation reads): every read takes it from there where ``evaluation`` is missing
+(``LEGACY``), so a store mixes both kinds of file.
 """
 
 from __future__ import annotations
@@ -45,6 +48,9 @@ REPLICATES = "replicates"
 # Rows per row group of a part: a 1,000-replicate row is 8 KB, so a group is ~16 MB of
 # replicates and a few hundred KB of figures.
 ROW_GROUP = 2048
+# The evaluation's name: its column, and the column files written before 2026-12-02 hold it in.
+EVALUATION = "evaluation"
+LEGACY = "dataset"
 
 
 # --- every file written with a checksum per data page, checked by every read -----------------
@@ -94,6 +100,41 @@ def after_moving(path: str) -> str:
 
 def part_schema(schema: pa.Schema) -> pa.Schema:
     return schema.append(pa.field(ORDINAL, pa.int32()))
+
+
+def read_schema(schema: pa.Schema) -> pa.Schema:
+    """What a read asks of every file: a part's columns, the evaluation's name nullable (an
+    old file has none there) and the old files' column for it (``LEGACY``: a new file has
+    none there)."""
+    full = part_schema(schema)
+    if EVALUATION not in full.names:
+        return full
+    at = full.get_field_index(EVALUATION)
+    return full.set(at, full.field(at).with_nullable(True)).append(pa.field(LEGACY, pa.string()))
+
+
+def evaluation_in(names) -> pads.Expression:
+    """A filter on the evaluation's name that old files pass too (``LEGACY``): pushed down to
+    either column's row-group statistics."""
+    names = sorted(names)
+    return pc.field(EVALUATION).isin(names) | pc.field(LEGACY).isin(names)
+
+
+def renamed(table: pa.Table) -> pa.Table:
+    """A table read from the store with the evaluation's name in ``evaluation``, whatever the
+    file called it: the legacy column's values where the new one is missing or null, and the
+    legacy column dropped."""
+    names = table.column_names
+    if LEGACY not in names:
+        return table
+    if EVALUATION not in names:
+        return table.rename_columns([EVALUATION if n == LEGACY else n for n in names])
+    at = names.index(EVALUATION)
+    merged = pc.coalesce(table[EVALUATION], table[LEGACY])
+    table = table.set_column(at, EVALUATION, merged).drop_columns([LEGACY])
+    if merged.null_count:                 # every writer names it: no file leaves it empty
+        return table
+    return table.cast(table.schema.set(at, table.schema.field(at).with_nullable(False)))
 
 
 def figures(schema: pa.Schema) -> list[str]:
@@ -230,12 +271,14 @@ def read_files(fs: pafs.FileSystem, files: list[str], schema: pa.Schema, locatio
     files again, a few times at most (a reader polling a store that `watch` consolidated
     failed on such a file). ``ordered=False``: in the scan's order (a sort and a copy less:
     2.6 s of a 10,000-cell board's replicates on a loaded machine)."""
-    full = part_schema(schema)
+    full = read_schema(schema)
     wanted = list(columns or schema.names)
     if ORDINAL not in wanted:
         wanted.append(ORDINAL)
     if "cell" not in wanted:
         wanted.append("cell")
+    if EVALUATION in wanted and LEGACY in full.names:
+        wanted.append(LEGACY)
     damaged: list[str] = []
     relists = 3 if relist is not None else 0
     while True:
@@ -259,7 +302,7 @@ def read_files(fs: pafs.FileSystem, files: list[str], schema: pa.Schema, locatio
                     f"({after_moving(bad[0])})") from None
             damaged += bad
             files = [f for f in files if f not in bad and f not in gone]
-    table = _in_cell_order(table) if ordered else table     # unordered: keyed reads
+    table = renamed(_in_cell_order(table) if ordered else table)    # unordered: keyed reads
     return table.select([c for c in wanted if c in (columns or schema.names)]), \
         damaged
 
@@ -313,7 +356,8 @@ def newest_writes(table: pa.Table) -> pa.Table:
     keep = stamps == newest[cells]
     # the same write twice (file and part): keep the first copy of each (cell, metric)
     frame = table.filter(pa.array(keep))
-    seen = pc.binary_join_element_wise(frame["cell"], frame["metric"], frame["dataset"], "\x1f")
+    seen = pc.binary_join_element_wise(frame["cell"], frame["metric"], frame[EVALUATION],
+                                       "\x1f")
     first = np.unique(seen.combine_chunks().dictionary_encode().indices.to_numpy(
         zero_copy_only=False), return_index=True)[1]
     return frame.take(pa.array(np.sort(first), pa.int64()))

@@ -7,8 +7,11 @@ columns and filters into the dataset scan, so a query of a few columns reads onl
 columns' bytes. The SQL sees three views:
 
 - ``results``: every stored row, as written (a cell written twice: both writes);
-- ``latest``: the newest row of every (sweep, checkpoint, dataset, metric), as boards use;
+- ``latest``: the newest row of every (sweep, checkpoint, evaluation, metric), as boards use;
 - ``cells``: one row per cell file or part (``path``, ``kind``: ``cell`` or ``part``).
+
+``results`` and ``latest`` also show the evaluation's name as ``dataset``, its column's name
+in files written before 2026-12-02 (``layout.LEGACY``), so queries written then still run.
 """
 
 from __future__ import annotations
@@ -24,9 +27,16 @@ from rayeval.io import paths
 from rayeval.io.store import layout
 from rayeval.io.store.results import SCHEMA, ResultStore
 
+# Every file's rows, the evaluation's name in ``evaluation`` whichever column a file holds it
+# in, and again as ``dataset`` (its older name) for queries written before the rename.
+RESULTS = """
+    SELECT * REPLACE (coalesce(evaluation, dataset) AS evaluation,
+                      coalesce(evaluation, dataset) AS dataset)
+    FROM files
+"""
 LATEST = """
     SELECT * EXCLUDE (_rank) FROM (
-        SELECT *, row_number() OVER (PARTITION BY sweep, checkpoint, dataset, metric
+        SELECT *, row_number() OVER (PARTITION BY sweep, checkpoint, evaluation, metric
                                      ORDER BY created_at DESC) AS _rank
         FROM results) WHERE _rank = 1
 """
@@ -41,8 +51,8 @@ def query(store: str | os.PathLike, sql: str, *, damaged: str = "refuse") -> pa.
     except ImportError:
         raise StoreError("rayeval query needs DuckDB: pip install 'rayeval[query]'") from None
     if not sql.strip():
-        raise StoreError("SQL: expected a query, e.g. \"SELECT dataset, avg(value) FROM latest "
-                         "GROUP BY dataset\"")
+        raise StoreError("SQL: expected a query, e.g. \"SELECT evaluation, avg(value) FROM "
+                         "latest GROUP BY evaluation\"")
     given = os.fspath(store)
     location = paths.resolve(given, os.getcwd())
     if not paths.is_uri(location) and not os.path.isdir(location):
@@ -74,7 +84,7 @@ def query(store: str | os.PathLike, sql: str, *, damaged: str = "refuse") -> pa.
 
 
 def _run(duckdb, opened: ResultStore, location: str, names: list[str], sql: str) -> pa.Table:
-    schema = layout.part_schema(SCHEMA)
+    schema = layout.read_schema(SCHEMA)
     results = pads.dataset(names, filesystem=opened.fs, format=layout.parquet_format(),
                            schema=schema) \
         if names else schema.empty_table()
@@ -83,8 +93,9 @@ def _run(duckdb, opened: ResultStore, location: str, names: list[str], sql: str)
                                for n in names]})
     con = duckdb.connect()
     try:
-        con.register("results", results)
+        con.register("files", results)
         con.register("cells", cells)
+        con.execute(f"CREATE VIEW results AS {RESULTS}")
         con.execute(f"CREATE VIEW latest AS {LATEST}")
         relation = con.sql(sql)
         return pa.table({}) if relation is None else relation.to_arrow_table()

@@ -1,5 +1,5 @@
-"""The result store: parquet files of evaluated cells (checkpoint x evaluation; the ``dataset``
-column holds the evaluation's name), one row per metric; ``store.layout`` says where.
+"""The result store: parquet files of evaluated cells (checkpoint x evaluation), one row per
+metric; ``store.layout`` says where.
 
 A run writes each cell as one file named by its content key under ``results/`` (so a second run
 of the same cell replaces its file instead of adding a duplicate, and a run can ask the store
@@ -29,7 +29,7 @@ SCHEMA = pa.schema([
     pa.field("checkpoint", pa.string(), nullable=False),
     pa.field("step", pa.int64()),
     pa.field("epoch", pa.int64()),                       # from the checkpoint's name
-    pa.field("dataset", pa.string(), nullable=False),
+    pa.field("evaluation", pa.string(), nullable=False),   # its name in the sweep
     pa.field("metric", pa.string(), nullable=False),
     pa.field("value", pa.float64()),
     pa.field("ci_low", pa.float64()),
@@ -64,11 +64,11 @@ def cell_rows(*, sweep: str, checkpoint: str, step: int | None, evaluation: str,
     evaluation's first row as its headline metric). ``results``: metric key -> an object with
     value, ci_low, ci_high, replicates and matrix (``evaluate.MetricResult``). ``num_tokens``:
     the scored target tokens, for tasks that score tokens rather than rows (None otherwise).
-    ``samples``: the tag of the cell's per-item record files (None: it kept none).
+    ``samples``: the tag of the cell's per-item record files (None: it stored none).
     ``items_total``, ``stopped``: a race's partial cell; ``limited_from``: the task's document
     count where a ``limit:`` scored only the first ``num_samples`` of them."""
     return [{"sweep": sweep, "checkpoint": checkpoint, "step": step, "epoch": epoch,
-             "dataset": evaluation, "metric": key, "value": r.value, "ci_low": r.ci_low,
+             "evaluation": evaluation, "metric": key, "value": r.value, "ci_low": r.ci_low,
              "ci_high": r.ci_high, "num_samples": num_samples, "num_tokens": num_tokens,
              "world_size": world_size,
              "higher_is_better": higher_is_better[key], "replicates": r.replicates,
@@ -360,15 +360,16 @@ class ResultStore:
         if not files:
             return SCHEMA.empty_table().select(columns or SCHEMA.names)
         where = None
-        for column, value in (("sweep", sweep), ("dataset", evaluation), ("metric", metric)):
+        for column, value in (("sweep", sweep), ("evaluation", evaluation), ("metric", metric)):
             if value is not None:
-                term = pc.field(column) == value
+                term = layout.evaluation_in([value]) if column == "evaluation" else \
+                    pc.field(column) == value
                 where = term if where is None else where & term
         if checkpoint is not None:            # a regular expression on the location
             term = pc.match_substring_regex(pc.field("checkpoint"), pattern=checkpoint)
             where = term if where is None else where & term
         wanted = list(columns or SCHEMA.names)
-        keys = [c for c in ("cell", "created_at", "metric", "dataset") if c not in wanted]
+        keys = [c for c in ("cell", "created_at", "metric", "evaluation") if c not in wanted]
         table = layout.read_files(
             self.fs, files, SCHEMA, self.location, wanted + keys, where,
             relist=lambda: layout.list_files(self.fs, self.root, sweep, figures=small).all)[0]
@@ -396,11 +397,11 @@ class ResultStore:
 
     def replicates(self, wanted: set[tuple[str, str, str]], sweep: str | None = None
                    ) -> dict[tuple[str, str, str], np.ndarray]:
-        """The replicates of the rows ``(cell, dataset, metric)``, as float64 arrays: read
-        from only the row groups of those datasets and metrics."""
+        """The replicates of the rows ``(cell, evaluation, metric)``, as float64 arrays: read
+        from only the row groups of those evaluations and metrics."""
         if not wanted:
             return {}
-        where = pc.field("dataset").isin(sorted({d for _, d, _ in wanted})) & \
+        where = layout.evaluation_in({d for _, d, _ in wanted}) & \
             pc.field("metric").isin(sorted({m for _, _, m in wanted}))
         cells = {c for c, _, _ in wanted}
         if len(cells) <= 10_000:                  # few cells: only their rows are kept
@@ -409,10 +410,10 @@ class ResultStore:
         if not files:
             return {}
         table, _ = layout.read_files(
-            self.fs, files, SCHEMA, self.location, ["cell", "dataset", "metric", "replicates"],
+            self.fs, files, SCHEMA, self.location, ["cell", "evaluation", "metric", "replicates"],
             where, ordered=False, relist=lambda: layout.list_files(self.fs, self.root, sweep).all)
         out = {}
-        keys = zip(*(table[c].to_pylist() for c in ("cell", "dataset", "metric")))
+        keys = zip(*(table[c].to_pylist() for c in ("cell", "evaluation", "metric")))
         for key, reps in zip(keys, replicate_arrays(table["replicates"])):
             if key in wanted and reps is not None:
                 out[key] = reps
@@ -442,7 +443,8 @@ def newest(store: str | os.PathLike, *, sweep: str | None = None,
                          "a sweep")
     wanted = None if columns is None else list(columns)
     extra = [] if wanted is None else \
-        [c for c in ("sweep", "checkpoint", "dataset", "metric", "created_at") if c not in wanted]
+        [c for c in ("sweep", "checkpoint", "evaluation", "metric", "created_at")
+         if c not in wanted]
     table = opened.read(None if wanted is None else wanted + extra, sweep=sweep,
                         evaluation=evaluation, metric=metric, checkpoint=checkpoint)
     table = table.take(latest_indices(table))

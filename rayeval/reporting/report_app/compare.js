@@ -11,7 +11,7 @@
   }
   function compareView(main, r) {
     var evs = evaluationsWithRecords();
-    if (!evs.length) { main.appendChild(el('p', { text: 'No evaluation kept per-item records; A against B needs them.' })); return; }
+    if (!evs.length) { main.appendChild(el('p', { text: 'No evaluation stored per-item records; A against B needs them.' })); return; }
     var chosen = r.evaluation && evs.indexOf(r.evaluation) >= 0 ? Promise.resolve(r.evaluation) : firstCountable(evs, 0);
     var ev;
     return chosen.then(function (found) { ev = found; return get(q('items', { evaluation: ev })); }).then(function (items) {

@@ -20,7 +20,7 @@
   function itemsView(main, r) {
     var evs = evaluationsWithRecords();
     if (!evs.length) {
-      main.appendChild(el('p', { text: 'No evaluation of this store kept per-item records (samples: true keeps them; text tasks and classification do by default).' }));
+      main.appendChild(el('p', { text: 'No evaluation of this store stored per-item records (samples: true keeps them; text tasks and classification do by default).' }));
       return;
     }
     var ev = r.evaluation && evs.indexOf(r.evaluation) >= 0 ? r.evaluation : evs[0];
