@@ -246,19 +246,21 @@ def test_the_filters_and_the_chat_template_changed_something(reference, checkpoi
 
 @pytest.fixture(scope="module")
 def ray_stores(example, tmp_path_factory, standing):
-    """1, 2 and 3 workers; the 2-worker run shares prefixes (``model.share_prefixes:
-    true``), the others score each request on its own (the default)."""
+    """1, 2 and 3 workers; the 1- and 3-worker runs share prefixes (the default), at batch
+    1 and 64; the 2-worker run scores each request on its own (``model.share_prefixes:
+    false``), at the sweep's batch of 8."""
     root = tmp_path_factory.mktemp("harness_stores")
     sweep = yaml.safe_load((example / "sweep.yaml").read_text())
-    sweep["model"] = {"share_prefixes": True}
-    (example / "sweep-shared.yaml").write_text(yaml.safe_dump(sweep, sort_keys=False))
+    for name, changes in (("sweep-1.yaml", {"batch_size": 1}),
+                          ("sweep-2.yaml", {"model": {"share_prefixes": False}}),
+                          ("sweep-3.yaml", {"batch_size": 64})):
+        (example / name).write_text(yaml.safe_dump({**sweep, **changes}, sort_keys=False))
     stores = {}
     with local_ray():     # one Ray start for the three runs (rayeval.run is what `run` calls)
         for workers in (1, 2, 3):
             out = root / f"store{workers}"
-            name = "sweep-shared.yaml" if workers == 2 else "sweep.yaml"
-            report = rayeval.run(str(example / name), workers=workers, output=str(out),
-                                 standing=standing)
+            report = rayeval.run(str(example / f"sweep-{workers}.yaml"), workers=workers,
+                                 output=str(out), standing=standing)
             assert report.outcomes and not report.failures, report.failures
             stores[workers] = out
     return stores
@@ -282,15 +284,34 @@ def test_ray_runs_with_1_2_and_3_workers_equal_lm_eval(checkpoints, reference, r
             assert r["ci_low"] <= r["value"] <= r["ci_high"]
             _check(r["metric"], r["value"], _theirs(theirs["metrics"], r["metric"]))
         runs[workers] = {(r["checkpoint"], r["evaluation"], r["metric"]): r for r in rows}
-    # The intervals do not depend on the world size: exactly for counts, to float rounding for
-    # sums of log-likelihoods (the batches' padding differs).
+    # The intervals do not depend on the world size: with shared prefixes (1 and 3 workers,
+    # batch 1 and 64) to the bit; without them exactly for counts, to float rounding for sums
+    # of log-likelihoods (the batches' padding differs).
     for workers in (2, 3):
         for key, r in runs[workers].items():
             for k in ("value", "ci_low", "ci_high"):
-                if key[2].split(",")[0] in ("acc", "acc_norm", "exact_match"):
+                if workers == 3 or key[2].split(",")[0] in ("acc", "acc_norm", "exact_match"):
                     assert r[k] == runs[1][key][k], key
                 else:
                     assert r[k] == pytest.approx(runs[1][key][k], rel=1e-6), key
+
+
+@pytest.mark.ray
+def test_shared_prefixes_give_every_items_log_likelihoods_the_same_bits_on_1_and_3_workers(
+        checkpoints, ray_stores):
+    """Per item: the 1-worker run at batch 1 and the 3-worker run at batch 64 (shared
+    prefixes, the default) hold the same log-likelihoods, to the bit."""
+    import rayeval
+
+    for c in checkpoints:
+        for task in ("arith_mc", "arith_ll", "docs_ppl"):          # the scored ones
+            one, three = (sorted(rayeval.samples(ray_stores[w], checkpoint=c,
+                                                 evaluation=task).to_pylist(),
+                                 key=lambda r: r["id"]) for w in (1, 3))
+            assert len(one) == len(three) > 0
+            lls = [r["loglikelihoods"] for r in one]
+            assert lls == [r["loglikelihoods"] for r in three], (c, task)
+            assert all(x is not None for x in lls), task
 
 
 @pytest.mark.ray

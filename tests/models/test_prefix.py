@@ -49,9 +49,9 @@ def requests(tok: Tokenizer) -> list:
     return out
 
 
-def context(tok: Tokenizer, share: bool, batch: int = 4, tokens: int = 600) -> Context:
+def context(tok: Tokenizer, share: bool, batch: int = 4) -> Context:
     return Context(spec=DatasetSpec(path=""), task="multiple_choice", size=tok.tokenizer.vocab_size,
-                   text=tok, batch=batch, tokens=tokens, share=share)
+                   text=tok, batch=batch, share=share)
 
 
 def direct(model, pair, max_length):
@@ -85,6 +85,31 @@ def test_shared_equals_unshared_request_by_request(max_length):
         assert (greedy, greedy0) == (want_greedy, want_greedy)
 
 
+@pytest.mark.parametrize("max_length", [512, 40])
+def test_each_requests_log_likelihood_has_the_same_bits_in_any_company(max_length):
+    """Shared prefixes with invariant bits: a request scored alone, in any of three shards of
+    the requests (three workers' share), in another order or at batch 1, 16 or 64 gets the
+    very float it gets among all of them: its segments are cut by its own tokens and each runs
+    in a shape of its own."""
+    import random
+
+    tok = tokenizer(max_length)
+    model = tiny_llama(len(tok.tokenizer))
+    reqs = requests(tok)
+    backend = backends.of_model(model)
+    with torch.inference_mode():
+        whole = backend.loglikelihood(reqs, context(tok, True, batch=16))
+        for batch in (1, 64):
+            assert backend.loglikelihood(reqs, context(tok, True, batch=batch)) == whole
+        order = list(range(len(reqs)))
+        random.Random(0).shuffle(order)
+        for shard in (order[0::3], order[1::3], order[2::3], order[::-1]):
+            got = backend.loglikelihood([reqs[i] for i in shard], context(tok, True))
+            assert got == [whole[i] for i in shard]
+        for i in range(0, len(reqs), 5):
+            assert backend.loglikelihood([reqs[i]], context(tok, True)) == [whole[i]]
+
+
 def test_the_shared_runs_are_computed_once():
     """The trie holds the few-shot block once: the tokens run are far fewer than the
     requests' inputs hold, and a batch never exceeds the token budget."""
@@ -95,7 +120,7 @@ def test_the_shared_runs_are_computed_once():
     model.register_forward_pre_hook(
         lambda m, args, kw: seen.append((kw["input_ids"].shape, kw["attention_mask"].shape)),
         with_kwargs=True)
-    scorer = prefix.Scorer(model, reqs, 512, 4, 600, lambda ids, out: out)
+    scorer = prefix.Scorer(model, reqs, 512, lambda ids, out: out)
     with torch.inference_mode():
         scorer.run()
     run = sum(ids[0] * ids[1] for ids, _ in seen)
@@ -140,7 +165,7 @@ def test_a_plain_module_falls_back_once_with_the_same_numbers(caplog):
     reqs = requests(tok)
     plain = backends.of_model(Plain(model))
     assert plain.why_not == "Plain is not a Hugging Face model (no config)"
-    with caplog.at_level(logging.WARNING, logger="rayeval.core.backends.hf"), \
+    with caplog.at_level(logging.INFO, logger="rayeval.core.backends.hf"), \
             torch.inference_mode():
         got = plain.loglikelihood(reqs, context(tok, True))
         again = plain.loglikelihood(reqs[:3], context(tok, True))

@@ -49,17 +49,17 @@ class HFBackend(TorchBackend):
         why = self.why_not
         if ctx.share and why is None and requests and all(
                 len((c + t)[-(ctx.text.max_length + 1):]) > 1 for c, t in requests):
-            scorer = prefix.Scorer(self.model, requests, ctx.text.max_length, ctx.batch,
-                                   ctx.tokens, lambda ids, out: checked_logits(ids, out, ctx),
+            scorer = prefix.Scorer(self.model, requests, ctx.text.max_length,
+                                   lambda ids, out: checked_logits(ids, out, ctx),
                                    self.device, self.timer)
             try:
                 return scorer.run(ctx.partly)
             except prefix.CannotShare as e:
                 self.why_not = why = str(e)
-        if ctx.share and why not in self.said:
+        if ctx.share and why not in self.said:      # the default: said, not warned
             self.said.add(why)
-            log.warning("shared-prefix scoring is off for this model: %s; each request is "
-                        "scored on its own", why)
+            log.info("shared-prefix scoring is off for this model: %s; each request is "
+                     "scored on its own", why)
         return super().loglikelihood(requests, ctx)
 
     def generate_tokens(self, contexts: list[list[int]], ctx: Context) -> list[list[int]]:
