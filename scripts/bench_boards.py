@@ -30,17 +30,13 @@ load (``uptime``) is printed before and after: a shared 2-core machine moves wal
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import shutil
-import statistics
-import subprocess
 import sys
-import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_store import REPO, build, real_cell, timed  # noqa: E402
+import benchkit  # noqa: E402
+from bench_store import build, real_cell, timed  # noqa: E402
 
 PAIRED = """
 import sys, time
@@ -77,26 +73,18 @@ def store(cell, cells: int, folder: str) -> str:
     return folder
 
 
-def uptime() -> str:
-    return subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
-
-
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = benchkit.parser(__doc__, repeats=3)
     p.add_argument("--cells", type=int, default=100_000)
-    p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--cell", help="a stored cell's parquet file (default: run the example)")
     p.add_argument("--work", help="where the stores are built (default: a temporary folder)")
     p.add_argument("--keep", action="store_true")
     p.add_argument("--only", help="comma-separated names of the measures to take")
-    p.add_argument("--json", metavar="FILE")
     args = p.parse_args(argv)
-    work = args.work or tempfile.mkdtemp(prefix="rayeval-bench-boards-")
-    os.makedirs(work, exist_ok=True)
-    env = {**os.environ, "PYTHONPATH": REPO}
-    figures: dict = {"uptime": [uptime()], "cells": args.cells, "runs": {}}
+    env = benchkit.env(benchkit.REPO)
+    figures: dict = {"uptime": [benchkit.uptime()], "cells": args.cells, "runs": {}}
     print(figures["uptime"][0], flush=True)
-    try:
+    with benchkit.workdir("rayeval-bench-boards-", args.work, args.keep) as work:
         cell = real_cell(args.cell, work)
         big = store(cell, args.cells, os.path.join(work, f"big-{args.cells}"))
         small = store(cell, 100, os.path.join(work, "small"))
@@ -109,28 +97,23 @@ def main(argv=None) -> int:
             for name in names:
                 if name.startswith("paired"):
                     count = "0" if name.endswith("all") else name.split("-")[1]
-                    done = subprocess.run([sys.executable, "-c", PAIRED, REPO, big, count],
-                                          env=env, capture_output=True, text=True, check=True)
+                    done = benchkit.run([sys.executable, "-c", PAIRED, benchkit.REPO, big, count],
+                                        env=env, what=name)
                     made, seconds = map(float, done.stdout.split())
                     runs[name].append({"s": seconds, "board_s": made})
                 else:
                     seconds, rss = timed(wanted[name], env)
                     runs[name].append({"s": seconds, "rss_mb": rss})
         for name, found in runs.items():
-            med = {k: round(statistics.median(r[k] for r in found), 2) for k in found[0]}
+            med = {k: round(benchkit.median(r[k] for r in found), 2) for k in found[0]}
             figures["runs"][name] = {"median": med, "all": found}
             extra = f", the board first {med['board_s']:.2f} s" if "board_s" in med else \
                 f", {med['rss_mb']:.0f} MB"
             print(f"{name:12s} {med['s']:7.2f} s{extra}  (runs: "
                   + ", ".join(f"{r['s']:.2f}" for r in found) + ")", flush=True)
-        figures["uptime"].append(uptime())
+        figures["uptime"].append(benchkit.uptime())
         print(figures["uptime"][-1], flush=True)
-    finally:
-        if not args.keep and not args.work:
-            shutil.rmtree(work, ignore_errors=True)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(figures, f, indent=1)
+    benchkit.record(args.json, figures)
     return 0
 
 

@@ -27,22 +27,12 @@ Target (issue 47): a fully cached run <= 1.5 s, with or without lm-eval entries.
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import re
-import resource
-import shutil
-import statistics
-import subprocess
 import sys
-import tempfile
-import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.dirname(HERE)
-OFFLINE = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
-           "HF_DATASETS_DISABLE_PROGRESS_BARS": "1", "TOKENIZERS_PARALLELISM": "false"}
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import benchkit  # noqa: E402
 
 UTILS = ("def add_question(dataset):\n"
          "    return dataset.map(lambda d: {'question': 'Q: ' + d['prompt']})\n\n\n"
@@ -98,7 +88,6 @@ def build(out: str) -> dict[str, str]:
     import yaml
 
     if not os.path.isdir(os.path.join(out, "ckpts")):
-        sys.path.insert(0, HERE)
         import make_lm_example
 
         make_lm_example.build(out, checkpoints=2)
@@ -119,42 +108,24 @@ def build(out: str) -> dict[str, str]:
             "lm_eval": os.path.join(out, "sweep_lm_eval.yaml")}
 
 
-def _run(sweep: str, *extra: str, tree: str | None = None) -> tuple[float, float, str]:
-    """(wall seconds, CPU seconds, output) of one ``rayeval run``; ``tree``: a rayeval
-    checkout to run instead of the installed one (put first on PYTHONPATH)."""
-    env = {**os.environ, **OFFLINE}
-    if tree:
-        env["PYTHONPATH"] = os.pathsep.join([tree, env.get("PYTHONPATH", "")]).rstrip(
-            os.pathsep)
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    start = time.perf_counter()
-    done = subprocess.run([sys.executable, "-m", "rayeval", "run", sweep, *extra],
-                          cwd=os.path.dirname(sweep), env=env, capture_output=True, text=True)
-    seconds = time.perf_counter() - start
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-    if done.returncode != 0:
-        sys.exit(f"rayeval run {sweep} failed ({done.returncode}):\n{done.stderr[-3000:]}")
-    return seconds, cpu, done.stdout + done.stderr
-
-
-def _median(values) -> float:
-    return round(statistics.median(values), 2)
+def _run(sweep: str, *extra: str, tree: str | None = None) -> benchkit.Ran:
+    """One ``rayeval run`` (wall and CPU seconds, output); ``tree``: a rayeval checkout to run
+    instead of the installed one (put first on PYTHONPATH)."""
+    return benchkit.run([sys.executable, "-m", "rayeval", "run", sweep, *extra],
+                        cwd=os.path.dirname(sweep), env=benchkit.env(tree, **benchkit.OFFLINE),
+                        what=f"rayeval run {sweep}")
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = benchkit.parser(__doc__, repeats=5, flag="--runs")
     ap.add_argument("--out", help="the folder to build in (kept); default: a temporary one")
-    ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--sweeps", default="plain,lm_eval")
-    ap.add_argument("--json", help="write the figures here")
     ap.add_argument("--trees", help="rayeval checkouts to compare, comma-separated (each put "
                                     "first on PYTHONPATH; runs alternate between them); "
                                     "default: the installed rayeval")
     args = ap.parse_args(argv)
-    out = args.out or tempfile.mkdtemp(prefix="rayeval-cached-plan-")
     trees = args.trees.split(",") if args.trees else [None]
-    try:
+    with benchkit.workdir("rayeval-cached-plan-", args.out) as out:
         sweeps = build(out)
         figures = {}
         for name in args.sweeps.split(","):
@@ -164,31 +135,27 @@ def main(argv=None) -> int:
             last = {}
             for _ in range(args.runs):
                 for tree in trees:                      # alternating: a load drift hits all
-                    seconds, cpu, last[tree] = _run(sweeps[name], "--profile", tree=tree)
-                    runs[tree].append((seconds, cpu))
+                    ran = _run(sweeps[name], "--profile", tree=tree)
+                    runs[tree].append((ran.seconds, ran.cpu_s))
+                    last[tree] = ran.stdout + ran.stderr
             for tree in trees:
                 if not re.search(r"^0 cell\(s\) evaluated", last[tree], re.M):
                     sys.exit(f"{name}: the re-run evaluated cells:\n{last[tree][-2000:]}")
-                wall = [w for w, _ in runs[tree]]
-                cpu = [c for _, c in runs[tree]]
+                wall = benchkit.spread([w for w, _ in runs[tree]], 2)
+                cpu = benchkit.spread([c for _, c in runs[tree]], 2)
                 label = f"{name}" + (f" [{tree}]" if tree else "")
-                figures[label] = {"median_s": _median(wall), "min_s": round(min(wall), 2),
-                                  "max_s": round(max(wall), 2), "cpu_median_s": _median(cpu),
-                                  "runs": len(wall)}
-                print(f"{label}: cached re-run median {_median(wall):.2f} s wall (min "
-                      f"{min(wall):.2f}, max {max(wall):.2f}), {_median(cpu):.2f} s CPU; "
-                      f"{len(wall)} runs", flush=True)
+                figures[label] = {"median_s": wall["median"], "min_s": wall["min"],
+                                  "max_s": wall["max"], "cpu_median_s": cpu["median"],
+                                  "runs": len(runs[tree])}
+                print(f"{label}: cached re-run median {wall['median']:.2f} s wall (min "
+                      f"{wall['min']:.2f}, max {wall['max']:.2f}), {cpu['median']:.2f} s CPU; "
+                      f"{len(runs[tree])} runs", flush=True)
                 print("   " + "\n   ".join(
                     line for line in last[tree].splitlines()
                     if line.startswith("profile") or re.match(r"^ +\d+\.\d+ s  ", line)),
                     flush=True)
-        print(f"load average: {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores", flush=True)
-        if args.json:
-            with open(args.json, "w") as f:
-                json.dump(figures, f, indent=1)
-    finally:
-        if args.out is None:
-            shutil.rmtree(out, ignore_errors=True)
+        print(f"load average: {benchkit.load()[0]:.1f} on {os.cpu_count()} cores", flush=True)
+        benchkit.record(args.json, figures)
     return 0
 
 

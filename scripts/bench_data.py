@@ -26,26 +26,22 @@ Prints one JSON object (medians, min and max, every run's figures); --json FILE 
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil
-import statistics
 import subprocess
 import sys
-import tempfile
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-
-import bench_run  # noqa: E402  (timed, clean_env, parse_profile: one way to run and read)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import bench_run  # noqa: E402  (parse_profile, RUN_TIMEOUT_S: one way to run and read)
+import benchkit  # noqa: E402
 import make_data_forms  # noqa: E402
 
-REPO = os.path.dirname(HERE)
+REPO = benchkit.REPO
 DIGITS = os.path.join(REPO, "configs", "digits")
 CHECKPOINT = "step_000020.pt"
 SOURCES = ("parquet", "parquet_ray_data", "jsonl", "csv", "hf", "images")
@@ -88,19 +84,19 @@ def run(sweep: str, output: str, env: dict, cwd: str) -> tuple[dict, list]:
     interval) sorted, read before the output folder is removed."""
     import rayeval
 
-    wall, proc = bench_run.timed([sys.executable, "-m", "rayeval", "run", sweep, "--force",
-                                  "--quiet", "--profile", "--output", output], cwd,
-                                 f"rayeval run {sweep}", env=env)
-    profile = bench_run.parse_profile(proc.stderr)
+    ran = benchkit.run([sys.executable, "-m", "rayeval", "run", sweep, "--force", "--quiet",
+                        "--profile", "--output", output], cwd=cwd, env=env,
+                       timeout=bench_run.RUN_TIMEOUT_S, what=f"rayeval run {sweep}")
+    profile = bench_run.parse_profile(ran.stderr)
     if profile["total_s"] is None:
-        sys.exit(f"no profile in the output of rayeval run {sweep}:\n{proc.stderr[-4000:]}")
+        sys.exit(f"no profile in the output of rayeval run {sweep}:\n{ran.stderr[-4000:]}")
     values = []
     if os.path.isdir(output):
         table = rayeval.results(output).to_pylist()
         values = sorted((r["checkpoint"], r["metric"], r["value"], r.get("ci_low"),
                          r.get("ci_high")) for r in table)
     shutil.rmtree(output, ignore_errors=True)
-    return {"wall_s": round(wall, 3), "profile": profile}, values
+    return {"wall_s": round(ran.seconds, 3), "profile": profile}, values
 
 
 def source_figures(one: dict, rows: int) -> dict:
@@ -118,25 +114,16 @@ def source_figures(one: dict, rows: int) -> dict:
             "ray_data_first_batch_s": w.get("ray data", {}).get("slowest_s")}
 
 
-def summary(values: list[float]) -> dict:
-    values = [v for v in values if v is not None]
-    if not values:
-        return {}
-    return {"median": round(statistics.median(values), 3), "min": round(min(values), 3),
-            "max": round(max(values), 3)}
-
-
 def bench_sources(root: str, rows: int, workers: int, repeats: int) -> dict:
     sweeps = source_sweeps(root, rows, workers)
-    env = bench_run.clean_env()
-    env["RAYEVAL_SHARD_CACHE_BYTES"] = "0"
+    env = benchkit.env(REPO, RAYEVAL_SHARD_CACHE_BYTES="0")
     runs: dict[str, list] = {s: [] for s in SOURCES}
     reference = None
     for r in range(repeats):
         for source in SOURCES:
             e = dict(env, **({"RAYEVAL_DATA_PLANE": "ray"} if source == "parquet_ray_data"
                              else {}))
-            one, values = bench_run.retrying(
+            one, values = benchkit.retrying(
                 run, sweeps[source], os.path.join(root, "forms", f"out-{source}"), e,
                 os.path.join(root, "forms"))
             if not values:
@@ -151,7 +138,7 @@ def bench_sources(root: str, rows: int, workers: int, repeats: int) -> dict:
            "values_equal_to_parquet": True, "per_source": {}}
     for source, figures in runs.items():
         out["per_source"][source] = {
-            key: summary([f[key] for f in figures])
+            key: benchkit.spread([f[key] for f in figures])
             for key in ("rows_per_s", "after_first_batch_rows_per_s", "pass_s",
                         "ray_data_first_batch_s", "workers_phase_s", "wall_s")}
         out["per_source"][source]["runs"] = figures
@@ -169,10 +156,8 @@ def bench_startup(root: str, before: str, repeats: int) -> dict:
         runs: dict[str, list] = {k: [] for k in kinds}
         for r in range(repeats):
             for kind, (code, extra) in kinds.items():
-                env = bench_run.clean_env()
-                env["PYTHONPATH"] = os.pathsep.join([code, env["PYTHONPATH"]])
-                env.update(extra)
-                one, _ = bench_run.retrying(
+                env = benchkit.env(code, REPO, **extra)
+                one, _ = benchkit.retrying(
                     run, os.path.join(code, "configs", "digits", "sweep.yaml"),
                     os.path.join(root, f"out-digits-{kind}"), env, code)
                 runs[kind].append(one)
@@ -185,41 +170,33 @@ def bench_startup(root: str, before: str, repeats: int) -> dict:
     for kind, figures in runs.items():
         walls = [f["wall_s"] for f in figures]
         median = sorted(figures, key=lambda f: f["wall_s"])[len(figures) // 2]
-        out[kind] = {"wall_s": summary(walls), "median_profile": median["profile"],
+        out[kind] = {"wall_s": benchkit.spread(walls), "median_profile": median["profile"],
                      "runs_wall_s": walls}
     return out
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = benchkit.parser(__doc__, repeats=3)
     ap.add_argument("--rows", type=int, default=20000)
     ap.add_argument("--workers", type=int, default=2)
-    ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--before", default="a4399ea",
                     help="the revision to compare start-up with (default: the last without "
                          "Ray Data)")
     ap.add_argument("--skip", default="", help="comma-separated: sources, startup")
     ap.add_argument("--quick", action="store_true", help="2,000 rows, one repeat")
-    ap.add_argument("--json", default=None)
     args = ap.parse_args()
     if args.quick:
         args.rows, args.repeats = 2000, 1
     skip = set(filter(None, args.skip.split(",")))
-    root = tempfile.mkdtemp(prefix="rayeval-bench-data-")
-    try:
-        out = {"machine": {"cpus": os.cpu_count()}, "repeats": args.repeats}
+    out = {"machine": {"cpus": os.cpu_count()}, "repeats": args.repeats}
+    with benchkit.workdir("rayeval-bench-data-") as root:
         if "sources" not in skip:
             out["sources"] = bench_sources(root, args.rows, args.workers, args.repeats)
         if "startup" not in skip:
             out["startup"] = bench_startup(root, args.before, args.repeats)
-        out["failed_attempts"] = bench_run.FAILED_ATTEMPTS
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
-    text = json.dumps(out, indent=2)
-    print(text)
-    if args.json:
-        with open(args.json, "w") as f:
-            f.write(text + "\n")
+        out["failed_attempts"] = benchkit.FAILED_ATTEMPTS
+    print(json.dumps(out, indent=2))
+    benchkit.record(args.json, out)
 
 
 if __name__ == "__main__":

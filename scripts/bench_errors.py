@@ -20,20 +20,19 @@ Each case is bounded by ``--timeout`` seconds (a case still running then counts 
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
-import subprocess
 import sys
 import tempfile
 import textwrap
-import time
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 import yaml
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import benchkit  # noqa: E402
 
 MODELS = textwrap.dedent('''
     import torch
@@ -91,37 +90,25 @@ def build_cases(root: str) -> dict[str, str]:
 
 
 def run_case(sweep: str, src: str | None, timeout: float) -> dict:
-    env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0")
-    if src:
-        env["PYTHONPATH"] = os.pathsep.join([src, env.get("PYTHONPATH", "")])
-    began = time.perf_counter()
-    try:
-        proc = subprocess.run([sys.executable, "-m", "rayeval", "run", sweep, "--quiet"],
-                              cwd=os.path.dirname(sweep), capture_output=True, text=True,
-                              timeout=timeout, env=env)
-        code, err = proc.returncode, proc.stderr
-    except subprocess.TimeoutExpired as e:
-        code, err = None, (e.stderr or b"").decode() if isinstance(e.stderr, bytes) else ""
-    seconds = time.perf_counter() - began
-    lines = [ln for ln in err.splitlines() if ln.startswith(("error:", "failed:"))]
-    return {"seconds": round(seconds, 1), "exit": code,
-            "line": lines[0][:160] if lines else (err.strip().splitlines() or ["-"])[-1][:160]}
+    ran = benchkit.run([sys.executable, "-m", "rayeval", "run", sweep, "--quiet"],
+                       cwd=os.path.dirname(sweep), timeout=timeout, check=False,
+                       env=benchkit.env(src, RAY_USAGE_STATS_ENABLED="0"))
+    lines = [ln for ln in ran.stderr.splitlines() if ln.startswith(("error:", "failed:"))]
+    last = (ran.stderr.strip().splitlines() or ["-"])[-1]
+    return {"seconds": round(ran.seconds, 1), "exit": ran.code, "line": (lines or [last])[0][:160]}
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = benchkit.parser(__doc__)
     p.add_argument("--src", help="a rayeval source folder to run instead of the installed one")
     p.add_argument("--timeout", type=float, default=900)
-    p.add_argument("--json", metavar="FILE")
     args = p.parse_args()
     with tempfile.TemporaryDirectory(prefix="rayeval-errors-") as root:
         results = {name: run_case(path, args.src, args.timeout)
                    for name, path in build_cases(root).items()}
     for name, r in results.items():
         print(f"{name:24s} {r['seconds']:7.1f} s  exit {r['exit']}  {r['line']}")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(results, f, indent=2)
+    benchkit.record(args.json, {"cases": results})
     return 0
 
 

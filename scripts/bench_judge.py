@@ -43,15 +43,12 @@ engine's start includes vLLM's compilation; the second finds its cache.
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import random
 import socket
 import statistics
 import sys
 import tempfile
-import time
 import types
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -59,6 +56,7 @@ REPO = os.path.dirname(HERE)
 sys.path.insert(0, REPO)
 sys.path.insert(0, os.path.join(REPO, "tests"))
 sys.path.insert(0, HERE)
+import benchkit  # noqa: E402
 
 TARGET = 1.2
 KV_CACHE_BYTES = 1 << 30         # what rayeval gives an engine on CPU (CPU_KV_CACHE_BYTES)
@@ -121,10 +119,9 @@ def rayeval_judge(folder: str, args):
                    max_new_tokens=args.new_tokens)
     spec = types.SimpleNamespace(dataset=DatasetSpec(path="-"))     # what outputs reads
     model = ModelSpec(backend="vllm", vllm={"enforce_eager": args.eager})
-    started = time.perf_counter()
-    loaded = judge_model.load(js, "vllm", torch.device("cpu"), model)
+    with benchkit.Stopwatch() as took:
+        loaded = judge_model.load(js, "vllm", torch.device("cpu"), model)
     backend, tok = loaded.backend, loaded.tokenizer
-    start_s = time.perf_counter() - started
     # the stage's own method on a stand-in for the stage: what ``outputs`` reads of it
     ledger = types.SimpleNamespace(rows=lambda *a, **k: None)
     stage = types.SimpleNamespace(ctx=types.SimpleNamespace(
@@ -134,7 +131,7 @@ def rayeval_judge(folder: str, args):
         stage.graded = {}                  # the stage keeps graded prompts: none kept
         return JudgeStage.outputs(stage, texts, backend, tok, js, spec, 0)
 
-    return start_s, judge, loaded.close     # the judge's release shuts the engine down
+    return took.s, judge, loaded.close      # the judge's release shuts the engine down
 
 
 def bare_engine(folder: str, args):
@@ -147,10 +144,9 @@ def bare_engine(folder: str, args):
     from rayeval.io import hf
 
     tok = hf.load_tokenizer(folder, what="judge")
-    started = time.perf_counter()
-    llm = vllm.LLM(model=folder, dtype="float32", seed=0, kv_cache_memory_bytes=KV_CACHE_BYTES,
-                   enforce_eager=args.eager)
-    start_s = time.perf_counter() - started
+    with benchkit.Stopwatch() as took:
+        llm = vllm.LLM(model=folder, dtype="float32", seed=0,
+                       kv_cache_memory_bytes=KV_CACHE_BYTES, enforce_eager=args.eager)
     params = vllm.SamplingParams(temperature=0.0, max_tokens=args.new_tokens, detokenize=False)
     ids: dict[int, list] = {}
 
@@ -167,20 +163,18 @@ def bare_engine(folder: str, args):
             texts.append(tok.decode(t[:t.index(tok.eos_id)] if tok.eos_id in t else t))
         return texts
 
-    return start_s, generate, decoded, lambda texts: [len(p["prompt_token_ids"])
+    return took.s, generate, decoded, lambda texts: [len(p["prompt_token_ids"])
                                                       for p in ids[id(texts)]]
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = benchkit.parser(__doc__, repeats=5)
     parser.add_argument("--items", type=int, default=256, help="responses judged (N)")
     parser.add_argument("--new-tokens", type=int, default=16, help="judge.max_new_tokens")
-    parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--layers", type=int, default=2)
     parser.add_argument("--width", type=int, default=256, help="a multiple of 64")
     parser.add_argument("--eager", action="store_true",
                         help="enforce_eager on both engines (no compilation at the start)")
-    parser.add_argument("--json", help="write the figures here too")
     args = parser.parse_args(argv)
 
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"      # both engines in this process
@@ -191,36 +185,27 @@ def main(argv=None) -> int:
     bare_start, generate, decoded, lengths_of = bare_engine(folder, args)
     our_texts, bare_texts = judge(texts), decoded(generate(texts))      # and warm-ups
     lengths = lengths_of(texts)
-    ours, bare = [], []
-    for r in range(args.repeats):          # interleaved, each first in turn: a busy machine
-        sides = ((ours, judge), (bare, generate))              # slows both alike
-        for times, call in (sides if r % 2 == 0 else sides[::-1]):
-            t = time.perf_counter()
-            call(texts)
-            times.append(time.perf_counter() - t)
+    times, _ = benchkit.interleaved({"rayeval": lambda: judge(texts),
+                                     "bare": lambda: generate(texts)}, args.repeats)
+    ours, bare = times["rayeval"], times["bare"]
     release()
     differ = sum(a != b for a, b in zip(our_texts, bare_texts))
     t_ours, t_bare = statistics.median(ours), statistics.median(bare)
     n = len(texts)
     print(f"\n{n} prompts of {min(lengths)}-{max(lengths)} tokens, {args.new_tokens} new "
           f"tokens each, {args.repeats} repeats\n")
-    print(f"{'side':8}  {'median s':>9}  {'min s':>7}  {'prompts/s':>10}")
-    for name, times in (("rayeval", ours), ("bare", bare)):
-        med = statistics.median(times)
-        print(f"{name:8}  {med:9.3f}  {min(times):7.3f}  {n / med:10.1f}")
+    benchkit.table([(name, f"{statistics.median(t):.3f}", f"{min(t):.3f}",
+                     f"{n / statistics.median(t):.1f}") for name, t in times.items()],
+                   ("side", "median s", "min s", "prompts/s"))
     ratio = t_ours / t_bare
     print(f"ratio {ratio:.3f}x (target {TARGET}x), {differ} of {n} judge texts differ; "
           f"engine starts: {our_start:.1f} s, {bare_start:.1f} s")
-    import bench_lm
-
-    result = {"machine": bench_lm.machine(), "args": vars(args), "prompts": n,
+    result = {"machine": benchkit.machine(), "args": vars(args), "prompts": n,
               "prompt_tokens": [min(lengths), max(lengths)], "rayeval_s": ours,
               "bare_s": bare, "ratio": round(ratio, 3), "target": TARGET,
               "met": ratio <= TARGET, "prompts_per_s_per_worker": round(n / t_ours, 1),
               "differ": differ, "engine_start_s": [round(our_start, 1), round(bare_start, 1)]}
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=2, default=str)
+    benchkit.record(args.json, result)
     return 0
 
 

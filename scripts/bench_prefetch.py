@@ -29,14 +29,12 @@ reduces, publishes), so that passes run faster or slower in one run do not count
 
 from __future__ import annotations
 
-import argparse
 import importlib.util
 import json
 import os
 import shutil
 import statistics
 import sys
-import tempfile
 import time
 
 import numpy as np
@@ -45,11 +43,11 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 import torch
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.dirname(HERE)
-sys.path.insert(0, HERE)
-from bench_run import (FAILED_ATTEMPTS, clean_env, parse_profile, retrying,  # noqa: E402
-                       spread, timed)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import benchkit  # noqa: E402
+from bench_run import RUN_TIMEOUT_S, parse_profile  # noqa: E402
+
+REPO = benchkit.REPO
 
 
 def _load_s3server():
@@ -135,10 +133,10 @@ def fetch_and_read(root: str, checkpoints: int, endpoint: str, credentials: dict
     cache = os.path.join(root, "cache-probe")
     out = []
     for i in range(checkpoints):
-        start = time.perf_counter()
-        local = fetch(f"s3://{BUCKET}/ckpts/step_{i:04d}.pt", cache, "probe")
-        layouts.read(local, False)
-        out.append(time.perf_counter() - start)
+        with benchkit.Stopwatch() as took:
+            local = fetch(f"s3://{BUCKET}/ckpts/step_{i:04d}.pt", cache, "probe")
+            layouts.read(local, False)
+        out.append(took.s)
     shutil.rmtree(cache, ignore_errors=True)
     return out
 
@@ -151,17 +149,18 @@ def run_once(root: str, sweep: str, proxy, env: dict, prefetch: bool, tag: str) 
     env = dict(env, TMPDIR=tmp, RAYEVAL_PREFETCH="1" if prefetch else "0")
     requests = proxy.count
     try:
-        wall, proc = timed([sys.executable, "-m", "rayeval", "run", sweep, "--quiet",
-                            "--profile", "--output", out], REPO, f"rayeval run ({tag})", env=env)
+        ran = benchkit.run([sys.executable, "-m", "rayeval", "run", sweep, "--quiet",
+                            "--profile", "--output", out], cwd=REPO, env=env,
+                           timeout=RUN_TIMEOUT_S, what=f"rayeval run ({tag})")
         cache = os.path.join(tmp, "rayeval-checkpoints")
         downloads = sum(len(open(os.path.join(d, ".fetched")).read().split())
                         for d, _, files in os.walk(cache) if ".fetched" in files)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
         shutil.rmtree(out, ignore_errors=True)
-    profile = parse_profile(proc.stderr)
+    profile = parse_profile(ran.stderr)
     if profile["total_s"] is None:
-        sys.exit(f"no profile in the output of rayeval run ({tag}):\n{proc.stderr[-4000:]}")
+        sys.exit(f"no profile in the output of rayeval run ({tag}):\n{ran.stderr[-4000:]}")
     w = profile["workers"]
 
     def each(phase: str, who: str = "rank0_s") -> float | None:
@@ -173,7 +172,7 @@ def run_once(root: str, sweep: str, proxy, env: dict, prefetch: bool, tag: str) 
     scoring = None if "pass" not in w else round((w["pass"]["rank0_s"] - first)
                                                   / w["pass"]["count"], 3)
     workers = profile["driver"].get("workers")
-    return {"prefetch": prefetch, "wall_s": round(wall, 3),
+    return {"prefetch": prefetch, "wall_s": round(ran.seconds, 3),
             "workers_s": workers,
             # The workers phase less rank 0's scoring: loads, waits, the first pass's reads,
             # reduces, publishes. Prefetching can only shrink this part.
@@ -188,7 +187,7 @@ def run_once(root: str, sweep: str, proxy, env: dict, prefetch: bool, tag: str) 
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = benchkit.parser(__doc__, repeats=2)
     p.add_argument("--checkpoints", type=int, default=6)
     p.add_argument("--delay", type=float, default=1.5,
                    help="seconds the proxy waits before each GET of an object's bytes")
@@ -196,11 +195,9 @@ def main(argv=None) -> int:
     p.add_argument("--hidden", type=int, default=1024, help="the MLP's width")
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--batch-size", type=int, default=1024)
-    p.add_argument("--repeats", type=int, default=2, help="runs of each mode, interleaved")
     p.add_argument("--quick", action="store_true",
                    help="a smoke run: 3 checkpoints, 0.5 s delay, 20,000 rows, width 512, "
                         "1 repeat")
-    p.add_argument("--json", metavar="FILE", help="also write the figures as JSON")
     p.add_argument("--keep", action="store_true", help="keep the temporary folder")
     args = p.parse_args(argv)
     if args.quick:
@@ -210,44 +207,39 @@ def main(argv=None) -> int:
     if k < 2:
         p.error("--checkpoints: at least 2 (the first load is never prefetched)")
     s3server = _load_s3server()
-    # Short: the runs' TMPDIR lives here (Ray's sockets do not: RAY_TMPDIR keeps them put).
-    root = tempfile.mkdtemp(prefix="rvpf-", dir="/tmp")
     server = proxy = None
-    load_start = list(os.getloadavg())
+    load_start = benchkit.load()
     began = time.time()
     runs, alone = [], []
-    try:
-        make_inputs(root, args.rows, k, args.hidden)
-        server = s3server.MotoServer()
-        proxy = s3server.FlakyProxy(server.port, every=0, delay_s=args.delay)
-        upload(root, server.url, s3server.CREDENTIALS)
-        sweep = write_sweep(root, args.workers, args.batch_size)
-        env = clean_env()
-        env.update(s3server.CREDENTIALS, AWS_ENDPOINT_URL=proxy.url,
-                   AWS_EC2_METADATA_DISABLED="true",
-                   RAY_TMPDIR=os.environ.get("RAY_TMPDIR", "/tmp"))
-        env["PYTHONPATH"] = os.pathsep.join([root, env["PYTHONPATH"]])
-        for i in range(args.repeats):
-            alone += fetch_and_read(root, k, proxy.url, s3server.CREDENTIALS)
-            for prefetch in (False, True):
-                tag = f"{'on' if prefetch else 'off'}-{i}"
-                run = retrying(run_once, root, sweep, proxy, env, prefetch, tag)
-                runs.append(run)
-                print(f"[bench] repeat {i + 1}/{args.repeats}, prefetch "
-                      f"{'on ' if prefetch else 'off'}: {run['wall_s']:.2f} s, workers "
-                      f"{run['workers_s']:.2f} s; rank 0 per checkpoint: load "
-                      f"{run['load_per_checkpoint_s']:.2f} s, pass "
-                      f"{run['pass_per_checkpoint_s']:.2f} s (scoring "
-                      f"{run['scoring_per_checkpoint_s']:.2f} s)", file=sys.stderr, flush=True)
-    finally:
-        if proxy is not None:
-            proxy.stop()
-        if server is not None:
-            server.stop()
-        if args.keep:
-            print(f"[bench] kept {root}", file=sys.stderr)
-        else:
-            shutil.rmtree(root, ignore_errors=True)
+    # Short: the runs' TMPDIR lives here (Ray's sockets do not: RAY_TMPDIR keeps them put).
+    with benchkit.workdir("rvpf-", keep=args.keep, parent="/tmp") as root:
+        try:
+            make_inputs(root, args.rows, k, args.hidden)
+            server = s3server.MotoServer()
+            proxy = s3server.FlakyProxy(server.port, every=0, delay_s=args.delay)
+            upload(root, server.url, s3server.CREDENTIALS)
+            sweep = write_sweep(root, args.workers, args.batch_size)
+            env = benchkit.env(root, REPO, **s3server.CREDENTIALS, AWS_ENDPOINT_URL=proxy.url,
+                               AWS_EC2_METADATA_DISABLED="true",
+                               RAY_TMPDIR=os.environ.get("RAY_TMPDIR", "/tmp"))
+            for i in range(args.repeats):
+                alone += fetch_and_read(root, k, proxy.url, s3server.CREDENTIALS)
+                for prefetch in (False, True):
+                    tag = f"{'on' if prefetch else 'off'}-{i}"
+                    run = benchkit.retrying(run_once, root, sweep, proxy, env, prefetch, tag)
+                    runs.append(run)
+                    print(f"[bench] repeat {i + 1}/{args.repeats}, prefetch "
+                          f"{'on ' if prefetch else 'off'}: {run['wall_s']:.2f} s, workers "
+                          f"{run['workers_s']:.2f} s; rank 0 per checkpoint: load "
+                          f"{run['load_per_checkpoint_s']:.2f} s, pass "
+                          f"{run['pass_per_checkpoint_s']:.2f} s (scoring "
+                          f"{run['scoring_per_checkpoint_s']:.2f} s)", file=sys.stderr,
+                          flush=True)
+        finally:
+            if proxy is not None:
+                proxy.stop()
+            if server is not None:
+                server.stop()
 
     off = [r for r in runs if not r["prefetch"]]
     on = [r for r in runs if r["prefetch"]]
@@ -266,17 +258,17 @@ def main(argv=None) -> int:
     rest_on = med(r["workers_less_scoring_s"] for r in on)
     share = (rest_off - rest_on) / hideable if hideable > 0 else float("nan")
     summary = {
-        "fetch_and_read_alone_s": spread(alone),
-        "workers_off_s": spread([r["workers_s"] for r in off]),
-        "workers_on_s": spread([r["workers_s"] for r in on]),
-        "workers_less_scoring_off_s": spread([r["workers_less_scoring_s"] for r in off]),
-        "workers_less_scoring_on_s": spread([r["workers_less_scoring_s"] for r in on]),
-        "wall_off_s": spread([r["wall_s"] for r in off]),
-        "wall_on_s": spread([r["wall_s"] for r in on]),
+        "fetch_and_read_alone_s": benchkit.spread(alone),
+        "workers_off_s": benchkit.spread([r["workers_s"] for r in off]),
+        "workers_on_s": benchkit.spread([r["workers_s"] for r in on]),
+        "workers_less_scoring_off_s": benchkit.spread([r["workers_less_scoring_s"] for r in off]),
+        "workers_less_scoring_on_s": benchkit.spread([r["workers_less_scoring_s"] for r in on]),
+        "wall_off_s": benchkit.spread([r["wall_s"] for r in off]),
+        "wall_on_s": benchkit.spread([r["wall_s"] for r in on]),
     }
     for name in ("load", "pass", "scoring"):
         for mode, group in (("off", off), ("on", on)):
-            summary[f"{name}_per_checkpoint_{mode}_s"] = spread(
+            summary[f"{name}_per_checkpoint_{mode}_s"] = benchkit.spread(
                 [r[f"{name}_per_checkpoint_s"] for r in group])
     expectation = {
         "K": k, "L_fetch_and_read_s": round(load, 3), "E_scoring_per_checkpoint_s":
@@ -293,12 +285,12 @@ def main(argv=None) -> int:
     }
     result = {
         "machine": {"cpus": os.cpu_count(),
-                    "load_average_at_start_and_end": [load_start, list(os.getloadavg())]},
+                    "load_average_at_start_and_end": [load_start, benchkit.load()]},
         "config": {"checkpoints": k, "delay_s": args.delay, "rows": args.rows,
                    "hidden": args.hidden, "workers": args.workers,
                    "batch_size": args.batch_size, "repeats": args.repeats,
                    "quick": args.quick},
-        "runs": runs, "failed_attempts": FAILED_ATTEMPTS, "summary": summary,
+        "runs": runs, "failed_attempts": benchkit.FAILED_ATTEMPTS, "summary": summary,
         "expectation": expectation,
         "seconds": round(time.time() - began, 1),
     }
@@ -309,9 +301,7 @@ def main(argv=None) -> int:
           f"{rest_off:.2f} s and {rest_on:.2f} s: {rest_off - rest_on:.2f} s saved of the "
           f"{hideable:.2f} s that can be hidden ({100 * share:.0f}%, target >= 75%: "
           f"{'met' if expectation['met'] else 'not met'})", file=sys.stderr)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=2)
+    benchkit.record(args.json, result)
     return 0
 
 

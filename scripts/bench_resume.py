@@ -17,7 +17,7 @@ One long cell: a classification of ``--rows`` rows by an MLP of two ``--hidden``
   seconds from the last save the states file showed (polled every 50 ms) to the kill, and the
   saves seen: target at most E seconds plus one batch's.
 
-    python scripts/bench_resume.py                 # ~10 minutes on 2 cores
+    python scripts/bench_resume.py [--json FILE]   # ~10 minutes on 2 cores
     python scripts/bench_resume.py --rows 40000 --hidden 512 --repeats 2   # quicker
 
 The machine's load (``uptime``) is printed with the figures; run it on a quiet machine.
@@ -25,7 +25,6 @@ The machine's load (``uptime``) is printed with the figures; run it on a quiet m
 
 from __future__ import annotations
 
-import argparse
 import os
 import signal
 import statistics
@@ -34,6 +33,9 @@ import sys
 import tempfile
 import textwrap
 import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import benchkit  # noqa: E402
 
 MODEL = textwrap.dedent('''
     import torch
@@ -97,11 +99,10 @@ def buckets_kept(output: str) -> int:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = benchkit.parser(__doc__, repeats=3)
     ap.add_argument("--rows", type=int, default=120_000)
     ap.add_argument("--hidden", type=int, default=4096)
     ap.add_argument("--every", type=float, default=5.0)
-    ap.add_argument("--repeats", type=int, default=3)
     args = ap.parse_args()
 
     import ray
@@ -114,7 +115,7 @@ def main() -> None:
     write_inputs(work, args.rows, args.hidden)
     os.chdir(work)
     print(f"[bench_resume] {args.rows:,} rows, MLP hidden {args.hidden}, 2 workers, "
-          f"every {args.every:g} s; {os.popen('uptime').read().strip()}")
+          f"every {args.every:g} s; {benchkit.uptime()}")
 
     start_local_ray(num_cpus=4, include_dashboard=False, log_to_driver=False,
                     logging_level="ERROR")
@@ -137,8 +138,18 @@ def main() -> None:
     print(f"[bench_resume] saving: cell {off:.2f} s without, {on:.2f} s with saving every "
           f"{args.every:g} s (medians of {args.repeats}): {on / off - 1:+.1%}; pair by pair "
           f"(median) {pairs:+.1%} (target <= +2%)")
+    figures = {"cell_s": seconds, "median_off_s": off, "median_on_s": on,
+               "saving_cost": on / off - 1, "saving_cost_pair_by_pair": pairs}
+    figures.update(kill_and_resume(work, args, off))
+    benchkit.record(args.json, figures)
 
-    # Time to resume: a run killed past half of the cell, then the same command again.
+
+def kill_and_resume(work: str, args, off: float) -> dict:
+    """Time to resume: a run killed past half of the cell, then the same command again (``off``:
+    an uninterrupted cell's seconds, for comparison). Its figures, as far as they went."""
+    from rayeval.execution.driver import run_sweep
+    from rayeval.plan.loader import load_sweep
+
     out = os.path.join(work, "out-killed")
     sweep = write_sweep(work, "killed.yaml", args.every, out, args.hidden)
     with open(os.path.join(work, "killed.log"), "w") as log:
@@ -167,22 +178,27 @@ def main() -> None:
     gaps = [b - a for a, b in zip([0] + saves, saves)]
     print(f"[bench_resume] saves seen at buckets {saves} (ranges of {min(gaps, default=0)}-"
           f"{max(gaps, default=0)} buckets)", end="")
+    figures = {"saves_at_buckets": saves, "killed": kill_at is not None}
     if kill_at is None:
         print("; the run ended before a save passed half of the cell: not killed")
-        return
+        return figures
+    figures["lost_s"] = killed - last
     print(f"; the kill came {killed - last:.2f} s after the last save (lost: at most that, "
           f"target <= {args.every:g} s + one batch)")
     report = run_sweep(load_sweep(sweep))
     if not report.outcomes:          # the cell was published between the last poll and the kill
         print("[bench_resume] the killed run had published its cell before the kill landed: "
               "nothing to resume (run again, or with more --rows)")
-        return
+        return figures
     (outcome,) = report.outcomes
     assert outcome.ok, outcome
     print(f"[bench_resume] killed with {kept} of 1024 buckets kept ({outcome.resumed:,} of "
           f"{outcome.rows:,} rows); the resumed cell: {outcome.seconds:.2f} s for the "
           f"{outcome.rows - outcome.resumed:,} rows left (an uninterrupted cell: {off:.2f} s; "
           f"run {report.seconds:.1f} s)")
+    return {**figures, "buckets_kept": kept, "rows_resumed": outcome.resumed,
+            "rows": outcome.rows, "resumed_cell_s": outcome.seconds}
+
 
 if __name__ == "__main__":
     main()

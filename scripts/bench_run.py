@@ -41,7 +41,6 @@ import os
 import re
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -51,8 +50,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-RUN_TIMEOUT_S = 1800
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import benchkit  # noqa: E402
+
+REPO = benchkit.REPO
+RUN_TIMEOUT_S = 1800        # a run past it counts as failed (benchkit.RunFailed)
 
 MODEL_SOURCE = '''
 import torch
@@ -149,56 +151,18 @@ bootstrap: {{replicates: {replicates}}}
 # ---------------------------------------------------------------------------------------------
 # runs
 
-def clean_env() -> dict:
-    """This process's environment without a Ray address: every run starts its own local Ray
-    (another job's cluster on this machine must not be joined)."""
-    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS",)}
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [REPO, env.get("PYTHONPATH")]))
-    return env
-
-
-class RunFailed(Exception):
-    """A benchmarked command exited non-zero (or ran past RUN_TIMEOUT_S)."""
-
-
-def timed(cmd: list[str], cwd: str, what: str, env: dict | None = None
-          ) -> tuple[float, subprocess.CompletedProcess]:
-    start = time.perf_counter()
-    try:
-        proc = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True,
-                              env=env or clean_env(), timeout=RUN_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        raise RunFailed(f"{what} ran past {RUN_TIMEOUT_S} s") from None
-    elapsed = time.perf_counter() - start
-    if proc.returncode != 0:
-        raise RunFailed(f"{what} failed (exit {proc.returncode}):\n{proc.stdout[-4000:]}\n"
-                        f"{proc.stderr[-4000:]}")
-    return elapsed, proc
-
-
-FAILED_ATTEMPTS: list[str] = []     # runs that failed and were tried again (in the JSON)
-
-
-def retrying(run, *args, retries: int = 1):
-    """``run(*args)``, tried again up to ``retries`` times when its command fails: on a busy
-    machine a local Ray sometimes fails to start ("The current node timed out during
-    startup"). Each failure is kept in FAILED_ATTEMPTS; the last one ends the benchmark."""
-    for attempt in range(retries + 1):
-        try:
-            return run(*args)
-        except RunFailed as e:
-            last = next((ln for ln in reversed(str(e).splitlines()) if ln.strip()), str(e))
-            FAILED_ATTEMPTS.append(f"{str(e).splitlines()[0]} ... {last}")
-            if attempt == retries:
-                sys.exit(str(e))
-            print(f"[bench] {FAILED_ATTEMPTS[-1]}; trying again", file=sys.stderr, flush=True)
+def timed(cmd: list[str], what: str) -> benchkit.Ran:
+    """A command of this benchmark, from this checkout, on a local Ray of its own."""
+    return benchkit.run(cmd, cwd=REPO, env=benchkit.env(REPO), timeout=RUN_TIMEOUT_S,
+                        what=what)
 
 
 def run_floor(workers: int) -> dict:
-    wall, proc = timed([sys.executable, "-c", FLOOR_SOURCE, str(workers)], REPO, "the floor")
-    line = next(ln for ln in proc.stdout.splitlines() if ln.startswith("FLOOR "))
+    ran = timed([sys.executable, "-c", FLOOR_SOURCE, str(workers)], "the floor")
+    line = next(ln for ln in ran.stdout.splitlines() if ln.startswith("FLOOR "))
     phases = json.loads(line[len("FLOOR "):])
-    return {"wall_s": round(wall, 3), "phases_s": {k: round(v, 3) for k, v in phases.items()}}
+    return {"wall_s": round(ran.seconds, 3),
+            "phases_s": {k: round(v, 3) for k, v in phases.items()}}
 
 
 def parse_profile(text: str) -> dict:
@@ -234,24 +198,24 @@ def parse_profile(text: str) -> dict:
 
 
 def run_rayeval(sweep: str, output: str) -> dict:
-    wall, proc = timed([sys.executable, "-m", "rayeval", "run", sweep, "--force", "--quiet",
-                        "--profile", "--output", output], REPO, f"rayeval run {sweep}")
+    ran = timed([sys.executable, "-m", "rayeval", "run", sweep, "--force", "--quiet",
+                 "--profile", "--output", output], f"rayeval run {sweep}")
     shutil.rmtree(output, ignore_errors=True)
-    profile = parse_profile(proc.stderr)
+    profile = parse_profile(ran.stderr)
     if profile["total_s"] is None:
-        sys.exit(f"no profile in the output of rayeval run {sweep}:\n{proc.stderr[-4000:]}")
+        sys.exit(f"no profile in the output of rayeval run {sweep}:\n{ran.stderr[-4000:]}")
     # What the profile cannot see: the process's start before python runs, and its exit.
-    return {"wall_s": round(wall, 3), "outside_profile_s": round(wall - profile["total_s"], 3),
-            "profile": profile}
+    return {"wall_s": round(ran.seconds, 3),
+            "outside_profile_s": round(ran.seconds - profile["total_s"], 3), "profile": profile}
 
 
 def run_plain(root: str, checkpoints: list[str], batch_size: int, threads: int | None) -> dict:
-    wall, proc = timed([sys.executable, os.path.abspath(__file__), "--plain-loop", root,
-                        "--batch-size", str(batch_size),
-                        *(["--plain-threads", str(threads)] if threads else []), *checkpoints],
-                       REPO, "the plain loop")
-    figures = json.loads(proc.stdout.strip().splitlines()[-1])
-    figures["wall_s"] = round(wall, 3)
+    ran = timed([sys.executable, os.path.abspath(__file__), "--plain-loop", root,
+                 "--batch-size", str(batch_size),
+                 *(["--plain-threads", str(threads)] if threads else []), *checkpoints],
+                "the plain loop")
+    figures = json.loads(ran.stdout.strip().splitlines()[-1])
+    figures["wall_s"] = round(ran.seconds, 3)
     return figures
 
 
@@ -286,7 +250,7 @@ def plain_loop(root: str, checkpoints: list[str], batch_size: int,
                 nll += float(-torch.log_softmax(out, 1).gather(1, yb[:, None]).double().sum())
                 cm += torch.bincount(yb * 10 + pred, minlength=100).reshape(10, 10)
         tp = cm.diag().double()
-        _f1 = (2 * tp / (cm.sum(0) + cm.sum(1)).clamp(min=1)).mean()
+        (2 * tp / (cm.sum(0) + cm.sum(1)).clamp(min=1)).mean()     # macro F1, as rayeval's
         per.append(time.perf_counter() - t)
     return {"read_s": round(read, 4), "per_checkpoint_s": [round(s, 4) for s in per],
             "torch_threads": torch.get_num_threads()}
@@ -314,26 +278,20 @@ def bootstrap_pass_cost(root: str, sweeps: tuple[str, str]) -> tuple[float, floa
         model.load_state_dict(torch.load(sweep.checkpoints[0], weights_only=True))
         configs.append((model, build_all(ev.metrics), ev.bootstrap,
                         list(decoded_batches(ev, info, sweep.base_dir))))
-    out = [float("inf"), float("inf")]
-    for _ in range(4):
-        for i, (model, metrics, boot, batches) in enumerate(configs):
-            start = time.perf_counter()
-            p = Pass(model, metrics, 10, torch.device("cpu"), buckets=boot.k)
-            for b in batches:
-                p.update(*b)
-            p.finish()
-            finalize(metrics, p.states, 10, boot)
-            out[i] = min(out[i], time.perf_counter() - start)
-    return out[0], out[1]
+    def one_pass(model, metrics, boot, batches):
+        p = Pass(model, metrics, 10, torch.device("cpu"), buckets=boot.k)
+        for b in batches:
+            p.update(*b)
+        p.finish()
+        finalize(metrics, p.states, 10, boot)
+
+    times, _ = benchkit.interleaved({i: lambda c=c: one_pass(*c) for i, c in enumerate(configs)},
+                                    4, rotate=False)
+    return min(times[0]), min(times[1])
 
 
 # ---------------------------------------------------------------------------------------------
 # figures
-
-def spread(values: list[float]) -> dict:
-    return {"median": round(statistics.median(values), 3), "min": round(min(values), 3),
-            "max": round(max(values), 3)}
-
 
 def median_run(runs: list[dict]) -> dict:
     """The run whose wall time is the median (the lower of the two middle ones)."""
@@ -346,14 +304,13 @@ def workers_phase(run: dict) -> float:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = benchkit.parser(__doc__, repeats=3)
     p.add_argument("--rows", type=int, default=359_401)
     p.add_argument("--checkpoints", type=int, default=6,
                    help="checkpoints of the sweep compared with the plain loop")
     p.add_argument("--marginal-checkpoints", type=int, default=31, metavar="K",
                    help="K of the marginal cost (T(K) - T(1)) / (K - 1): many, so start-up "
                         "noise averages out")
-    p.add_argument("--repeats", type=int, default=3, help="runs of each kind, interleaved")
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--batch-size", type=int, default=1024)
     p.add_argument("--replicates", type=int, default=1000,
@@ -366,7 +323,6 @@ def main(argv=None) -> int:
                    help="comma-separated parts to leave out: digits, marginal, bootstrap")
     p.add_argument("--quick", action="store_true",
                    help="a smoke run: 20,000 rows, 3 and 4 checkpoints, 1 repeat, 100 replicates")
-    p.add_argument("--json", metavar="FILE", help="also write the figures as JSON")
     p.add_argument("--plain-loop", metavar="ROOT", help=argparse.SUPPRESS)
     p.add_argument("paths", nargs="*", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -388,7 +344,7 @@ def main(argv=None) -> int:
     runs: dict[str, list] = {"floor": [], "digits": [], "sweep": [], "plain": [], "one": [],
                              "many": [], "many_bootstrap": []}
     t_begin = time.time()
-    load_start = list(os.getloadavg())     # 1, 5 and 15 minutes: how busy the machine was
+    load_start = benchkit.load()           # 1, 5 and 15 minutes: how busy the machine was
     with tempfile.TemporaryDirectory(prefix="rayeval-bench-") as root:
         ckpts = make_inputs(root, args.rows, max(n, k if marginal else 1))
         sweep = write_sweep(root, "sweep", ckpts[:n], args.workers, args.batch_size)
@@ -409,21 +365,21 @@ def main(argv=None) -> int:
                       file=sys.stderr, flush=True)
                 return run
 
-            runs["floor"].append(log("floor", retrying(run_floor, args.workers)))
+            runs["floor"].append(log("floor", benchkit.retrying(run_floor, args.workers)))
             if "digits" not in skip:
-                runs["digits"].append(log("digits", retrying(
+                runs["digits"].append(log("digits", benchkit.retrying(
                     run_rayeval, digits, os.path.join(root, f"out-digits-{i}"))))
-            runs["sweep"].append(log(f"sweep ({n})", retrying(
+            runs["sweep"].append(log(f"sweep ({n})", benchkit.retrying(
                 run_rayeval, sweep, os.path.join(root, f"out-sweep-{i}"))))
-            runs["plain"].append(log("plain", retrying(run_plain, root, plain_ckpts,
+            runs["plain"].append(log("plain", benchkit.retrying(run_plain, root, plain_ckpts,
                                                            args.batch_size, args.plain_threads)))
             if marginal:
-                runs["one"].append(log("one", retrying(
+                runs["one"].append(log("one", benchkit.retrying(
                     run_rayeval, one, os.path.join(root, f"out-one-{i}"))))
-                runs["many"].append(log(f"many ({k})", retrying(
+                runs["many"].append(log(f"many ({k})", benchkit.retrying(
                     run_rayeval, many, os.path.join(root, f"out-many-{i}"))))
             if bootstrap:
-                runs["many_bootstrap"].append(log(f"many+bootstrap ({k})", retrying(
+                runs["many_bootstrap"].append(log(f"many+bootstrap ({k})", benchkit.retrying(
                     run_rayeval, many_b, os.path.join(root, f"out-many_b-{i}"))))
 
     # Per repeat: the plain loop's times over the same checkpoints.
@@ -448,30 +404,30 @@ def main(argv=None) -> int:
                    "batch_size": args.batch_size, "replicates": args.replicates,
                    "plain_threads": args.plain_threads,
                    "skip": sorted(skip), "quick": args.quick},
-        "runs": runs, "failed_attempts": FAILED_ATTEMPTS, "warnings": warnings,
+        "runs": runs, "failed_attempts": benchkit.FAILED_ATTEMPTS, "warnings": warnings,
         "summary": {}, "targets": {},
         "profiles": {},
     }
     s, t = result["summary"], result["targets"]
-    s["floor_s"] = spread(floor)
+    s["floor_s"] = benchkit.spread(floor)
     s["floor_phases_s"] = median_run(runs["floor"])["phases_s"]
 
     if runs["digits"]:
         digits_w = [r["wall_s"] for r in runs["digits"]]
         over = [d - f for d, f in zip(digits_w, floor)]           # paired, same repeat
-        s["digits_s"] = spread(digits_w)
-        s["digits_minus_floor_s"] = spread(over)
+        s["digits_s"] = benchkit.spread(digits_w)
+        s["digits_minus_floor_s"] = benchkit.spread(over)
         value = statistics.median(digits_w) - statistics.median(floor)
         t["digits_over_floor"] = {"value_s": round(value, 3), "target": "<= 5 s",
                                   "met": value <= 5.0}
         result["profiles"]["digits"] = median_run(runs["digits"])["profile"]
 
     sweep_w = [r["wall_s"] for r in runs["sweep"]]
-    s["sweep_s"] = spread(sweep_w)
-    s["sweep_minus_floor_s"] = spread([a - f for a, f in zip(sweep_w, floor)])
-    s["plain_s"] = spread(plain_n)
-    s["plain_read_s"] = spread([r["read_s"] for r in runs["plain"]])
-    s["plain_process_wall_s"] = spread([r["wall_s"] for r in runs["plain"]])
+    s["sweep_s"] = benchkit.spread(sweep_w)
+    s["sweep_minus_floor_s"] = benchkit.spread([a - f for a, f in zip(sweep_w, floor)])
+    s["plain_s"] = benchkit.spread(plain_n)
+    s["plain_read_s"] = benchkit.spread([r["read_s"] for r in runs["plain"]])
+    s["plain_process_wall_s"] = benchkit.spread([r["wall_s"] for r in runs["plain"]])
     ratio = (statistics.median(sweep_w) - statistics.median(floor)) / statistics.median(plain_n)
     t["sweep_over_plain"] = {"value": round(ratio, 3), "target": "(sweep - floor) <= 1.2 x plain",
                              "met": ratio <= 1.2}
@@ -484,11 +440,11 @@ def main(argv=None) -> int:
         # The same difference over the workers' phase alone: start-up noise left out.
         per_workers = [(workers_phase(b) - workers_phase(a)) / (k - 1)
                        for a, b in zip(runs["one"], runs["many"])]
-        s["one_s"] = spread(one_w)
-        s["many_s"] = spread(many_w)
-        s["marginal_per_checkpoint_s"] = spread(per)
-        s["marginal_per_checkpoint_workers_phase_s"] = spread(per_workers)
-        s["plain_per_checkpoint_s"] = spread(plain_per)
+        s["one_s"] = benchkit.spread(one_w)
+        s["many_s"] = benchkit.spread(many_w)
+        s["marginal_per_checkpoint_s"] = benchkit.spread(per)
+        s["marginal_per_checkpoint_workers_phase_s"] = benchkit.spread(per_workers)
+        s["plain_per_checkpoint_s"] = benchkit.spread(plain_per)
         value = statistics.median(per) / statistics.median(plain_per)
         t["marginal_per_checkpoint"] = {
             "value": round(value, 3), "target": "(T(K) - T(1)) / (K - 1) <= 1.05 x plain's",
@@ -497,8 +453,8 @@ def main(argv=None) -> int:
                                         / statistics.median(plain_per), 3)}
     if bootstrap:
         many_b_w = [r["wall_s"] for r in runs["many_bootstrap"]]
-        s["many_bootstrap_s"] = spread(many_b_w)
-        s["bootstrap_whole_sweep_overhead"] = spread(
+        s["many_bootstrap_s"] = benchkit.spread(many_b_w)
+        s["bootstrap_whole_sweep_overhead"] = benchkit.spread(
             [(b["wall_s"] - a["wall_s"]) / a["wall_s"]
              for a, b in zip(runs["many"], runs["many_bootstrap"])])
     if in_process is not None:
@@ -511,16 +467,14 @@ def main(argv=None) -> int:
                           "met": value < 0.2}
         if bootstrap:
             t["bootstrap"]["whole_sweep_median"] = s["bootstrap_whole_sweep_overhead"]["median"]
-    result["machine"]["load_average_at_start_and_end"] = [load_start, list(os.getloadavg())]
+    result["machine"]["load_average_at_start_and_end"] = [load_start, benchkit.load()]
     result["seconds"] = round(time.time() - t_begin, 1)
     print(json.dumps(result, indent=2))
     for name, target in t.items():
         shown = target.get("value", target.get("value_s"))
         print(f"[bench] {name}: {shown} (target {target['target']}): "
               f"{'met' if target['met'] else 'NOT met'}", file=sys.stderr)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=2)
+    benchkit.record(args.json, result)
     return 0
 
 

@@ -12,18 +12,18 @@ service. Prints the medians and each figure; --json writes them.
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import shutil
 import signal
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import benchkit  # noqa: E402
+
+REPO = benchkit.REPO
 
 
 def timed(cmd, env, cwd, store=None) -> tuple[float, float | None]:
@@ -60,9 +60,7 @@ def series(label, cmd_for, env, cwd, root, repeat) -> dict:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--repeat", type=int, default=3)
-    p.add_argument("--json", metavar="FILE")
+    p = benchkit.parser(__doc__, repeats=3, flag="--repeat")
     args = p.parse_args(argv)
     sweep = os.path.join(REPO, "configs", "digits", "sweep.yaml")
     figures = {}
@@ -102,16 +100,14 @@ def main(argv=None) -> int:
             os.killpg(serve.pid, signal.SIGINT)
             serve.wait(120)
         shutil.rmtree(root, ignore_errors=True)
-    print("\nmedians (s)        whole   first cell   cached")
+    rows = []
     for label in ("no service", "service"):
-        f = figures[label]
-        firsts = [x for x in f["first_cell"] if x is not None]
-        print(f"{label:>12}  {statistics.median(f['whole']):9.2f}   "
-              f"{statistics.median(firsts) if firsts else float('nan'):9.2f}   "
-              f"{statistics.median(f['cached']):7.2f}")
-    if args.json:
-        with open(args.json, "w") as out:
-            json.dump(figures, out, indent=1)
+        first = benchkit.median(figures[label]["first_cell"])
+        rows.append((label, benchkit.median(figures[label]["whole"]),
+                     "-" if first is None else first, benchkit.median(figures[label]["cached"])))
+    print()
+    benchkit.table(rows, ("medians (s)", "whole", "first cell", "cached"))
+    benchkit.record(args.json, figures)
     return 0
 
 

@@ -25,21 +25,20 @@ unless ``--keep``. The machine's load (``uptime``) is printed with the figures.
 
 from __future__ import annotations
 
-import argparse
 import hashlib
-import json
 import os
 import shutil
 import subprocess
 import sys
-import tempfile
-import time
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import benchkit  # noqa: E402
+
+REPO = benchkit.REPO
 sys.path.insert(0, REPO)
 EVALUATIONS = 100
 PER_SWEEP = 100              # checkpoints per sweep
@@ -94,7 +93,7 @@ def synth(cell: pa.Table, cells: int):
         cols["checkpoint"] = pa.array(np.repeat([f"/ckpts/{sweep}/step_{c:06d}.pt" for c in ck],
                                                 rows_per))
         cols["step"] = pa.array(np.repeat(ck * 100, rows_per), pa.int64())
-        cols["dataset"] = pa.array(np.repeat([f"eval-{e:03d}" for e in ev], rows_per))
+        cols["evaluation"] = pa.array(np.repeat([f"eval-{e:03d}" for e in ev], rows_per))
         cols["cell"] = pa.array(np.repeat(keys, rows_per))
         for name in ("value", "ci_low", "ci_high"):
             cols[name] = pa.array(base[name].to_numpy()[idx] + d_rows)
@@ -114,39 +113,29 @@ def build(cell: pa.Table, cells: int, old_dir: str | None, new_dir: str) -> floa
     from rayeval.io.store.compact import PART_ROWS, _publish, _with_ordinals
     import pyarrow.fs as pafs
 
-    began = time.perf_counter()
     fs = pafs.LocalFileSystem()
-    if old_dir:
-        os.makedirs(os.path.join(old_dir, "results"), exist_ok=True)
-    os.makedirs(new_dir, exist_ok=True)
-    layout.mark_format(fs, new_dir)
-    for sweep, table, rows_per in synth(cell, cells):
-        for i in range(0, table.num_rows if old_dir else 0, rows_per):   # old: a file a cell
-            one = table.slice(i, rows_per)
-            pq.write_table(one, os.path.join(old_dir, "results",
-                                             one["cell"][0].as_py() + ".parquet"))
-        table = table.append_column(layout.ORDINAL, pa.array(
-            np.tile(np.arange(rows_per, dtype=np.int32), table.num_rows // rows_per)))
-        for i in range(0, table.num_rows, PART_ROWS):
-            _publish(fs, new_dir, sweep, _with_ordinals(table.slice(i, PART_ROWS)), summaries)
-    return time.perf_counter() - began
+    with benchkit.Stopwatch() as took:
+        if old_dir:
+            os.makedirs(os.path.join(old_dir, "results"), exist_ok=True)
+        os.makedirs(new_dir, exist_ok=True)
+        layout.mark_format(fs, new_dir)
+        for sweep, table, rows_per in synth(cell, cells):
+            for i in range(0, table.num_rows if old_dir else 0, rows_per):   # old: file a cell
+                one = table.slice(i, rows_per)
+                pq.write_table(one, os.path.join(old_dir, "results",
+                                                 one["cell"][0].as_py() + ".parquet"))
+            table = table.append_column(layout.ORDINAL, pa.array(
+                np.tile(np.arange(rows_per, dtype=np.int32), table.num_rows // rows_per)))
+            for i in range(0, table.num_rows, PART_ROWS):
+                _publish(fs, new_dir, sweep, _with_ordinals(table.slice(i, PART_ROWS)),
+                         summaries)
+    return took.s
 
 
-def timed(cmd: list[str], env: dict, out_path: str | None = None) -> tuple[float, float]:
-    """Seconds and peak RSS (MB) of a command (its output to ``out_path``). The peak comes
-    from GNU time, which starts the command itself: a child forked from this process reports
-    this process's RSS as its own peak when that is larger (every board "took" 550 MB, the
-    size of this script at the time)."""
-    with tempfile.NamedTemporaryFile("r", suffix=".rss") as rss:
-        began = time.perf_counter()
-        with open(out_path or os.devnull, "wb") as out:
-            done = subprocess.run(["/usr/bin/time", "-f", "%M", "-o", rss.name, *cmd], env=env,
-                                  stdout=out, stderr=subprocess.PIPE)
-        seconds = time.perf_counter() - began
-        if done.returncode != 0:
-            raise SystemExit(f"failed: {' '.join(cmd)}: {done.stderr.decode()[-500:]}")
-        peak_kb = float(rss.read().split()[-1])
-    return seconds, peak_kb / 1024
+def timed(cmd: list[str], env: dict, out: str | None = None) -> tuple[float, float]:
+    """Seconds and peak RSS (MB) of a command, its output to ``out`` (default: nowhere)."""
+    ran = benchkit.run(cmd, env=env, out=out or os.devnull, rss=True)
+    return ran.seconds, ran.rss_mb
 
 
 def leaderboard(code: str, store: str, env: dict, out: str | None = None):
@@ -169,9 +158,8 @@ print(time.perf_counter() - began, len(found))
 
 
 def planning(code: str, store: str, sweep: str, keys: list[str], env: dict) -> tuple[float, int]:
-    done = subprocess.run([sys.executable, "-c", PLAN, code, store, sweep, ",".join(keys)],
-                          env={**env, "PYTHONPATH": code}, capture_output=True, text=True,
-                          check=True)
+    done = benchkit.run([sys.executable, "-c", PLAN, code, store, sweep, ",".join(keys)],
+                        env={**env, "PYTHONPATH": code}, what=f"planning on {store}")
     seconds, found = done.stdout.split()
     return float(seconds), int(found)
 
@@ -186,12 +174,11 @@ def plan_keys(cells: int) -> tuple[str, list[str]]:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = benchkit.parser(__doc__, repeats=2)
     p.add_argument("--cells", type=int, nargs="+", default=[1000, 10000, 100000])
     p.add_argument("--old", default="/work/main", help="a checkout of the code before")
     p.add_argument("--cell", help="a stored cell's parquet file (default: run the example)")
     p.add_argument("--work", help="where to build the stores (default: a temporary folder)")
-    p.add_argument("--repeats", type=int, default=2, help="interleaved pairs per size")
     p.add_argument("--compare-up-to", type=int, default=10000)
     p.add_argument("--compact-up-to", type=int, default=10000)
     p.add_argument("--s3", action="store_true", help="also on moto's S3 server on loopback")
@@ -199,34 +186,24 @@ def main(argv=None) -> int:
     p.add_argument("--old-up-to", type=int, default=10 ** 9,
                    help="build and time the old layout and code only up to this many cells")
     p.add_argument("--keep", action="store_true")
-    p.add_argument("--json", metavar="FILE")
     args = p.parse_args(argv)
-    work = args.work or tempfile.mkdtemp(prefix="rayeval-bench-store-")
-    os.makedirs(work, exist_ok=True)
     env = dict(os.environ)
-    figures: dict = {"uptime": [], "sizes": {}}
-    load = lambda: subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()  # noqa: E731
-    figures["uptime"].append(load())
+    figures: dict = {"uptime": [benchkit.uptime()], "sizes": {}}
     print(figures["uptime"][-1], flush=True)
-    cell = real_cell(args.cell, work)
-    print(f"real cell: {cell.num_rows} rows, "
-          f"{len(cell['replicates'][0].as_py() or [])} replicates a row", flush=True)
-    s3 = None
-    try:
-        if args.s3:
-            s3 = S3(work)
-        for n in args.cells:
-            figures["sizes"][n] = one_size(args, n, cell, work, env, s3)
-            figures["uptime"].append(load())
-            print(figures["uptime"][-1], flush=True)
-    finally:
-        if s3 is not None:
-            s3.stop()
-        if not args.keep and not args.work:
-            shutil.rmtree(work, ignore_errors=True)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(figures, f, indent=1)
+    with benchkit.workdir("rayeval-bench-store-", args.work, args.keep) as work:
+        cell = real_cell(args.cell, work)
+        print(f"real cell: {cell.num_rows} rows, "
+              f"{len(cell['replicates'][0].as_py() or [])} replicates a row", flush=True)
+        s3 = S3(work) if args.s3 else None
+        try:
+            for n in args.cells:
+                figures["sizes"][n] = one_size(args, n, cell, work, env, s3)
+                figures["uptime"].append(benchkit.uptime())
+                print(figures["uptime"][-1], flush=True)
+        finally:
+            if s3 is not None:
+                s3.stop()
+    benchkit.record(args.json, figures)
     return 0
 
 
@@ -234,7 +211,8 @@ def one_size(args, n: int, cell: pa.Table, work: str, env: dict, s3) -> dict:
     old_dir, new_dir = os.path.join(work, f"old-{n}"), os.path.join(work, f"new-{n}")
     with_old = n <= args.old_up_to
     out: dict = {"build_s": round(build(cell, n, old_dir if with_old else None, new_dir), 1),
-                 "old_mb": _size(old_dir) if with_old else None, "new_mb": _size(new_dir)}
+                 "old_mb": benchkit.folder_mb(old_dir) if with_old else None,
+                 "new_mb": benchkit.folder_mb(new_dir)}
     print(f"\n== {n:,} cells: old store {out['old_mb'] or 0:,.0f} MB, new "
           f"{out['new_mb']:,.0f} MB (built in {out['build_s']} s)", flush=True)
     pairs = []
@@ -292,11 +270,6 @@ def _same(a: str, b: str) -> bool:
         return fa.read() == fb.read()
 
 
-def _size(folder: str) -> float:
-    return sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(folder)
-               for f in fs) / 2 ** 20
-
-
 class S3:
     """moto's server on loopback (tests/s3server.py), the stores uploaded with pyarrow."""
 
@@ -330,9 +303,9 @@ class S3:
 
     def measure(self, args, n, old_dir, new_dir, env, work) -> dict:
         env = {**env, **self.env}
-        began = time.perf_counter()
-        new = self.upload(new_dir, f"new-{n}")
-        out = {"upload_new_s": round(time.perf_counter() - began, 1)}
+        with benchkit.Stopwatch() as took:
+            new = self.upload(new_dir, f"new-{n}")
+        out = {"upload_new_s": round(took.s, 1)}
         w = leaderboard(REPO, new, env, os.path.join(work, "s3-new.json"))
         out["new_s"], out["new_rss_mb"] = round(w[0], 2), round(w[1])
         line = f"leaderboard --format json, S3: new {w[0]:.2f} s ({w[1]:.0f} MB)"

@@ -20,21 +20,18 @@ accuracy exactly, other metrics to 1e-9 relative.
 
 from __future__ import annotations
 
-import argparse
-import json
 import math
 import os
-import shutil
 import statistics
-import subprocess
 import sys
-import tempfile
-import time
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import benchkit  # noqa: E402
 
 MODEL_SOURCE = '''
 import torch
@@ -92,14 +89,8 @@ def write_sweeps(root: str, names: list[str], args) -> tuple[str, list[str]]:
 
 
 def rayeval_run(sweep: str, output: str) -> float:
-    cmd = [sys.executable, "-m", "rayeval", "run", sweep, "--quiet", "--output", output]
-    start = time.perf_counter()
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    elapsed = time.perf_counter() - start
-    if proc.returncode != 0:
-        sys.exit(f"rayeval run failed (exit {proc.returncode}): {' '.join(cmd)}\n"
-                 f"--- stdout\n{proc.stdout}\n--- stderr\n{proc.stderr}")
-    return elapsed
+    return benchkit.run([sys.executable, "-m", "rayeval", "run", sweep, "--quiet", "--output",
+                         output]).seconds
 
 
 def stored(outputs: list[str]) -> dict:
@@ -109,7 +100,7 @@ def stored(outputs: list[str]) -> dict:
     out = {}
     for location in outputs:
         for r in ResultStore(location).read().to_pylist():
-            key = (os.path.basename(r["checkpoint"]), r["dataset"], r["metric"])
+            key = (os.path.basename(r["checkpoint"]), r["evaluation"], r["metric"])
             assert key not in out, f"{key} stored twice"
             out[key] = (r["value"], r["num_samples"])
     return out
@@ -129,20 +120,17 @@ def compare(suite: dict, singles: dict, expected: int, rows: int) -> int:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = benchkit.parser(__doc__, repeats=3)
     p.add_argument("--checkpoints", type=int, default=4)
     p.add_argument("--rows", type=int, default=20_000, help="rows of each evaluation set")
     p.add_argument("--evals", type=int, default=3, choices=range(1, len(EVAL_NAMES) + 1))
     p.add_argument("--workers", type=int, default=2)
-    p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--batch-size", type=int, default=1024)
     p.add_argument("--replicates", type=int, default=0, help="bootstrap replicates (0: off)")
-    p.add_argument("--json", metavar="FILE", help="also write the figures as JSON")
     p.add_argument("--keep", action="store_true", help="keep the temporary folder")
     args = p.parse_args(argv)
     names = list(EVAL_NAMES[:args.evals])
-    root = tempfile.mkdtemp(prefix="rayeval-bench-suite-")
-    try:
+    with benchkit.workdir("rayeval-bench-suite-", keep=args.keep) as root:
         make_inputs(root, args.checkpoints, args.rows, names)
         suite, singles = write_sweeps(root, names, args)
         t_suite, t_singles, checked = [], [], 0
@@ -155,35 +143,29 @@ def main(argv=None) -> int:
                   f"{' + '.join(f'{t:.2f}' for t in t_singles[-1])} s", flush=True)
             checked = compare(stored([out_suite]), stored(outs),
                               args.checkpoints * len(names) * len(METRICS), args.rows)
-    finally:
-        if args.keep:
-            print(f"kept {root}")
-        else:
-            shutil.rmtree(root, ignore_errors=True)
     totals = [sum(ts) for ts in t_singles]
     med_a, med_b = statistics.median(t_suite), statistics.median(totals)
     print(f"\n{args.checkpoints} checkpoints x {len(names)} evaluations ({args.rows} rows each), "
           f"{args.workers} workers, batch {args.batch_size}, bootstrap replicates "
           f"{args.replicates}")
-    print(f"{'repeat':<8}{'(a) suite':>12}{'(b) singles':>14}   (b) per evaluation")
-    for r, (a, ts) in enumerate(zip(t_suite, t_singles)):
-        print(f"{r:<8}{a:>10.2f} s{sum(ts):>12.2f} s   "
-              + " / ".join(f"{n} {t:.2f}" for n, t in zip(names, ts)))
-    print(f"{'median':<8}{med_a:>10.2f} s{med_b:>12.2f} s")
+    benchkit.table([(r, f"{a:.2f} s", f"{sum(ts):.2f} s",
+                     " / ".join(f"{n} {t:.2f}" for n, t in zip(names, ts)))
+                    for r, (a, ts) in enumerate(zip(t_suite, t_singles))]
+                   + [("median", f"{med_a:.2f} s", f"{med_b:.2f} s", "")],
+                   ("repeat", "(a) suite", "(b) singles", "(b) per evaluation"))
     print(f"ratio (b)/(a): {med_b / med_a:.2f}x (medians)")
     print(f"stored values agree: {checked} (checkpoint, evaluation, metric) values per repeat, "
           f"all {args.repeats} repeats")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"checkpoints": args.checkpoints, "evaluations": names,
-                       "rows_per_evaluation": args.rows, "workers": args.workers,
-                       "batch_size": args.batch_size, "replicates": args.replicates,
-                       "suite_s": [round(t, 3) for t in t_suite],
-                       "singles_s": [[round(t, 3) for t in ts] for ts in t_singles],
-                       "singles_total_s": [round(t, 3) for t in totals],
-                       "median_suite_s": round(med_a, 3), "median_singles_s": round(med_b, 3),
-                       "ratio_singles_over_suite": round(med_b / med_a, 3),
-                       "values_checked_per_repeat": checked}, f, indent=2)
+    benchkit.record(args.json, {
+        "checkpoints": args.checkpoints, "evaluations": names,
+        "rows_per_evaluation": args.rows, "workers": args.workers,
+        "batch_size": args.batch_size, "replicates": args.replicates,
+        "suite_s": [round(t, 3) for t in t_suite],
+        "singles_s": [[round(t, 3) for t in ts] for ts in t_singles],
+        "singles_total_s": [round(t, 3) for t in totals],
+        "median_suite_s": round(med_a, 3), "median_singles_s": round(med_b, 3),
+        "ratio_singles_over_suite": round(med_b / med_a, 3),
+        "values_checked_per_repeat": checked})
     return 0
 
 

@@ -21,7 +21,6 @@ Target (issue 23, this CPU machine): the vllm run at most 0.5x the hf run.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import random
@@ -30,12 +29,10 @@ import statistics
 import sys
 import tempfile
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import benchkit  # noqa: E402
 
-import bench_lm  # noqa: E402  (_timed, machine, _load_builder)
-
-REPO = os.path.dirname(HERE)
+REPO = benchkit.REPO
 TARGET = 0.5
 
 
@@ -45,7 +42,8 @@ def build(root: str, args) -> list[str]:
     import torch
     from transformers import GPT2Config, GPT2LMHeadModel
 
-    maker = bench_lm._load_builder()
+    import make_lm_example as maker
+
     rng = random.Random(0)
     corpus = maker.make_corpus(rng)
     tokenizer = maker.train_tokenizer(corpus)
@@ -115,7 +113,7 @@ def generations(store: str, checkpoints: list[str]) -> dict:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = benchkit.parser(__doc__, repeats=1, flag="--runs")
     parser.add_argument("--checkpoints", type=int, default=2)
     parser.add_argument("--prompts", type=int, default=300)
     parser.add_argument("--new-tokens", type=int, default=32)
@@ -123,12 +121,10 @@ def main(argv=None) -> int:
     parser.add_argument("--batch", type=int, default=32, help="hf: sequences per generate")
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--width", type=int, default=256)
-    parser.add_argument("--runs", type=int, default=1)
     parser.add_argument("--engine", default="{}",
                         help="vllm: more engine arguments, as JSON (model.vllm)")
     parser.add_argument("--eager", action="store_true",
                         help="vllm: enforce_eager (no compilation at the engine's start)")
-    parser.add_argument("--json", help="write the figures here too")
     args = parser.parse_args(argv)
 
     root = tempfile.mkdtemp(prefix="rayeval-bench-vllm-")
@@ -138,13 +134,12 @@ def main(argv=None) -> int:
     spans: dict[str, dict] = {}
     stores = {}
     for run in range(args.runs):
-        order = ("hf", "vllm") if run % 2 == 0 else ("vllm", "hf")
-        for backend in order:
+        for backend in benchkit.rotated(("hf", "vllm"), run):
             store = os.path.join(root, f"store_{backend}_{run}")
             log = os.path.join(root, f"{backend}_{run}.log")
-            times[backend].append(bench_lm._timed(
+            times[backend].append(benchkit.run(
                 [sys.executable, "-m", "rayeval", "run", sweeps[backend], "--output", store,
-                 "--profile"], log, cwd=REPO))
+                 "--profile"], log=log, cwd=REPO).seconds)
             spans[backend] = profile(log)
             stores[backend] = store
             print(f"run {run} {backend}: {times[backend][-1]:.1f} s  {spans[backend]}",
@@ -152,16 +147,14 @@ def main(argv=None) -> int:
     hf, vllm = (generations(stores[b], checkpoints) for b in ("hf", "vllm"))
     differ = sorted(k for k in hf if hf[k] != vllm.get(k))
     t_hf, t_vllm = statistics.median(times["hf"]), statistics.median(times["vllm"])
-    result = {"machine": bench_lm.machine(), "load_after": bench_lm._load(),
+    result = {"machine": benchkit.machine(), "load_after": benchkit.load(),
               "args": vars(args), "hf_s": times["hf"], "vllm_s": times["vllm"],
               "ratio": round(t_vllm / t_hf, 3), "target": TARGET,
               "met": t_vllm / t_hf <= TARGET, "profile": spans,
               "generations": len(hf), "differ": len(differ),
               "differ_examples": [(k, hf[k], vllm.get(k)) for k in differ[:5]]}
     print(json.dumps(result, indent=2, default=str))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=2, default=str)
+    benchkit.record(args.json, result)
     return 0
 
 

@@ -28,16 +28,15 @@ Needs rayeval[vlm], ray and easy-vqa; nothing is downloaded.
 
 from __future__ import annotations
 
-import argparse
 import io
 import json
 import os
-import shutil
 import sys
-import tempfile
-import time
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import benchkit  # noqa: E402
+
+REPO = benchkit.REPO
 sys.path[:0] = [REPO, os.path.join(REPO, "tests")]
 TARGET = 0.9
 
@@ -95,14 +94,14 @@ def decode_work(sweep, folder: str, path: str) -> float:
     table = pq.read_table(path)
     stage = Tokenize(sweep.evals[0], proc)
     stage(table.slice(0, 2))                     # imports and first-call costs left out
-    start = time.perf_counter()
-    for i in range(0, table.num_rows, 64):
-        stage(table.slice(i, 64))
-    return time.perf_counter() - start
+    with benchkit.Stopwatch() as took:
+        for i in range(0, table.num_rows, 64):
+            stage(table.slice(i, 64))
+    return took.s
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = benchkit.parser(__doc__)
     p.add_argument("--items", type=int, default=256)
     p.add_argument("--size", type=int, default=448)
     p.add_argument("--hidden", type=int, default=512)
@@ -112,15 +111,13 @@ def main(argv=None) -> int:
     p.add_argument("--concurrency", type=int, default=None)
     p.add_argument("--checkpoints", type=int, default=2)
     p.add_argument("--batch", type=int, default=16)
-    p.add_argument("--json", default=None)
     args = p.parse_args(argv)
     import yaml
 
     import rayeval
     import vlm_support as vs
 
-    root = tempfile.mkdtemp(prefix="bench_vlm_")
-    try:
+    with benchkit.workdir("bench_vlm_") as root:
         texts = vs.item_texts(vs.easy_vqa_items("train", n=500))
         folders = [build_model(os.path.join(root, "ckpts", f"checkpoint-{s}"), texts,
                                args.hidden, args.layers, s)
@@ -142,9 +139,9 @@ def main(argv=None) -> int:
                                        "metrics": ["exact_match"]}]}, f)
         sweep = rayeval.load_sweep(path)
         work = decode_work(sweep, folders[0], data)
-        start = time.perf_counter()
-        report = rayeval.run(sweep)
-        wall = time.perf_counter() - start
+        with benchkit.Stopwatch() as took:
+            report = rayeval.run(sweep)
+        wall = took.s
         assert all(o.ok for o in report.outcomes), [o.error for o in report.outcomes]
         times = report.worker_times
         seconds = {name: sum(t.get(name, (0.0, 0))[0] for t in times.values())
@@ -163,14 +160,10 @@ def main(argv=None) -> int:
                   round(seconds["later batches"], 3), "later_batches": counts["later batches"],
                   "passes_s": round(seconds["pass"], 3), "run_wall_s": round(wall, 1),
                   "hidden": round(hidden, 4), "target": TARGET,
-                  "load": round(os.getloadavg()[0], 2)}
+                  "load": benchkit.load()[0]}
         print(json.dumps(result, indent=1))
-        if args.json:
-            with open(args.json, "w") as f:
-                json.dump(result, f, indent=1)
+        benchkit.record(args.json, result)
         return 0 if hidden >= TARGET else 1
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
 
 
 if __name__ == "__main__":

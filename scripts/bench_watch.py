@@ -12,8 +12,6 @@ start; the later ones only the poll, the load and the passes.
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import shutil
 import signal
@@ -22,17 +20,17 @@ import sys
 import tempfile
 import time
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import benchkit  # noqa: E402
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--json", metavar="FILE")
+    p = benchkit.parser(__doc__)
     p.add_argument("--timeout", type=float, default=300.0, help="per checkpoint, seconds")
     args = p.parse_args(argv)
     from rayeval.io.store import ResultStore
 
-    source = os.path.join(REPO, "configs", "digits")
+    source = os.path.join(benchkit.REPO, "configs", "digits")
     names = sorted(n for n in os.listdir(os.path.join(source, "ckpts")))
     figures = {"checkpoints": []}
     with tempfile.TemporaryDirectory(prefix="rayeval-watch-") as root:
@@ -81,9 +79,7 @@ def main(argv=None) -> int:
         figures["exit_status"] = proc.returncode
     print(f"worker groups started: {figures['worker_groups_started']}; watch exit status "
           f"{figures['exit_status']}")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(figures, f, indent=2)
+    benchkit.record(args.json, figures)
     return 0
 
 

@@ -118,7 +118,7 @@ def run(sweep_path: str, *, use_gpu: bool, workers: int, output: str, shard: int
     if ray.is_initialized():
         ray.shutdown()
     failures = [f.error for f in report.failures]
-    rows = {(os.path.basename(r["checkpoint"]), r["dataset"], r["metric"]): r
+    rows = {(os.path.basename(r["checkpoint"]), r["evaluation"], r["metric"]): r
             for r in latest_rows(ResultStore(output).read())}
     ranks = report.worker_times or {}
     phases = ranks.get(0, next(iter(ranks.values()), {}))
