@@ -29,14 +29,15 @@ from rayeval.api import leaderboard, load_sweep, query, results, run, samples
 from rayeval.config.schema import Sweep
 from rayeval.errors import (CheckpointError, DataError, EngineError, GroupError, MetricError,
                             ModelError, RayevalError, RegistryError, RunError, SpecError,
-                            StoreError, VersionError)
+                            StoreError, VersionError, WorkerGroupError)
 
 __all__ = [
     "__version__",
     "run", "load_sweep", "results", "query", "leaderboard", "samples",
     "RunReport", "Board", "Sweep",
     "RayevalError", "SpecError", "DataError", "ModelError", "MetricError", "CheckpointError",
-    "EngineError", "StoreError", "RunError", "GroupError", "RegistryError", "VersionError",
+    "EngineError", "StoreError", "RunError", "WorkerGroupError", "GroupError", "RegistryError",
+    "VersionError",
     "validation_config", "RayevalValidation",
 ]
 

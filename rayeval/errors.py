@@ -12,7 +12,7 @@
     ├── VersionError             an installed Ray, vLLM, transformers or torch outside the range
     │                            rayeval's private hooks into it were written for (compat.py)
     └── RunError                 the run itself: cluster start-up, worker failure, row-count mismatch
-        └── GroupError           a rank died or stalled: the worker group restarts (recovery.max_restarts)
+        └── WorkerGroupError     a rank died or stalled: the worker group restarts (recovery.max_restarts)
 
 Every message says what is at fault, which thing, and how to fix it. Besides the message, an
 error may carry structured fields (``RayevalError.FIELDS``: the sweep's key path, the location,
@@ -106,8 +106,12 @@ class RunError(RayevalError):
     """The evaluation run failed as a whole."""
 
 
-class GroupError(RunError):
+class WorkerGroupError(RunError):
     """A rank of the worker group died or stalled; the group is restarted, budget permitting."""
+
+
+# Its name until 2026-12-02 ("group" is also an lm-eval task group): still importable.
+GroupError = WorkerGroupError
 
 
 class RegistryError(RayevalError):

@@ -8,7 +8,7 @@ pending cell (checkpoint x evaluation) of it.
 
 Public entry points: ``run_sweep`` (``rayeval run``, and the Ray Train validation through the
 API), ``RunSequence`` (``run_sweep``'s plan and each ``rayeval watch`` poll's; a service's and
-watch's on the standing group that ``StandingGroups`` holds) and ``evaluate`` (one fit over a
+watch's on the standing group that ``StandingGroups`` holds) and ``run_plan`` (one fit over a
 plan, on the Ray this process is connected to).
 """
 
@@ -26,7 +26,7 @@ from rayeval.execution import recovery, signals, user_code
 from rayeval.plan import groups
 from rayeval.execution.callbacks import Callbacks, RunCallback
 from rayeval.execution.ledger import DriverLedger
-# controller_env, follow and trainer: evaluate()'s and Standing's, from the one lifecycle
+# controller_env, follow and trainer: run_plan()'s and Standing's, from the one lifecycle
 from rayeval.execution.lifecycle import RayLifecycle, controller_env, follow, trainer
 from rayeval.ranking import suite
 from rayeval.config import entries
@@ -98,7 +98,7 @@ class RunSequence:
     the store with their groups.
 
     ``fit(plan)``: the pending cells' outcomes in plan order (``run_sweep``: one
-    ``TorchTrainer.fit``, ``evaluate``; ``watch``: the standing group, ``Standing.run``), or
+    ``TorchTrainer.fit``, ``run_plan``; ``watch``: the standing group, ``Standing.run``), or
     None when the fit failed and the caller has dealt with it (``watch`` tries again at the
     next poll): the sequence ends there, nothing published. An error from the fit propagates.
     ``discard_now``: the cells' temporary store files are removed as the fit ends (``watch``,
@@ -144,7 +144,7 @@ def run_sweep(sweep: Sweep, *, address: str | None = None, force: bool = False,
     ``ready``: the checkpoints to evaluate, as (CheckpointRef, fingerprint) pairs with their
     step, instead of the sweep's globs (``ray_train``'s validation of one checkpoint).
     Every check is ``preflight.prepare``'s, before Ray starts; the run is ``RunSequence``'s
-    with one ``TorchTrainer.fit`` (``evaluate``) for the pending cells."""
+    with one ``TorchTrainer.fit`` (``run_plan``) for the pending cells."""
     start = time.perf_counter()
     timer = Timer()
     with timer.span("inputs"):
@@ -154,7 +154,7 @@ def run_sweep(sweep: Sweep, *, address: str | None = None, force: bool = False,
 
     def fit(plan: Plan) -> list[CellOutcome]:
         run.on_group_start()
-        done = evaluate(plan, run, timer=timer)   # ``display``: the run's callbacks
+        done = run_plan(plan, run, timer=timer)   # ``display``: the run's callbacks
         report.nodes, report.loads = done.nodes, done.loads
         report.worker_times = done.worker_times
         return done.outcomes
@@ -200,7 +200,7 @@ def consolidate(plan: Plan, groups_written: list[str]) -> None:
               file=sys.stderr, flush=True)
 
 
-def evaluate(plan: Plan, display=None, on_cell=None, timer: Timer | None = None) -> Evaluated:
+def run_plan(plan: Plan, display=None, on_cell=None, timer: Timer | None = None) -> Evaluated:
     """One TorchTrainer.fit() over the plan's cells, on the Ray this process is connected to,
     in a thread while this one shows progress. Outcomes come in plan order. Raises RunError
     when the run fails as a whole (restart budget spent) and the worker's own error for bad
@@ -342,7 +342,7 @@ class Standing:
     def __init__(self, shape: Shape):
         self.sent: set[str] = set()      # the plans (tokens) the ledger holds
         self.ledger = DriverLedger.start([])
-        self.env = contextlib.ExitStack()                 # until close: see evaluate()
+        self.env = contextlib.ExitStack()                 # until close: see run_plan()
         self.env.enter_context(controller_env())
         handle = self.ledger.handle
         self.fit = Fit(recovery.Restarting(
@@ -356,7 +356,7 @@ class Standing:
     def run(self, plan: Plan, callbacks: RunCallback | None = None,
             own_progress: bool = True) -> list[CellOutcome]:
         """Evaluate the plan's cells on the standing group; their outcomes in plan order.
-        Raises as ``evaluate`` does when the group fails (then it is gone). ``own_progress``:
+        Raises as ``run_plan`` does when the group fails (then it is gone). ``own_progress``:
         the progress counts this run's cells (a service's run), else every cell the group was
         handed (``watch``'s progress spans its polls)."""
         keys = [c.key for c in plan.cells]

@@ -286,7 +286,7 @@ def follow(ledger, fit, callbacks=None, on_cell=None, done=None, keys=None,
     each finished cell (of ``keys``, else
     any) once to ``callbacks.on_cell`` (and to ``on_cell``, a plain function), between
     ``on_fit_start`` and ``on_fit_end``. ``callbacks``: a ``RunCallback`` or several (the
-    parameter ``driver.evaluate`` calls ``display``). SIGINT or SIGTERM winds the worker group
+    parameter ``driver.run_plan`` calls ``display``). SIGINT or SIGTERM winds the worker group
     down (``_wind_down``) and is raised again."""
     ledger = DriverLedger.of(ledger)
     callbacks = Callbacks.of(callbacks)

@@ -31,7 +31,7 @@ import os
 import re
 from dataclasses import dataclass
 
-from rayeval.errors import GroupError, RayevalError, RunError, reason
+from rayeval.errors import WorkerGroupError, RayevalError, RunError, reason
 
 KILL_ENV = "RAYEVAL_TEST_KILL"
 _KILL = os.environ.get(KILL_ENV) or None       # read once, in each worker process
@@ -87,7 +87,7 @@ class Loss:
     what: str            # "worker rank 1", "a worker"
     when: str            # "during the all-reduce of ...", STARTING
     why: str             # the error's own first line
-    stalled: GroupError | None = None     # a rank stalled (our own message says it all)
+    stalled: WorkerGroupError | None = None     # a rank stalled (our own message says it all)
 
     def text(self) -> str:
         if self.stalled is not None:
@@ -96,7 +96,7 @@ class Loss:
 
 
 # What only wrong code raises, never a lost peer, node or connection (those come as Ray's errors,
-# rayeval's GroupError, or torch's RuntimeError/DistError, OSError): a worker failing with one
+# rayeval's WorkerGroupError, or torch's RuntimeError/DistError, OSError): a worker failing with one
 # ends the run at once instead of being restarted into the same failure.
 BUGS = (TypeError, AttributeError, NameError, KeyError, IndexError, ZeroDivisionError,
         NotImplementedError, ImportError)
@@ -165,7 +165,7 @@ def classify(error: BaseException, phase_of, started: bool, workers: int = 0
         return None
     for rank in sorted(failures):
         ours = _ours(failures[rank])
-        if isinstance(ours, GroupError):
+        if isinstance(ours, WorkerGroupError):
             if STALLED in ours.message:
                 return Loss(f"worker rank {rank}", when(rank), ours.message, stalled=ours)
             # A survivor saw its peer go (often before Ray's health check saw the death):
@@ -192,7 +192,7 @@ def spent(restarts: int, budget: int) -> str:
 def final_error(loss: Loss, restarts: int, budget: int) -> RunError:
     """The one-line error of a run whose last loss spent the budget."""
     if loss.stalled is not None:
-        return GroupError(f"{loss.stalled.message}{spent(restarts, budget)}")
+        return WorkerGroupError(f"{loss.stalled.message}{spent(restarts, budget)}")
     return RunError(f"{loss.what} was lost {loss.when}{spent(restarts, budget)}: {loss.why}; "
                     "see the worker logs (--verbose) for why: killed, out of memory, a lost "
                     "node, or a crash")
@@ -206,7 +206,7 @@ def worker_group_error(error, budget: int) -> RayevalError:
     failures = sorted((getattr(error, "worker_failures", {}) or {}).items())
     ours = [o for o in (_ours(f) for _, f in failures) if o is not None]
     for said in ours:
-        if not isinstance(said, GroupError):      # bad input says the most
+        if not isinstance(said, WorkerGroupError):      # bad input says the most
             return said
     for rank, failure in failures:
         if _is_bug(failure):                      # before a peer's "rank N stopped"

@@ -63,7 +63,7 @@ def group_rows(group: GroupSpec, stored: dict[str, dict[str, dict]]) -> list[dic
     return out
 
 
-def cell_key(group: GroupSpec, member_cells: list[str]) -> str:
+def group_cell_key(group: GroupSpec, member_cells: list[str]) -> str:
     spec = dataclasses.asdict(group)
     spec.pop("key_path")
     blob = json.dumps([spec, sorted(member_cells)], sort_keys=True)
@@ -89,7 +89,7 @@ def publish(plan: Plan, store: ResultStore | None = None,
             members = sorted({e for gm in group.metrics for e, _ in gm.parts})
             if any(e not in cells for e in members):
                 continue
-            key = cell_key(group, sorted({cells[e] for e in members}))
+            key = group_cell_key(group, sorted({cells[e] for e in members}))
             if store.has(key, sweep.name) or \
                     not all(store.has(cells[e], sweep.name) for e in members):
                 continue                # stored already, or a member failed

@@ -20,7 +20,7 @@ import dataclasses
 import os
 import tempfile
 
-from rayeval.io import engine, paths, vision
+from rayeval.io import paths, vision, vllm_preflight
 from rayeval.core import tasks
 from rayeval.config import constants, entries
 from rayeval.config.plugins import load_plugins
@@ -178,7 +178,7 @@ def _check_data(sweep: Sweep, force: bool) -> tuple[Evaluation, ...]:
     entries.prepare(sweep.evals, force)   # what rendered entries read: in the store, as
                                           # rendered here (lm-eval's request tables)
     if sweep.model.backend == "vllm" and sweep.model.hugging_face:
-        why = engine.serves_folder(_first_folder(sweep))   # the engine starts from its config
+        why = vllm_preflight.serves_folder(_first_folder(sweep))   # the engine starts from its config
         if why:
             raise SpecError(f"{sweep.source}: model.backend: {why}")
     data = inspect_data(sweep)

@@ -172,10 +172,10 @@ def backend_fits(r: Reader, sweep: Sweep) -> None:
                                      "vllm, or remove parallelism.tensor")
     if vllm:
         from rayeval import compat
-        from rayeval.io import engine
+        from rayeval.io import vllm_preflight
 
         compat.check("vllm")        # a vLLM its hooks were not written for: that line first
-        problem = engine.check_arguments(sweep.model.vllm)
+        problem = vllm_preflight.check_arguments(sweep.model.vllm)
         if problem:
             r.fail(*problem)
 

@@ -10,7 +10,7 @@ import torch
 import torch.distributed.checkpoint as dcp
 from safetensors.torch import save_file
 
-from rayeval.execution.driver import evaluate, run_sweep
+from rayeval.execution.driver import run_plan, run_sweep
 from rayeval.plan.preflight import prepare
 from rayeval.errors import DataError
 from rayeval.ranking import latest_rows
@@ -234,7 +234,7 @@ def test_row_count_mismatch_is_an_error_not_a_number(ray_cluster, tmp_path):
     plan = prepare(sweep)
     ev = plan.evaluations[0]
     wrong_ev = dataclasses.replace(ev, data=dataclasses.replace(ev.data, num_rows=301))
-    outcomes = evaluate(dataclasses.replace(plan, evaluations=(wrong_ev,))).outcomes
+    outcomes = run_plan(dataclasses.replace(plan, evaluations=(wrong_ev,))).outcomes
     assert not outcomes[0].ok
     assert "counted 300 rows but the data set has 301; not published" in outcomes[0].error
     assert ResultStore(sweep.output).read().num_rows == 0
@@ -253,7 +253,7 @@ def test_a_fit_on_the_local_ray_starts_none_of_train_s_actors_that_have_nothing_
 
     sweep, x, y = setup_sweep(tmp_path, 300, seeds=(1,), workers=2)
     before = actors()
-    assert evaluate(prepare(sweep)).outcomes[0].ok
+    assert run_plan(prepare(sweep)).outcomes[0].ok
     started = {name for k, name in actors().items() if k not in before}
     assert "RayTrainWorker" in started and "TrainController" in started, started
     assert not started & {"DatasetManager", "PlacementGroupCleaner", "PreemptionWatcher"}, started

@@ -196,13 +196,13 @@ def test_a_family_vllm_cannot_serve_here_is_one_line_before_ray(tmp_path):
 
 
 def test_the_families_said_unservable_are_those_vllm_cannot_import_here():
-    """engine.NEEDS_TORCHVISION against the installed vLLM: each listed module fails to import
+    """vllm_preflight.NEEDS_TORCHVISION against the installed vLLM: each listed module fails to import
     without torchvision, and the Idefics3 family's imports (one process, one vLLM import)."""
-    from rayeval.io import engine
+    from rayeval.io import vllm_preflight
 
     if importlib.util.find_spec("torchvision") is not None:
         pytest.skip("torchvision is installed here: every family imports")
-    modules = sorted(set(engine.NEEDS_TORCHVISION.values())) + ["idefics3", "smolvlm"]
+    modules = sorted(set(vllm_preflight.NEEDS_TORCHVISION.values())) + ["idefics3", "smolvlm"]
     code = ("import importlib, json, sys\nout = {}\n"
             f"for m in {modules!r}:\n"
             "    try:\n"
@@ -217,5 +217,5 @@ def test_the_families_said_unservable_are_those_vllm_cannot_import_here():
     missing = json.loads(proc.stdout.strip().splitlines()[-1])
     assert missing == {m: (None if m in ("idefics3", "smolvlm") else "torchvision")
                        for m in modules}
-    assert engine.serves({"model_type": "idefics3"}) is None
-    assert "torchvision" in engine.serves({"model_type": "qwen2_vl"})
+    assert vllm_preflight.serves({"model_type": "idefics3"}) is None
+    assert "torchvision" in vllm_preflight.serves({"model_type": "qwen2_vl"})

@@ -8,7 +8,7 @@ import pytest
 from rayeval.config.schema import GroupMetric, GroupSpec
 from rayeval.plan.cells import Cell
 from rayeval.ranking import aggregates, members, without_members
-from rayeval.plan.groups import cell_key, group_rows, publish
+from rayeval.plan.groups import group_cell_key, group_rows, publish
 from rayeval.io.store import ResultStore
 
 
@@ -47,9 +47,9 @@ def test_no_aggregate_until_every_member_is_stored():
 
 def test_the_aggregate_cell_follows_its_members_cells():
     g = _group(True)
-    assert cell_key(g, ["x", "y"]) == cell_key(g, ["y", "x"])
-    assert cell_key(g, ["x", "y"]) != cell_key(g, ["x", "z"])
-    assert cell_key(g, ["x", "y"]) != cell_key(_group(False), ["x", "y"])
+    assert group_cell_key(g, ["x", "y"]) == group_cell_key(g, ["y", "x"])
+    assert group_cell_key(g, ["x", "y"]) != group_cell_key(g, ["x", "z"])
+    assert group_cell_key(g, ["x", "y"]) != group_cell_key(_group(False), ["x", "y"])
 
 
 def test_a_board_shows_the_group_and_counts_it_once():
@@ -79,7 +79,7 @@ def test_publish_reads_only_the_members_cells_and_writes_each_aggregate_once(tmp
         cells=(Cell(c1, "g/b", "c1-b"), Cell(c2, "g/a", "c2-a"),
                Cell(c2, "g/b", "c2-b")))                   # c2-b failed: not stored
     assert publish(plan, store) == 1
-    (row,) = store.read_cell(cell_key(_group(True), ["c1-a", "c1-b"]))
+    (row,) = store.read_cell(group_cell_key(_group(True), ["c1-a", "c1-b"]))
     assert (row["evaluation"], row["checkpoint"], row["num_samples"]) == ("g", "c1", 40)
     assert row["value"] == pytest.approx((0.5 * 10 + 0.9 * 30) / 40)
     assert publish(plan, store) == 0                       # stored already

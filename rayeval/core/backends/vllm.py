@@ -11,7 +11,7 @@ The engine runs in the worker's process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``) w
 external launcher over the Ray Train group, so ``parallelism.tensor`` consecutive ranks
 serve one engine and the group's process group is vLLM's world (its "external data
 parallel" dimension is rayeval's replicas). What the planner checks first (vLLM installed,
-its engine arguments) is ``io.engine``.
+its engine arguments) is ``io.vllm_preflight``.
 """
 
 from __future__ import annotations

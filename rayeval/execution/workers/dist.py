@@ -14,7 +14,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as tdist
 
-from rayeval.errors import GroupError
+from rayeval.errors import WorkerGroupError
 
 
 def is_distributed() -> bool:
@@ -50,7 +50,7 @@ def _monitor_group():
 def sync(what: str, timeout_s: float) -> None:
     """Wait until every rank reaches ``what``, at most ``timeout_s`` seconds.
 
-    A rank that died or stalls fails every rank with a GroupError naming it, instead of
+    A rank that died or stalls fails every rank with a WorkerGroupError naming it, instead of
     leaving the others blocked in the next collective."""
     if not is_distributed():
         return
@@ -61,13 +61,13 @@ def sync(what: str, timeout_s: float) -> None:
 
 @contextlib.contextmanager
 def _named(what: str, timeout_s: float):
-    """Turn a failed collective into a GroupError that says which rank, where, and how long
+    """Turn a failed collective into a WorkerGroupError that says which rank, where, and how long
     this rank really waited."""
     began = time.monotonic()
     try:
         yield
     except RuntimeError as e:          # DistBackendError and gloo's errors are RuntimeErrors
-        raise GroupError(explain(str(e), what, timeout_s, rank(),
+        raise WorkerGroupError(explain(str(e), what, timeout_s, rank(),
                                  time.monotonic() - began)) from None
 
 

@@ -30,7 +30,7 @@ from rayeval import errors
 from rayeval.config import entries
 from rayeval.config.plugins import load_plugins
 from rayeval.core import backends
-from rayeval.errors import GroupError, RayevalError, RunError
+from rayeval.errors import WorkerGroupError, RayevalError, RunError
 from rayeval.execution import pipeline, user_code
 from rayeval.execution.workers import dist
 from rayeval.execution.workers.checkpoints import CheckpointLoop, Stop
@@ -85,7 +85,7 @@ def train_loop(config: dict) -> list[CellOutcome]:
             outcomes = worker.run([c for c in plan.cells if c.key not in done])
         ledger.timing(entered, time.time(), timer.as_dict())
         return outcomes
-    except GroupError as e:
+    except WorkerGroupError as e:
         ledger.problem(e.message)
         raise
     except RayevalError as e:
