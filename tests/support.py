@@ -546,7 +546,7 @@ def single_process_passes(sweep):
             p = Pass(model, metrics, ev.output_size, torch.device("cpu"), ev.spec.task,
                      ev.spec.bootstrap.k, ev.spec.dataset, text=tok,
                      generation=ev.spec.generation, batch=ev.spec.batch_size,
-                     share=sweep.model.share_prefixes)
+                     share=sweep.model.share_prefixes, tokens=sweep.model.batch_tokens)
             yield ref, ev, model, decode, p, metrics
 
 

@@ -134,14 +134,17 @@ class ModelSpec:
     share_prefixes: bool = setting(
         "Log-likelihoods (backend hf, Hugging Face causal models): every shared token prefix "
         "(a few-shot block, an item's context across its choices) computed once per "
-        "checkpoint, each in shapes of its own, so a figure has the same bits at any batch "
-        "size and on any number of workers. Equal to scoring each request alone (false: "
-        "right-padded batches of whole requests, whose last bits move with the batch) within "
-        "float tolerance, not bits: not in the key, so stored cells are not evaluated again.",
+        "checkpoint, in padded shapes each segment decides alone, so a figure has the same "
+        "bits at any batch size and on any number of workers. Equal to scoring each request "
+        "alone (false: right-padded batches of whole requests, whose last bits move with the "
+        "batch) within float tolerance, not bits: not in the key, so stored cells are not "
+        "evaluated again.",
         numbers=False, default=True)
     batch_tokens: int = setting(
-        "Not used since shared prefixes run one segment at a time (2026-12-02); accepted so "
-        "that sweep files that set it still load.", numbers=False, default=8192, minimum=1)
+        "Log-likelihoods with shared prefixes: at most this many tokens per forward pass, "
+        "rows x (cached + new), both padded to the batch's shape; the memory of the copied "
+        "key-value rows. How fast, not what is counted.", numbers=False, default=8192,
+        minimum=1)
 
     @property
     def hugging_face(self) -> bool:

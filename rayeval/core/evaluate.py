@@ -279,14 +279,14 @@ class Pass:
                  size: int, device: torch.device, task: tasks.Task | str = "classification",
                  buckets: int = 1, spec=None, text=None, generation: Generation = Generation(),
                  batch: int = 256, samples: bool = False, on_rows=None,
-                 share: bool = True):
+                 share: bool = True, tokens: int = 8192):
         self.backend = model if isinstance(model, Backend) else backends.of_model(model, device)
         self.metrics = metrics
         self.task = tasks.get(task) if isinstance(task, str) else task
         self.text = text                   # the hf.Tokenizer (text tasks)
         self.context = Context(spec=spec or DatasetSpec(path=""), task=self.task.name,
                                needs=self.task.needs, size=size, text=text,
-                               generation=generation, batch=batch,
+                               generation=generation, batch=batch, tokens=tokens,
                                share=share, device=device,
                                progress=self.partly)
         self.acc = Accumulator(metrics, size, buckets, device, self.task.counts_tokens)

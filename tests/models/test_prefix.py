@@ -49,9 +49,9 @@ def requests(tok: Tokenizer) -> list:
     return out
 
 
-def context(tok: Tokenizer, share: bool, batch: int = 4) -> Context:
+def context(tok: Tokenizer, share: bool, batch: int = 4, tokens: int = 600) -> Context:
     return Context(spec=DatasetSpec(path=""), task="multiple_choice", size=tok.tokenizer.vocab_size,
-                   text=tok, batch=batch, share=share)
+                   text=tok, batch=batch, tokens=tokens, share=share)
 
 
 def direct(model, pair, max_length):
@@ -111,22 +111,25 @@ def test_each_requests_log_likelihood_has_the_same_bits_in_any_company(max_lengt
 
 
 def test_the_shared_runs_are_computed_once():
-    """The trie holds the few-shot block once: the tokens run are far fewer than the
-    requests' inputs hold, and a batch never exceeds the token budget."""
+    """The trie holds the few-shot block once: the tokens run (not counting the padding of a
+    batch's shape) are far fewer than the requests' inputs hold, and a batch never exceeds
+    the token budget."""
     tok = tokenizer(512)
     model = tiny_llama(len(tok.tokenizer))
     reqs = requests(tok)
     seen = []
     model.register_forward_pre_hook(
-        lambda m, args, kw: seen.append((kw["input_ids"].shape, kw["attention_mask"].shape)),
+        lambda m, args, kw: seen.append((kw["input_ids"].shape, kw["attention_mask"].shape,
+                                         int(kw["attention_mask"][:, -kw["input_ids"].shape[1]:]
+                                             .sum()))),
         with_kwargs=True)
-    scorer = prefix.Scorer(model, reqs, 512, lambda ids, out: out)
+    scorer = prefix.Scorer(model, reqs, 512, 4, 600, lambda ids, out: out)
     with torch.inference_mode():
         scorer.run()
-    run = sum(ids[0] * ids[1] for ids, _ in seen)
+    run = sum(real for _, _, real in seen)
     inputs = sum(len(inp) for inp in {tuple((c + t)[-513:][:-1]) for c, t in reqs})
     assert run < inputs / 4
-    assert all(mask[0] * mask[1] <= 600 or ids[0] == 1 for ids, mask in seen)
+    assert all(mask[0] * mask[1] <= 600 or ids[0] == 1 for ids, mask, _ in seen)
     assert scorer.forwards == len(seen)
 
 

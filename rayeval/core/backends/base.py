@@ -43,8 +43,8 @@ class Context:
     """What scoring one evaluation's batches reads besides the batch: the data set's spec
     (its key path names errors), the task's name and what it needs of the model (for the
     message when the model's output does not fit), the model's output size, the tokenizer
-    (text tasks), the generation settings, sequences per forward pass, whether
-    log-likelihoods share their prefixes
+    (text tasks), the generation settings, sequences per forward pass, tokens per forward
+    pass (``batch_tokens``), whether log-likelihoods share their prefixes
     (``share_prefixes``), the device, and a callback told how many requests of the batch
     under way are done (progress)."""
     spec: DatasetSpec
@@ -54,6 +54,7 @@ class Context:
     text: Any = None                   # io.hf.Tokenizer: text tasks only
     generation: Generation = Generation()
     batch: int = 256
+    tokens: int = 8192
     share: bool = True
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
     progress: Callable[[int, int], None] | None = None

@@ -49,8 +49,8 @@ class HFBackend(TorchBackend):
         why = self.why_not
         if ctx.share and why is None and requests and all(
                 len((c + t)[-(ctx.text.max_length + 1):]) > 1 for c, t in requests):
-            scorer = prefix.Scorer(self.model, requests, ctx.text.max_length,
-                                   lambda ids, out: checked_logits(ids, out, ctx),
+            scorer = prefix.Scorer(self.model, requests, ctx.text.max_length, ctx.batch,
+                                   ctx.tokens, lambda ids, out: checked_logits(ids, out, ctx),
                                    self.device, self.timer)
             try:
                 return scorer.run(ctx.partly)

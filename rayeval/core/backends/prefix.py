@@ -7,13 +7,15 @@ left truncation included) are cut into segments at places each input's own token
 (``cuts``: a content-defined cut, a function of the tokens up to it, never of the other
 requests), and the segments make a trie: a node is a segment that the inputs below it share
 after the same segments (the few-shot block of an MMLU subject; an item's context across its
-choices). Each node runs alone, as one forward pass of batch 1 over its tokens on its parent's
-key-value cache, its shape its own: so every log-probability is computed from the same
-tensors in the same shapes whichever requests share its worker, its batch or its node — the
-same bits at any batch size and on any number of workers, which a batch of padded siblings
-cannot give (a float32 matmul's bits depend on the shape the kernel sees). The logits come
-for every position of a segment that some request reads, none elsewhere; a node's cache lives
-until its children are done.
+choices). Nodes run top-down, siblings in batches on their parents' key-value rows, each batch
+in one shape that its nodes decide alone (``bucket``: a node's tokens padded to a multiple of
+WIDTH, its cache to one of CACHE; the output layer's rows a multiple of WIDTH): rows of one
+padded shape get the same bits at any row count, so every log-probability has the same bits
+whichever requests share its worker, batch or node. (A float32 matmul's bits depend on the
+shape the kernel sees: padding to the longest neighbour, as this scorer did until 2026-12-02
+and the unshared path still does, moved a figure's last bits with the batch.) A batch's cache
+lives until its children are done, so memory is one chain of batches, each within the token
+budget (``batch_tokens``: rows x (cached + new), padded).
 
 Equality with one forward pass per request is to float tolerance, not bits (attention over a
 cache sums in another order): figures agree with lm-eval's within the 1e-4 relative tolerance
@@ -32,15 +34,18 @@ torch = lazy_module("torch")        # imported on first use (rayeval.lazy)
 
 # Where a segment ends: after at least MIN_SEGMENT tokens, where the hash of the last WINDOW
 # tokens is 0 modulo CUT_ODDS (about one cut per CUT_ODDS tokens), and at MAX_SEGMENT tokens
-# at most (a read segment's logits are MAX_SEGMENT x vocabulary). A cut depends on the tokens
-# before it only, so inputs that share a prefix share its cuts, and a divergence costs the
-# segment it falls in. On the tests' 5-shot items (tests/models/test_prefix.py, 17 inputs of
-# 1,381 tokens): one cut in 16 ran 28% of the tokens in 23 forward passes, one in 8 over
-# bigrams 18% in 29 (one in 4: 16% in 39).
-MIN_SEGMENT = 2
-MAX_SEGMENT = 64
-CUT_ODDS = 8
+# at most. A cut depends on the tokens before it only, so inputs that share a prefix share its
+# cuts, and a divergence costs the segment it falls in. On the tests' 5-shot items
+# (tests/models/test_prefix.py, 17 inputs of 1,381 tokens), with WIDTH 8: one cut in 16 ran
+# 18% of the tokens (25% with the padding) in 15 forward passes; one in 32, 31% (padded) in 13.
+MIN_SEGMENT = 4
+MAX_SEGMENT = 128
+CUT_ODDS = 16
 WINDOW = 2
+# A batch's shape (``bucket``): its segments padded to a multiple of WIDTH tokens, their
+# caches to one of CACHE positions.
+WIDTH = 8
+CACHE = 64
 _MIX = 0x9E3779B97F4A7C15
 _MASK = (1 << 64) - 1
 
@@ -84,7 +89,7 @@ class Node:
         return self.start + len(self.tokens)
 
 
-def trie(inputs: list[tuple], users: list[list[tuple[int, list]]]) -> list[Node]:
+def trie(inputs: list[tuple], users: list[list[tuple[int, list]]]) -> list[tuple[Node, int]]:
     """The inputs (distinct token tuples) as a trie of their segments, each node with its
     reads: the positions in it that predict a token of some request's continuation.
     ``users[u]``: (request, continuation tokens) of input u."""
@@ -105,7 +110,7 @@ def trie(inputs: list[tuple], users: list[list[tuple[int, list]]]) -> list[Node]
                 if p >= n - len(cont):
                     target = inp[p + 1] if p + 1 < n else cont[-1]
                     path[at].reads.setdefault(p - path[at].start, []).append((r, target))
-    return list(top.values())
+    return [(node, -1) for node in top.values()]
 
 
 def _path(top: dict, inp: tuple) -> list[Node]:
@@ -137,12 +142,30 @@ def cannot_share(model) -> str | None:
     return None
 
 
+@dataclass
+class Batch:
+    """A forward pass's rows, each one node's keys and values (per layer: (rows, heads, T,
+    dim), its real positions first, ``length`` of them; the rest padding)."""
+    kv: list[tuple[torch.Tensor, torch.Tensor]]
+    length: torch.Tensor
+
+
+def bucket(node: Node) -> tuple[int, int]:
+    """The shape a node runs in: its tokens padded to a multiple of WIDTH, its cache to one
+    of CACHE. A function of the node alone, so its rows' bits are the same in any batch:
+    rows of one padded shape give each row the same bits at any row count (measured on
+    torch's CPU kernels: tests/models/test_prefix.py); a padded width that moved with the
+    longest neighbour, as before, moved them."""
+    width = -(-len(node.tokens) // WIDTH) * WIDTH
+    return width, -(-node.start // CACHE) * CACHE
+
+
 class Scorer:
     """One scoring's requests through the trie (see the module docstring)."""
 
-    def __init__(self, model, requests, max_length: int, check,
+    def __init__(self, model, requests, max_length: int, rows: int, tokens: int, check,
                  device: torch.device | None = None, timer=None):
-        self.model = model
+        self.model, self.rows, self.tokens = model, max(1, rows), max(1, tokens)
         self.check = check                           # check(ids, logits) -> logits, or raises
         self.device = torch.device("cpu") if device is None else device
         self.timer = timer                           # the worker's profile (--profile), or None
@@ -162,8 +185,7 @@ class Scorer:
 
     def run(self, progress=None) -> list[tuple[float, bool]]:
         self.total, self.done, self.progress = len(self.inputs), 0, progress
-        for node in trie(self.inputs, self.users):
-            self._run(node, None)
+        self._level(None, trie(self.inputs, self.users))
         out = []
         for r, got in enumerate(self.picked):
             got.sort()
@@ -171,66 +193,106 @@ class Scorer:
                         self.greedy[r]))
         return out
 
-    def _run(self, node: Node, parent: list | None) -> None:
-        """``node``'s forward pass on its parent's cache (``parent``: keys and values per
-        layer), then its children's on its own; the cache is let go after the last child."""
-        kv = self._forward(node, parent)
-        del parent
-        children = list(node.children.values())
-        for i, child in enumerate(children):
-            if i == len(children) - 1:
-                mine, kv = kv, None
-                self._run(child, mine)
-            else:
-                self._run(child, kv)
+    def _level(self, parent: Batch | None, nodes: list[tuple[Node, int]]) -> None:
+        """Sibling nodes (each with its parent's row in ``parent``) in batches of one shape
+        (``bucket``), each batch's children right after it: memory is one chain of batches."""
+        nodes = sorted(nodes, key=lambda n: bucket(n[0]))
+        i = 0
+        while i < len(nodes):
+            shape = bucket(nodes[i][0])
+            fit = max(1, min(self.rows, self.tokens // (shape[0] + shape[1])))
+            chunk = [n for n in nodes[i:i + fit] if bucket(n[0]) == shape]
+            i += len(chunk)
+            batch = self._forward(parent, chunk, shape)
+            children = [(child, row) for row, (node, _) in enumerate(chunk)
+                        for child in node.children.values()]
+            if children:
+                self._level(batch, children)
+            del batch
 
-    def _forward(self, node: Node, parent: list | None) -> list | None:
+    def _forward(self, parent: Batch | None, chunk: list[tuple[Node, int]],
+                 shape: tuple[int, int]) -> Batch | None:
         from transformers import DynamicCache
 
-        width, cached = len(node.tokens), node.start
-        ids = torch.tensor([node.tokens], dtype=torch.int64)
+        width, cached = shape
+        rows = len(chunk)
+        ids = torch.zeros((rows, width), dtype=torch.int64)
+        new = torch.zeros((rows, width), dtype=torch.int64)
+        start = torch.tensor([node.start for node, _ in chunk], dtype=torch.int64)
+        for j, (node, _) in enumerate(chunk):
+            ids[j, :len(node.tokens)] = torch.tensor(node.tokens, dtype=torch.int64)
+            new[j, :len(node.tokens)] = 1
+        before = (torch.arange(cached)[None, :] < start[:, None]).to(torch.int64)
         cache = None
-        if parent is not None:
+        if parent is not None:           # each row its parent's keys, padded to ``cached``
+            idx = torch.tensor([row for _, row in chunk], dtype=torch.int64)
+            held = min(cached, parent.kv[0][0].shape[2])
+            keep = before[:, None, :held, None].to(parent.kv[0][0].dtype)
             cache = DynamicCache()
-            for layer, (k, v) in enumerate(parent):
-                cache.update(k, v, layer)
+            for layer, (k, v) in enumerate(parent.kv):
+                pad = (rows, k.shape[1], cached, k.shape[3])
+                ks, vs = k.new_zeros(pad), v.new_zeros(pad)
+                ks[:, :, :held] = k[idx, :, :held] * keep
+                vs[:, :, :held] = v[idx, :, :held] * keep
+                cache.update(ks, vs, layer)
+        reads = sorted({p for node, _ in chunk for p in node.reads})
+        # the output layer's rows a multiple of WIDTH too (rows x kept positions): an odd
+        # count gave a row other bits (tests/models/test_prefix.py)
+        kept = reads + [p for p in range(width) if p not in reads][:-len(reads) % WIDTH] \
+            if reads else [width - 1]
         device = self.device
         started = time.perf_counter()
-        # every position's logits where the segment is read (its own shape), else the last's
         out = self.model(input_ids=ids.to(device),
-                         attention_mask=torch.ones((1, cached + width), dtype=torch.int64,
-                                                   device=device),
-                         position_ids=torch.arange(cached, cached + width,
-                                                   device=device)[None, :],
+                         attention_mask=torch.cat([before, new], 1).to(device),
+                         position_ids=((start[:, None] + torch.arange(width)[None, :])
+                                       * new).to(device),
                          past_key_values=cache, use_cache=True,
-                         logits_to_keep=0 if node.reads else 1)
+                         logits_to_keep=torch.tensor(kept, dtype=torch.int64, device=device))
         self.forwards += 1
         logits = self.check(ids, getattr(out, "logits", None))
-        if node.reads:
-            self._read(node, logits)
+        self._read(chunk, logits, reads)
+        inner = any(node.children for node, _ in chunk)
         if self.timer is not None:
-            self.timer.add("prefixes" if node.children else "suffixes",
-                           time.perf_counter() - started)
-        self.done += node.ends
-        if self.progress is not None and node.ends:
+            self.timer.add("prefixes" if inner else "suffixes", time.perf_counter() - started)
+        self.done += sum(node.ends for node, _ in chunk)
+        if self.progress is not None:
             self.progress(self.done, self.total)
-        return _layers(out.past_key_values, self.model) if node.children else None
+        if not inner:
+            return None
+        # each row's real positions (its cache's, then its own tokens) first, for its children
+        lengths = torch.tensor([len(node.tokens) for node, _ in chunk], dtype=torch.int64)
+        end = start + lengths
+        span = int(end.max())
+        at = torch.arange(span)[None, :]
+        where = torch.where(at < start[:, None], at, cached + at - start[:, None])
+        where = torch.where(at < end[:, None], where, 0).to(device)
+        kv = []
+        for k, v in _layers(out.past_key_values, self.model):
+            pick = where[:, None, :, None].expand(rows, k.shape[1], span, k.shape[3])
+            kv.append((k.gather(2, pick), v.gather(2, pick)))
+        return Batch(kv, end)
 
-    def _read(self, node: Node, logits: torch.Tensor) -> None:
-        """Each read's log-probability into its request: one log-softmax over the segment's
-        read positions and two copies to the host (on a GPU, a sync per read made
+    def _read(self, chunk: list[tuple[Node, int]], logits: torch.Tensor,
+              reads: list[int]) -> None:
+        """Each read's log-probability into its request: one log-softmax over the read
+        positions of the batch and two copies to the host (on a GPU, a sync per read made
         HellaSwag's scoring 1.4x lm-eval's time on an H200; see docs/benchmarks.md)."""
-        spots = sorted(node.reads.items())
-        cols = torch.tensor([p for p, _ in spots], device=logits.device)
-        logp = torch.log_softmax(logits[0, cols].float(), dim=-1)
-        which = [i for i, (_, reads) in enumerate(spots) for _ in reads]
-        targets = [target for _, reads in spots for _, target in reads]
+        at = {p: i for i, p in enumerate(reads)}
+        spots = [(row, node, p, got) for row, (node, _) in enumerate(chunk)
+                 for p, got in sorted(node.reads.items())]
+        if not spots:
+            return
+        rows = torch.tensor([row for row, _, _, _ in spots], device=logits.device)
+        cols = torch.tensor([at[p] for _, _, p, _ in spots], device=logits.device)
+        logp = torch.log_softmax(logits[rows, cols].float(), dim=-1)
+        which = [i for i, (_, _, _, got) in enumerate(spots) for _ in got]
+        targets = [target for _, _, _, got in spots for _, target in got]
         values = logp[torch.tensor(which, device=logp.device),
                       torch.tensor(targets, device=logp.device)].tolist()
         best = logp.argmax(-1).tolist()
         k = 0
-        for i, (p, reads) in enumerate(spots):
-            for r, target in reads:
+        for i, (_, node, p, got) in enumerate(spots):
+            for r, target in got:
                 self.picked[r].append((node.start + p, values[k]))
                 if best[i] != target:
                     self.greedy[r] = False

@@ -197,7 +197,7 @@ class CellScorer:
                  ev.spec.task, ev.spec.bootstrap.k, ev.spec.dataset, text=self.tokenizer,
                  generation=ev.spec.generation, batch=ev.spec.batch_size,
                  samples=ev.spec.samples and ctx.rank % ctx.tensor == 0 and records,
-                 share=model_spec.share_prefixes,
+                 share=model_spec.share_prefixes, tokens=model_spec.batch_tokens,
                  # progress counts rows as they are scored, not as they are read
                  on_rows=lambda n: ctx.ledger.rows(index, ctx.counted(done + skipped + n)))
         rows, stopped = 0, False
