@@ -100,9 +100,9 @@ def write_sweep(folder) -> str:
         "name": "plugin", "model": {"factory": "tiny_models:build"}, "checkpoints": ["ckpts/*"],
         "workers": WORKERS, "output": "out", "batch_size": 64,
         "evals": [
-            {"name": "classes", "task": "classification", "evaluation": dataset,
+            {"name": "classes", "task": "classification", "dataset": dataset,
              "metrics": ["accuracy", "example_hinge"]},
-            {"name": "ranks", "task": "example_ranking", "evaluation": dataset,
+            {"name": "ranks", "task": "example_ranking", "dataset": dataset,
              "metrics": ["example_mrr"]},
         ],
     }
